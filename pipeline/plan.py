@@ -1,0 +1,515 @@
+"""Spec -> Plan: the method per variant, the derived TensorRT-LLM 1.2 build config, the stages.
+
+The plan is the single source of every derived number (max_draft_len, engine max_seq_len,
+lookahead W/N/G, tp, pp): stages read them from here and never recompute them. All
+TensorRT-LLM 1.2.1 rules are checked here, before any GPU time is spent; every problem
+names the spec line that caused it, and all problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import gpus, inputs, presets, trees
+from pipeline.errors import InputError
+from pipeline.memory import MemoryEstimate, estimate_memory
+from pipeline.presets import ModelArch
+from pipeline.spec import ServingSpec, Spec, VariantSpec
+from pipeline.speculative import (
+    EAGLE_MAX_BATCH_SIZE,
+    EAGLE_MAX_DRAFT_LEN,
+    EagleConfig,
+    LookaheadConfig,
+    MedusaConfig,
+    SpeculativeConfig,
+    eagle_dynamic_tree_size,
+    lookahead_max_draft_len,
+    lookahead_problem,
+)
+from pipeline.yaml_source import KeyPath
+
+DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.jsonl"
+STAGE_ORDER = ("quantize", "convert", "build", "package")
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    weights_fp8: bool
+    kv_cache_fp8: bool
+    prequantized: bool  # the input already is a ModelOpt FP8 checkpoint: no quantize stage
+    quantize_heads: bool
+    calibration_data: Path
+    calibration_size: int
+    calibration_max_seq_len: int
+
+    @property
+    def quant_algo(self) -> str | None:
+        return "FP8" if self.weights_fp8 else None
+
+    @property
+    def kv_cache_quant_algo(self) -> str | None:
+        return "FP8" if self.kv_cache_fp8 else None
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """What trtllm-build is asked for, and what it will store in the engine's config.json."""
+
+    dtype: str
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int  # as requested (passed to trtllm-build)
+    max_num_tokens: int  # as requested (passed to trtllm-build)
+    max_draft_len: int
+    speculative_decoding_mode: str | None
+    engine_max_seq_len: int  # trtllm-build adds max_draft_len (+ num_eagle_layers for EAGLE)
+    engine_max_num_tokens: int  # raised to max_batch_size * (max_draft_len + 1) when smaller
+    use_fp8_context_fmha: bool
+    gemm_plugin: str
+    max_beam_width: int = 1
+    kv_cache_type: str = "paged"
+    remove_input_padding: bool = True
+    use_paged_context_fmha: bool = True
+    multiple_profiles: bool = True
+    tokens_per_block: int = 32
+    extra_flags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    output: Path
+    inputs: dict[str, Path]  # files/folders whose identity is fingerprinted
+    params: dict[str, Any]  # the spec-derived values the stage reads (fingerprinted)
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    name: str
+    target: str
+    arch: ModelArch
+    model_dir: Path | None  # None only when planning from a preset without weights
+    builtin: str | None
+    weights_present: bool
+    heads_dir: Path | None
+    speculative: SpeculativeConfig
+    tp: int
+    pp: int
+    gpu: gpus.GpuType | None
+    gpu_count: int | None
+    quant: QuantPlan
+    build: BuildConfig
+    serving: ServingSpec
+    memory: MemoryEstimate
+    stages: tuple[StagePlan, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def method(self) -> str:
+        return self.speculative.method
+
+    def stage(self, name: str) -> StagePlan:
+        return next(stage for stage in self.stages if stage.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _jsonable(dataclasses.asdict(self))
+        data["world_size"] = self.world_size
+        data["memory"]["total_gib"] = round(self.memory.total_gib, 3)
+        data["memory"]["fits"] = self.memory.fits
+        data["speculative"]["max_draft_len"] = self.speculative.max_draft_len
+        for method in ("medusa", "eagle"):  # trees in the compact form Triton takes
+            config = getattr(self.speculative, method)
+            if config is not None and config.tree is not None:
+                data["speculative"][method]["tree"] = trees.to_triton_choices(config.tree)
+        data["serving"] = self.serving.model_dump()
+        return data
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec_file: Path
+    spec_name: str
+    variants: tuple[VariantPlan, ...]
+
+    def to_json(self) -> str:
+        body = {"spec": str(self.spec_file), "name": self.spec_name,
+                "variants": [variant.to_dict() for variant in self.variants]}
+        return json.dumps(body, indent=2)
+
+
+@dataclass(frozen=True)
+class OutputRoots:
+    engines: Path
+    triton_repo: Path
+    cache: Path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float):
+        return round(value, 6)
+    return value
+
+
+class _Problems:
+    """Collects located problems for one variant."""
+
+    def __init__(self, spec: Spec, variant: str) -> None:
+        self.spec, self.variant, self.errors, self.notes = spec, variant, [], []
+
+    def error(self, path: KeyPath, message: str) -> None:
+        position, shown = self.spec.locate(self.variant, path)
+        self.errors.append(f"{position} {shown}: {message} [variant {self.variant}]")
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
+    plans, errors = [], []
+    for variant in spec.variants:
+        problems = _Problems(spec, variant.name)
+        plan = _plan_variant(spec, variant, roots, problems)
+        errors.extend(problems.errors)
+        if plan is not None:
+            plans.append(plan)
+    if errors:
+        raise InputError("\n".join(errors))
+    return Plan(spec.file, spec.name, tuple(plans))
+
+
+def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems) -> VariantPlan | None:
+    arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
+    if arch is None:
+        return None
+    speculative, heads_dir = _choose_method(spec, variant, arch, problems)
+    if speculative is None:
+        return None
+    tp, pp = variant.parallel.tp, variant.parallel.pp
+    _check_parallelism(variant, arch, speculative, problems)
+    gpu = gpus.gpu_type(variant.gpu.type) if variant.gpu else None
+    quant = _quant_plan(spec, variant, model_dir, weights_present, speculative, gpu, problems)
+    build = _build_config(variant, arch, speculative, quant, gpu, problems)
+    memory = estimate_memory(
+        arch, tp=tp, pp=pp,
+        weight_dtype="fp8" if quant.weights_fp8 else variant.model.dtype,
+        kv_dtype="fp8" if quant.kv_cache_fp8 else variant.model.dtype,
+        activation_dtype=variant.model.dtype, speculative=speculative,
+        max_batch_size=build.max_batch_size, engine_max_seq_len=build.engine_max_seq_len,
+        max_num_tokens=build.engine_max_num_tokens, gpu_gib=gpu.memory_gib if gpu else None,
+    )
+    if variant.target == "tensorrt":
+        if memory.fits is False:
+            problems.error(("build", "max_batch_size"),
+                           f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
+                           "lower max_batch_size or max_seq_len, raise tp, or use FP8")
+        elif gpu is None:
+            problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
+    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems)
+    return VariantPlan(
+        name=variant.name, target=variant.target, arch=arch, model_dir=model_dir,
+        builtin=variant.model.builtin, weights_present=weights_present, heads_dir=heads_dir,
+        speculative=speculative, tp=tp, pp=pp, gpu=gpu, gpu_count=variant.gpu.count if variant.gpu else None,
+        quant=quant, build=build, serving=variant.serving, memory=memory, stages=stages,
+        notes=tuple(problems.notes),
+    )
+
+
+def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
+                   problems: _Problems) -> tuple[ModelArch | None, Path | None, bool]:
+    model = variant.model
+    if model.builtin:
+        folder = roots.cache / model.builtin
+        present = (folder / "config.json").exists()
+        arch = presets.arch_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
+        return arch, folder, present
+    folder = spec.resolve_path(model.path) if model.path else None
+    if folder is not None and (folder / "config.json").exists():
+        try:
+            arch = presets.arch_from_hf_config(folder / "config.json")
+        except InputError as exc:
+            problems.error(("model", "path"), str(exc))
+            return None, folder, True
+        if model.preset and presets.preset(model.preset).hidden_size != arch.hidden_size:
+            problems.note(f"model.preset '{model.preset}' differs from {folder}/config.json; the weights win")
+        return arch, folder, True
+    if model.preset:
+        if folder is not None:
+            problems.note(f"weights not found at {folder}: planned from preset '{model.preset}'; "
+                          "quantize/convert need the weights")
+        return presets.preset(model.preset), folder, False
+    problems.error(("model", "path"), f"{folder}: no config.json there; give a Hugging Face checkpoint folder, "
+                                      "or add model.preset to plan without weights")
+    return None, folder, False
+
+
+def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
+                   problems: _Problems) -> tuple[SpeculativeConfig | None, Path | None]:
+    """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
+    requested = variant.speculative.method
+    heads = variant.heads
+    if requested == "auto":
+        method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
+        reason = {"eagle": "auto: EAGLE heads present", "medusa": "auto: Medusa heads present",
+                  "lookahead": "auto: no heads, Lookahead needs no extra weights"}[method]
+    else:
+        method, reason = requested, f"method: {requested} set in the spec"
+    if method in ("medusa", "eagle") and getattr(heads, method) is None:
+        problems.error(("speculative", "method"), f"{method} needs heads.{method}.path; add the heads or use "
+                                                  "method: lookahead (no extra weights)")
+        return None, None
+    if method == "medusa":
+        config, heads_dir = _medusa(spec, variant, arch, problems)
+        return (SpeculativeConfig(method, reason, medusa=config) if config else None), heads_dir
+    if method == "eagle":
+        config, heads_dir = _eagle(spec, variant, arch, problems)
+        return (SpeculativeConfig(method, reason, eagle=config) if config else None), heads_dir
+    if method == "lookahead":
+        config = _lookahead(variant, problems)
+        return (SpeculativeConfig(method, reason, lookahead=config) if config else None), None
+    return SpeculativeConfig("none", reason), None
+
+
+def _medusa(spec: Spec, variant: VariantSpec, arch: ModelArch,
+            problems: _Problems) -> tuple[MedusaConfig | None, Path | None]:
+    head_spec, settings = variant.heads.medusa, variant.speculative.medusa
+    heads_dir = spec.resolve_path(head_spec.path)
+    if heads_dir.exists():
+        layout = inputs.inspect_medusa(heads_dir)
+        num_heads, num_layers = layout.num_heads, layout.num_layers
+        if layout.config_num_heads not in (None, num_heads):
+            problems.note(f"{heads_dir}/config.json says {layout.config_num_heads} Medusa heads but the weights "
+                          f"hold {num_heads}; using {num_heads} (TensorRT-LLM's default of 4 would be wrong too)")
+        if head_spec.num_heads not in (None, num_heads):
+            problems.error(("heads", "medusa", "num_heads"), f"the weights in {heads_dir} hold {num_heads} heads, "
+                                                            f"not {head_spec.num_heads}; fix or remove num_heads")
+    elif head_spec.num_heads is not None:
+        num_heads, num_layers = head_spec.num_heads, head_spec.num_layers
+        problems.note(f"Medusa heads not found at {heads_dir}: planned with num_heads {num_heads} from the spec")
+    else:
+        problems.error(("heads", "medusa", "path"), f"{heads_dir}: not found; add heads.medusa.num_heads "
+                                                    "to plan without the weights")
+        return None, heads_dir
+    tree = trees.resolve_tree(settings.choices)
+    max_draft_len = settings.max_draft_len or len(tree)
+    if trees.tree_depth(tree) > num_heads:
+        problems.error(("speculative", "medusa", "choices"),
+                       f"tree depth {trees.tree_depth(tree)} exceeds the {num_heads} Medusa heads; "
+                       "use a shallower tree (e.g. chain_3) or more heads")
+    if len(tree) > max_draft_len:
+        problems.error(("speculative", "medusa", "max_draft_len"),
+                       f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}")
+    if arch.vocab_size % variant.parallel.tp:
+        problems.error(("parallel", "tp"), f"Medusa needs vocab_size {arch.vocab_size} divisible by tp "
+                                           f"{variant.parallel.tp} (TensorRT-LLM does not pad Medusa lm_heads)")
+    if variant.quantization.quantize_heads:
+        problems.error(("quantization", "quantize_heads"),
+                       "FP8 Medusa heads fail to build in TensorRT-LLM 1.2 (NVIDIA/TensorRT-LLM#2115); "
+                       "keep quantize_heads: false (FP8 base, 16-bit heads)")
+    return MedusaConfig(num_heads, num_layers, tree, max_draft_len), heads_dir
+
+
+def _eagle(spec: Spec, variant: VariantSpec, arch: ModelArch,
+           problems: _Problems) -> tuple[EagleConfig | None, Path | None]:
+    head_spec, settings = variant.heads.eagle, variant.speculative.eagle
+    heads_dir = spec.resolve_path(head_spec.path)
+    if heads_dir.exists():
+        layout = inputs.inspect_eagle(heads_dir)
+        if not layout.has_fc_bias:
+            problems.note(f"{heads_dir}: no fc.bias (NVIDIA/TensorRT-LLM#2588); the converter writes zeros")
+        if layout.hidden_size not in (None, arch.hidden_size):
+            problems.error(("heads", "eagle", "path"), f"EAGLE hidden size {layout.hidden_size} does not match "
+                                                       f"the base model's {arch.hidden_size}")
+        if layout.num_layers != 1:
+            problems.error(("heads", "eagle", "path"), f"{heads_dir} has {layout.num_layers} drafter layers; the "
+                                                       "TensorRT-LLM EAGLE-1 engine supports exactly one")
+    else:
+        problems.note(f"EAGLE heads not found at {heads_dir}: planned without reading them")
+    if arch.architecture != "LlamaForCausalLM":
+        problems.error(("model",), f"EAGLE in the TensorRT engine flow supports LLaMA bases only, "
+                                   f"not {arch.architecture} (NVIDIA/TensorRT-LLM#10396)")
+    if variant.parallel.pp != 1:
+        problems.error(("parallel", "pp"), "EAGLE does not support pipeline parallelism in TensorRT-LLM 1.2; "
+                                           "use pp: 1 (raise tp instead)")
+    if variant.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
+        problems.error(("build", "max_batch_size"), f"EAGLE engines allow max_batch_size <= {EAGLE_MAX_BATCH_SIZE}")
+    if variant.quantization.weights == "fp8":
+        problems.note("FP8 with EAGLE is experimental in TensorRT-LLM 1.2 (not in its support matrix); "
+                      "check acceptance on the reference backend and on a GPU before release")
+    if settings.dynamic_tree:
+        layers = settings.num_eagle_layers or 4
+        size = eagle_dynamic_tree_size(settings.dynamic_tree_max_top_k, layers)
+        max_draft_len = settings.max_draft_len or min(size, EAGLE_MAX_DRAFT_LEN)
+        if variant.target == "tensorrt":
+            problems.note("EAGLE-2 dynamic trees are not exposed by the Triton TensorRT-LLM backend (only "
+                          "eagle_choices); Triton will serve the static default tree")
+        config = EagleConfig(None, layers, settings.max_non_leaves_per_layer, max_draft_len, True,
+                             settings.dynamic_tree_max_top_k)
+    else:
+        tree = trees.resolve_tree(settings.choices)
+        depth = trees.tree_depth(tree)
+        layers = settings.num_eagle_layers or depth
+        if depth != layers:
+            problems.error(("speculative", "eagle", "num_eagle_layers"),
+                           f"must equal the eagle_choices tree depth {depth} (got {layers})")
+        widest = max(trees.non_leaves_per_level(tree))
+        if widest > settings.max_non_leaves_per_layer:
+            problems.error(("speculative", "eagle", "choices"),
+                           f"a tree level has {widest} non-leaf nodes, more than max_non_leaves_per_layer "
+                           f"{settings.max_non_leaves_per_layer}")
+        max_draft_len = settings.max_draft_len or len(tree)
+        if len(tree) > max_draft_len:
+            problems.error(("speculative", "eagle", "max_draft_len"),
+                           f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}")
+        config = EagleConfig(tree, layers, settings.max_non_leaves_per_layer, max_draft_len, False,
+                             settings.dynamic_tree_max_top_k)
+    if config.max_draft_len > EAGLE_MAX_DRAFT_LEN:
+        problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
+    return config, heads_dir
+
+
+def _lookahead(variant: VariantSpec, problems: _Problems) -> LookaheadConfig | None:
+    settings = variant.speculative.lookahead
+    problem = lookahead_problem(settings.window, settings.ngram, settings.verification_set)
+    if problem:
+        problems.error(("speculative", "lookahead"), f"(W={settings.window}, N={settings.ngram}, "
+                                                     f"G={settings.verification_set}) is not legal: {problem}")
+        return None
+    expected = lookahead_max_draft_len(settings.window, settings.ngram, settings.verification_set)
+    if settings.max_draft_len is not None and settings.max_draft_len != expected:
+        problems.error(("speculative", "lookahead", "max_draft_len"),
+                       f"{settings.max_draft_len} does not match (W={settings.window}, N={settings.ngram}, "
+                       f"G={settings.verification_set}), which needs {expected}; the engine and the server must "
+                       "agree (tensorrtllm_backend#710); remove max_draft_len or fix it")
+    return LookaheadConfig(settings.window, settings.ngram, settings.verification_set)
+
+
+def _check_parallelism(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig,
+                       problems: _Problems) -> None:
+    tp, pp = variant.parallel.tp, variant.parallel.pp
+    legal = [t for t in range(1, arch.num_heads + 1) if _tp_problem(arch, t) is None]
+    problem = _tp_problem(arch, tp)
+    if problem:
+        problems.error(("parallel", "tp"), f"{problem}; legal tp for this model: {legal}")
+    if pp > arch.num_layers:
+        problems.error(("parallel", "pp"), f"pp {pp} exceeds the {arch.num_layers} layers")
+    if variant.gpu is not None:
+        world = tp * pp
+        if variant.gpu.count < world:
+            problems.error(("gpu", "count"), f"{variant.gpu.count} GPUs cannot hold world size tp*pp = {world}")
+    device_ids = variant.serving.gpu_device_ids
+    if device_ids is not None and len(device_ids) != tp * pp:
+        problems.error(("serving", "gpu_device_ids"), f"lists {len(device_ids)} GPUs; the engine needs tp*pp = "
+                                                      f"{tp * pp}, one per rank")
+    ports = [variant.serving.grpc_port, variant.serving.http_port, variant.serving.metrics_port]
+    if len(set(ports)) != 3:
+        problems.error(("serving",), f"grpc_port, http_port and metrics_port must differ (got {ports})")
+
+
+def _tp_problem(arch: ModelArch, tp: int) -> str | None:
+    if arch.num_heads % tp:
+        return f"tp {tp} does not divide the {arch.num_heads} attention heads"
+    kv = arch.num_kv_heads
+    if kv % tp and not (kv < tp and tp % kv == 0):
+        return f"tp {tp} does not divide the {kv} KV heads (and cannot replicate them: tp % kv_heads != 0)"
+    if arch.intermediate_size % tp:
+        return f"tp {tp} does not divide intermediate_size {arch.intermediate_size}"
+    return None
+
+
+def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weights_present: bool,
+                speculative: SpeculativeConfig, gpu: gpus.GpuType | None, problems: _Problems) -> QuantPlan:
+    q = variant.quantization
+    prequantized = bool(weights_present and model_dir and inputs.is_modelopt_fp8(model_dir))
+    if prequantized and q.weights != "fp8":
+        problems.note(f"{model_dir} is a ModelOpt FP8 checkpoint: building FP8 (quantize stage skipped)")
+    weights_fp8 = q.weights == "fp8" or prequantized
+    if weights_fp8 and variant.target == "tensorrt" and gpu is not None and not gpu.supports_fp8:
+        major, minor = gpu.compute_capability
+        problems.error(("quantization", "weights"), f"FP8 needs compute capability >= 8.9 (Ada, Hopper, "
+                                                    f"Blackwell); {gpu.name} is {major}.{minor}")
+    calibration = spec.resolve_path(q.calibration.data) if q.calibration.data else DEFAULT_CALIBRATION
+    if weights_fp8 and not prequantized and q.calibration.data and not calibration.is_file():
+        problems.error(("quantization", "calibration", "data"), f"{calibration}: calibration file not found")
+    return QuantPlan(weights_fp8, q.kv_cache == "fp8", prequantized, q.quantize_heads, calibration,
+                     q.calibration.size, q.calibration.max_seq_len)
+
+
+def _build_config(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+                  gpu: gpus.GpuType | None, problems: _Problems) -> BuildConfig:
+    b = variant.build
+    if b.max_input_len >= b.max_seq_len:
+        problems.error(("build", "max_input_len"), f"{b.max_input_len} leaves no room to generate within "
+                                                   f"max_seq_len {b.max_seq_len}")
+    factor = (arch.rope_scaling or {}).get("factor", 1.0)
+    if (arch.rope_scaling or {}).get("rope_type") in ("llama3", "su", "longrope"):
+        factor = 1.0  # trtllm-build's own rule: these types already count in max_position_embeddings
+    if b.max_seq_len > arch.max_position_embeddings * factor:
+        problems.note(f"max_seq_len {b.max_seq_len} exceeds the model's {int(arch.max_position_embeddings * factor)} "
+                      "positions; quality beyond them is not guaranteed")
+    draft = speculative.max_draft_len
+    eagle_layers = speculative.eagle.num_eagle_layers if speculative.eagle else 0
+    fp8_fmha = quant.weights_fp8 and gpu is not None and gpu.supports_fp8
+    # The FP8 GEMM plugin wins at small batch (latency); at large batch TensorRT's own kernels do.
+    gemm_plugin = "fp8" if quant.weights_fp8 and b.max_batch_size <= 16 else "auto"
+    return BuildConfig(
+        dtype=variant.model.dtype, max_batch_size=b.max_batch_size, max_input_len=b.max_input_len,
+        max_seq_len=b.max_seq_len, max_num_tokens=b.max_num_tokens, max_draft_len=draft,
+        speculative_decoding_mode=speculative.build_mode,
+        engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
+        engine_max_num_tokens=max(b.max_num_tokens, b.max_batch_size * (draft + 1)),
+        use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
+    )
+
+
+def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,
+            speculative: SpeculativeConfig, quant: QuantPlan, build: BuildConfig,
+            problems: _Problems) -> tuple[StagePlan, ...]:
+    variant_root = _inside(roots.engines, variant.name, problems)
+    stages: list[StagePlan] = []
+    source = model_dir if model_dir is not None else Path("<weights missing>")
+    if quant.weights_fp8 and not quant.prequantized:
+        quantized = variant_root / "quantized"
+        stages.append(StagePlan("quantize", quantized, {"model": source, "calibration": quant.calibration_data}, {
+            "kv_cache_fp8": quant.kv_cache_fp8, "calibration_size": quant.calibration_size,
+            "calibration_max_seq_len": quant.calibration_max_seq_len, "dtype": variant.model.dtype,
+        }))
+        source = quantized
+    checkpoint = variant_root / "checkpoint"
+    convert_inputs = {"model": source} | ({"heads": heads_dir} if heads_dir else {})
+    stages.append(StagePlan("convert", checkpoint, convert_inputs, {
+        "tp": variant.parallel.tp, "pp": variant.parallel.pp, "dtype": variant.model.dtype,
+        "speculative": _jsonable(dataclasses.asdict(speculative)), "kv_cache_fp8": quant.kv_cache_fp8,
+    }))
+    engine = variant_root / "engine"
+    stages.append(StagePlan("build", engine, {"checkpoint": checkpoint},
+                            {"target": variant.target, "build": _jsonable(dataclasses.asdict(build))}))
+    tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
+    stages.append(StagePlan("package", _inside(roots.triton_repo, variant.name, problems),
+                            {"engine": engine, "tokenizer": tokenizer}, {
+                                "serving": variant.serving.model_dump(), "target": variant.target,
+                                "speculative": _jsonable(dataclasses.asdict(speculative)),
+                                "build": _jsonable(dataclasses.asdict(build)),
+                            }))
+    return tuple(stages)
+
+
+def _inside(root: Path, name: str, problems: _Problems) -> Path:
+    """Defence in depth: the name pattern already forbids '/', but never write outside root."""
+    path = (root / name).resolve()
+    if root.resolve() not in path.parents:
+        problems.error(("name",), f"variant name '{name}' would write outside {root}")
+    return root / name

@@ -1,0 +1,48 @@
+"""Human-readable plan output (``specdeploy plan`` without --json)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.plan import Plan, VariantPlan
+
+
+def _speculative_line(variant: VariantPlan) -> str:
+    spec = variant.speculative
+    if spec.medusa:
+        return f"medusa: {spec.medusa.num_heads} heads, {len(spec.medusa.tree)}-node tree"
+    if spec.eagle:
+        tree = "dynamic (EAGLE-2)" if spec.eagle.dynamic_tree else f"{len(spec.eagle.tree)}-node tree"
+        return f"eagle: {spec.eagle.num_eagle_layers} layers, {tree}"
+    if spec.lookahead:
+        la = spec.lookahead
+        return f"lookahead: W={la.window} N={la.ngram} G={la.verification_set}"
+    return "none"
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    console.print(f"[bold]{plan.spec_name}[/bold] ({plan.spec_file}): {len(plan.variants)} variant(s)")
+    for variant in plan.variants:
+        build = variant.build
+        table = Table(title=f"variant {variant.name}", show_header=False, title_justify="left")
+        table.add_column("key", style="cyan")
+        table.add_column("value")
+        table.add_row("method", f"{_speculative_line(variant)}  ({variant.speculative.reason})")
+        table.add_row("model", f"{variant.arch.name}  ({variant.model_dir or 'preset only'})")
+        table.add_row("target", variant.target + (f" on {variant.gpu.name}" if variant.gpu else ""))
+        table.add_row("parallel", f"tp={variant.tp} pp={variant.pp} (world size {variant.world_size})")
+        quant = variant.quant
+        table.add_row("quantization", f"weights {quant.quant_algo or variant.build.dtype}, "
+                                      f"KV cache {quant.kv_cache_quant_algo or variant.build.dtype}")
+        table.add_row("build", f"max_batch_size={build.max_batch_size} max_input_len={build.max_input_len} "
+                               f"max_seq_len={build.max_seq_len}->{build.engine_max_seq_len} "
+                               f"max_num_tokens={build.max_num_tokens}->{build.engine_max_num_tokens} "
+                               f"max_draft_len={build.max_draft_len}")
+        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]", None: "no GPU given"}[variant.memory.fits]
+        table.add_row("memory", f"{variant.memory.describe()}  {fits}")
+        for stage in variant.stages:
+            table.add_row(f"stage {stage.name}", str(stage.output))
+        for note in variant.notes:
+            table.add_row("note", note)
+        console.print(table)

@@ -1,0 +1,1 @@
+"""Stage bodies (quantize, convert, build, package) and the runner that executes them."""

@@ -1,0 +1,79 @@
+"""Runs a plan: prepares the embedded model if needed, then each variant's stages in order.
+
+Stage bodies live in one module each (``pipeline.stages.<name>``) exposing
+``run(variant: VariantPlan, stage: StagePlan, out: Path) -> None``; they read everything
+they need from the plan and write only into ``out`` (a temp folder the runner renames).
+A body that cannot run on this host raises ``StageUnavailable``: the variant's later
+stages are skipped and the reason is reported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import StageError
+from pipeline.plan import Plan, VariantPlan
+from pipeline.stages.runner import StageResult, run_stage
+
+
+class StageUnavailable(StageError):
+    """The stage cannot run on this host (e.g. trtllm-build without TensorRT-LLM).
+
+    ``exit_code`` 3 says "not done here"; 0 marks a stage this version does not have yet.
+    """
+
+    def __init__(self, message: str, exit_code: int = 3) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class VariantOutcome:
+    variant: str
+    results: tuple[StageResult, ...]
+    stopped_at: str | None = None
+    reason: str | None = None
+    exit_code: int = 0
+
+
+def stage_body(name: str) -> Callable[[VariantPlan, object, Path], None]:
+    module = importlib.import_module(f"pipeline.stages.{name}")
+    return module.run
+
+
+def execute_plan(plan: Plan, *, only: set[str] | None = None, force: bool = False,
+                 say: Callable[[str], None] = print) -> list[VariantOutcome]:
+    outcomes = []
+    for variant in plan.variants:
+        if only and variant.name not in only:
+            continue
+        outcomes.append(_execute_variant(variant, force=force, say=say))
+    return outcomes
+
+
+def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], None]) -> VariantOutcome:
+    if variant.builtin and variant.model_dir is not None:
+        from pipeline.embedded import prepare_embedded_model
+
+        say(f"[{variant.name}] embedded model {variant.builtin}: preparing {variant.model_dir}")
+        prepare_embedded_model(variant.model_dir.parent)
+    elif not variant.weights_present:
+        raise StageError(f"[{variant.name}] the model weights are not on this host ({variant.model_dir}); "
+                         "plan/validate work from the preset, but quantize/convert need the checkpoint")
+    results: list[StageResult] = []
+    for stage in variant.stages:
+        say(f"[{variant.name}] {stage.name} -> {stage.output}")
+        body = stage_body(stage.name)
+        try:
+            result = run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out),
+                               force=force, on_wait=say)
+        except StageUnavailable as exc:
+            say(f"[{variant.name}] {stage.name}: {exc}")
+            return VariantOutcome(variant.name, tuple(results), stage.name, str(exc), exc.exit_code)
+        say(f"[{variant.name}] {stage.name}: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
+            f" ({result.seconds:.1f} s)")
+        results.append(result)
+    return VariantOutcome(variant.name, tuple(results))

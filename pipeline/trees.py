@@ -1,0 +1,113 @@
+"""Speculative token trees (Medusa ``medusa_choices`` / EAGLE ``eagle_choices``).
+
+A tree is a list of paths; path ``[0, 2]`` is the node reached by taking the top-1
+candidate of the first draft position and the top-3 candidate of the second. Every
+prefix of a path must itself be in the tree. The root (the token the target model just
+produced) is implicit, so ``len(tree)`` is the number of draft tokens verified per step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+Tree = tuple[tuple[int, ...], ...]
+
+# TensorRT-LLM's default when no choices are given (cpp/include/tensorrt_llm/runtime/
+# medusaModule.h, the Medusa paper's ``mc_sim_7b_63``): 63 nodes, depth 4, <= 10 non-leaves
+# per level. It is tuned for Vicuna-7B on an A100 and is far too big for a CPU.
+MC_SIM_7B_63: Tree = (
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4),
+    (2, 0), (0, 5), (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8),
+    (0, 0, 2), (3, 0), (0, 9), (8,), (9,), (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0),
+    (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1), (0, 0, 6), (0, 3, 0), (5, 0), (1, 3),
+    (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0), (0, 1, 2), (2, 0, 0),
+    (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0),
+    (0, 0, 0, 1), (1, 6), (0, 7, 0),
+)
+
+# Small trees for CPUs and latency-bound GPUs: a verification pass over ~16 tokens costs
+# about 1.3 single-token steps on the 2-core CPU (shared/research/modelopt-cpu.md), while
+# 64 tokens cost 2-3 steps.
+CHAIN_3: Tree = ((0,), (0, 0), (0, 0, 0))
+CHAIN_4: Tree = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+CPU_SMALL_15: Tree = (
+    (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+    (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (0, 0, 0, 0, 0),
+)
+CPU_SMALL_10_DEPTH_3: Tree = (
+    (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
+)
+
+TREE_PRESETS: dict[str, Tree] = {
+    "mc_sim_7b_63": MC_SIM_7B_63,
+    "chain_3": CHAIN_3,
+    "chain_4": CHAIN_4,
+    "cpu_small_15": CPU_SMALL_15,
+    "cpu_small_10_depth_3": CPU_SMALL_10_DEPTH_3,
+}
+
+
+def resolve_tree(choices: str | list[list[int]] | None) -> Tree:
+    """A preset name or an explicit list -> a validated tree. Raises ValueError."""
+    if choices is None:
+        return MC_SIM_7B_63
+    if isinstance(choices, str):
+        if choices not in TREE_PRESETS:
+            raise ValueError(f"unknown tree preset '{choices}' (known: {', '.join(TREE_PRESETS)})")
+        return TREE_PRESETS[choices]
+    tree = tuple(tuple(path) for path in choices)
+    validate_tree(tree)
+    return tree
+
+
+def validate_tree(tree: Tree) -> None:
+    if not tree:
+        raise ValueError("the tree is empty; give at least one path such as [0]")
+    seen: set[tuple[int, ...]] = set()
+    for path in tree:
+        if not path:
+            raise ValueError("empty path [] in the tree; the root is implicit")
+        if any(index < 0 for index in path):
+            raise ValueError(f"path {list(path)} has a negative top-k index")
+        if path in seen:
+            raise ValueError(f"path {list(path)} appears twice")
+        seen.add(path)
+    for path in tree:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise ValueError(f"path {list(path)} has no parent {list(path[:-1])} in the tree")
+
+
+def tree_depth(tree: Tree) -> int:
+    return max(len(path) for path in tree)
+
+
+def non_leaves_per_level(tree: Tree) -> list[int]:
+    """Nodes with at least one child, per level; level 0 is the implicit root."""
+    parents = {path[:-1] for path in tree}
+    per_level = Counter(len(parent) for parent in parents)
+    return [per_level.get(level, 0) for level in range(tree_depth(tree))]
+
+
+def max_top_k(tree: Tree) -> int:
+    """Largest top-k index any node asks for, plus one (how many candidates per position)."""
+    return max(max(path) for path in tree) + 1
+
+
+def to_triton_choices(tree: Tree) -> str:
+    """The ``{0, 0, 0}, {0, 1}`` form the TensorRT-LLM Triton backend parses."""
+    return ", ".join("{" + ", ".join(str(i) for i in path) + "}" for path in tree)
+
+
+def parse_triton_choices(text: str) -> Tree:
+    """Inverse of :func:`to_triton_choices` (used by the reference backend and tests)."""
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(f"choices must look like '{{0, 0}}, {{1}}', got {text!r}")
+    paths = []
+    for chunk in body[1:-1].split("}"):
+        chunk = chunk.strip().lstrip(",").strip().lstrip("{").strip()
+        if chunk:
+            paths.append(tuple(int(item) for item in chunk.split(",")))
+    tree = tuple(paths)
+    validate_tree(tree)
+    return tree

@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny specs written to temp folders, and the CLI run in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    def write(text: str, name: str = "spec.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text).lstrip())
+        return path
+
+    return write
+
+
+@pytest.fixture
+def cli(capsys, tmp_path):
+    """Run ``specdeploy ARGS`` in-process with outputs under tmp_path; returns (rc, stdout, stderr)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        roots = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "triton_repo"),
+                 "--cache-dir", str(embedded_cache_dir())]
+        rc = main(roots + list(args))
+        captured = capsys.readouterr()
+        return rc, captured.out, captured.err
+
+    return run
+
+
+def embedded_cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
+
+
+@pytest.fixture
+def hf_config_dir(tmp_path):
+    """A Hugging Face model folder with only config.json (enough to plan)."""
+
+    def make(name: str = "model", **overrides) -> Path:
+        config = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
+            "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 128, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": False,
+        }
+        config.update(overrides)
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    return make
