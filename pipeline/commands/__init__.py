@@ -1,0 +1,1 @@
+"""CLI subcommands beyond validate/plan/engine; each module exposes ``register(commands)``."""
