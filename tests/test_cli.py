@@ -1,0 +1,65 @@
+"""The CLI: every bad-input class is one actionable line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def test_plan_json_for_the_70b_eagle_spec(cli):
+    rc, out, err = cli("plan", str(REPO / "specs/llama70b-eagle.yaml"), "--json")
+    assert rc == 0, err
+    variant = json.loads(out)["variants"][0]
+    assert variant["speculative"]["method"] == "eagle"
+    assert variant["build"]["max_draft_len"] == 63
+    assert variant["build"]["engine_max_seq_len"] == 8192 + 63 + 4
+    assert variant["quant"]["weights_fp8"] and variant["world_size"] == 4
+    assert variant["memory"]["fits"] is True
+
+
+@pytest.mark.parametrize("spec", sorted(p.name for p in (REPO / "specs").glob("*.yaml")))
+def test_every_example_spec_validates(cli, spec):
+    rc, out, err = cli("validate", str(REPO / "specs" / spec))
+    assert rc == 0, err
+    assert "ok" in out
+
+
+BAD_INPUTS = {
+    "bad_yaml": ("name: x\nmodel: [\n", "invalid YAML"),
+    "unknown_key": ("name: x\nmodel: {preset: llama-3.1-8b}\nparalel: {tp: 2}\n", "unknown key 'paralel'"),
+    "wrong_type": ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: two}\n", "parallel.tp: must be an integer"),
+    "duplicate_key": ("name: x\nname: y\nmodel: {preset: llama-3.1-8b}\n", "duplicate key 'name'"),
+    "impossible_tp": ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: 3}\n", "does not divide the 32 attention heads"),
+    "lookahead_mismatch": ("name: x\nmodel: {preset: llama-3.1-8b}\nspeculative:\n  lookahead: {max_draft_len: 9}\n",
+                           "does not match (W=4, N=3, G=4)"),
+    "path_traversal": ("name: x\nmodel: {preset: llama-3.1-8b}\nvariants:\n  - name: ../../etc\n", "variants[0].name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(cli, write_spec, case):
+    text, expected = BAD_INPUTS[case]
+    path = write_spec(text)
+    rc, out, err = cli("validate", str(path))
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith(f"error: {path}:"), err
+    assert expected in err
+
+
+def test_unreadable_file_exit_2(cli, tmp_path):
+    rc, _, err = cli("plan", str(tmp_path / "nope.yaml"))
+    assert rc == 2 and err == f"error: {tmp_path / 'nope.yaml'}: spec file not found\n"
+
+
+def test_no_traceback_from_the_real_entry_point(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: 0}\n")
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(spec)], capture_output=True, text=True,
+                          cwd=REPO)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "parallel.tp: must be >= 1" in proc.stderr
