@@ -57,7 +57,7 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
 
     plan = _load_plan(args)
     outcomes = execute_plan(plan, only=set(args.variant or ()), force=args.force,
-                            say=lambda text: console.print(text, highlight=False))
+                            say=lambda text: console.print(text, highlight=False, markup=False))
     stopped = [outcome for outcome in outcomes if outcome.stopped_at]
     if stopped:
         console.print(f"[yellow]{len(stopped)} variant(s) stopped at a stage this host cannot run yet[/yellow]")

@@ -462,7 +462,15 @@ def _build_config(variant: VariantSpec, arch: ModelArch, speculative: Speculativ
                       "positions; quality beyond them is not guaranteed")
     draft = speculative.max_draft_len
     eagle_layers = speculative.eagle.num_eagle_layers if speculative.eagle else 0
-    fp8_fmha = quant.weights_fp8 and gpu is not None and gpu.supports_fp8
+    # trtllm-build (builder.py check_max_num_tokens): cap at batch*seq, floor at one KV block,
+    # then make room for every draft token of a full batch.
+    tokens_per_block = BuildConfig.tokens_per_block
+    engine_tokens = max(min(b.max_num_tokens, b.max_batch_size * b.max_seq_len), tokens_per_block)
+    if speculative.build_mode:
+        engine_tokens = max(engine_tokens, b.max_batch_size * (draft + 1))
+    # With paged context FMHA always on, trtllm-build ends up enabling FP8 context FMHA exactly
+    # when the KV cache is FP8 too (and the GPU has FP8 tensor cores).
+    fp8_fmha = quant.weights_fp8 and quant.kv_cache_fp8 and (gpu is None or gpu.supports_fp8)
     # The FP8 GEMM plugin wins at small batch (latency); at large batch TensorRT's own kernels do.
     gemm_plugin = "fp8" if quant.weights_fp8 and b.max_batch_size <= 16 else "auto"
     return BuildConfig(
@@ -470,7 +478,7 @@ def _build_config(variant: VariantSpec, arch: ModelArch, speculative: Speculativ
         max_seq_len=b.max_seq_len, max_num_tokens=b.max_num_tokens, max_draft_len=draft,
         speculative_decoding_mode=speculative.build_mode,
         engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
-        engine_max_num_tokens=max(b.max_num_tokens, b.max_batch_size * (draft + 1)),
+        engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
     )
 

@@ -96,6 +96,9 @@ def test_lookahead_plan_derives_draft_len_and_seq_len(plan_of):
     assert variant.build.speculative_decoding_mode == "lookahead_decoding"
     assert variant.build.engine_max_seq_len == 2048 + 15
     assert variant.build.engine_max_num_tokens == 4 * (15 + 1)  # raised like trtllm-build does
+    clamped = plan_of(PRESET_8B + "speculative: {method: none}\n"
+                      "build: {max_batch_size: 1, max_input_len: 128, max_seq_len: 256, max_num_tokens: 8192}\n")
+    assert clamped.variants[0].build.engine_max_num_tokens == 256  # capped at max_batch_size * max_seq_len
 
 
 def test_lookahead_illegal_wng(problems_of):
@@ -237,6 +240,8 @@ def test_fp8_needs_ada_or_newer(problems_of, plan_of):
     variant = plan_of(PRESET_8B + "quantization: {weights: fp8, kv_cache: fp8}\ngpu: {type: l40s}\n").variants[0]
     assert variant.quant.quant_algo == "FP8" and variant.quant.kv_cache_quant_algo == "FP8"
     assert variant.build.use_fp8_context_fmha
+    weights_only = plan_of(PRESET_8B + "quantization: {weights: fp8}\ngpu: {type: l40s}\n").variants[0]
+    assert not weights_only.build.use_fp8_context_fmha  # trtllm-build ties it to the FP8 KV cache
 
 
 def test_memory_estimate_rejects_what_cannot_fit(problems_of, plan_of):

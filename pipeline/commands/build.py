@@ -1,9 +1,72 @@
-"""`specdeploy build` (not available yet in this version)."""
+"""`specdeploy build SPEC [--variant V] [--dry-run]`: the build stage alone.
+
+``--dry-run`` prints, per variant, the exact trtllm-build argv and the GPU serving
+command, and runs nothing. Without it, only the build stage runs (through the stage
+runner: atomic output, fingerprints, locks); the checkpoint must already exist.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from rich.console import Console
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
+    parser = commands.add_parser("build", help="run (or --dry-run: print) the trtllm-build step of each variant")
+    parser.add_argument("spec")
+    parser.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    parser.add_argument("--dry-run", action="store_true", help="print the trtllm-build and serving commands only")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the engine is up to date")
+    parser.set_defaults(handler=cmd_build)
+
+
+def cmd_build(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.cli import _load_plan
+    from pipeline.errors import InputError
+
+    plan = _load_plan(args)
+    wanted = set(args.variant or ())
+    unknown = wanted - {variant.name for variant in plan.variants}
+    if unknown:
+        raise InputError(f"--variant {', '.join(sorted(unknown))}: not in {plan.spec_file} "
+                         f"(variants: {', '.join(v.name for v in plan.variants)})")
+    variants = [variant for variant in plan.variants if not wanted or variant.name in wanted]
+    if args.dry_run:
+        for variant in variants:
+            _print_commands(variant, console)
+        return 0
+    return max((_build(variant, args.force, console) for variant in variants), default=0)
+
+
+def _print_commands(variant, console: Console) -> None:
+    from pipeline.triton.launch_gpu import gpu_launch_argv
+    from pipeline.trtllm.build_command import display, trtllm_build_argv
+
+    checkpoint, engine = variant.stage("convert").output, variant.stage("build").output
+    build_argv = trtllm_build_argv(variant, checkpoint, engine, visible_gpus=None)
+    serve_argv = gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size)
+    where = "" if variant.target == "tensorrt" else " (target reference: on a GPU host this is the build)"
+    console.print(f"{variant.name}: {variant.method}, tp={variant.tp} pp={variant.pp}{where}", markup=False)
+    for line in (f"# build (in {engine})", display(build_argv), "# serve", display(serve_argv)):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _build(variant, force: bool, console: Console) -> int:
+    from pipeline.stages import build
+    from pipeline.stages.execute import StageUnavailable
+    from pipeline.stages.runner import run_stage
+
+    stage = variant.stage("build")
+    # markup=False: "[name]" would otherwise be eaten as a rich style tag.
+    say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
+    say(f"[{variant.name}] build -> {stage.output}")
+    try:
+        result = run_stage(stage, lambda out: build.run(variant, stage, out), force=force, on_wait=say)
+    except StageUnavailable as exc:
+        say(f"[{variant.name}] build: {exc}")
+        return exc.exit_code
+    say(f"[{variant.name}] build: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
+        f" ({result.seconds:.1f} s)")
+    return 0

@@ -1,9 +1,57 @@
-"""`specdeploy doctor` (not available yet in this version)."""
+"""`specdeploy doctor [SPEC]`: what this host has for the TensorRT-LLM 1.2 engine flow, and
+whether it can build each variant of SPEC. Exit 0 when it can build them all (or no spec
+is given), 3 when some variant cannot be built here."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+STATUS_STYLE = {"ok": "[green]ok[/green]", "missing": "[red]missing[/red]", "warn": "[yellow]warn[/yellow]",
+                "info": "[cyan]info[/cyan]"}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
+    parser = commands.add_parser("doctor", help="check this host for building and serving the engines")
+    parser.add_argument("spec", nargs="?", help="also say whether each variant of this spec can build here")
+    parser.add_argument("--json", action="store_true", help="machine-readable report")
+    parser.set_defaults(handler=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.cli import _load_plan
+    from pipeline.doctor import assess_variant, host_checks, probe_host, to_json
+
+    plan = _load_plan(args) if args.spec else None  # bad specs fail first, with exit 2
+    report = probe_host(Path(args.engines_dir))
+    checks = host_checks(report)
+    verdicts = [assess_variant(variant, report) for variant in plan.variants] if plan else []
+    result = to_json(report, checks, verdicts)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        table = Table(title="host", title_justify="left")
+        table.add_column("check")
+        table.add_column("status")
+        table.add_column("detail", overflow="fold")
+        for check in checks:
+            table.add_row(check.name, STATUS_STYLE[check.status], escape(check.detail))
+        console.print(table)
+        if verdicts:
+            table = Table(title=f"spec {plan.spec_name}", title_justify="left")
+            for column in ("variant", "target", "method", "world", "builds here"):
+                table.add_column(column)
+            table.add_column("why / notes", overflow="fold")
+            for verdict in verdicts:
+                why = "; ".join(verdict.reasons + verdict.notes)
+                mark = "[green]yes[/green]" if verdict.can_build else "[red]no[/red]"
+                table.add_row(escape(verdict.variant), verdict.target, verdict.method, str(verdict.world_size), mark,
+                              escape(why))
+            console.print(table)
+    return 0 if result["ok"] else 3

@@ -1,0 +1,177 @@
+"""``specdeploy doctor``: can this host build (and serve) the engines of a spec?
+
+The host probe is separate from the verdicts so tests can assess any host: ``probe_host``
+looks around (versions, GPUs, MPI, Triton backends, disk), ``assess_variant`` decides per
+variant. Reference-target variants build anywhere; TensorRT ones need TensorRT-LLM 1.2.x,
+trtllm-build, enough GPUs of the right architecture and enough memory and disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.gpus import GpuType
+from pipeline.plan import VariantPlan
+from pipeline.trtllm import TRTLLM_BACKEND_DIR, TRTLLM_SERIES, container_hint, host
+
+FP8_MIN_SM = (8, 9)
+
+
+@dataclass(frozen=True)
+class HostReport:
+    python: str
+    torch: str | None
+    tensorrt: str | None
+    trtllm: str | None
+    engine_flow_missing: tuple[str, ...]  # empty: trtllm-build can run here
+    gpus: tuple[host.LocalGpu, ...]
+    mpi: str | None
+    trtllm_backend: bool  # the Triton C++ tensorrtllm backend (GPU serving)
+    cpu_tritonserver: str | None  # nvidia-pytriton's bundled tritonserver (CPU serving)
+    engines_dir: str
+    free_disk_gib: float | None
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok" | "missing" | "warn" | "info"
+    detail: str
+
+
+@dataclass
+class Verdict:
+    variant: str
+    target: str
+    method: str
+    world_size: int
+    can_build: bool = True
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def refuse(self, reason: str) -> None:
+        self.can_build = False
+        self.reasons.append(reason)
+
+
+def _first_line(argv: list[str]) -> str | None:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (result.stdout or result.stderr).strip().splitlines()
+    return lines[0].strip() if lines else None
+
+
+def _pytriton_server() -> str | None:
+    spec = importlib.util.find_spec("pytriton")  # no import: it starts nothing, but is slow
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    binary = Path(list(spec.submodule_search_locations)[0]) / "tritonserver" / "bin" / "tritonserver"
+    return str(binary) if binary.is_file() else None
+
+
+def _free_disk_gib(folder: Path) -> float | None:
+    existing = folder.resolve()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return shutil.disk_usage(existing).free / 1024**3
+    except OSError:
+        return None
+
+
+def probe_host(engines_dir: Path) -> HostReport:
+    return HostReport(
+        python=platform.python_version(),
+        torch=host.package_version("torch"),
+        tensorrt=host.package_version("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt_libs"),
+        trtllm=host.trtllm_version(),
+        engine_flow_missing=tuple(host.engine_flow_missing()),
+        gpus=tuple(host.local_gpus()),
+        mpi=_first_line(["mpirun", "--version"]) if shutil.which("mpirun") else None,
+        trtllm_backend=Path(TRTLLM_BACKEND_DIR).is_dir(),
+        cpu_tritonserver=_pytriton_server(),
+        engines_dir=str(engines_dir),
+        free_disk_gib=_free_disk_gib(engines_dir),
+    )
+
+
+def host_checks(report: HostReport) -> list[Check]:
+    python_note = "" if report.python.startswith(("3.10.", "3.12.")) else \
+        " (TensorRT-LLM 1.2 wheels are built for Python 3.10 and 3.12 only)"
+    if report.trtllm is None:
+        trtllm = Check("TensorRT-LLM", "missing", f"not installed; engines need {TRTLLM_SERIES}x: {container_hint()}")
+    elif report.trtllm.startswith(TRTLLM_SERIES):
+        trtllm = Check("TensorRT-LLM", "ok", f"{report.trtllm} (the last series with the TensorRT engine flow)")
+    else:
+        trtllm = Check("TensorRT-LLM", "warn", f"{report.trtllm}: engines need {TRTLLM_SERIES}x; TensorRT-LLM removed "
+                                               f"the engine flow (trtllm-build) after 1.2; {container_hint()}")
+    gpus = "; ".join(f"{g.name}, SM {g.compute_capability[0]}.{g.compute_capability[1]}, {g.memory_gib:.0f} GiB"
+                     for g in report.gpus)
+    disk = "unknown" if report.free_disk_gib is None else f"{report.free_disk_gib:.1f} GiB free"
+    return [
+        Check("Python", "info", report.python + python_note),
+        Check("torch", "info" if report.torch else "missing", report.torch or "not installed"),
+        Check("TensorRT", "ok" if report.tensorrt else "missing",
+              report.tensorrt or "not installed (GPU builds need it)"),
+        trtllm,
+        Check("trtllm-build", "missing" if report.engine_flow_missing else "ok",
+              "; ".join(report.engine_flow_missing) or "can run"),
+        Check("GPUs", "ok" if report.gpus else "missing", f"{len(report.gpus)}: {gpus}" if gpus else "none found"),
+        Check("MPI", "ok" if report.mpi else "missing",
+              report.mpi or "mpirun not on PATH (multi-GPU serving needs it)"),
+        Check("Triton tensorrtllm backend", "ok" if report.trtllm_backend else "missing",
+              TRTLLM_BACKEND_DIR + ("" if report.trtllm_backend else " not found (GPU serving needs it)")),
+        Check("CPU tritonserver", "ok" if report.cpu_tritonserver else "missing",
+              report.cpu_tritonserver or "nvidia-pytriton not installed (CPU serving needs it)"),
+        Check("disk for engines", "info", f"{report.engines_dir}: {disk}"),
+    ]
+
+
+def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
+    verdict = Verdict(variant.name, variant.target, variant.method, variant.world_size)
+    if variant.target == "reference":
+        verdict.notes.append("reference target: the CPU build writes the engine config and links the weights")
+        return verdict
+    for missing in report.engine_flow_missing:
+        verdict.refuse(missing)
+    if not report.gpus:
+        verdict.refuse("no NVIDIA GPU found")
+        return verdict
+    if len(report.gpus) < variant.world_size:
+        verdict.refuse(f"needs tp*pp = {variant.world_size} GPUs, this host has {len(report.gpus)}")
+    weakest = min(report.gpus, key=lambda g: (g.compute_capability, g.memory_mib))
+    sm = f"{weakest.compute_capability[0]}.{weakest.compute_capability[1]}"
+    if variant.quant.weights_fp8 and weakest.compute_capability < FP8_MIN_SM:
+        verdict.refuse(f"FP8 needs compute capability >= 8.9; {weakest.name} is {sm}")
+    smallest = min(g.memory_gib for g in report.gpus)
+    if variant.memory.total_gib > smallest:
+        verdict.refuse(f"needs about {variant.memory.total_gib:.1f} GiB per GPU ({variant.memory.describe()}); "
+                       f"the smallest GPU here has {smallest:.1f} GiB")
+    planned: GpuType | None = variant.gpu
+    if planned is not None and planned.compute_capability != weakest.compute_capability:
+        verdict.notes.append(f"planned for {planned.name} (SM {planned.compute_capability[0]}."
+                             f"{planned.compute_capability[1]}) but this host has {weakest.name} (SM {sm}); "
+                             "engines are not portable across GPU architectures")
+    # Engines hold the weights once more (per rank, plus the heads).
+    engine_gib = (variant.memory.weights_gib + variant.memory.heads_gib) * variant.world_size
+    if report.free_disk_gib is not None and report.free_disk_gib < engine_gib:
+        verdict.refuse(f"engines need about {engine_gib:.1f} GiB of disk, {report.engines_dir} has "
+                       f"{report.free_disk_gib:.1f} GiB free")
+    return verdict
+
+
+def to_json(report: HostReport, checks: list[Check], verdicts: list[Verdict]) -> dict[str, Any]:
+    return {
+        "host": asdict(report),
+        "checks": [asdict(check) for check in checks],
+        "variants": [asdict(verdict) for verdict in verdicts],
+        "ok": all(verdict.can_build for verdict in verdicts),
+    }
