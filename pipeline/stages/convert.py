@@ -1,12 +1,29 @@
-"""The convert stage (body lands with its issue; until then it says so)."""
+"""The convert stage: HF (or ModelOpt FP8) checkpoint + heads -> TensorRT-LLM 1.2 checkpoint."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.checkpoint.convert import convert_checkpoint
+from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
 from pipeline.plan import StagePlan, VariantPlan
-from pipeline.stages.execute import StageUnavailable
+from pipeline.stages.progress import byte_progress
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
-    raise StageUnavailable("not implemented yet in this version of specdeploy", exit_code=0)
+    spec = variant.speculative
+    medusa = eagle = None
+    if spec.medusa is not None:
+        medusa = MedusaOptions(dir=stage.inputs["heads"], max_draft_len=spec.medusa.max_draft_len)
+    if spec.eagle is not None:
+        eagle = EagleOptions(dir=stage.inputs["heads"], num_eagle_layers=spec.eagle.num_eagle_layers,
+                             max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
+                             max_draft_len=spec.eagle.max_draft_len)
+    with byte_progress(f"[{variant.name}] convert tp={variant.tp} pp={variant.pp}") as progress:
+        summary = convert_checkpoint(stage.inputs["model"], out, tp=variant.tp, pp=variant.pp,
+                                     dtype=variant.build.dtype, medusa=medusa, eagle=eagle,
+                                     kv_cache_fp8=variant.quant.kv_cache_fp8, progress=progress)
+    for warning in summary.warnings:
+        print(f"[{variant.name}] convert: note: {warning}", flush=True)
+    print(f"[{variant.name}] convert: {summary.architecture}, {summary.num_tensors} tensors, "
+          f"{summary.total_bytes / 2**30:.2f} GiB in {len(summary.files) - 1} rank file(s)", flush=True)

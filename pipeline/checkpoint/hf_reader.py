@@ -1,0 +1,280 @@
+"""Open a Hugging Face Llama checkpoint folder (plain or ModelOpt FP8) without loading weights.
+
+Only headers are read here; tensors stay on disk until the writer streams them. Everything a
+conversion can fail on that is visible from metadata (architecture, missing/truncated files,
+dtypes, FP8 layout) fails here, before the first output byte is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.checkpoint.safetensors_io import SafetensorsFile, TensorMeta, TensorRef
+from pipeline.errors import InputError
+
+SUPPORTED_ARCHITECTURE = "LlamaForCausalLM"
+# ModelOpt's Medusa wrapper exports a Llama base plus ``medusa_heads.*`` under this name.
+_ARCHITECTURE_ALIASES = ("MedusaLlamaForCausalLM",)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The hyper-parameters the conversion and the reference forward need."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    hidden_act: str
+    rope_theta: float
+    # None for plain RoPE; otherwise the HF dict minus rope_theta, kept whole (llama3 needs
+    # factor, low/high_freq_factor and original_max_position_embeddings).
+    rope_scaling: dict[str, Any] | None
+    tie_word_embeddings: bool
+
+
+@dataclass(frozen=True)
+class FP8Info:
+    """ModelOpt per-tensor FP8 (W8A8) export; ``kv_scales`` when it was calibrated with FP8_KV_CFG."""
+
+    producer: str
+    kv_scales: bool
+    exclude_modules: tuple[str, ...]
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing ({what})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({what}): {exc}") from None
+
+
+def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
+    """(theta, scaling) from transformers-5 ``rope_parameters`` or the older ``rope_theta``/``rope_scaling``."""
+    params = cfg.get("rope_parameters")
+    legacy = cfg.get("rope_scaling")
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = float(cfg.get("rope_theta", 10000.0))
+        scaling = dict(legacy) if isinstance(legacy, dict) else None
+    if scaling is not None:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise InputError(f"{where}: rope type {rope_type!r} is not supported by the converter "
+                             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+        if rope_type == "default":
+            return theta, None
+        scaling.pop("type", None)
+        scaling["rope_type"] = rope_type
+        needed = ("factor",) if rope_type == "linear" else (
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        missing = [k for k in needed if k not in scaling]
+        if missing:
+            raise InputError(f"{where}: {rope_type} rope scaling lacks {', '.join(missing)}")
+    if not (theta > 0 and math.isfinite(theta)):
+        raise InputError(f"{where}: rope_theta must be a positive number, got {theta}")
+    return theta, scaling
+
+
+def parse_llama_config(cfg: dict[str, Any], where: str, *, require_architecture: bool = True) -> LlamaSpec:
+    """Validate a HF LlamaConfig dict; ``where`` names the file in error messages."""
+    if require_architecture:
+        archs = cfg.get("architectures") or []
+        model_type = cfg.get("model_type")
+        if len(archs) != 1 or archs[0] not in (SUPPORTED_ARCHITECTURE, *_ARCHITECTURE_ALIASES) \
+                or model_type not in (None, "llama"):
+            got = ", ".join(archs) if archs else f"model_type {model_type!r}"
+            raise InputError(f"{where}: unsupported architecture {got}; this converter supports "
+                             f"{SUPPORTED_ARCHITECTURE} (model_type llama) only")
+    theta, scaling = rope_from_config(cfg, where)
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        spec = LlamaSpec(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            hidden_act=str(cfg.get("hidden_act", "silu")),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+    except KeyError as exc:
+        raise InputError(f"{where}: missing field {exc.args[0]}") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{where}: bad field value: {exc}") from None
+    if spec.hidden_act != "silu":
+        raise InputError(f"{where}: hidden_act {spec.hidden_act!r} is not supported (Llama uses silu)")
+    for flag in ("attention_bias", "mlp_bias"):
+        if cfg.get(flag):
+            raise InputError(f"{where}: {flag}=true is not supported by this converter (Llama has no biases)")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+        if getattr(spec, name) <= 0:
+            raise InputError(f"{where}: {name} must be positive, got {getattr(spec, name)}")
+    if spec.num_heads % spec.num_kv_heads:
+        raise InputError(f"{where}: num_attention_heads {spec.num_heads} is not a multiple of "
+                         f"num_key_value_heads {spec.num_kv_heads}")
+    return spec
+
+
+def _detect_fp8(folder: Path, cfg: dict[str, Any]) -> FP8Info | None:
+    qfile = folder / "hf_quant_config.json"
+    quant: dict[str, Any] | None = None
+    producer = ""
+    where = str(qfile)
+    if qfile.exists():
+        data = _load_json(qfile, "ModelOpt quantization config")
+        producer = str((data.get("producer") or {}).get("name", ""))
+        quant = data.get("quantization") if isinstance(data.get("quantization"), dict) else None
+        if producer != "modelopt" or quant is None:
+            raise InputError(f"{where}: not a ModelOpt quantization config (producer {producer!r}); "
+                             "only ModelOpt FP8 exports are supported")
+    elif isinstance(cfg.get("quantization_config"), dict):
+        qc = cfg["quantization_config"]
+        where = f"{folder / 'config.json'} quantization_config"
+        if qc.get("quant_method") != "modelopt":
+            raise InputError(f"{where}: quant_method {qc.get('quant_method')!r} is not supported; "
+                             "only ModelOpt FP8 exports (quant_method modelopt) are")
+        producer = "modelopt"
+        kv = qc.get("kv_cache_quant_algo") or ("FP8" if qc.get("kv_cache_scheme") else None)
+        quant = {"quant_algo": qc.get("quant_algo"), "kv_cache_quant_algo": kv,
+                 "exclude_modules": qc.get("ignore", [])}
+    if quant is None:
+        return None
+    if quant.get("quant_algo") != "FP8":
+        raise InputError(f"{where}: quant_algo {quant.get('quant_algo')!r} is not supported; "
+                         "only per-tensor FP8 (quant_algo FP8) is")
+    kv = quant.get("kv_cache_quant_algo")
+    if kv not in (None, "FP8"):
+        raise InputError(f"{where}: kv_cache_quant_algo {kv!r} is not supported (FP8 or none)")
+    return FP8Info(producer=producer, kv_scales=kv == "FP8",
+                   exclude_modules=tuple(quant.get("exclude_modules") or ()))
+
+
+def _weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        data = _load_json(index, "sharded checkpoint index")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InputError(f"{index}: no weight_map; re-export the checkpoint")
+        files = sorted({str(v) for v in weight_map.values()})
+        return [folder / f for f in files], {str(k): str(v) for k, v in weight_map.items()}
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single], None
+    shards = sorted(folder.glob("*.safetensors"))
+    if shards:
+        return shards, None
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise InputError(f"{folder}: only pickle weights (*.bin/*.pt) found; the base model must be "
+                         "safetensors (re-save it with save_pretrained(safe_serialization=True))")
+    raise InputError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+
+@dataclass
+class HFCheckpoint:
+    path: Path
+    config: dict[str, Any]
+    spec: LlamaSpec
+    fp8: FP8Info | None
+    files: list[SafetensorsFile]
+    tensors: dict[str, TensorRef] = field(default_factory=dict)
+    _scalars: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def ref(self, name: str, why: str = "") -> TensorRef:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            hint = f" ({why})" if why else ""
+            raise InputError(f"{self.path}: tensor {name} is missing{hint}; the checkpoint is incomplete "
+                             "or not a Llama checkpoint") from None
+
+    def meta(self, name: str) -> TensorMeta:
+        return self.ref(name).meta
+
+    def scalar(self, name: str) -> float:
+        """A per-tensor scale (0-d or shape (1,)) as a Python float (exactly the stored fp32)."""
+        if name in self._scalars:
+            return self._scalars[name]
+        ref = self.ref(name, "FP8 scale")
+        meta = ref.meta
+        if meta.dtype != torch.float32 or math.prod(meta.shape) != 1:
+            raise InputError(f"{ref.where}: expected one float32 per-tensor scale, got {meta.dtype} "
+                             f"{list(meta.shape)}; only per-tensor FP8 is supported")
+        value = float(ref.read().reshape(()))
+        if not (value > 0 and math.isfinite(value)):
+            raise InputError(f"{ref.where}: scale must be positive and finite, got {value}; re-export it")
+        self._scalars[name] = value
+        return value
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def open_hf_checkpoint(folder: Path) -> HFCheckpoint:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a directory (expected a Hugging Face model folder)")
+    cfg = _load_json(folder / "config.json", "Hugging Face model config")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{folder / 'config.json'}: not a JSON object")
+    spec = parse_llama_config(cfg, str(folder / "config.json"))
+    fp8 = _detect_fp8(folder, cfg)
+    paths, weight_map = _weight_files(folder)
+    files: list[SafetensorsFile] = []
+    tensors: dict[str, TensorRef] = {}
+    for path in paths:
+        if not path.exists():
+            raise InputError(f"{path}: listed in model.safetensors.index.json but missing")
+        sf = SafetensorsFile(path)
+        files.append(sf)
+        for name in sf.names():
+            if name in tensors:
+                raise InputError(f"{path}: tensor {name} also appears in {tensors[name].source.label}; "
+                                 "the shards overlap, re-export the checkpoint")
+            tensors[name] = TensorRef(sf, name)
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            ref = tensors.get(name)
+            if ref is None or Path(ref.source.label).name != fname:
+                raise InputError(f"{folder / fname}: tensor {name} listed in model.safetensors.index.json "
+                                 "is not in that file; the checkpoint is incomplete")
+    for ref in tensors.values():
+        dtype = ref.meta.dtype
+        if dtype == FP8 and fp8 is None:
+            raise InputError(f"{ref.where} is float8 but the folder has no ModelOpt quantization config "
+                             "(hf_quant_config.json); only ModelOpt FP8 exports are supported")
+        if dtype not in _FLOAT_DTYPES and dtype != FP8:
+            raise InputError(f"{ref.where} has dtype {dtype}; expected float32/float16/bfloat16"
+                             f"{' or float8_e4m3fn' if fp8 else ''}")
+    return HFCheckpoint(folder, cfg, spec, fp8, files, tensors)
