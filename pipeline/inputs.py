@@ -72,19 +72,6 @@ def model_weight_files(model_dir: Path) -> list[Path]:
     return sorted(model_dir.glob("*.safetensors"))
 
 
-def is_modelopt_fp8(model_dir: Path) -> bool:
-    """A ModelOpt unified HF FP8 export (``hf_quant_config.json`` or ``quantization_config``)."""
-    quant_file = model_dir / "hf_quant_config.json"
-    if quant_file.exists():
-        algo = (_read_json(quant_file).get("quantization") or {}).get("quant_algo")
-        return str(algo).upper() == "FP8"
-    config_file = model_dir / "config.json"
-    if config_file.exists():
-        quant = _read_json(config_file).get("quantization_config") or {}
-        return quant.get("quant_method") == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8"
-    return False
-
-
 def inspect_medusa(head_dir: Path) -> MedusaLayout:
     if not head_dir.is_dir():
         raise InputError(f"{head_dir}: Medusa head folder not found")

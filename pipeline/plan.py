@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import gpus, inputs, presets, trees
+from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.errors import InputError
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.presets import ModelArch
+from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.spec import ServingSpec, Spec, VariantSpec
 from pipeline.speculative import (
     EAGLE_MAX_BATCH_SIZE,
@@ -32,7 +34,6 @@ from pipeline.speculative import (
 )
 from pipeline.yaml_source import KeyPath
 
-DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.jsonl"
 STAGE_ORDER = ("quantize", "convert", "build", "package")
 
 
@@ -433,7 +434,7 @@ def _tp_problem(arch: ModelArch, tp: int) -> str | None:
 def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weights_present: bool,
                 speculative: SpeculativeConfig, gpu: gpus.GpuType | None, problems: _Problems) -> QuantPlan:
     q = variant.quantization
-    prequantized = bool(weights_present and model_dir and inputs.is_modelopt_fp8(model_dir))
+    prequantized = bool(weights_present and model_dir and is_modelopt_fp8_checkpoint(model_dir))
     if prequantized and q.weights != "fp8":
         problems.note(f"{model_dir} is a ModelOpt FP8 checkpoint: building FP8 (quantize stage skipped)")
     weights_fp8 = q.weights == "fp8" or prequantized

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline import gpus, presets, trees
+from pipeline.embedded import EMBEDDED_MODELS
 from pipeline.errors import InputError
 from pipeline.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
 
@@ -50,7 +51,7 @@ class ModelSpec(_Strict):
         return self
 
 
-BUILTIN_MODELS = ("smollm2-135m-instruct",)
+BUILTIN_MODELS = tuple(EMBEDDED_MODELS)
 
 
 class MedusaHeadsSpec(_Strict):

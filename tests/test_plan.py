@@ -274,7 +274,8 @@ def test_stage_layout_and_prequantized_input_skips_quantize(plan_of, hf_config_d
     assert [s.name for s in variant.stages] == ["quantize", "convert", "build", "package"]
     assert variant.stage("package").output == tmp_path / "triton_repo" / "p"
     model = hf_config_dir("fp8model")
-    (model / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    (model / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
+                                                            "quantization": {"quant_algo": "FP8"}}))
     variant = plan_of(f"name: q\nmodel: {{path: {model}}}\n").variants[0]
     assert [s.name for s in variant.stages] == ["convert", "build", "package"]
     assert variant.quant.weights_fp8 and variant.quant.prequantized
