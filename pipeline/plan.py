@@ -34,7 +34,8 @@ from pipeline.speculative import (
 )
 from pipeline.yaml_source import KeyPath
 
-STAGE_ORDER = ("quantize", "convert", "build", "package")
+# The pre/postprocessing model.py sources copied into every repository: a change re-packages.
+TRITON_PYTHON_MODELS = Path(__file__).parent / "triton" / "models"
 
 
 @dataclass(frozen=True)
@@ -508,7 +509,7 @@ def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, he
                             {"target": variant.target, "build": _jsonable(dataclasses.asdict(build))}))
     tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
     stages.append(StagePlan("package", _inside(roots.triton_repo, variant.name, problems),
-                            {"engine": engine, "tokenizer": tokenizer}, {
+                            {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS}, {
                                 "serving": variant.serving.model_dump(), "target": variant.target,
                                 "speculative": _jsonable(dataclasses.asdict(speculative)),
                                 "build": _jsonable(dataclasses.asdict(build)),

@@ -1,9 +1,96 @@
-"""`specdeploy query` (not available yet in this version)."""
+"""`specdeploy query "PROMPT"`: one request to a running server, text printed as it streams.
+
+The prompt is sent as raw text, exactly as any other client of the ensemble would send it.
+``--chat`` wraps it in the model's chat template first, using the tokenizer packaged in the
+repository (``--repo``, or the package output of ``--spec``/``--variant``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from pipeline.client import GenerationRequest, GenerationResult, Piece, TritonClient
+
+
+def _tokenizer_repo(args: argparse.Namespace) -> Path:
+    if args.repo:
+        return Path(args.repo)
+    from pipeline.commands.serve import resolve_variant
+
+    return resolve_variant(args).stage("package").output
+
+
+def request_from_args(args: argparse.Namespace, prompt: str, *, perf: bool) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, max_tokens=args.max_tokens, stream=getattr(args, "stream", True),
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                             stop_words=tuple(args.stop or ()), return_perf_metrics=perf)
+
+
+def perf_lines(result: GenerationResult) -> list[str]:
+    first = result.first_token_seconds
+    rate = result.tokens / result.total_seconds if result.total_seconds > 0 else 0.0
+    lines = [f"-- {result.tokens} tokens in {result.total_seconds:.2f} s: {rate:.1f} tokens/s"
+             + (f", first token after {first * 1000:.0f} ms" if first is not None else "")]
+    perf = result.perf
+    if "total_draft_tokens" in perf:
+        length = result.mean_acceptance_length
+        lines.append(f"-- acceptance rate {perf.get('acceptance_rate', 0.0):.2f} "
+                     f"({perf.get('total_accepted_draft_tokens', 0):.0f} of {perf['total_draft_tokens']:.0f} draft "
+                     f"tokens accepted), mean acceptance length "
+                     + (f"{length:.2f}" if length is not None else "n/a") + " tokens/step")
+    else:
+        lines.append("-- no acceptance statistics in the response (plain decoding, or the backend sent none)")
+    return lines
+
+
+def cmd_query(args: argparse.Namespace, console: Console) -> int:
+    prompt = args.prompt
+    if args.chat:
+        from pipeline.client.chat import chat_prompt, repo_tokenizer
+
+        prompt = chat_prompt(repo_tokenizer(_tokenizer_repo(args)), prompt, args.system)
+
+    def show(piece: Piece) -> None:
+        sys.stdout.write(piece.text)
+        sys.stdout.flush()
+
+    with TritonClient(args.url, args.model, timeout=args.timeout) as client:
+        result = client.generate(request_from_args(args, prompt, perf=args.perf), on_piece=show)
+    sys.stdout.write("\n")
+    if args.perf:
+        print("\n".join(perf_lines(result)))
+    return 0
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address (default 127.0.0.1:8001)")
+    parser.add_argument("--model", default="ensemble", help="the ensemble's name (serving.model_name)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, help="unset: the backend's default (greedy)")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--stop", action="append", metavar="WORD", help="stop word (repeatable)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the whole answer")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
+    from pipeline.commands.serve import add_variant_arguments
+
+    query = commands.add_parser("query", help="send a prompt to a running server and stream the answer")
+    query.add_argument("prompt")
+    add_sampling_arguments(query)
+    query.add_argument("--no-stream", dest="stream", action="store_false",
+                       help="one response at the end (still over the streaming RPC)")
+    query.add_argument("--perf", action="store_true", help="print speed and speculative acceptance")
+    query.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
+                       help="wrap the prompt in the model's chat template (default: raw text)")
+    query.add_argument("--system", help="system message for --chat")
+    query.add_argument("--repo", help="--chat: the served repository, whose tokenizer formats the prompt")
+    add_variant_arguments(query, spec_positional=False)
+    query.set_defaults(handler=cmd_query)

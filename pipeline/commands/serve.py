@@ -1,9 +1,170 @@
-"""`specdeploy serve` (not available yet in this version)."""
+"""`specdeploy serve [SPEC]`: serve a packaged variant with Triton.
+
+* target ``reference`` (CPU): the tritonserver from nvidia-pytriton with the reference
+  ``tensorrtllm`` backend, in the foreground until Ctrl-C or SIGTERM;
+* target ``tensorrt``: the mpirun command from ``pipeline.triton.launch_gpu`` (one tritonserver
+  per rank); run on a GPU host, printed elsewhere (exit code 3: not runnable here).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from pipeline.errors import InputError, StageError
+from pipeline.plan import OutputRoots, VariantPlan, make_plan
+from pipeline.spec import load_spec
+
+
+def resolve_variant(args: argparse.Namespace) -> VariantPlan:
+    """The variant named by --variant, or the spec's only one."""
+    plan = make_plan(load_spec(Path(args.spec)),
+                     OutputRoots(Path(args.engines_dir), Path(args.triton_repo), Path(args.cache_dir)))
+    names = [variant.name for variant in plan.variants]
+    if args.variant is None:
+        if len(names) > 1:
+            raise InputError(f"{args.spec} has {len(names)} variants ({', '.join(names)}); choose one with --variant")
+        return plan.variants[0]
+    if args.variant not in names:
+        raise InputError(f"{args.spec} has no variant '{args.variant}' (known: {', '.join(names)})")
+    return plan.variants[names.index(args.variant)]
+
+
+def with_overrides(variant: VariantPlan, args: argparse.Namespace) -> VariantPlan:
+    """Command-line host/ports win over the spec's serving section."""
+    update = {key: getattr(args, key) for key in ("host", "grpc_port", "http_port", "metrics_port")
+              if getattr(args, key, None) is not None}
+    ports = [update.get(k, getattr(variant.serving, k)) for k in ("grpc_port", "http_port", "metrics_port")]
+    if len(set(ports)) != 3:
+        raise InputError(f"grpc, http and metrics ports must differ (got {ports})")
+    return dataclasses.replace(variant, serving=variant.serving.model_copy(update=update))
+
+
+def package_dir(variant: VariantPlan, args: argparse.Namespace, console: Console) -> Path:
+    from pipeline.triton.repository import stale_models, validate_repository
+
+    repo = Path(args.repo) if getattr(args, "repo", None) else variant.stage("package").output
+    if not repo.is_dir():
+        raise InputError(f"{repo}: no Triton repository for variant {variant.name}; build and package it first "
+                         f"(`specdeploy engine {args.spec} --variant {variant.name}`)")
+    validate_repository(repo)
+    stale = stale_models(repo)
+    if stale:
+        console.print(f"[yellow]warning[/yellow]: {repo}: {', '.join(stale)} packaged by another specdeploy version; "
+                      f"re-package with `specdeploy engine {args.spec} --variant {variant.name} --force`",
+                      highlight=False)
+    return repo
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM, and SIGINT even when inherited as ignored (a background job): an orderly stop."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
+
+
+def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
+
+    s = variant.serving
+    config = CpuServerConfig(repositories=(repo,), cache_dir=Path(args.cache_dir), host=s.host,
+                             http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port,
+                             ready_timeout=args.ready_timeout, models=(s.model_name,),
+                             backend_model=Path(args.backend_model) if args.backend_model else None,
+                             log_file=Path(args.log_file) if args.log_file else None)
+    server = CpuTritonServer(config)
+    _stop_on_signals()
+    console.print(f"starting tritonserver for {variant.name} ({variant.method}, CPU reference backend); "
+                  f"log: {server.log_file}", highlight=False)
+    try:
+        server.start()
+        console.print(f"[green]ready[/green]: model '{s.model_name}' on grpc {server.grpc_url}, "
+                      f"http {server.http_url}, metrics {s.host}:{s.metrics_port}. Ctrl-C stops.", highlight=False)
+        console.print(f'try: specdeploy query "Hello" --url {server.grpc_url} --model {s.model_name} --perf',
+                      highlight=False)
+        while server.is_alive():
+            time.sleep(0.5)
+        raise StageError(f"tritonserver stopped unexpectedly: {server.failure_reason()} (full log: {server.log_file})")
+    except KeyboardInterrupt:
+        console.print("stopping tritonserver")
+        return 0
+    finally:
+        server.stop()
+
+
+def _gpu_host() -> bool:
+    try:
+        from pipeline.trtllm.host import local_gpus
+    except ImportError:
+        import shutil
+
+        return shutil.which("nvidia-smi") is not None
+    return bool(local_gpus())
+
+
+def serve_gpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, console: Console) -> int:
+    from pipeline.triton.launch_gpu import gpu_launch_argv
+
+    argv = gpu_launch_argv(variant, repo.resolve(), world_size=variant.world_size)
+    command = shlex.join(argv)
+    if args.print_command:
+        print(command)
+        return 0
+    if not _gpu_host():
+        console.print(f"[yellow]no GPU on this host[/yellow]: run this on the GPU host ({variant.world_size} "
+                      f"GPU(s), ranks = tp*pp):", highlight=False)
+        print(command)
+        return 3
+    console.print(f"running: {command}", highlight=False)
+    try:
+        return subprocess.run(argv, check=False).returncode  # mpirun forwards Ctrl-C to the ranks
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    variant = with_overrides(resolve_variant(args), args)
+    if variant.target == "reference":
+        if args.print_command:
+            raise InputError("--print-command is for target tensorrt (the GPU mpirun command)")
+        return serve_cpu(variant, package_dir(variant, args, console), args, console)
+    if args.print_command:  # only a command line: the repository may be packaged later, on the GPU host
+        repo = Path(args.repo) if args.repo else variant.stage("package").output
+        return serve_gpu(variant, repo, args, console)
+    return serve_gpu(variant, package_dir(variant, args, console), args, console)
+
+
+def add_variant_arguments(parser: argparse.ArgumentParser, spec_positional: bool = True) -> None:
+    from pipeline.cli import DEFAULT_SPEC
+
+    if spec_positional:
+        parser.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
+    else:
+        parser.add_argument("--spec", default=str(DEFAULT_SPEC), help="the spec whose repository to use")
+    parser.add_argument("--variant", help="the variant to use (needed when the spec has several)")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
+    serve = commands.add_parser("serve", help="serve a packaged variant with Triton (CPU reference or GPU)")
+    add_variant_arguments(serve)
+    serve.add_argument("--repo", help="the Triton repository (default: the variant's package output)")
+    serve.add_argument("--host", help="address to bind (default: serving.host, 127.0.0.1)")
+    serve.add_argument("--grpc-port", type=int)
+    serve.add_argument("--http-port", type=int)
+    serve.add_argument("--metrics-port", type=int)
+    serve.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for READY")
+    serve.add_argument("--log-file", help="server log (default: <cache>/tritonserver/logs/)")
+    serve.add_argument("--print-command", action="store_true", help="GPU: print the mpirun command, do not run")
+    serve.add_argument("--backend-model", help="CPU: serve this Python file as the tensorrtllm backend instead of "
+                                               "the reference backend (debugging)")
+    serve.set_defaults(handler=cmd_serve)

@@ -1,12 +1,18 @@
-"""The package stage (body lands with its issue; until then it says so)."""
+"""The package stage: the engine + the model's tokenizer -> a Triton model repository.
+
+Reads the engine folder the build stage wrote and the tokenizer of ``variant.model_dir``
+(both are the stage's fingerprinted inputs), checks the engine matches the plan, and writes
+``triton_repo/<variant>/`` (see :mod:`pipeline.triton.repository`). Every config.pbtxt is
+parsed back with Triton's own schema before the runner publishes the folder.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pipeline.plan import StagePlan, VariantPlan
-from pipeline.stages.execute import StageUnavailable
+from pipeline.triton.repository import emit_repository
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
-    raise StageUnavailable("not implemented yet in this version of specdeploy", exit_code=0)
+    emit_repository(variant, out, engine_dir=stage.inputs["engine"], tokenizer_dir=stage.inputs["tokenizer"])

@@ -1,0 +1,179 @@
+"""Load generator: N concurrent streaming clients, bounded in request count and in time.
+
+Latency definitions (per token, because a speculative step delivers several tokens at once):
+
+* time to first token (TTFT): request sent -> first response carrying a token;
+* inter-token latency (ITL): each response after the first spreads its gap since the previous
+  response evenly over the tokens it carries, so a step accepting 3 tokens after 30 ms counts
+  as three 10 ms tokens;
+* tokens/s: all output tokens / wall time from the first send to the last answer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.client.stream import ClientError, GenerationRequest, TritonClient
+from pipeline.errors import InputError
+
+MAX_ERRORS_KEPT = 5
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    started: float  # seconds since the run began
+    ok: bool = False
+    error: str | None = None
+    tokens: int = 0
+    ttft: float | None = None
+    total: float | None = None
+    steps: list[tuple[float, int]] = field(default_factory=list)  # (seconds since send, tokens)
+    perf: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LoadRun:
+    concurrency: int
+    wall_seconds: float
+    records: list[RequestRecord]
+
+
+def load_prompts(path: Path) -> list[str]:
+    """Plain text (one prompt per non-empty line), JSONL ({"prompt": ...} or {"text": ...}), or a JSON list."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read prompts ({exc.strerror})") from None
+    if Path(path).suffix in (".json", ".jsonl"):
+        try:
+            items = json.loads(text) if Path(path).suffix == ".json" else [
+                json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        prompts = [item if isinstance(item, str) else str(item.get("prompt", item.get("text", "")))
+                   for item in items]
+    else:
+        prompts = text.splitlines()
+    prompts = [prompt for prompt in prompts if prompt.strip()]
+    if not prompts:
+        raise InputError(f"{path}: no prompts")
+    return prompts
+
+
+def run_load(url: str, model: str, prompts: list[str], *, concurrency: int, requests: int,
+             make_request: Callable[[str], GenerationRequest], time_limit: float = 600.0) -> LoadRun:
+    """``requests`` requests over ``concurrency`` clients, prompts taken round-robin; stops at the time limit."""
+    if concurrency < 1 or requests < 1:
+        raise InputError("--concurrency and --requests must be >= 1")
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+    deadline = time.monotonic() + time_limit
+
+    def worker() -> None:
+        with TritonClient(url, model) as client:
+            while True:
+                with lock:
+                    if len(records) >= requests or time.monotonic() >= deadline:
+                        return
+                    record = RequestRecord(len(records), time.perf_counter() - start)
+                    records.append(record)
+                request = make_request(prompts[record.index % len(prompts)])
+                try:
+                    result = client.generate(request, timeout=max(1.0, deadline - time.monotonic()))
+                except ClientError as exc:
+                    record.error = str(exc)
+                    continue
+                record.ok, record.tokens, record.perf = True, result.tokens, dict(result.perf)
+                record.ttft, record.total = result.first_token_seconds, result.total_seconds
+                record.steps = [(piece.seconds, piece.tokens) for piece in result.pieces if piece.tokens]
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return LoadRun(concurrency, time.perf_counter() - start, records)
+
+
+def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+    """p50/p90/p99/mean in milliseconds (``scale``); None when there is nothing to measure."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    array = np.asarray(values, dtype=float) * scale
+    return {"p50": float(np.percentile(array, 50)), "p90": float(np.percentile(array, 90)),
+            "p99": float(np.percentile(array, 99)), "mean": float(array.mean())}
+
+
+def inter_token_latencies(record: RequestRecord) -> list[float]:
+    gaps = []
+    for (before, _), (after, count) in zip(record.steps, record.steps[1:]):
+        gaps.extend([(after - before) / count] * count)
+    return gaps
+
+
+def summarize(run: LoadRun) -> dict[str, Any]:
+    done = [r for r in run.records if r.ok]
+    tokens = sum(r.tokens for r in done)
+    accepted = sum(r.perf.get("total_accepted_draft_tokens", 0) for r in done)
+    drafted = sum(r.perf.get("total_draft_tokens", 0) for r in done)
+    steps = sum(r.tokens - 1 for r in done if r.tokens > 1) - accepted  # see GenerationResult.mean_acceptance_length
+    has_perf = any("total_draft_tokens" in r.perf for r in done)
+    return {
+        "concurrency": run.concurrency, "requests": len(run.records), "completed": len(done),
+        "failed": len(run.records) - len(done),
+        "errors": [r.error for r in run.records if r.error][:MAX_ERRORS_KEPT],
+        "wall_seconds": run.wall_seconds, "output_tokens": tokens,
+        "tokens_per_second": tokens / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+        "requests_per_second": len(done) / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+        "ttft_ms": percentiles([r.ttft for r in done if r.ttft is not None]),
+        "itl_ms": percentiles([gap for r in done for gap in inter_token_latencies(r)]),
+        "latency_ms": percentiles([r.total for r in done if r.total is not None]),
+        "acceptance": {
+            "accepted_draft_tokens": int(accepted), "draft_tokens": int(drafted),
+            "acceptance_rate": accepted / drafted if has_perf and drafted else None,
+            "mean_acceptance_length": (sum(r.tokens - 1 for r in done if r.tokens > 1) / steps
+                                       if has_perf and steps > 0 else None),
+        },
+    }
+
+
+def write_report(run: LoadRun, summary: dict[str, Any], out: Path, extra: dict[str, Any] | None = None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    body = dict(extra or {}) | summary | {"records": [asdict(record) for record in run.records]}
+    path = out / "bench.json"
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    plot(run, summary, out / "bench.png")
+    return path
+
+
+def plot(run: LoadRun, summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a server
+    import matplotlib.pyplot as plt
+
+    done = [r for r in run.records if r.ok]
+    fig, (ttft, itl, timeline) = plt.subplots(1, 3, figsize=(15, 4))
+    ttft.hist([r.ttft * 1000 for r in done if r.ttft is not None], bins=20, color="tab:blue")
+    ttft.set(title="time to first token", xlabel="ms", ylabel="requests")
+    itl.hist([gap * 1000 for r in done for gap in inter_token_latencies(r)], bins=30, color="tab:orange")
+    itl.set(title="inter-token latency", xlabel="ms", ylabel="tokens")
+    events = sorted((r.started + at, count) for r in done for at, count in r.steps)
+    if events:
+        times, counts = zip(*events)
+        timeline.plot(times, np.cumsum(counts), color="tab:green")
+    timeline.set(title=f"output tokens ({summary['tokens_per_second']:.1f} tok/s, concurrency {run.concurrency})",
+                 xlabel="s", ylabel="tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

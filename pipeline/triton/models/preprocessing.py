@@ -1,0 +1,172 @@
+"""specdeploy preprocessing: text -> token ids for the ``tensorrt_llm`` model (a Triton Python model).
+
+Copied into ``<repo>/preprocessing/1/model.py`` by the package stage. It imports only numpy,
+transformers and Triton's utilities (never ``pipeline``), so the repository also runs in a
+stock Triton + TensorRT-LLM container. Parameters (config.pbtxt):
+
+* ``tokenizer_dir``: relative to this model's folder (``tokenizer``) or absolute;
+* ``add_special_tokens``: BOS etc., as the tokenizer defines them;
+* ``max_input_len``: the engine's limit; longer prompts get a clear error here instead of a
+  failure deep in the backend;
+* ``lookahead_window_size`` / ``_ngram_size`` / ``_verification_set_size`` (Lookahead models):
+  the server's (W, N, G). A request's own values must not exceed them (TensorRT-LLM's rule);
+  missing ones are filled so every request carries all three (tensorrtllm_backend#711).
+
+Stop/bad words use TensorRT-LLM's ``[batch, 2, L]`` layout: row 0 the concatenated token ids,
+row 1 the end offset of each word, padded with 0 / -1 (no words: ``[[0], [-1]]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub from a server
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+LOOKAHEAD = (("LOOKAHEAD_WINDOW_SIZE", "lookahead_window_size"), ("LOOKAHEAD_NGRAM_SIZE", "lookahead_ngram_size"),
+             ("LOOKAHEAD_VERIFICATION_SET_SIZE", "lookahead_verification_set_size"))
+
+
+class RequestError(ValueError):
+    """A problem with one request; it becomes that request's error response."""
+
+
+def parameter(config: dict, key: str, default: str | None = None) -> str | None:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value is None or value.startswith("${") else value
+
+
+def load_tokenizer(model_dir: str, config: dict):
+    folder = Path(parameter(config, "tokenizer_dir", "tokenizer"))
+    if not folder.is_absolute():
+        folder = Path(model_dir) / folder
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def word_list(tokenizer, rows: list[list[str]]) -> np.ndarray:
+    """Per batch row, words -> [2, L] (ids, end offsets); rows padded to one L."""
+    flat: list[list[int]] = []
+    ends: list[list[int]] = []
+    for words in rows:
+        ids: list[int] = []
+        offsets: list[int] = []
+        for word in words:
+            tokens = tokenizer.encode(word, add_special_tokens=False) if word else []
+            if tokens:
+                ids.extend(tokens)
+                offsets.append(len(ids))
+        flat.append(ids)
+        ends.append(offsets)
+    width = max([1] + [len(ids) for ids in flat])
+    out = np.zeros((len(rows), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for row, (ids, offsets) in enumerate(zip(flat, ends)):
+        out[row, 0, :len(ids)] = ids
+        out[row, 1, :len(offsets)] = offsets
+    return out
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        self.tokenizer = load_tokenizer(args["model_repository"], config)
+        self.add_special_tokens = parameter(config, "add_special_tokens", "true").lower() in ("true", "1", "yes")
+        self.max_input_len = int(parameter(config, "max_input_len", "0"))
+        # No eos token: -1 never matches, so generation runs to max_tokens (TensorRT-LLM's convention).
+        eos = self.tokenizer.eos_token_id
+        self.end_id = -1 if eos is None else int(eos)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else max(self.end_id, 0)
+        values = [parameter(config, key) for _, key in LOOKAHEAD]
+        self.lookahead = tuple(int(v) for v in values) if all(values) else None
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            try:
+                responses.append(pb_utils.InferenceResponse(output_tensors=self._process(request)))
+            except RequestError as exc:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+        return responses
+
+    def _process(self, request) -> list:
+        queries = _input(request, "QUERY")
+        batch = queries.shape[0]
+        prompts = [_text(item) for item in queries.reshape(batch, -1)[:, 0]]
+        output_len = _input(request, "REQUEST_OUTPUT_LEN").reshape(batch, -1)[:, :1].astype(np.int32)
+        if (output_len < 1).any():
+            raise RequestError(f"max_tokens must be >= 1 (got {int(output_len.min())})")
+        ids = [self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens) for text in prompts]
+        for row in ids:
+            if not row:
+                raise RequestError("text_input is empty: it has no tokens")
+            if self.max_input_len and len(row) > self.max_input_len:
+                raise RequestError(f"prompt too long: {len(row)} tokens, the engine's max_input_len is "
+                                   f"{self.max_input_len}")
+        end_id = _optional_ids(request, "END_ID", batch, self.end_id)
+        pad_id = _optional_ids(request, "PAD_ID", batch, self.pad_id)
+        width = max(len(row) for row in ids)
+        input_ids = np.zeros((batch, width), dtype=np.int32)
+        for row, tokens in enumerate(ids):
+            input_ids[row, :] = pad_id[row, 0]
+            input_ids[row, :len(tokens)] = tokens
+        tensors = [
+            pb_utils.Tensor("INPUT_ID", input_ids),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(row)] for row in ids], dtype=np.int32)),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len),
+            pb_utils.Tensor("BAD_WORDS_IDS", word_list(self.tokenizer, _words(request, "BAD_WORDS_DICT", batch))),
+            pb_utils.Tensor("STOP_WORDS_IDS", word_list(self.tokenizer, _words(request, "STOP_WORDS_DICT", batch))),
+            pb_utils.Tensor("OUT_END_ID", end_id),
+            pb_utils.Tensor("OUT_PAD_ID", pad_id),
+        ]
+        if self.lookahead is not None:
+            tensors.extend(self._lookahead(request, batch))
+        return tensors
+
+    def _lookahead(self, request, batch: int) -> list:
+        tensors = []
+        for (name, key), limit in zip(LOOKAHEAD, self.lookahead):
+            values = _optional_ids(request, name, batch, limit)
+            if (values < 1).any() or (values > limit).any():
+                raise RequestError(f"{key} must be between 1 and the server's {limit} (got {values.ravel().tolist()})")
+            tensors.append(pb_utils.Tensor(f"OUT_{name}", values))
+        return tensors
+
+
+def _input(request, name: str) -> np.ndarray:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise RequestError(f"missing input {name}")
+    return tensor.as_numpy()
+
+
+def _text(item) -> str:
+    if isinstance(item, bytes):
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError("text_input is not valid UTF-8") from None
+    return str(item)
+
+
+def _optional_ids(request, name: str, batch: int, default: int) -> np.ndarray:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return np.full((batch, 1), default, dtype=np.int32)
+    return tensor.as_numpy().reshape(batch, -1)[:, :1].astype(np.int32)
+
+
+def _words(request, name: str, batch: int) -> list[list[str]]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return [[] for _ in range(batch)]
+    return [[_text(item) for item in row] for row in tensor.as_numpy().reshape(batch, -1)]

@@ -1,0 +1,207 @@
+"""Emit ``triton_repo/<variant>/``: the model repository one tritonserver loads.
+
+Layout (identical for the CPU reference backend and a GPU server)::
+
+    <out>/<ensemble>/config.pbtxt, 1/          platform ensemble: the client-facing API
+    <out>/preprocessing/config.pbtxt, 1/model.py, tokenizer/
+    <out>/tensorrt_llm/config.pbtxt, 1/        backend "tensorrtllm", gpt_model_path = the engine
+    <out>/postprocessing/config.pbtxt, 1/model.py, tokenizer/
+    <out>/specdeploy-repository.json           what was packaged (for `serve` and humans)
+
+The tokenizer is copied into each Python model's folder and referenced as ``tokenizer``
+relative to it: Triton treats every folder at the repository root as a model (a root-level
+``tokenizer/`` fails the whole server), and a relative path survives moving the repository,
+including the runner's rename from its temp folder. The second copy is a hard link when the
+filesystem allows. Only the engine is referenced by absolute path; it is far too big to copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError, StageError
+from pipeline.plan import VariantPlan
+from pipeline.triton import pbtxt
+from pipeline.triton.backend_params import (
+    LOOKAHEAD_KEYS,
+    check_parameter_keys,
+    gpu_device_ids,
+    tensorrt_llm_parameters,
+)
+from pipeline.triton.configs import (
+    POSTPROCESSING,
+    PREPROCESSING,
+    TENSORRT_LLM,
+    RepositorySettings,
+    all_configs,
+)
+
+MODELS_SOURCE = Path(__file__).parent / "models"
+TOKENIZER_SUBDIR = "tokenizer"
+MANIFEST = "specdeploy-repository.json"
+# Files a Hugging Face tokenizer may need; never weights. config.json lets AutoTokenizer pick
+# the class when tokenizer_config.json does not name one.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
+    "chat_template.json", "generation_config.json", "config.json",
+)
+
+
+def settings_from_plan(variant: VariantPlan, engine_dir: Path) -> RepositorySettings:
+    serving, build, look = variant.serving, variant.build, variant.speculative.lookahead
+    if serving.model_name in (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING):
+        raise InputError(f"[{variant.name}] serving.model_name '{serving.model_name}' collides with a model of the "
+                         "repository; pick another name (default: ensemble)")
+    pre = {"tokenizer_dir": TOKENIZER_SUBDIR, "add_special_tokens": "true",
+           "max_input_len": str(build.max_input_len)}
+    if look is not None:  # preprocessing fills and bounds the per-request (W, N, G)
+        pre.update(zip(LOOKAHEAD_KEYS, (str(look.window), str(look.ngram), str(look.verification_set))))
+    return RepositorySettings(
+        ensemble_name=serving.model_name, max_batch_size=build.max_batch_size, decoupled=serving.decoupled,
+        lookahead=look is not None, preprocessing_instances=serving.preprocessing_instances,
+        postprocessing_instances=serving.postprocessing_instances,
+        max_queue_delay_microseconds=serving.max_queue_delay_microseconds,
+        preprocessing_parameters=pre,
+        postprocessing_parameters={"tokenizer_dir": TOKENIZER_SUBDIR, "skip_special_tokens": "true"},
+        tensorrt_llm_parameters=tensorrt_llm_parameters(variant, engine_dir),
+    )
+
+
+def check_engine(variant: VariantPlan, engine_dir: Path) -> dict[str, Any]:
+    """The engine must be the one the plan describes: the server's values are the plan's (#710, #473)."""
+    path = Path(engine_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageError(f"[{variant.name}] {path}: no engine here; run the build stage first "
+                         f"(`specdeploy engine SPEC --variant {variant.name}`)") from None
+    except ValueError as exc:
+        raise StageError(f"[{variant.name}] {path}: not JSON ({exc})") from None
+    build = config.get("build_config", {})
+    mapping = config.get("pretrained_config", {}).get("mapping", {})
+    expected = {("build_config", "max_batch_size"): (build.get("max_batch_size"), variant.build.max_batch_size),
+                ("build_config", "max_draft_len"): (build.get("max_draft_len"), variant.build.max_draft_len),
+                ("mapping", "tp_size"): (mapping.get("tp_size"), variant.tp),
+                ("mapping", "pp_size"): (mapping.get("pp_size"), variant.pp)}
+    wrong = [f"{'.'.join(key)} is {got}, the plan says {want}"
+             for key, (got, want) in expected.items() if got is not None and got != want]
+    if wrong:
+        raise StageError(f"[{variant.name}] {path}: engine does not match the plan ({'; '.join(wrong)}); "
+                         "rebuild it (`specdeploy engine SPEC --force`)")
+    return config
+
+
+def copy_tokenizer(source: Path, target: Path) -> list[str]:
+    files = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+    if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json")):
+        raise StageError(f"{source}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json); the "
+                         "pre/postprocessing models need the model's tokenizer")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        shutil.copyfile(Path(source) / name, target / name)
+    return files
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        try:
+            os.link(file, target / file.name)
+        except OSError:  # another filesystem, or links not allowed
+            shutil.copyfile(file, target / file.name)
+
+
+def emit_repository(variant: VariantPlan, out: Path, *, engine_dir: Path, tokenizer_dir: Path,
+                    check_engine_config: bool = True) -> dict[str, pbtxt.ModelConfig]:
+    """Write the repository into ``out`` (an empty or new folder) and return the configs written."""
+    out = Path(out)
+    if check_engine_config:
+        check_engine(variant, engine_dir)
+    settings = settings_from_plan(variant, engine_dir)
+    configs = all_configs(settings)
+    for name, config in configs.items():
+        pbtxt.write(config, out / name / "config.pbtxt")
+        (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
+    for name in (PREPROCESSING, POSTPROCESSING):
+        shutil.copyfile(MODELS_SOURCE / f"{name}.py", out / name / "1" / "model.py")
+    files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
+    _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
+    manifest = {
+        "variant": variant.name, "method": variant.method, "target": variant.target,
+        "ensemble": settings.ensemble_name, "engine_dir": str(Path(engine_dir).resolve()),
+        "tp": variant.tp, "pp": variant.pp, "world_size": variant.world_size,
+        "gpu_device_ids": gpu_device_ids(variant), "decoupled": settings.decoupled,
+        "max_batch_size": settings.max_batch_size, "max_input_len": variant.build.max_input_len,
+        "tokenizer": f"{PREPROCESSING}/{TOKENIZER_SUBDIR}", "tokenizer_files": files,
+        "ports": {"grpc": variant.serving.grpc_port, "http": variant.serving.http_port,
+                  "metrics": variant.serving.metrics_port},
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    validate_repository(out)
+    return configs
+
+
+def stale_models(repo: Path) -> list[str]:
+    """Python models whose model.py differs from this specdeploy's (packaged by another version).
+
+    The stage fingerprint covers the plan and the inputs, not this package's own code."""
+    return [name for name in (PREPROCESSING, POSTPROCESSING)
+            if not (Path(repo) / name / "1" / "model.py").is_file()
+            or (Path(repo) / name / "1" / "model.py").read_bytes() != (MODELS_SOURCE / f"{name}.py").read_bytes()]
+
+
+def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
+    """Parse every config.pbtxt back and check what Triton would only report at load time."""
+    repo = Path(repo)
+    configs: dict[str, pbtxt.ModelConfig] = {}
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        text = path.read_text()
+        if "${" in text:
+            raise StageError(f"{path}: unfilled ${{...}} placeholder")
+        config = pbtxt.parse(text, path)
+        if config.name != path.parent.name:
+            raise StageError(f"{path}: name '{config.name}' differs from its folder '{path.parent.name}'")
+        if not (path.parent / "1").is_dir():
+            raise StageError(f"{path.parent}: no version folder 1/")
+        configs[config.name] = config
+    missing = {PREPROCESSING, TENSORRT_LLM, POSTPROCESSING} - set(configs)
+    if missing:
+        raise StageError(f"{repo}: models missing: {', '.join(sorted(missing))}")
+    check_parameter_keys(pbtxt.parameters(configs[TENSORRT_LLM]))
+    ensembles = [c for c in configs.values() if c.platform == "ensemble"]
+    if len(ensembles) != 1:
+        raise StageError(f"{repo}: expected one ensemble, found {len(ensembles)}")
+    _check_ensemble(ensembles[0], configs, repo)
+    return configs
+
+
+def _check_ensemble(ensemble: pbtxt.ModelConfig, configs: dict[str, pbtxt.ModelConfig], repo: Path) -> None:
+    """Every mapped name exists on both sides, and every step input is produced before it is read."""
+    available = {tensor.name for tensor in ensemble.input}
+    for step in ensemble.ensemble_scheduling.step:
+        model = configs.get(step.model_name)
+        if model is None:
+            raise StageError(f"{repo}: ensemble step names unknown model '{step.model_name}'")
+        model_inputs = {t.name: t for t in model.input}
+        for inner, outer in step.input_map.items():
+            if inner not in model_inputs:
+                raise StageError(f"{repo}: {step.model_name} has no input '{inner}'")
+            if outer not in available:
+                raise StageError(f"{repo}: {step.model_name}.{inner} reads '{outer}', which nothing produces first")
+        required = {name for name, t in model_inputs.items() if not t.optional}
+        if required - set(step.input_map):
+            raise StageError(f"{repo}: {step.model_name} required inputs not mapped: "
+                             f"{', '.join(sorted(required - set(step.input_map)))}")
+        model_outputs = {t.name for t in model.output}
+        for inner, outer in step.output_map.items():
+            if inner not in model_outputs:
+                raise StageError(f"{repo}: {step.model_name} has no output '{inner}'")
+            available.add(outer)
+    missing = {t.name for t in ensemble.output} - available
+    if missing:
+        raise StageError(f"{repo}: ensemble outputs never produced: {', '.join(sorted(missing))}")

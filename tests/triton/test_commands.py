@@ -1,0 +1,123 @@
+"""serve/query/bench without a server: argument handling, GPU command, request building, statistics."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.client import GenerationRequest, GenerationResult, Piece, build_inputs
+from pipeline.client.load import LoadRun, RequestRecord, inter_token_latencies, load_prompts, summarize
+from pipeline.commands import serve as serve_command
+from pipeline.errors import InputError
+from pipeline.triton.repository import emit_repository
+from triton_fixtures import fake_engine, make_model_dir, plan_spec
+
+TP2_SPEC = """
+name: gpu
+model: {path: model}
+parallel: {tp: 2}
+target: tensorrt
+gpu: {type: l40s, count: 2}
+"""
+
+
+@pytest.fixture
+def gpu_spec(tmp_path) -> Path:
+    make_model_dir(tmp_path / "model")
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(textwrap.dedent(TP2_SPEC).lstrip())
+    return spec
+
+
+def test_print_command_for_a_gpu_variant_has_one_rank_per_gpu_and_the_cli_ports(cli, gpu_spec):
+    rc, out, err = cli("serve", str(gpu_spec), "--print-command", "--grpc-port", "9101", "--http-port", "9100",
+                       "--metrics-port", "9102")
+    assert rc == 0, err
+    argv = shlex.split(out.strip())
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"] and argv.count("-n") == 2
+    assert "--grpc-port=9101" in argv and "--http-port=9100" in argv
+
+
+def test_gpu_variant_on_a_host_without_gpus_prints_the_command_and_exits_3(cli, gpu_spec, tmp_path, monkeypatch):
+    monkeypatch.setattr(serve_command, "_gpu_host", lambda: False)
+    variant = plan_spec(gpu_spec, tmp_path).variants[0]
+    emit_repository(variant, variant.stage("package").output, engine_dir=fake_engine(variant),
+                    tokenizer_dir=variant.model_dir)
+    rc, out, _ = cli("serve", str(gpu_spec))
+    assert rc == 3 and "no GPU on this host" in out and "mpirun" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    ((), "no Triton repository for variant"),
+    (("--print-command",), "--print-command is for target tensorrt"),
+    (("--grpc-port", "8000"), "ports must differ"),
+    (("--variant", "nope"), "has no variant 'nope'"),
+])
+def test_serve_input_errors_are_one_line(cli, tmp_path, extra, message):
+    make_model_dir(tmp_path / "model")
+    spec = tmp_path / "ref.yaml"
+    spec.write_text("name: ref\nmodel: {path: model}\ntarget: reference\n")
+    rc, _, err = cli("serve", str(spec), *extra)
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_several_variants_need_a_choice(cli):
+    rc, _, err = cli("serve", str(Path(__file__).resolve().parents[2] / "specs" / "llama8b-fleet.yaml"))
+    assert rc == 2 and "choose one with --variant" in err
+
+
+def test_bench_with_a_missing_prompts_file_is_an_input_error(cli, tmp_path):
+    rc, _, err = cli("bench", "--prompts", str(tmp_path / "none.txt"), "--url", "127.0.0.1:1")
+    assert rc == 2 and "cannot read prompts" in err
+
+
+def test_prompt_files(tmp_path):
+    (tmp_path / "p.txt").write_text("one\n\n two \n")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    (tmp_path / "p.json").write_text('["x", {"prompt": "y"}]')
+    (tmp_path / "empty.txt").write_text("\n \n")
+    assert load_prompts(tmp_path / "p.txt") == ["one", " two "]
+    assert load_prompts(tmp_path / "p.jsonl") == ["a", "b"]
+    assert load_prompts(tmp_path / "p.json") == ["x", "y"]
+    with pytest.raises(InputError, match="no prompts"):
+        load_prompts(tmp_path / "empty.txt")
+
+
+def test_request_tensors_have_a_batch_of_one_and_triton_dtypes():
+    inputs = build_inputs(GenerationRequest("hi", max_tokens=5, temperature=0.5, seed=3, stop_words=("x", "y"),
+                                            return_perf_metrics=True, lookahead=(2, 2, 1)))
+    by_name = {tensor.name(): tensor for tensor in inputs}
+    assert by_name["text_input"].shape() == [1, 1] and by_name["text_input"].datatype() == "BYTES"
+    assert by_name["max_tokens"].datatype() == "INT32" and by_name["seed"].datatype() == "UINT64"
+    assert by_name["temperature"].datatype() == "FP32" and by_name["stream"].datatype() == "BOOL"
+    assert by_name["stop_words"].shape() == [1, 2] and by_name["lookahead_window_size"].shape() == [1, 1]
+    plain = {tensor.name() for tensor in build_inputs(GenerationRequest("hi"))}
+    assert plain == {"text_input", "max_tokens", "stream"}  # unset options stay server defaults
+
+
+def test_mean_acceptance_length_counts_generation_steps():
+    # 1 token from the context step, then 3 steps accepting 2, 0 and 1 drafts: 1 + 3 + 1 + 2 = 7 tokens.
+    result = GenerationResult([Piece("", 1, 0.1), Piece("", 3, 0.2), Piece("", 1, 0.3), Piece("", 2, 0.4)],
+                              {"total_accepted_draft_tokens": 3, "total_draft_tokens": 12})
+    assert result.mean_acceptance_length == pytest.approx(6 / 3)
+
+
+def test_summary_spreads_a_multi_token_step_over_its_tokens():
+    record = RequestRecord(0, 0.0, ok=True, tokens=4, ttft=0.1, total=0.4,
+                           steps=[(0.1, 1), (0.3, 2), (0.4, 1)],
+                           perf={"total_accepted_draft_tokens": 1, "total_draft_tokens": 4})
+    assert inter_token_latencies(record) == pytest.approx([0.1, 0.1, 0.1])
+    failed = RequestRecord(1, 0.0, error="boom")
+    summary = summarize(LoadRun(2, 2.0, [record, failed]))
+    assert summary["completed"] == 1 and summary["failed"] == 1 and summary["errors"] == ["boom"]
+    assert summary["tokens_per_second"] == 2.0
+    assert summary["itl_ms"]["p50"] == pytest.approx(100.0) and summary["ttft_ms"]["p99"] == pytest.approx(100.0)
+    assert summary["acceptance"]["acceptance_rate"] == 0.25
+    assert summary["acceptance"]["mean_acceptance_length"] == pytest.approx(3 / 2)
+    json.dumps(summary)  # JSON-ready
+    assert np.isfinite(summary["latency_ms"]["mean"])

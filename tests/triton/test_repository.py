@@ -1,0 +1,183 @@
+"""The package stage's Triton repository: every config parses with Triton's schema and says what the plan says."""
+
+from __future__ import annotations
+
+import json
+import py_compile
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from triton_fixtures import fake_engine, make_model_dir, plan_spec, tiny_plan
+from pipeline import trees
+from pipeline.errors import InputError, StageError
+from pipeline.speculative import TRITON_DECODING_MODE
+from pipeline.stages import package
+from pipeline.stages.runner import run_stage
+from pipeline.triton import pbtxt
+from pipeline.triton.backend_params import TENSORRT_LLM_PARAMETER_KEYS, check_parameter_keys
+from pipeline.triton.repository import MANIFEST, emit_repository, validate_repository
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing")
+
+
+def _parse_all(repo: Path) -> dict[str, model_config_pb2.ModelConfig]:
+    configs = {}
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        text = path.read_text()
+        assert "${" not in text, path
+        configs[path.parent.name] = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return configs
+
+
+def _params(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def _check_against_plan(variant, repo: Path, engine: Path) -> None:
+    configs = _parse_all(repo)
+    ensemble_name = variant.serving.model_name
+    assert set(configs) == {ensemble_name, *MODELS}
+    llm, ensemble = configs["tensorrt_llm"], configs[ensemble_name]
+    params = _params(llm)
+    assert set(params) <= TENSORRT_LLM_PARAMETER_KEYS
+    assert llm.backend == "tensorrtllm"
+    assert llm.max_batch_size == variant.build.max_batch_size == ensemble.max_batch_size
+    assert llm.model_transaction_policy.decoupled is variant.serving.decoupled
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert params["gpt_model_path"] == str(engine.resolve())
+    assert params["max_beam_width"] == "1"
+    assert params["decoding_mode"] == TRITON_DECODING_MODE[variant.method]
+    assert params["batch_scheduler_policy"] == variant.serving.batch_scheduler_policy
+    assert float(params["kv_cache_free_gpu_mem_fraction"]) == variant.serving.kv_cache_free_gpu_mem_fraction
+    ids = [int(i) for i in params["gpu_device_ids"].split(",")]
+    assert len(set(ids)) == len(ids) == variant.tp * variant.pp
+    look = variant.speculative.lookahead
+    lookahead_keys = {"lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"}
+    if look is not None:
+        assert (int(params["lookahead_window_size"]), int(params["lookahead_ngram_size"]),
+                int(params["lookahead_verification_set_size"])) == (look.window, look.ngram, look.verification_set)
+        assert look.max_draft_len == variant.build.max_draft_len
+        assert lookahead_keys <= {t.name for t in ensemble.input}
+    else:
+        assert not lookahead_keys & set(params)
+        assert not lookahead_keys & {t.name for t in ensemble.input}
+    for method in ("medusa", "eagle"):
+        config = getattr(variant.speculative, method)
+        if config is not None and config.tree is not None:
+            assert trees.parse_triton_choices(params[f"{method}_choices"]) == config.tree
+        else:
+            assert f"{method}_choices" not in params
+    steps = [step.model_name for step in ensemble.ensemble_scheduling.step]
+    assert steps == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    for name in ("preprocessing", "postprocessing"):
+        assert configs[name].backend == "python"
+        assert _params(configs[name])["tokenizer_dir"] == "tokenizer"  # relative: the repo can move
+        assert (repo / name / "tokenizer" / "tokenizer.json").is_file()
+        assert (repo / name / "1" / "model.py").is_file()
+    assert _params(configs["preprocessing"])["max_input_len"] == str(variant.build.max_input_len)
+    assert {t.name for t in ensemble.output} >= {"text_output", "acceptance_rate", "total_accepted_draft_tokens",
+                                                 "total_draft_tokens"}
+    validate_repository(repo)
+
+
+@pytest.mark.parametrize("spec", EXAMPLE_SPECS, ids=[p.stem for p in EXAMPLE_SPECS])
+def test_every_example_spec_packages_to_a_valid_repository(spec, tmp_path, tokenizer_dir):
+    plan = plan_spec(spec, tmp_path)
+    assert plan.variants
+    for variant in plan.variants:
+        engine = fake_engine(variant, tmp_path / "engines" / variant.name / "engine")
+        out = tmp_path / "repos" / variant.name
+        emit_repository(variant, out, engine_dir=engine, tokenizer_dir=tokenizer_dir)
+        _check_against_plan(variant, out, engine)
+        manifest = json.loads((out / MANIFEST).read_text())
+        assert manifest["world_size"] == variant.world_size and manifest["method"] == variant.method
+
+
+def test_package_stage_through_the_runner_is_relocatable(tmp_path):
+    variant = tiny_plan(tmp_path)
+    engine = fake_engine(variant)
+    stage = variant.stage("package")
+    result = run_stage(stage, lambda out: package.run(variant, stage, out), on_wait=print)
+    assert result.status == "ran" and stage.output.is_dir()
+    _check_against_plan(variant, stage.output, engine)
+    moved = tmp_path / "elsewhere"
+    stage.output.rename(moved)
+    validate_repository(moved)
+    assert (moved / "postprocessing" / "tokenizer" / "tokenizer_config.json").is_file()
+    pre = _params(_parse_all(moved)["preprocessing"])
+    assert (pre["lookahead_window_size"], pre["lookahead_ngram_size"], pre["lookahead_verification_set_size"]) == \
+        ("3", "2", "2")
+
+
+def test_explicit_gpu_ids_and_non_decoupled_serving(tmp_path):
+    make_model_dir(tmp_path / "model")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: t\nmodel: {path: model}\nparallel: {tp: 2}\ntarget: reference\n"
+                    "serving: {gpu_device_ids: [4, 5], decoupled: false, model_name: chat}\n")
+    variant = plan_spec(spec, tmp_path).variants[0]
+    engine = fake_engine(variant)
+    out = tmp_path / "repo"
+    emit_repository(variant, out, engine_dir=engine, tokenizer_dir=variant.model_dir)
+    configs = _parse_all(out)
+    assert _params(configs["tensorrt_llm"])["gpu_device_ids"] == "4,5"
+    assert configs["tensorrt_llm"].model_transaction_policy.decoupled is False
+    assert configs["chat"].platform == "ensemble"
+    _check_against_plan(variant, out, engine)
+
+
+def test_engine_that_differs_from_the_plan_is_refused(tmp_path):
+    variant = tiny_plan(tmp_path)
+    engine = fake_engine(variant)
+    config = json.loads((engine / "config.json").read_text())
+    config["build_config"]["max_draft_len"] = 40
+    (engine / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StageError, match="max_draft_len is 40, the plan says"):
+        emit_repository(variant, tmp_path / "repo", engine_dir=engine, tokenizer_dir=variant.model_dir)
+
+
+def test_missing_engine_and_missing_tokenizer_say_what_to_do(tmp_path):
+    variant = tiny_plan(tmp_path)
+    with pytest.raises(StageError, match="run the build stage first"):
+        emit_repository(variant, tmp_path / "repo", engine_dir=tmp_path / "nothing", tokenizer_dir=variant.model_dir)
+    engine = fake_engine(variant)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StageError, match="no tokenizer files"):
+        emit_repository(variant, tmp_path / "repo2", engine_dir=engine, tokenizer_dir=tmp_path / "empty")
+
+
+def test_ensemble_name_cannot_shadow_a_model(tmp_path):
+    variant = tiny_plan(tmp_path, "name: t\nmodel: {path: model}\nserving: {model_name: preprocessing}\n"
+                                  "target: reference\n")
+    with pytest.raises(InputError, match="collides"):
+        emit_repository(variant, tmp_path / "repo", engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)
+
+
+def test_unknown_backend_parameter_and_placeholders_are_refused(tmp_path):
+    with pytest.raises(StageError, match="lookahead_window"):
+        check_parameter_keys({"decoding_mode": "lookahead", "lookahead_window": "4"})
+    config = model_config_pb2.ModelConfig(name="x", backend="python")
+    pbtxt.set_parameters(config, {"tokenizer_dir": "${tokenizer_dir}"})
+    with pytest.raises(StageError, match="placeholder"):
+        pbtxt.write(config, tmp_path / "x" / "config.pbtxt")
+    with pytest.raises(StageError, match="config.pbtxt"):
+        pbtxt.parse("max_batch_size: ${triton_max_batch_size}", "config.pbtxt")
+
+
+def test_broken_ensemble_wiring_is_caught(tmp_path):
+    variant = tiny_plan(tmp_path)
+    out = tmp_path / "repo"
+    emit_repository(variant, out, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)
+    path = out / "ensemble" / "config.pbtxt"
+    path.write_text(path.read_text().replace('key: "input_ids"', 'key: "input_idz"'))
+    with pytest.raises(StageError, match="tensorrt_llm has no input 'input_idz'"):
+        validate_repository(out)
+
+
+def test_python_models_compile():
+    for name in ("preprocessing", "postprocessing"):
+        py_compile.compile(str(REPO / "pipeline" / "triton" / "models" / f"{name}.py"), doraise=True)

@@ -1,0 +1,126 @@
+"""End to end on CPU: a tiny random Llama through the pipeline's stages (convert, build, package), served
+by a real tritonserver with the REAL reference backend (pipeline/runtime/triton_backend.py).
+
+Greedy decoding is deterministic, so streaming, non-streaming and eight concurrent requests
+(batched in flight by the backend) must all give each prompt the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pipeline.client import ClientError, GenerationRequest, TritonClient
+from pipeline.plan import VariantPlan
+from pipeline.stages.execute import stage_body
+from pipeline.stages.runner import run_stage
+from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
+from triton_fixtures import SPECIALS, WORDS, make_tokenizer, plan_spec, start_server
+
+pytestmark = [
+    pytest.mark.tritonserver, pytest.mark.slow,
+    pytest.mark.skipif(not reference_backend_available(),
+                       reason="pipeline/runtime/triton_backend.py (the reference backend) is not in this checkout"),
+]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SPEC = """
+name: tiny-ref
+model: {path: model, dtype: float32}
+speculative:
+  method: lookahead
+  lookahead: {window: 3, ngram: 2, verification_set: 2}
+build: {max_batch_size: 8, max_input_len: 32, max_seq_len: 96, max_num_tokens: 256}
+target: reference
+"""
+PROMPTS = ["hello world", "the quick brown fox", "lazy dog jumps over", "w1 w2 w3", "a fox", "w10 w20",
+           "stop the dog", "over the w5"]
+
+
+def _tiny_llama(folder: Path) -> Path:
+    """Random weights, scaled so greedy decoding has no near-ties; the vocabulary is the tokenizer's."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(SPECIALS) + len(WORDS), hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         max_position_embeddings=256, initializer_range=0.15, tie_word_embeddings=False,
+                         eos_token_id=2, pad_token_id=1, bos_token_id=2)
+    LlamaForCausalLM(config).eval().save_pretrained(folder)
+    make_tokenizer(folder)
+    return folder
+
+
+def build_with_stages(variant: VariantPlan) -> Path:
+    for stage in variant.stages:
+        body = stage_body(stage.name)
+        run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out), on_wait=print)
+    return variant.stage("package").output
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    _tiny_llama(folder / "model")
+    (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
+    variant = plan_spec(folder / "spec.yaml", folder).variants[0]
+    repo = build_with_stages(variant)
+    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
+        return CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http, grpc_port=grpc,
+                               metrics_port=metrics, ready_timeout=240, models=("ensemble",),
+                               log_file=folder / "tritonserver.log")
+
+    running = start_server(config)
+    try:
+        yield running
+    finally:
+        running.stop()
+    # Every abandoned request was ended, not left "in flight" (a shutdown would wait for it).
+    assert not re.search(r"has [1-9][0-9]* in-flight inferences", running.log_file.read_text()), running.log_tail()
+
+
+def _ask(server, prompt: str, **options) -> str:
+    with TritonClient(server.grpc_url, timeout=120) as client:
+        return client.generate(GenerationRequest(prompt, **options)).text
+
+
+def test_streaming_and_non_streaming_agree_and_report_perf(server):
+    pieces = []
+    with TritonClient(server.grpc_url, timeout=120) as client:
+        streamed = client.generate(GenerationRequest(PROMPTS[0], max_tokens=12, return_perf_metrics=True),
+                                   on_piece=pieces.append)
+        whole = client.generate(GenerationRequest(PROMPTS[0], max_tokens=12, stream=False))
+    assert streamed.text == whole.text and streamed.text.strip()
+    assert len(pieces) > 1 and streamed.tokens == whole.tokens <= 12
+    assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"} <= set(streamed.perf)
+
+
+def test_eight_concurrent_requests_match_their_solo_answers(server):
+    solo = [_ask(server, prompt, max_tokens=10) for prompt in PROMPTS]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda prompt: _ask(server, prompt, max_tokens=10), PROMPTS))
+    assert together == solo
+
+
+def test_cancelled_request_stops_and_the_server_stays_healthy(server):
+    with TritonClient(server.grpc_url, timeout=120) as client:
+        def interrupt(piece):
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            client.generate(GenerationRequest(PROMPTS[1], max_tokens=60), on_piece=interrupt)
+        assert client.server_ready()
+        with pytest.raises(ClientError, match="prompt too long"):
+            client.generate(GenerationRequest(" ".join(["w3"] * 40), max_tokens=4))
+    assert _ask(server, PROMPTS[2], max_tokens=4).strip()
+
+
+def test_repository_manifest_names_the_engine(server):
+    repo = Path(server.config.repositories[0])
+    manifest = json.loads((repo / "specdeploy-repository.json").read_text())
+    assert (Path(manifest["engine_dir"]) / "config.json").is_file()

@@ -1,0 +1,248 @@
+"""A real tritonserver (nvidia-pytriton 2.51, CPU) serving an emitted repository, with a STAND-IN backend.
+
+The ``tensorrtllm`` backend here is tests/triton/standin_backend.py (echoes the prompt), so these
+tests cover the repository wiring, tokenizer pre/postprocessing, streaming, cancellation and
+error paths independently of the reference model; test_server_reference.py runs the real one.
+One server for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from pipeline.cli import main
+from pipeline.client import ClientError, GenerationRequest, TritonClient, build_inputs
+from pipeline.triton.launch_cpu import CpuServerConfig, check_port_free
+from pipeline.triton.repository import emit_repository
+from triton_fixtures import WORDS, fake_engine, free_ports, start_server, tiny_plan
+
+pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
+STANDIN = Path(__file__).with_name("standin_backend.py")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "hello world the quick brown"
+
+
+@pytest.fixture(scope="module")
+def packaged(tmp_path_factory) -> tuple[Path, Path]:
+    """(folder with spec.yaml, the emitted repository)."""
+    folder = tmp_path_factory.mktemp("standin")
+    variant = tiny_plan(folder)
+    repo = folder / "repo"
+    emit_repository(variant, repo, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)
+    return folder, repo
+
+
+@pytest.fixture(scope="module")
+def server(packaged):
+    folder, repo = packaged
+
+    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
+        return CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http, grpc_port=grpc,
+                               metrics_port=metrics, backend_model=STANDIN, ready_timeout=180, models=("ensemble",),
+                               log_file=folder / "tritonserver.log")
+
+    running = start_server(config)
+    try:
+        yield running
+    finally:
+        running.stop()
+    # Every abandoned request was ended, not left "in flight" (a shutdown would wait for it).
+    assert not re.search(r"has [1-9][0-9]* in-flight inferences", running.log_file.read_text()), running.log_tail()
+
+
+def expected(prompt: str, count: int) -> str:
+    words = prompt.split()
+    return "".join(" " + words[i % len(words)] for i in range(count))
+
+
+def test_streaming_generation_through_the_ensemble(server):
+    pieces = []
+    with TritonClient(server.grpc_url) as client:
+        result = client.generate(GenerationRequest(PROMPT, max_tokens=9, return_perf_metrics=True),
+                                 on_piece=pieces.append)
+    assert result.text == expected(PROMPT, 9)
+    assert [piece.tokens for piece in pieces] == [1, 2, 2, 2, 2]  # context step, then 2 per step
+    assert result.tokens == 9 and result.first_token_seconds is not None
+    assert result.perf["total_accepted_draft_tokens"] == 4 and result.perf["total_draft_tokens"] == 12
+    assert result.perf["acceptance_rate"] == pytest.approx(1 / 3)
+    assert result.mean_acceptance_length == pytest.approx(2.0)
+
+
+def test_end_id_ends_the_stream_even_with_an_empty_last_step(server):
+    pieces = []
+    quick = WORDS.index("quick") + 3  # the tiny vocabulary: 3 specials, then WORDS
+    with TritonClient(server.grpc_url) as client:
+        result = client.generate(GenerationRequest("hello world the quick", max_tokens=9, end_id=quick),
+                                 on_piece=pieces.append)
+    assert result.text == " hello world the" and result.tokens == 3
+    assert [piece.tokens for piece in pieces] == [1, 2, 0]
+
+
+def test_non_streaming_returns_one_piece_equal_to_the_stream(server):
+    with TritonClient(server.grpc_url) as client:
+        streamed = client.generate(GenerationRequest(PROMPT, max_tokens=7))
+        whole = client.generate(GenerationRequest(PROMPT, max_tokens=7, stream=False, return_perf_metrics=True))
+        with_prompt = client.generate(GenerationRequest(PROMPT, max_tokens=2, stream=False,
+                                                        exclude_input_in_output=False))
+    assert len(whole.pieces) == 1 and whole.text == streamed.text and whole.tokens == 7
+    assert "acceptance_rate" in whole.perf
+    assert with_prompt.text == " " + PROMPT + expected(PROMPT, 2)
+
+
+def test_eight_concurrent_clients_all_get_complete_answers(server):
+    prompts = [" ".join(WORDS[12 + i: 12 + i + 3 + i]) for i in range(8)]
+
+    def ask(prompt: str) -> str:
+        with TritonClient(server.grpc_url) as client:
+            return client.generate(GenerationRequest(prompt, max_tokens=20), timeout=60).text
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, prompts))
+    assert answers == [expected(prompt, 20) for prompt in prompts]
+    # 10 steps of 10 ms each: served concurrently, not one after another (8 x 0.1 s).
+    assert time.monotonic() - start < 8 * 0.1 + 5
+
+
+def _abandon(server, how: str) -> None:
+    request = GenerationRequest(PROMPT, max_tokens=150)  # 75 steps of 10 ms: still running when abandoned
+    if how == "disconnect":  # the channel goes away with the request running; nobody says stop
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        first = threading.Event()
+        client.start_stream(callback=lambda result, error: first.set())
+        client.async_stream_infer("ensemble", build_inputs(request), enable_empty_final_response=True)
+        assert first.wait(30)
+        client.close()
+        return
+    with TritonClient(server.grpc_url) as client:
+        if how == "ctrl-c":
+            def interrupt(piece):
+                raise KeyboardInterrupt
+
+            with pytest.raises(KeyboardInterrupt):
+                client.generate(request, on_piece=interrupt)
+        else:
+            with pytest.raises(ClientError, match="no answer"):
+                client.generate(request, timeout=0.2)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "timeout", "disconnect"])
+def test_abandoned_request_leaves_the_server_healthy(server, how):
+    stopped_before = server.log_file.read_text().count("stand-in: request stopped")
+    _abandon(server, how)
+    with TritonClient(server.grpc_url) as client:
+        assert client.server_ready()
+        assert client.generate(GenerationRequest(PROMPT, max_tokens=5), timeout=30).text == expected(PROMPT, 5)
+    if how != "disconnect":  # the client's stop reached the backend by request id, through the ensemble
+        deadline = time.monotonic() + 10
+        while server.log_file.read_text().count("stand-in: request stopped") <= stopped_before:
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.2)
+
+
+def _raw(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def test_bad_requests_get_errors_and_the_next_request_succeeds(server):
+    text = _raw("text_input", np.array([[PROMPT.encode()]], dtype=object), "BYTES")
+    bad = {
+        "missing input": ([_raw("max_tokens", np.array([[4]], dtype=np.int32), "INT32")], "text_input"),
+        "wrong dtype": ([text, _raw("max_tokens", np.array([[4.0]], dtype=np.float32), "FP32")], "data-type"),
+        "prompt too long": (build_inputs(GenerationRequest(" ".join(["w1"] * 40), max_tokens=4)),
+                            "prompt too long: 40 tokens"),
+        "zero max_tokens": (build_inputs(GenerationRequest(PROMPT, max_tokens=0)), "max_tokens must be >= 1"),
+        "lookahead too big": (build_inputs(GenerationRequest(PROMPT, max_tokens=4, lookahead=(9, 2, 2))),
+                              "lookahead_window_size must be between 1 and the server's 3"),
+    }
+    with TritonClient(server.grpc_url) as client:
+        for case, (inputs, message) in bad.items():
+            with pytest.raises(ClientError, match=message):
+                client.generate_raw(inputs, timeout=30)
+            assert client.generate(GenerationRequest(PROMPT, max_tokens=3), timeout=30).text == \
+                expected(PROMPT, 3), case
+        ok = client.generate(GenerationRequest(PROMPT, max_tokens=3, lookahead=(2, 2, 1)), timeout=30)
+        assert ok.text == expected(PROMPT, 3)
+
+
+def test_query_command_streams_text_and_acceptance(server, capsys):
+    rc = main(["query", PROMPT, "--url", server.grpc_url, "--max-tokens", "5", "--perf"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith(expected(PROMPT, 5))
+    assert "acceptance rate 0.33" in out and "mean acceptance length 2.00" in out
+    rc = main(["query", PROMPT, "--url", server.grpc_url, "--max-tokens", "3", "--no-stream"])
+    assert rc == 0 and capsys.readouterr().out.startswith(expected(PROMPT, 3))
+
+
+def test_query_chat_template_uses_the_repository_tokenizer(server, capsys):
+    repo = Path(server.config.repositories[0])
+    rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "2", "--chat", "--repo", str(repo)])
+    assert rc == 0 and capsys.readouterr().out.startswith(" fox jumps")
+
+
+def test_query_against_a_dead_port_is_one_line(capsys):
+    (port,) = free_ports(1)
+    rc = main(["query", "hi", "--url", f"127.0.0.1:{port}", "--timeout", "5"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_bench_command_writes_json_and_plot(server, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe quick brown fox\n\nlazy dog jumps\n")
+    out = tmp_path / "bench"
+    rc = main(["bench", "--prompts", str(prompts), "--concurrency", "4", "--requests", "8", "--max-tokens", "9",
+               "--url", server.grpc_url, "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    report = json.loads((out / "bench.json").read_text())
+    assert report["completed"] == 8 and report["failed"] == 0 and report["concurrency"] == 4
+    assert report["output_tokens"] == 8 * 9 and report["tokens_per_second"] > 0
+    assert set(report["ttft_ms"]) == {"p50", "p90", "p99", "mean"} and report["itl_ms"]["p50"] > 0
+    assert report["acceptance"]["mean_acceptance_length"] == pytest.approx(2.0)
+    assert (out / "bench.png").stat().st_size > 1000
+    assert "tokens/s" in text
+
+
+def test_serve_command_runs_in_the_foreground_and_stops_on_sigterm(packaged, tmp_path):
+    folder, repo = packaged
+    http, grpc, metrics = free_ports(3)
+    argv = [sys.executable, "-m", "pipeline", "--cache-dir", str(REPO_ROOT / ".cache"), "serve",
+            str(folder / "spec.yaml"), "--repo", str(repo), "--backend-model", str(STANDIN),
+            "--grpc-port", str(grpc), "--http-port", str(http), "--metrics-port", str(metrics),
+            "--log-file", str(tmp_path / "serve.log")]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, COLUMNS="200"))
+    try:
+        lines = []
+        for line in process.stdout:  # the command prints "ready" once every model is READY
+            lines.append(line)
+            if line.startswith("ready") or len(lines) > 20:
+                break
+        assert any(line.startswith("ready") for line in lines), "".join(lines)
+        with TritonClient(f"127.0.0.1:{grpc}") as client:
+            assert client.generate(GenerationRequest(PROMPT, max_tokens=3)).text == expected(PROMPT, 3)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        assert "stopping tritonserver" in process.stdout.read()
+        for port in (grpc, http, metrics):  # the server is gone: a new one could bind its ports
+            check_port_free("127.0.0.1", port)
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -1,0 +1,126 @@
+"""Helpers for the Triton tests: a tiny offline tokenizer, tiny specs, fake engines, free ports.
+
+(A uniquely named module, not conftest.py: test modules import these functions directly.)
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.errors import SpecdeployError
+from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
+from pipeline.spec import load_spec
+from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
+
+WORDS = ["a", "hello", "world", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "stop"]
+WORDS += [f"w{i}" for i in range(200)]
+SPECIALS = ["<unk>", "<pad>", "</s>"]
+
+
+def make_tokenizer(folder: Path) -> Path:
+    """A word-level Hugging Face tokenizer built offline with `tokenizers` (no hub)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIALS + WORDS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
+                                   eos_token="</s>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def make_model_dir(folder: Path, **overrides) -> Path:
+    """config.json of a tiny Llama (enough to plan) plus the tiny tokenizer."""
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": False,
+        "eos_token_id": 2, "pad_token_id": 1, "bos_token_id": 2,
+    }
+    config.update(overrides)
+    make_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+TINY_SPEC = """
+name: tiny
+model:
+  path: model
+  dtype: float32
+speculative:
+  method: lookahead
+  lookahead: {window: 3, ngram: 2, verification_set: 2}
+build:
+  max_batch_size: 8
+  max_input_len: 32
+  max_seq_len: 160
+  max_num_tokens: 256
+target: reference
+"""
+
+
+def plan_spec(path: Path, roots_dir: Path) -> Plan:
+    return make_plan(load_spec(path), OutputRoots(roots_dir / "engines", roots_dir / "triton_repo",
+                                                  roots_dir / "cache"))
+
+
+def tiny_plan(folder: Path, spec_text: str = TINY_SPEC) -> VariantPlan:
+    make_model_dir(folder / "model")
+    spec = folder / "spec.yaml"
+    spec.write_text(textwrap.dedent(spec_text).lstrip())
+    return plan_spec(spec, folder).variants[0]
+
+
+def fake_engine(variant: VariantPlan, folder: Path | None = None) -> Path:
+    """An engine folder whose config.json says what the plan asked for (no weights)."""
+    folder = folder or variant.stage("build").output
+    folder.mkdir(parents=True, exist_ok=True)
+    build = variant.build
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {"architecture": variant.arch.architecture,
+                              "mapping": {"tp_size": variant.tp, "pp_size": variant.pp,
+                                          "world_size": variant.world_size}},
+        "build_config": {"max_batch_size": build.max_batch_size, "max_input_len": build.max_input_len,
+                         "max_seq_len": build.engine_max_seq_len, "max_num_tokens": build.engine_max_num_tokens,
+                         "max_draft_len": build.max_draft_len,
+                         "speculative_decoding_mode": build.speculative_decoding_mode},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def start_server(make_config: Callable[[int, int, int], CpuServerConfig], attempts: int = 3) -> CpuTritonServer:
+    """Start on free (http, grpc, metrics) ports; other processes on this host may take a port between
+    our pick and the server's bind, so a port clash is retried with new ports."""
+    for attempt in range(attempts):
+        server = CpuTritonServer(make_config(*free_ports(3)))
+        try:
+            return server.start()
+        except SpecdeployError as exc:
+            if "in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
