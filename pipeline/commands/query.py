@@ -1,8 +1,8 @@
 """`specdeploy query "PROMPT"`: one request to a running server, text printed as it streams.
 
-The prompt is sent as raw text, exactly as any other client of the ensemble would send it.
-``--chat`` wraps it in the model's chat template first, using the tokenizer packaged in the
-repository (``--repo``, or the package output of ``--spec``/``--variant``).
+The prompt is wrapped in the model's chat template, using the tokenizer packaged in the
+repository (``--repo``, or the package output of ``--spec``/``--variant``), when that tokenizer
+has one; ``--no-chat`` sends the raw text, exactly as any other client of the ensemble would.
 """
 
 from __future__ import annotations
@@ -49,10 +49,17 @@ def perf_lines(result: GenerationResult) -> list[str]:
 
 def cmd_query(args: argparse.Namespace, console: Console) -> int:
     prompt = args.prompt
-    if args.chat:
+    if args.chat is not False:
         from pipeline.client.chat import chat_prompt, repo_tokenizer
+        from pipeline.errors import InputError
 
-        prompt = chat_prompt(repo_tokenizer(_tokenizer_repo(args)), prompt, args.system)
+        try:
+            prompt = chat_prompt(repo_tokenizer(_tokenizer_repo(args)), prompt, args.system)
+        except InputError:
+            if args.chat:  # asked for explicitly: say why it cannot be done
+                raise
+            # Default: chat models answer chat-formatted prompts; without a packaged chat
+            # template there is nothing to format with, so the text goes as it is.
 
     def show(piece: Piece) -> None:
         sys.stdout.write(piece.text)
@@ -88,8 +95,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     query.add_argument("--no-stream", dest="stream", action="store_false",
                        help="one response at the end (still over the streaming RPC)")
     query.add_argument("--perf", action="store_true", help="print speed and speculative acceptance")
-    query.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
-                       help="wrap the prompt in the model's chat template (default: raw text)")
+    query.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                       help="wrap the prompt in the model's chat template (default: when the served "
+                            "repository's tokenizer has one; --no-chat sends raw text)")
     query.add_argument("--system", help="system message for --chat")
     query.add_argument("--repo", help="--chat: the served repository, whose tokenizer formats the prompt")
     add_variant_arguments(query, spec_positional=False)
