@@ -22,7 +22,6 @@ Layout of ``cache_dir``::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -30,13 +29,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, StageError
+from pipeline.locking import exclusive_lock
 from pipeline.quantize.hf import add_legacy_rope_keys, hf_offline, make_readable, read_json, write_json
 
 Progress = Callable[[str], None]
@@ -129,7 +128,7 @@ def prepare_embedded_model(cache_dir: Path, *, name: str = "smollm2-135m-instruc
     except OSError as exc:
         raise InputError(f"{cache_dir}: cannot create the model cache ({exc.strerror}); "
                          f"choose a writable --cache-dir") from None
-    with _locked(cache_dir / f".{model.name}.lock", lock_timeout, say):
+    with exclusive_lock(cache_dir / f".{model.name}.lock", timeout=lock_timeout, what=str(target), on_wait=say):
         marker = _read_marker(target)  # another process may have finished while we waited
         if marker is not None and _marker_matches(marker, gguf, hash_if_needed=True):
             if marker["gguf"]["mtime_ns"] != gguf.stat().st_mtime_ns:
@@ -271,29 +270,6 @@ def _marker_matches(marker: dict[str, Any], gguf: Path, *, hash_if_needed: bool)
     if recorded.get("mtime_ns") == stat.st_mtime_ns:
         return True
     return hash_if_needed and recorded.get("sha256") == _sha256(gguf)
-
-
-@contextmanager
-def _locked(lock_path: Path, timeout: float, say: Progress) -> Iterator[None]:
-    with open(lock_path, "a+") as handle:
-        deadline = time.monotonic() + timeout
-        told = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told:
-                    say(f"waiting for another process preparing {lock_path.parent} ({lock_path})")
-                    told = True
-                if time.monotonic() > deadline:
-                    raise StageError(f"{lock_path}: still locked after {timeout:.0f} s; wait for the other "
-                                     f"run, or delete the lock file if no run is alive") from None
-                time.sleep(0.2)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _remove_leftovers(cache_dir: Path, name: str) -> None:

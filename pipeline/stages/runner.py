@@ -12,21 +12,19 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.errors import StageError
+from pipeline.locking import exclusive_lock
 from pipeline.plan import StagePlan
 
 FINGERPRINT_FILE = ".specdeploy-stage.json"
@@ -84,36 +82,8 @@ def recorded_fingerprint(output: Path) -> dict[str, Any] | None:
         return None
 
 
-@contextmanager
-def output_lock(output: Path, timeout: float, on_wait: Callable[[str], None]) -> Iterator[None]:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = output.parent / f".{output.name}.lock"
-    with open(lock_path, "a+") as handle:
-        deadline = time.monotonic() + timeout
-        told = False
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told:
-                    handle.seek(0)
-                    on_wait(f"waiting for another specdeploy run on {output} ({handle.read().strip() or 'unknown'})")
-                    told = True
-                if time.monotonic() > deadline:
-                    raise StageError(f"{output}: still locked by another run after {timeout:.0f} s; "
-                                     f"wait for it, or remove {lock_path} if no run is alive") from None
-                time.sleep(0.2)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            handle.seek(0)
-            handle.truncate()
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def output_lock(output: Path, timeout: float, on_wait: Callable[[str], None]):
+    return exclusive_lock(output.parent / f".{output.name}.lock", timeout=timeout, what=str(output), on_wait=on_wait)
 
 
 def _remove_leftovers(output: Path) -> None:

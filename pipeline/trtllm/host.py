@@ -10,23 +10,16 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
 from importlib import metadata
 
+from pipeline.gpus import GpuType
 from pipeline.trtllm import TRTLLM_SERIES
 
 BUILD_PROGRAM = "trtllm-build"
 
 
-@dataclass(frozen=True)
-class LocalGpu:
-    name: str
-    compute_capability: tuple[int, int]
-    memory_mib: int
-
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_mib / 1024
+# A GPU found on this host is described exactly like a GPU type named in a spec.
+LocalGpu = GpuType
 
 
 def package_version(*names: str) -> str | None:
