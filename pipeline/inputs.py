@@ -77,6 +77,13 @@ def inspect_medusa(head_dir: Path) -> MedusaLayout:
         raise InputError(f"{head_dir}: Medusa head folder not found")
     config_file = head_dir / "config.json"
     config = _read_json(config_file) if config_file.exists() else {}
+    compact = (config.get("specdeploy") or {}).get("weights")
+    if compact:
+        # specdeploy's shipped heads: trained ResBlocks only, every head's lm_head is the base
+        # model's (pipeline/heads/expand.py writes the FasterDecoding folder at convert time).
+        keys = safetensors_keys(head_dir / compact)
+        layout = _layout_from_keys(keys, _FASTERDECODING_KEY, "specdeploy-compact", head_dir, has_lm_head=False)
+        return MedusaLayout(layout[0], layout[1], layout[2], config.get("medusa_num_heads"))
     for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt"):
         weights = head_dir / name
         if weights.exists():
@@ -94,7 +101,8 @@ def inspect_medusa(head_dir: Path) -> MedusaLayout:
     )
 
 
-def _layout_from_keys(keys: list[str], pattern: re.Pattern, fmt: str, where: Path) -> tuple[str, int, int]:
+def _layout_from_keys(keys: list[str], pattern: re.Pattern, fmt: str, where: Path,
+                      has_lm_head: bool = True) -> tuple[str, int, int]:
     per_head: dict[int, set[int]] = {}
     for key in keys:
         match = pattern.match(key)
@@ -106,7 +114,7 @@ def _layout_from_keys(keys: list[str], pattern: re.Pattern, fmt: str, where: Pat
     if heads != list(range(len(heads))):
         raise InputError(f"{where}: Medusa heads are not numbered 0..{len(heads) - 1} (found {heads})")
     # Each head has num_layers ResBlocks (0..L-1) and its lm_head at index L.
-    depths = {len(indices) - 1 for indices in per_head.values()}
+    depths = {len(indices) - has_lm_head for indices in per_head.values()}
     if len(depths) != 1 or min(depths) < 1:
         raise InputError(f"{where}: Medusa heads have different or missing ResBlock layers ({per_head})")
     return fmt, len(heads), depths.pop()

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from pipeline.checkpoint.convert import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.heads.expand import expand_medusa, is_compact_medusa
 from pipeline.plan import StagePlan, VariantPlan
 from pipeline.stages.progress import byte_progress
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
+    if variant.speculative.medusa is not None and is_compact_medusa(stage.inputs["heads"]):
+        # Shipped ResBlocks-only heads: write the standard folder (lm_heads = base lm_head) aside.
+        with tempfile.TemporaryDirectory(prefix="medusa-heads-", dir=out.parent) as expanded:
+            heads = expand_medusa(stage.inputs["heads"], stage.inputs["model"], Path(expanded) / "heads")
+            _convert(variant, stage, out, heads)
+    else:
+        _convert(variant, stage, out, stage.inputs.get("heads"))
+
+
+def _convert(variant: VariantPlan, stage: StagePlan, out: Path, heads: Path | None) -> None:
     spec = variant.speculative
     medusa = eagle = None
     if spec.medusa is not None:
-        medusa = MedusaOptions(dir=stage.inputs["heads"], max_draft_len=spec.medusa.max_draft_len)
+        medusa = MedusaOptions(dir=heads, max_draft_len=spec.medusa.max_draft_len)
     if spec.eagle is not None:
-        eagle = EagleOptions(dir=stage.inputs["heads"], num_eagle_layers=spec.eagle.num_eagle_layers,
+        eagle = EagleOptions(dir=heads, num_eagle_layers=spec.eagle.num_eagle_layers,
                              max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
                              max_draft_len=spec.eagle.max_draft_len)
     with byte_progress(f"[{variant.name}] convert tp={variant.tp} pp={variant.pp}") as progress:

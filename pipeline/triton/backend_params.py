@@ -65,6 +65,10 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
         params["medusa_choices"] = trees.to_triton_choices(spec.medusa.tree)
     if spec.eagle is not None and spec.eagle.tree is not None:  # a dynamic tree has no choices to send
         params["eagle_choices"] = trees.to_triton_choices(spec.eagle.tree)
+    if spec.eagle is not None and spec.eagle.dynamic_tree:
+        # EAGLE-2 is not exposed by the C++ backend (it ignores unknown keys); the reference backend reads these.
+        params["reference_eagle_use_dynamic_tree"] = "true"
+        params["reference_eagle_dynamic_tree_max_top_k"] = str(spec.eagle.dynamic_tree_max_top_k)
     if spec.lookahead is not None:
         # All three or the backend throws; equal to the engine's build or it asserts at load (#710).
         look = spec.lookahead
@@ -73,7 +77,12 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
     return params
 
 
+# Parameters only the CPU reference backend reads; the C++ backend ignores keys it does not know.
+REFERENCE_PARAMETER_KEYS = frozenset({"reference_eagle_use_dynamic_tree", "reference_eagle_dynamic_tree_max_top_k",
+                                      "reference_num_threads"})
+
+
 def check_parameter_keys(params: dict[str, str]) -> None:
-    unknown = sorted(set(params) - TENSORRT_LLM_PARAMETER_KEYS)
+    unknown = sorted(set(params) - TENSORRT_LLM_PARAMETER_KEYS - REFERENCE_PARAMETER_KEYS)
     if unknown:
         raise StageError(f"tensorrt_llm parameters not read by the TensorRT-LLM backend: {', '.join(unknown)}")

@@ -1,0 +1,391 @@
+"""Speculative decoding on SmolLM2 through the reference backend: plain vs Medusa, EAGLE, EAGLE-2, Lookahead.
+
+    .venv/bin/python bench/speculative.py [--sets code chat] [--batch 1 4] [--prompts 10] [--new-tokens 64]
+
+In one process: builds the three SmolLM2 engines through the pipeline (``specs/smollm2-{medusa,eagle,
+lookahead}.yaml``: plan, embedded model, convert, build; up-to-date stages are skipped), then for each
+prompt set (pipeline/data/prompts/{code,chat}_eval.jsonl) and each batch size (requests in flight)
+decodes the same prompts greedily with every method through the scheduler and reports tokens/s,
+speedup over plain decoding, mean acceptance length and per-position acceptance (metrics.py has the
+definitions). Writes bench/out/speculative.{json,md,png}. Not a test: the numbers depend on the
+machine and its load; tokens per CPU-second (this thread's CPU time, torch on 1 thread) is reported
+next to wall-clock tokens/s because it is what the rate would be on an idle machine.
+
+Heads: heads/smollm2-medusa and heads/smollm2-eagle (trained by ``specdeploy train-heads``) when they
+exist; otherwise random heads of the right shapes are generated so the plumbing runs (their acceptance
+is meaningless, and the report says so). Every method's output is checked against plain decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline import trees  # noqa: E402
+from pipeline.checkpoint import convert_checkpoint  # noqa: E402
+from pipeline.checkpoint.heads import EagleOptions, MedusaOptions  # noqa: E402
+from pipeline.plan import OutputRoots, VariantPlan, make_plan  # noqa: E402
+from pipeline.runtime.decoding import DecodingMethod, MethodSettings, PlainDecoding, SpeculativeRequest, \
+    make_method  # noqa: E402
+from pipeline.runtime.engine import Engine  # noqa: E402
+from pipeline.runtime.metrics import SpecDecodingStats  # noqa: E402
+from pipeline.runtime.request import StepOutput  # noqa: E402
+from pipeline.runtime.scheduler import Scheduler  # noqa: E402
+from pipeline.spec import load_spec  # noqa: E402
+from pipeline.stages.execute import execute_plan, stage_body  # noqa: E402
+from pipeline.stages.runner import run_stage  # noqa: E402
+from pipeline.trtllm.engine_config import predict_engine_config  # noqa: E402
+
+OUT = REPO / "bench" / "out"
+SPECS = {kind: REPO / "specs" / f"smollm2-{kind}.yaml" for kind in ("medusa", "eagle", "lookahead")}
+TARGETS = {"eagle": 2.0, "medusa": 1.6, "lookahead": 1.3}  # batch 1, code prompts (issue 5)
+FALLBACK_PROMPTS = {
+    "code": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+             "def is_palindrome(text):\n    \"\"\"Return True if text reads the same backwards.\"\"\"\n"],
+    "chat": ["What is the capital of France?", "Explain how a bicycle stays upright."],
+}
+
+
+@dataclasses.dataclass
+class Built:
+    variant: VariantPlan
+    engine_dir: Path
+    heads: str  # "trained (<path>)", "random (plumbing only)" or "none needed"
+
+
+def say(text: str) -> None:
+    print(f"  {text}", flush=True)
+
+
+def spec_file(kind: str) -> Path:
+    """The spec; for shipped ResBlocks-only Medusa heads (which this checkout's planner cannot read yet),
+    a copy pointing at their expansion into the standard FasterDecoding folder."""
+    from pipeline.heads.expand import ensure_expanded_medusa, is_compact_medusa
+
+    heads = REPO / "heads" / "smollm2-medusa"
+    if kind != "medusa" or not is_compact_medusa(heads):
+        return SPECS[kind]
+    from pipeline.embedded import prepare_embedded_model
+
+    model_dir = prepare_embedded_model(REPO / ".cache")
+    expanded = ensure_expanded_medusa(heads, model_dir, REPO / ".cache")
+    copy = OUT / "specs" / SPECS[kind].name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(SPECS[kind].read_text().replace("path: ../heads/smollm2-medusa", f"path: {expanded}"))
+    say(f"{heads} holds ResBlocks only: planning from {copy} (heads expanded to {expanded})")
+    return copy
+
+
+def plan_variant(kind: str) -> VariantPlan:
+    plan = make_plan(load_spec(spec_file(kind)), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache"))
+    return plan.variants[0]
+
+
+def convert_body(variant: VariantPlan, heads_dir: Path | None):
+    """The convert stage's work for this variant (this checkout's convert stage has no body yet)."""
+    spec = variant.speculative
+    medusa = eagle = None
+    if spec.medusa is not None:
+        medusa = MedusaOptions(heads_dir, max_draft_len=spec.medusa.max_draft_len)
+    if spec.eagle is not None:
+        eagle = EagleOptions(heads_dir, num_eagle_layers=spec.eagle.num_eagle_layers,
+                             max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
+                             max_draft_len=spec.eagle.max_draft_len)
+    return lambda out: convert_checkpoint(variant.model_dir, out, tp=variant.tp, pp=variant.pp,
+                                          dtype=variant.build.dtype, medusa=medusa, eagle=eagle)
+
+
+def build_through_pipeline(variant: VariantPlan, heads_dir: Path | None) -> Path:
+    (outcome,) = execute_plan(make_plan(load_spec(spec_file(variant.method)), OutputRoots(
+        REPO / "engines", REPO / "triton_repo", REPO / ".cache")), only={variant.name}, say=say)
+    if outcome.stopped_at == "convert" and outcome.exit_code == 0:
+        say("convert stage not in this checkout: running pipeline.checkpoint.convert_checkpoint as its body")
+        names = [s.name for s in variant.stages]
+        for stage in variant.stages[names.index("convert"): names.index("build") + 1]:
+            body = convert_body(variant, heads_dir) if stage.name == "convert" else \
+                (lambda out, stage=stage: stage_body(stage.name)(variant, stage, out))
+            result = run_stage(stage, body, on_wait=say)
+            say(f"[{variant.name}] {stage.name}: {result.status} ({result.seconds:.1f} s)")
+    elif outcome.stopped_at and outcome.stopped_at not in ("package",):
+        raise SystemExit(f"{variant.name} stopped at {outcome.stopped_at}: {outcome.reason}")
+    return variant.stage("build").output
+
+
+def random_heads(variant: VariantPlan, folder: Path) -> Path:
+    """Heads of the right shapes for the plumbing: Medusa ResBlocks ~ 0 with the base lm_head (each
+    head repeats the base model's next-token guess), an EAGLE drafter that passes the feature through."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.heads.eagle import DrafterConfig
+
+    if (folder / "config.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    base = json.loads((variant.model_dir / "config.json").read_text())
+    weights = load_file(str(variant.model_dir / "model.safetensors"))
+    lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    H, gen = base["hidden_size"], torch.Generator().manual_seed(0)
+    if variant.speculative.medusa is not None:
+        n = variant.speculative.medusa.num_heads
+        state = {}
+        for h in range(n):
+            state.update({f"{h}.0.linear.weight": torch.randn(H, H, generator=gen) * 1e-3,
+                          f"{h}.0.linear.bias": torch.zeros(H), f"{h}.1.weight": lm_head.float().clone()})
+        save_file(state, str(folder / "medusa_lm_head.safetensors"))
+        (folder / "config.json").write_text(json.dumps({"medusa_num_heads": n, "medusa_num_layers": 1}))
+    else:
+        config = DrafterConfig.from_base(base)
+        inter, d = config.intermediate_size, config.head_dim
+        q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+
+        def small(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen) * 1e-3
+
+        state = {"fc.weight": torch.cat((torch.zeros(H, H), torch.eye(H)), dim=1), "fc.bias": torch.zeros(H),
+                 "layers.0.self_attn.q_proj.weight": small(q, H), "layers.0.self_attn.k_proj.weight": small(kv, H),
+                 "layers.0.self_attn.v_proj.weight": small(kv, H), "layers.0.self_attn.o_proj.weight": small(H, q),
+                 "layers.0.mlp.gate_proj.weight": small(inter, H), "layers.0.mlp.up_proj.weight": small(inter, H),
+                 "layers.0.mlp.down_proj.weight": small(H, inter),
+                 "layers.0.post_attention_layernorm.weight": torch.ones(H)}
+        save_file(state, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps(config.llama_config("float32")))
+    return folder
+
+
+def build_with_random_heads(variant: VariantPlan) -> Path:
+    """Outside engines/ (the planned engine must never hold random heads): bench/out/engines/<variant>."""
+    from pipeline.embedded import prepare_embedded_model
+
+    root = OUT / "engines" / variant.name
+    engine_dir = root / "engine"
+    if (engine_dir / "config.json").exists():
+        return engine_dir
+    if variant.builtin:
+        prepare_embedded_model(variant.model_dir.parent)
+    heads = random_heads(variant, root / "random-heads")
+    checkpoint = root / "checkpoint"
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    if not (checkpoint / "config.json").exists():
+        convert_body(variant, heads)(checkpoint)
+    config = predict_engine_config(variant, json.loads((checkpoint / "config.json").read_text()), output_dir=engine_dir)
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    for rank in range(variant.world_size):
+        target = engine_dir / f"rank{rank}.safetensors"
+        if not target.exists():
+            target.hardlink_to(checkpoint / f"rank{rank}.safetensors")
+    (engine_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return engine_dir
+
+
+def build(kind: str) -> Built:
+    variant = plan_variant(kind)
+    heads_dir = variant.stage("convert").inputs.get("heads")
+    print(f"[{variant.name}] {variant.method} ({variant.speculative.reason})", flush=True)
+    if kind == "lookahead":
+        return Built(variant, build_through_pipeline(variant, None), "none needed")
+    if heads_dir is not None and Path(heads_dir).exists():
+        return Built(variant, build_through_pipeline(variant, Path(heads_dir)), f"trained ({heads_dir})")
+    say(f"{heads_dir} not found: random heads for the plumbing (acceptance is meaningless)")
+    return Built(variant, build_with_random_heads(variant), "random (plumbing only)")
+
+
+def tree_name(tree: trees.Tree) -> str:
+    return next((name for name, preset in trees.TREE_PRESETS.items() if preset == tree), f"{len(tree)} nodes")
+
+
+def load_prompts(kind: str, count: int, model_dir: Path) -> tuple[list[list[int]], str]:
+    from transformers import AutoTokenizer
+
+    from pipeline.heads.data import encode_prompt
+    from pipeline.heads.prompts import PROMPTS_DIR, read_jsonl
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    path = PROMPTS_DIR / f"{kind}_eval.jsonl"
+    if path.exists():
+        texts, source = [r["prompt"] for r in read_jsonl(path)][:count], str(path.relative_to(REPO))
+    else:
+        texts, source = FALLBACK_PROMPTS[kind][:count], f"built-in list ({path} not found)"
+    return [encode_prompt(tokenizer, kind, text) for text in texts], source
+
+
+def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], batch: int, new_tokens: int,
+        end_id: int, lookahead: tuple[int, int, int] | None = None) -> dict:
+    limits = dataclasses.replace(engine.config.limits, max_batch_size=batch)
+    sched, outputs = Scheduler(engine, method, limits=limits), {}
+    for i, prompt in enumerate(prompts):
+        request = SpeculativeRequest(str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True,
+                                     lookahead=lookahead)
+        sched.submit(request, lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    sched.run_until_idle()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    results: list[StepOutput] = [outputs[str(i)] for i in range(len(prompts))]
+    stats = SpecDecodingStats()
+    for out in results:
+        stats.merge(out.metrics.spec)
+    tokens = sum(len(out.tokens) for out in results)
+    return {"tokens": tokens, "wall_s": wall, "cpu_s": cpu, "tokens_per_s": tokens / wall,
+            "tokens_per_cpu_s": tokens / cpu, "steps": stats.steps, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens, "mean_acceptance_length": stats.mean_acceptance_length,
+            "acceptance_rate": stats.acceptance_rate,
+            "acceptance_per_position": stats.acceptance_per_position(getattr(method, "draft_positions", 0)),
+            "outputs": [out.tokens for out in results]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", default=["code", "chat"], choices=["code", "chat"])
+    parser.add_argument("--batch", nargs="+", type=int, default=[1, 4], help="requests in flight")
+    parser.add_argument("--prompts", type=int, default=10, help="prompts per set (the eval sets have 25)")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--eagle2-top-k", type=int, default=4, help="EAGLE-2 expansion top_k")
+    parser.add_argument("--extra-trees", nargs="*", default=["chain_3"],
+                        help="more medusa_choices/eagle_choices presets to run on the same engines")
+    parser.add_argument("--extra-lookahead", nargs="*", default=["2,3,2"],
+                        help="per-request lookahead (w,n,g) to run on the same server (W,N,G)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
+    parser.add_argument("--replot", action="store_true", help="only rewrite the .md/.png from speculative.json")
+    args = parser.parse_args()
+    if args.replot:
+        write_reports(json.loads((OUT / "speculative.json").read_text()))
+        return 0
+    torch.set_num_threads(args.threads)
+    built = {kind: build(kind) for kind in ("medusa", "eagle", "lookahead")}
+    engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
+    spec = {kind: b.variant.speculative for kind, b in built.items()}
+    methods: dict[str, tuple[Engine, DecodingMethod]] = {
+        "plain": (engines["lookahead"], PlainDecoding()),
+        "medusa": (engines["medusa"], make_method(engines["medusa"], MethodSettings(
+            "medusa", medusa_choices=spec["medusa"].medusa.tree))[0]),
+        "eagle": (engines["eagle"], make_method(engines["eagle"], MethodSettings(
+            "eagle", eagle_choices=spec["eagle"].eagle.tree))[0]),
+        "eagle2": (engines["eagle"], make_method(engines["eagle"], MethodSettings(
+            "eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=args.eagle2_top_k))[0]),
+        "lookahead": (engines["lookahead"], make_method(engines["lookahead"], MethodSettings(
+            "lookahead", lookahead=(spec["lookahead"].lookahead.window, spec["lookahead"].lookahead.ngram,
+                                    spec["lookahead"].lookahead.verification_set)))[0]),
+    }
+    described: dict[str, str] = {}
+    for tree in args.extra_trees:  # medusa_choices / eagle_choices are runtime knobs: same engines
+        methods[f"medusa[{tree}]"] = (engines["medusa"], make_method(engines["medusa"], MethodSettings(
+            "medusa", medusa_choices=trees.resolve_tree(tree)))[0])
+        methods[f"eagle[{tree}]"] = (engines["eagle"], make_method(engines["eagle"], MethodSettings(
+            "eagle", eagle_choices=trees.resolve_tree(tree)))[0])
+        described.update({f"medusa[{tree}]": f"medusa_choices {tree}", f"eagle[{tree}]": f"eagle_choices {tree}"})
+    per_request: dict[str, tuple[int, int, int]] = {}
+    for text in args.extra_lookahead:  # Triton's per-request lookahead_* inputs, same engine and server
+        w, n, g = (int(v) for v in text.split(","))
+        methods[f"lookahead({w},{n},{g})"] = methods["lookahead"]
+        per_request[f"lookahead({w},{n},{g})"] = (w, n, g)
+        described[f"lookahead({w},{n},{g})"] = f"per-request (w, n, g) = ({w}, {n}, {g}) on the same server"
+    model_dir = built["lookahead"].variant.model_dir
+    look = spec["lookahead"].lookahead
+    described |= {"plain": "PlainDecoding", "medusa": f"medusa_choices {tree_name(spec['medusa'].medusa.tree)}",
+                 "eagle": f"eagle_choices {tree_name(spec['eagle'].eagle.tree)}",
+                 "eagle2": f"dynamic tree, top_k {args.eagle2_top_k}, at most "
+                           f"{methods['eagle2'][1].max_draft_len} nodes",
+                 "lookahead": f"(W, N, G) = ({look.window}, {look.ngram}, {look.verification_set})"}
+    results: dict = {"settings": vars(args), "heads": {k: b.heads for k, b in built.items()},
+                     "engines": {k: str(b.engine_dir) for k, b in built.items()},
+                     "methods": {name: described.get(name, name) for name in methods}, "runs": []}
+    for name, (engine, method) in methods.items():  # warm-up: first-call allocations, thread pools
+        run(engine, method, [[1, 2, 3, 4]], 1, 4, -1)
+    for kind in args.sets:
+        prompts, source = load_prompts(kind, args.prompts, model_dir)
+        results.setdefault("prompt_sets", {})[kind] = source
+        for batch in args.batch:
+            plain: dict | None = None
+            for name, (engine, method) in methods.items():
+                row = run(engine, method, prompts, batch, args.new_tokens, end_id=2, lookahead=per_request.get(name))
+                outputs = row.pop("outputs")
+                plain = plain or {**row, "outputs": outputs}
+                row.update(set=kind, batch=batch, method=name,
+                           speedup_wall=row["tokens_per_s"] / plain["tokens_per_s"],
+                           speedup_cpu=row["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
+                           lossless=outputs == plain["outputs"])
+                results["runs"].append(row)
+                print(f"{kind:4s} batch {batch} {name:9s} {row['tokens_per_s']:6.1f} tok/s "
+                      f"({row['tokens_per_cpu_s']:6.1f} /CPU-s) x{row['speedup_cpu']:.2f} "
+                      f"AL {row['mean_acceptance_length']:.2f} lossless={row['lossless']}", flush=True)
+    write_reports(results)
+    return 0
+
+
+def write_reports(results: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "speculative.json").write_text(json.dumps(results, indent=2))
+    lines = ["# Speculative decoding on SmolLM2-135M (reference backend, CPU)", "",
+             f"Settings: {json.dumps(results['settings'])}. Heads: "
+             + ", ".join(f"{k}: {v}" for k, v in results["heads"].items()) + ".",
+             "Prompt sets: " + ", ".join(f"{k}: {v}" for k, v in results.get("prompt_sets", {}).items()) + ".",
+             "Methods: " + "; ".join(f"{k}: {v}" for k, v in results["methods"].items()) + ".",
+             "Speedup is tokens per CPU-second over plain decoding on the same prompts and batch (wall-clock "
+             "speedup in brackets; the host is shared, so wall time carries other processes' load).",
+             "Mean acceptance length = 1 + accepted / verification steps; per-position = steps accepting "
+             "depth k / steps. Step cost = what one speculative step (drafting + verification pass) costs in plain "
+             "steps, mean acceptance length / speedup: speculation pays only where the acceptance length beats it.",
+             "",
+             "| set | batch | method | tok/s (wall) | tok/CPU-s | speedup | mean acc. len | step cost | acc. rate | "
+             "per-position acceptance | = plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        per_pos = ", ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "-"
+        target = TARGETS.get(r["method"].split("[")[0].split("(")[0].rstrip("2")) \
+            if r["set"] == "code" and r["batch"] == 1 else None
+        verdict = f" (target {target:.1f}x)" if target else ""
+        lines.append(f"| {r['set']} | {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
+                     f"{r['tokens_per_cpu_s']:.1f} | {r['speedup_cpu']:.2f}x [{r['speedup_wall']:.2f}x]{verdict} | "
+                     f"{r['mean_acceptance_length']:.2f} | {r['mean_acceptance_length'] / r['speedup_cpu']:.2f} | "
+                     f"{r['acceptance_rate']:.3f} | {per_pos} | "
+                     f"{'yes' if r['lossless'] else 'NO'} |")
+    (OUT / "speculative.md").write_text("\n".join(lines) + "\n")
+    plot(results["runs"], OUT / "speculative.png")
+    print(f"wrote {OUT / 'speculative.json'}, {OUT / 'speculative.md'}, {OUT / 'speculative.png'}")
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    groups = sorted({(r["set"], r["batch"]) for r in runs})
+    methods = [m for m in dict.fromkeys(r["method"] for r in runs)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        values = [next((r["speedup_cpu"] for r in runs if (r["set"], r["batch"]) == g and r["method"] == method), 0)
+                  for g in groups]
+        left.bar([x + i * width for x in range(len(groups))], values, width, label=method)
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{s} b{b}" for s, b in groups])
+    left.set_ylabel("speedup over plain (tokens / CPU-s)")
+    left.set_ylim(0, max(max(r["speedup_cpu"] for r in runs), 1.0) * 1.45)
+    left.legend(ncol=3, fontsize=8, loc="upper left")
+    shown = ("code", 1) if ("code", 1) in groups else groups[0]
+    for r in runs:
+        if r["acceptance_per_position"] and (r["set"], r["batch"]) == shown:
+            right.plot(range(1, len(r["acceptance_per_position"]) + 1), r["acceptance_per_position"], marker="o",
+                       label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})")
+    right.set_xlabel("draft position (depth)")
+    right.set_ylabel("acceptance per verification step")
+    right.set_title(f"per-position acceptance, {shown[0]} batch {shown[1]}")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The reference engine folder's ``config.json``, parsed once into typed, validated dataclasses.
+
+Layout (TensorRT-LLM ``Engine.save``): ``{"version", "pretrained_config": <checkpoint config>,
+"build_config": {...}}`` next to ``rank{r}.safetensors`` (the reference build keeps checkpoint
+tensors where a GPU build has ``rank{r}.engine``). Only keys the C++ runtime also reads
+(gptJsonConfig.cpp) are interpreted; the rest is kept in ``raw`` for later modules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError
+
+ARCHITECTURES = ("LlamaForCausalLM", "MedusaForCausalLM", "EagleForCausalLM")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    architecture: str
+    dtype: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    intermediate_size: int
+    norm_epsilon: float
+    rotary_base: float
+    rotary_scaling: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int
+    pp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Quant:
+    quant_algo: str | None  # "FP8" or None
+    kv_cache_quant_algo: str | None  # "FP8" or None
+
+    @property
+    def fp8(self) -> bool:
+        return self.quant_algo == "FP8"
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_cache_quant_algo == "FP8"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Build-time limits the scheduler enforces (TensorRT-LLM enforces the same ones)."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    max_draft_len: int
+    speculative_decoding_mode: str | int | None
+    tokens_per_block: int
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    folder: Path
+    version: str
+    model: ModelShape
+    parallel: Parallel
+    quant: Quant
+    limits: Limits
+    raw: dict[str, Any]  # the whole config.json, for method modules (Medusa heads, EAGLE, ...)
+
+    def rank_file(self, rank: int) -> Path:
+        return self.folder / f"rank{rank}.safetensors"
+
+
+def _get(section: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
+    """section[key] converted to kind; a missing or null key takes default (required if none)."""
+    value = section.get(key)
+    if value is None:
+        if default is ...:
+            raise InputError(f"{where}: missing {key}; rebuild the engine")
+        return default
+    try:
+        converted = kind(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: {key} must be {kind.__name__}, got {value!r}") from None
+    if kind is float and not math.isfinite(converted):
+        raise InputError(f"{where}: {key} must be a finite number, got {value!r}")
+    return converted
+
+
+def load_engine_config(folder: Path) -> EngineConfig:
+    folder = Path(folder)
+    path = folder / "config.json"
+    where = str(path)
+    if not folder.is_dir():
+        raise InputError(f"{folder}: engine folder not found")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing; is {folder} an engine folder?") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("pretrained_config"), dict):
+        raise InputError(f"{where}: no pretrained_config object; this is not an engine config.json "
+                         "(a checkpoint config.json has no build_config)")
+    pc = data["pretrained_config"]
+    bc = data.get("build_config")
+    if not isinstance(bc, dict):
+        raise InputError(f"{where}: no build_config object; build the engine first")
+    arch = str(pc.get("architecture"))
+    if arch not in ARCHITECTURES:
+        raise InputError(f"{where}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    dtype = str(pc.get("dtype"))
+    if dtype not in FLOAT_DTYPES:
+        raise InputError(f"{where}: dtype {dtype!r} is not supported (supported: {', '.join(FLOAT_DTYPES)})")
+    pcw = f"{where} pretrained_config"
+    hidden = _get(pc, "hidden_size", pcw, int)
+    heads = _get(pc, "num_attention_heads", pcw, int)
+    model = ModelShape(
+        architecture=arch, dtype=dtype,
+        vocab_size=_get(pc, "vocab_size", pcw, int),
+        hidden_size=hidden,
+        num_layers=_get(pc, "num_hidden_layers", pcw, int),
+        num_heads=heads,
+        num_kv_heads=_get(pc, "num_key_value_heads", pcw, int, heads),
+        head_size=_get(pc, "head_size", pcw, int, hidden // max(heads, 1)),
+        intermediate_size=_get(pc, "intermediate_size", pcw, int, 4 * hidden),
+        norm_epsilon=_get(pc, "norm_epsilon", pcw, float, 1e-5),
+        rotary_base=_get(pc, "rotary_base", pcw, float, 10000.0),
+        rotary_scaling=pc.get("rotary_scaling") if isinstance(pc.get("rotary_scaling"), dict) else None,
+    )
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_size",
+                 "intermediate_size"):
+        if getattr(model, name) <= 0:
+            raise InputError(f"{pcw}: {name} must be positive, got {getattr(model, name)}")
+    if model.num_heads % model.num_kv_heads:
+        raise InputError(f"{pcw}: num_attention_heads {model.num_heads} is not a multiple of "
+                         f"num_key_value_heads {model.num_kv_heads}")
+    if pc.get("position_embedding_type", "rope_gpt_neox") != "rope_gpt_neox":
+        raise InputError(f"{pcw}: position_embedding_type {pc['position_embedding_type']!r} is not supported "
+                         "(Llama uses rope_gpt_neox)")
+    if pc.get("hidden_act", "silu") != "silu":
+        raise InputError(f"{pcw}: hidden_act {pc['hidden_act']!r} is not supported (Llama uses silu)")
+    mapping = pc.get("mapping") or {}
+    tp = _get(mapping, "tp_size", f"{pcw}.mapping", int, 1)
+    pp = _get(mapping, "pp_size", f"{pcw}.mapping", int, 1)
+    world = _get(mapping, "world_size", f"{pcw}.mapping", int, tp * pp)
+    if tp < 1 or pp < 1 or world != tp * pp:
+        raise InputError(f"{pcw}.mapping: world_size {world} must equal tp_size {tp} * pp_size {pp}")
+    if int(mapping.get("cp_size", 1) or 1) != 1:
+        raise InputError(f"{pcw}.mapping: context parallelism (cp_size > 1) is not supported")
+    quant_section = pc.get("quantization") or {}
+    quant = Quant(quant_section.get("quant_algo"), quant_section.get("kv_cache_quant_algo"))
+    if quant.quant_algo not in (None, "FP8"):
+        raise InputError(f"{pcw}.quantization: quant_algo {quant.quant_algo!r} is not supported (FP8 or null)")
+    if quant.kv_cache_quant_algo not in (None, "FP8"):
+        raise InputError(f"{pcw}.quantization: kv_cache_quant_algo {quant.kv_cache_quant_algo!r} is not "
+                         "supported (FP8 or null)")
+    bcw = f"{where} build_config"
+    max_seq_len = _get(bc, "max_seq_len", bcw, int)
+    max_batch = _get(bc, "max_batch_size", bcw, int)
+    limits = Limits(
+        max_batch_size=max_batch,
+        max_input_len=_get(bc, "max_input_len", bcw, int, max_seq_len),
+        max_seq_len=max_seq_len,
+        max_num_tokens=_get(bc, "max_num_tokens", bcw, int, max_batch * max_seq_len),
+        max_draft_len=_get(bc, "max_draft_len", bcw, int, 0),
+        speculative_decoding_mode=bc.get("speculative_decoding_mode"),
+        tokens_per_block=_get(bc.get("plugin_config") or {}, "tokens_per_block", bcw, int, 32),
+    )
+    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+        if getattr(limits, name) <= 0:
+            raise InputError(f"{bcw}: {name} must be positive, got {getattr(limits, name)}")
+    config = EngineConfig(folder, str(data.get("version", "")), model, Parallel(tp, pp), quant, limits, data)
+    missing = [config.rank_file(r).name for r in range(world) if not config.rank_file(r).is_file()]
+    if missing:
+        raise InputError(f"{folder}: missing {', '.join(missing)} (mapping world_size {world}); "
+                         "rebuild the engine")
+    return config

@@ -1,0 +1,130 @@
+"""What a client asks for and what it gets back, independent of Triton.
+
+The Triton adapter (triton_backend.py) turns ``tensorrt_llm`` input tensors into a
+:class:`GenerationRequest`; tests build them directly. Defaults follow TensorRT-LLM's executor
+so the reference backend answers like the GPU one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Sequence
+
+from pipeline.errors import InputError
+
+TOP_K_MAX = 1024  # TensorRT-LLM clips runtime_top_k to this (samplingTopKKernels.h)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """TensorRT-LLM sampling semantics (``regularizeTopKTopP`` in samplingTopKKernels.h):
+
+    * top_k = 0 and top_p = 0 (the defaults) mean greedy, i.e. top_k = 1;
+    * top_k > 0 with top_p = 0 means top-k only (top_p = 1);
+    * top_k is clipped to [0, 1024], top_p to [0, 1];
+    * seed defaults to 0, so unseeded sampling is reproducible, as on the GPU backend.
+    temperature <= 0 is taken as greedy (a division by zero otherwise).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    seed: int = 0
+
+    def regularized(self) -> tuple[int, float]:
+        """(top_k, top_p) after TensorRT-LLM's clipping and defaulting."""
+        top_k = min(max(self.top_k, 0), TOP_K_MAX)
+        top_p = min(max(self.top_p, 0.0), 1.0)
+        if top_k == 0 and top_p == 0.0:
+            top_k = 1
+        if top_k > 0 and top_p == 0.0:
+            top_p = 1.0
+        return top_k, top_p
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.regularized()[0] == 1
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    input_ids: tuple[int, ...]
+    max_new_tokens: int  # request_output_len
+    end_id: int | None = None
+    stop_words: tuple[tuple[int, ...], ...] = ()
+    sampling: SamplingParams = SamplingParams()
+    streaming: bool = False
+    exclude_input_in_output: bool = False
+    return_perf_metrics: bool = False
+
+
+class FinishReason(str, Enum):
+    LENGTH = "length"  # max_new_tokens reached (or max_seq_len)
+    END_ID = "end_id"
+    STOP_WORDS = "stop_words"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request counters; the speculative fields stay 0 for plain decoding.
+
+    acceptance_rate = total_accepted_draft_tokens / total_draft_tokens (0.0 when no draft token
+    was proposed), the definition TensorRT-LLM's ``acceptance_rate`` output uses.
+    """
+
+    arrival_time_ns: int = 0
+    first_scheduled_time_ns: int = 0
+    first_token_time_ns: int = 0
+    last_token_time_ns: int = 0
+    steps: int = 0  # generation steps (forward passes that produced tokens)
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        if self.total_draft_tokens == 0:
+            return 0.0
+        return self.total_accepted_draft_tokens / self.total_draft_tokens
+
+
+@dataclass
+class StepOutput:
+    """One response to one request.
+
+    ``tokens`` is what the response carries: with streaming, the tokens of this step only;
+    without, the whole output (prompt + generated, or generated only when
+    ``exclude_input_in_output``), sent once. ``finished`` marks the request's last response.
+    """
+
+    request_id: str
+    tokens: list[int]
+    finished: bool
+    reason: FinishReason | None = None
+    error: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+def parse_words_list(rows: Sequence[Sequence[int]], what: str = "stop_words_list") -> tuple[tuple[int, ...], ...]:
+    """TensorRT-LLM's [2, L] words format -> a tuple of token sequences.
+
+    Row 0 holds all words' tokens back to back, row 1 each word's *end* offset into row 0,
+    padded with -1: [[5, 6, 7], [2, 3, -1]] is the words (5, 6) and (7,).
+    """
+    if len(rows) != 2:
+        raise InputError(f"{what} must have shape [2, L] (tokens row, offsets row), got {len(rows)} rows")
+    tokens, offsets = [int(t) for t in rows[0]], [int(o) for o in rows[1]]
+    words: list[tuple[int, ...]] = []
+    start = 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end < start or end > len(tokens):
+            raise InputError(f"{what}: offset {end} is out of order or past the {len(tokens)} tokens")
+        if end > start:
+            words.append(tuple(tokens[start:end]))
+        start = end
+    return tuple(words)
