@@ -1,0 +1,70 @@
+"""`specdeploy train-heads` and `specdeploy expand-heads` (speculative-decoding heads).
+
+    specdeploy train-heads --method medusa --out heads/smollm2-medusa [--model DIR] [--seed 0]
+    specdeploy train-heads --method eagle  --out heads/smollm2-eagle
+    specdeploy expand-heads heads/smollm2-medusa --out DIR [--model DIR]
+
+``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The self-distillation
+data is cached in ``<cache>/heads-data/``; a rerun only trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def _base_dir(args: argparse.Namespace) -> Path:
+    if args.model:
+        return Path(args.model)
+    from pipeline.embedded import prepare_embedded_model
+
+    return prepare_embedded_model(Path(args.cache_dir))
+
+
+def cmd_train_heads(args: argparse.Namespace, console) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from pipeline.heads.train import train_heads
+
+    say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
+    command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
+    train_heads(args.method, _base_dir(args), Path(args.out), Path(args.cache_dir), seed=args.seed,
+                epochs=args.epochs, report=Path(args.report) if args.report else None,
+                command=command if "train-heads" in command else "", say=say)
+    return 0
+
+
+def cmd_expand_heads(args: argparse.Namespace, console) -> int:
+    from pipeline.heads.expand import expand_medusa
+
+    out = expand_medusa(Path(args.heads), _base_dir(args), Path(args.out), dtype=args.dtype)
+    console.print(f"FasterDecoding Medusa heads written to {out}", highlight=False)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds the subcommands; handlers take (args, console) and return an exit code."""
+    train = commands.add_parser("train-heads", help="train Medusa or EAGLE-1 heads by self-distillation")
+    train.add_argument("--method", choices=("medusa", "eagle"), required=True)
+    train.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
+    train.add_argument("--out", required=True, help="head folder to write (e.g. heads/smollm2-medusa)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--epochs", type=int, help="override the method's default number of epochs")
+    train.add_argument("--threads", type=int, default=1,
+                       help="torch threads (default 1: reproducible, and fastest on a shared 2-core CPU)")
+    train.add_argument("--report", help="merge the evaluation into this JSON file (e.g. bench/heads.json)")
+    train.set_defaults(handler=cmd_train_heads)
+
+    expand = commands.add_parser("expand-heads", help="write the FasterDecoding folder for shipped Medusa ResBlocks")
+    expand.add_argument("heads", help="shipped folder, e.g. heads/smollm2-medusa")
+    expand.add_argument("--out", required=True)
+    expand.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
+    expand.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                        help="cast all tensors (default: keep stored dtypes, exact)")
+    expand.set_defaults(handler=cmd_expand_heads)

@@ -1,0 +1,246 @@
+"""Self-distillation data: the base model's own greedy answers and its final hidden states.
+
+For every prompt (chat prompts through the tokenizer's chat template, code prompts as raw
+completion) the base model answers greedily (batched ``generate`` with left padding, KV cache,
+at most ``max_new_tokens``); then one teacher-forced forward over prompt + answer gives the
+final hidden state at every position (AFTER the final RMSNorm: what ``lm_head`` sees). Heads
+train on these cached features, never running the 30-layer base model again.
+
+Cache: one file per shard (a group of prompt files generated together),
+``<cache>/heads-data/<shard>-<key>.safetensors`` + ``.json``; ``key`` hashes the base model's
+config, the shard's prompt files, the generation settings and ``DATA_VERSION``, so a changed
+input regenerates only its shard. Shards: ``eval`` (chat_eval + code_eval), ``train``
+(chat_train + code_train) and ``train_extra`` (chat_train_extra). Tensors per shard:
+
+* ``tokens``  int64 [N]       all sequences concatenated (prompt + answer)
+* ``hidden``  float16 [N, H]  final hidden state at each token
+* ``offsets`` int64 [S + 1]   sequence s is ``[offsets[s], offsets[s+1])``
+* ``prompt_lens`` int64 [S]   answer of sequence s starts at ``offsets[s] + prompt_lens[s]``
+* ``kinds``   int64 [S]       0 chat, 1 code
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.heads.prompts import PROMPTS_DIR, load_prompts
+
+DATA_VERSION = 1
+KINDS = ("chat", "code")
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    max_new_tokens: int = 128
+    gen_batch: int = 16
+    feature_batch: int = 8
+    max_train_per_kind: int | None = None  # None: every training prompt
+
+
+@dataclass
+class SeqData:
+    """One split of the cache (see the module docstring)."""
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    offsets: torch.Tensor
+    prompt_lens: torch.Tensor
+    kinds: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.prompt_lens.numel())
+
+    def seq(self, s: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        a, b = int(self.offsets[s]), int(self.offsets[s + 1])
+        return self.tokens[a:b], self.hidden[a:b], int(self.prompt_lens[s])
+
+    def select(self, kind: str) -> SeqData:
+        keep = [s for s in range(len(self)) if int(self.kinds[s]) == KINDS.index(kind)]
+        parts = [self.seq(s) for s in keep]
+        return SeqData.from_sequences([p[0] for p in parts], [p[1] for p in parts],
+                                      [p[2] for p in parts], [KINDS.index(kind)] * len(parts))
+
+    @staticmethod
+    def from_sequences(tokens: list[torch.Tensor], hidden: list[torch.Tensor], prompt_lens: list[int],
+                       kinds: list[int]) -> SeqData:
+        lengths = torch.tensor([0] + [len(t) for t in tokens], dtype=torch.int64)
+        width = hidden[0].shape[-1] if hidden else 0
+        return SeqData(
+            tokens=torch.cat(tokens).long() if tokens else torch.zeros(0, dtype=torch.int64),
+            hidden=torch.cat(hidden).half() if hidden else torch.zeros(0, width, dtype=torch.float16),
+            offsets=torch.cumsum(lengths, 0),
+            prompt_lens=torch.tensor(prompt_lens, dtype=torch.int64),
+            kinds=torch.tensor(kinds, dtype=torch.int64),
+        )
+
+    def save(self, path: Path) -> None:
+        save_file({"tokens": self.tokens, "hidden": self.hidden.contiguous(), "offsets": self.offsets,
+                   "prompt_lens": self.prompt_lens, "kinds": self.kinds}, str(path))
+
+    @staticmethod
+    def load(path: Path) -> SeqData:
+        t = load_file(str(path))
+        return SeqData(t["tokens"], t["hidden"], t["offsets"], t["prompt_lens"], t["kinds"])
+
+
+SHARDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "eval": (("chat", "eval"), ("code", "eval")),
+    "train": (("chat", "train"), ("code", "train")),
+    "train_extra": (("chat", "train_extra"),),
+}
+TRAIN_SHARDS = ("train", "train_extra")
+
+
+def cache_key(base_dir: Path, settings: DataSettings, shard: str, prompts_dir: Path = PROMPTS_DIR) -> str:
+    digest = hashlib.sha256(f"v{DATA_VERSION}|{settings}|{shard}".encode())
+    for name in ("config.json", ".specdeploy-embedded.json"):
+        if (base_dir / name).exists():
+            digest.update((base_dir / name).read_bytes())
+    for kind, part in SHARDS[shard]:
+        digest.update((prompts_dir / f"{kind}_{part}.jsonl").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def load_base(base_dir: Path):
+    """(model, tokenizer) in float32, eval mode, offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+def encode_prompt(tokenizer, kind: str, prompt: str) -> list[int]:
+    """Token ids the serving stack would feed: chat via the chat template, code as raw text."""
+    if kind == "chat":
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        return tokenizer(text, add_special_tokens=False).input_ids
+    return tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """``<|im_end|>`` (chat) and ``<|endoftext|>`` (what the model emits after raw text)."""
+    ids = {tokenizer.eos_token_id}
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    if isinstance(end, int) and end != tokenizer.unk_token_id:
+        ids.add(end)
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def greedy_answers(model, prompts: list[list[int]], *, max_new_tokens: int, batch: int, pad_id: int,
+                   stops: list[int], say: Progress) -> list[list[int]]:
+    """Greedy continuation of each prompt (batched, left padded, KV cache), stop token kept."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers: list[list[int]] = [[] for _ in prompts]
+    start = time.monotonic()
+    for first in range(0, len(order), batch):
+        chunk = order[first:first + batch]
+        width = max(len(prompts[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]):] = 1
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad_id, eos_token_id=stops)
+        for row, i in enumerate(chunk):
+            answer = out[row, width:].tolist()
+            for cut, token in enumerate(answer):
+                if token in stops:
+                    answer = answer[:cut + 1]
+                    break
+            answers[i] = answer
+        done = first + len(chunk)
+        say(f"  generated {done}/{len(prompts)} answers ({time.monotonic() - start:.0f} s)")
+    return answers
+
+
+@torch.no_grad()
+def final_hidden_states(model, sequences: list[list[int]], *, batch: int) -> list[torch.Tensor]:
+    """Teacher-forced last hidden state (after the final norm) of each sequence, right padded."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    hidden: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    for first in range(0, len(order), batch):
+        chunk = order[first:first + batch]
+        width = max(len(sequences[i]) for i in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, :len(sequences[i])] = torch.tensor(sequences[i])
+            mask[row, :len(sequences[i])] = 1
+        states = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        for row, i in enumerate(chunk):
+            hidden[i] = states[row, :len(sequences[i])].to(torch.float16)
+    return hidden
+
+
+def build_split(model, tokenizer, records: list[tuple[str, dict]], settings: DataSettings,
+                say: Progress) -> SeqData:
+    prompts = [encode_prompt(tokenizer, kind, r["prompt"]) for kind, r in records]
+    answers = greedy_answers(model, prompts, max_new_tokens=settings.max_new_tokens, batch=settings.gen_batch,
+                             pad_id=tokenizer.pad_token_id, stops=stop_ids(tokenizer), say=say)
+    sequences = [p + a for p, a in zip(prompts, answers)]
+    say(f"  sample answer: {tokenizer.decode(answers[0])[:200]!r}")
+    start = time.monotonic()
+    hidden = final_hidden_states(model, sequences, batch=settings.feature_batch)
+    say(f"  features for {len(sequences)} sequences ({time.monotonic() - start:.0f} s)")
+    return SeqData.from_sequences([torch.tensor(s) for s in sequences], hidden, [len(p) for p in prompts],
+                                  [KINDS.index(kind) for kind, _ in records])
+
+
+def _records(shard: str, settings: DataSettings) -> list[tuple[str, dict]]:
+    out = []
+    for kind, part in SHARDS[shard]:
+        records = load_prompts(kind, part)
+        if shard in TRAIN_SHARDS and settings.max_train_per_kind is not None:
+            records = records[:settings.max_train_per_kind]
+        out.extend((kind, r) for r in records)
+    return out
+
+
+def concat(parts: list[SeqData]) -> SeqData:
+    seqs = [p.seq(s) for p in parts for s in range(len(p))]
+    kinds = [int(k) for p in parts for k in p.kinds]
+    return SeqData.from_sequences([q[0] for q in seqs], [q[1] for q in seqs], [q[2] for q in seqs], kinds)
+
+
+def prepare_data(base_dir: Path, cache_dir: Path, settings: DataSettings = DataSettings(),
+                 say: Progress = print) -> tuple[SeqData, SeqData, dict]:
+    """(train, eval, meta) from the cache, generating missing shards first."""
+    folder = Path(cache_dir) / "heads-data"
+    folder.mkdir(parents=True, exist_ok=True)
+    loaded: dict[str, SeqData] = {}
+    meta: dict = {"data_version": DATA_VERSION, "settings": asdict(settings), "shards": {}}
+    base = None
+    for shard in ("eval", *TRAIN_SHARDS):
+        stem = folder / f"{shard}-{cache_key(base_dir, settings, shard)}"
+        if stem.with_suffix(".json").exists():
+            say(f"self-distillation data: reusing {stem}.safetensors")
+            loaded[shard] = SeqData.load(stem.with_suffix(".safetensors"))
+            meta["shards"][shard] = json.loads(stem.with_suffix(".json").read_text())
+            continue
+        base = base or load_base(base_dir)
+        records = _records(shard, settings)
+        say(f"self-distillation data: {shard}, {len(records)} prompts")
+        start = time.monotonic()
+        data = build_split(base[0], base[1], records, settings, say)
+        data.save(stem.with_suffix(".safetensors"))
+        info = {"sequences": len(data), "tokens": int(data.tokens.numel()),
+                "answer_tokens": int(data.tokens.numel() - data.prompt_lens.sum()),
+                "seconds": round(time.monotonic() - start, 1)}
+        stem.with_suffix(".json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")  # marks it complete
+        loaded[shard], meta["shards"][shard] = data, info
+    return concat([loaded[s] for s in TRAIN_SHARDS]), loaded["eval"], meta

@@ -1,0 +1,161 @@
+"""Medusa heads (FasterDecoding / TensorRT-LLM convention) trained on cached base features.
+
+Convention (the converter and the reference runtime follow it):
+
+* Head i (0-based) reads the base model's last hidden state h_t, taken AFTER the final RMSNorm
+  (what ``lm_head`` sees), and predicts token t+2+i: the base model itself predicts t+1 from
+  h_t, head 0 the token after that.
+* x = h; for each ResBlock: x = x + silu(W x + b); logits_i = lm_head_i(x).
+* Every head's lm_head is the base lm_head (SmolLM2 ties it to the embedding), frozen during
+  training. Only the ResBlocks are trained and shipped (3 x 332k parameters); the expansion
+  step (pipeline/heads/expand.py) writes the full FasterDecoding file with the lm_heads copied
+  from the base model.
+
+Why not ModelOpt's ``mtsp.convert(model, [("medusa", ...)])``: its forward runs the 30-layer base
+model on every step (seconds per batch on this CPU) and its head lm_heads start random; training
+from cached features with the same structure (zero-initialised ResBlock weight, label shift
+t+2+i) is ~50x cheaper and gives the same heads.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.heads.data import SeqData
+from pipeline.heads.vocab import remap, training_vocab
+
+Progress = Callable[[str], None]
+IGNORE = -100
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)  # ModelOpt/FasterDecoding: a head starts as the base lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaResBlocks(nn.Module):
+    """``heads[i][l]`` is ResBlock l of head i; state-dict keys ``heads.{i}.{l}.linear.*``."""
+
+    def __init__(self, hidden: int, num_heads: int, num_layers: int = 1):
+        super().__init__()
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.heads = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(num_layers)))
+                                   for _ in range(num_heads))
+
+    def forward(self, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """Features each head feeds to its lm_head, one [..., H] tensor per head."""
+        return [head(hidden) for head in self.heads]
+
+    def fasterdecoding_state(self) -> dict[str, torch.Tensor]:
+        """``{h}.{l}.linear.weight|bias`` (FasterDecoding names, without the lm_heads)."""
+        return {f"{h}.{l}.linear.{kind}": getattr(block.linear, kind).detach().clone()
+                for h, head in enumerate(self.heads) for l, block in enumerate(head)
+                for kind in ("weight", "bias")}
+
+    def load_fasterdecoding_state(self, state: dict[str, torch.Tensor]) -> None:
+        for h, head in enumerate(self.heads):
+            for l, block in enumerate(head):
+                for kind in ("weight", "bias"):
+                    getattr(block.linear, kind).data.copy_(state[f"{h}.{l}.linear.{kind}"].float())
+
+
+def medusa_targets(tokens: torch.Tensor, start: int, num_heads: int) -> torch.Tensor:
+    """[T, num_heads] labels for one sequence: row t, column i = token t+2+i.
+
+    Positions whose target lies before ``start`` (the prompt) or past the end are IGNORE.
+    """
+    T = tokens.numel()
+    out = torch.full((T, num_heads), IGNORE, dtype=torch.long)
+    for i in range(num_heads):
+        shift = 2 + i
+        if T > shift:
+            out[:T - shift, i] = tokens[shift:]
+            out[:max(0, start - shift), i] = IGNORE
+    return out
+
+
+def flat_examples(data: SeqData, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [N, H] float16, labels [N, heads]) over positions with at least one target."""
+    feats, labels = [], []
+    for s in range(len(data)):
+        tokens, hidden, prompt_len = data.seq(s)
+        y = medusa_targets(tokens, prompt_len, num_heads)
+        keep = (y != IGNORE).any(dim=1)
+        feats.append(hidden[keep])
+        labels.append(y[keep])
+    return torch.cat(feats), torch.cat(labels)
+
+
+def head_losses(blocks: MedusaResBlocks, lm_head: torch.Tensor, feats: torch.Tensor,
+                labels: torch.Tensor) -> list[torch.Tensor]:
+    """Mean cross-entropy per head (0 for a head with no target in the batch)."""
+    xs = blocks(feats.float())
+    out = []
+    for i, x in enumerate(xs):
+        count = (labels[:, i] != IGNORE).sum().clamp(min=1)
+        out.append(F.cross_entropy(x @ lm_head.T, labels[:, i], ignore_index=IGNORE, reduction="sum") / count)
+    return out
+
+
+@dataclass(frozen=True)
+class MedusaTrainConfig:
+    num_heads: int = 3
+    num_layers: int = 1
+    epochs: int = 6
+    batch_tokens: int = 512
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    vocab_top_k: int | None = 10  # softmax over data tokens + base top-k (pipeline/heads/vocab.py); None: all
+    bf16: bool = True  # bfloat16 autocast for the matmuls (AMX); the weights stay float32
+    seed: int = 0
+
+
+def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
+                 say: Progress = print) -> tuple[MedusaResBlocks, list[dict]]:
+    """Adam on the ResBlocks with cosine decay; returns the blocks and a per-epoch log."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    feats, labels = flat_examples(data, cfg.num_heads)
+    blocks = MedusaResBlocks(lm_head.shape[1], cfg.num_heads, cfg.num_layers)
+    lm_head = lm_head.detach().float()
+    if cfg.vocab_top_k is not None:
+        vocab = training_vocab(data, lm_head, cfg.vocab_top_k)
+        table = remap(vocab, lm_head.shape[0])
+        labels = torch.where(labels == IGNORE, labels, table[labels.clamp(min=0)])
+        lm_head = lm_head[vocab]
+        say(f"  medusa: softmax over {vocab.numel()} of {table.numel()} tokens, {len(feats)} positions")
+    opt = torch.optim.AdamW(blocks.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(len(feats) / cfg.batch_tokens)
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * step / total)))
+    log = []
+    for epoch in range(cfg.epochs):
+        start, sums, n = time.monotonic(), torch.zeros(cfg.num_heads), 0
+        order = torch.randperm(len(feats), generator=gen)
+        for first in range(0, len(order), cfg.batch_tokens):
+            idx = order[first:first + cfg.batch_tokens]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                losses = head_losses(blocks, lm_head, feats[idx], labels[idx])
+            opt.zero_grad(set_to_none=True)
+            torch.stack(losses).sum().backward()
+            opt.step()
+            sched.step()
+            sums += torch.stack([l.detach() for l in losses])
+            n += 1
+        entry = {"epoch": epoch + 1, "loss_per_head": [round(float(v), 4) for v in sums / n],
+                 "seconds": round(time.monotonic() - start, 1)}
+        log.append(entry)
+        say(f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)")
+    return blocks.eval(), log

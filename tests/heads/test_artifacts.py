@@ -1,0 +1,40 @@
+"""The shipped heads in heads/: small, intact, and in the layouts the planner and converter read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import inputs
+from pipeline.heads.expand import compact_medusa_layout, is_compact_medusa
+from pipeline.heads.export import MAX_ARTIFACT_BYTES, verify_manifest
+
+HEADS = Path(__file__).resolve().parents[2] / "heads"
+
+
+@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-eagle"])
+def test_shipped_folder_matches_manifest_and_size(name):
+    folder = HEADS / name
+    assert verify_manifest(folder) == []
+    for path in folder.iterdir():
+        assert path.stat().st_size <= MAX_ARTIFACT_BYTES, path
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["files"]) | {"manifest.json"} == {p.name for p in folder.iterdir()}
+
+
+def test_shipped_medusa_is_three_heads_one_layer():
+    folder = HEADS / "smollm2-medusa"
+    assert is_compact_medusa(folder) and compact_medusa_layout(folder) == (3, 1)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["hidden_size"], config["vocab_size"]) == (576, 49152)
+
+
+def test_shipped_eagle_is_smollm2_shaped():
+    folder = HEADS / "smollm2-eagle"
+    layout = inputs.inspect_eagle(folder)
+    assert (layout.num_layers, layout.has_fc_bias, layout.hidden_size) == (1, True, 576)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
+            config["intermediate_size"], config["rope_theta"], config["vocab_size"]) == (9, 3, 64, 1536, 100000.0, 49152)

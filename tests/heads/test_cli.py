@@ -1,0 +1,37 @@
+"""`specdeploy train-heads` / `expand-heads` register and parse (the lead wires them into cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from rich.console import Console
+
+from pipeline import inputs
+from pipeline.commands import heads
+from pipeline.heads.export import export_medusa
+from pipeline.heads.medusa import MedusaResBlocks
+from tests.heads.conftest import HIDDEN, VOCAB
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cache-dir", default=".cache")
+    heads.register(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def test_train_heads_arguments():
+    args = parser().parse_args(["train-heads", "--method", "eagle", "--model", "m", "--out", "heads/x"])
+    assert args.handler is heads.cmd_train_heads
+    assert (args.method, args.model, args.out, args.seed, args.threads) == ("eagle", "m", "heads/x", 0, 1)
+
+
+def test_expand_heads_command(tmp_path, tiny_base):
+    torch.manual_seed(0)
+    export_medusa(MedusaResBlocks(HIDDEN, 2), tmp_path / "shipped", hidden_size=HIDDEN, vocab_size=VOCAB,
+                  base_model="tiny", info={}, readme="")
+    args = parser().parse_args(["expand-heads", str(tmp_path / "shipped"), "--out", str(tmp_path / "out"),
+                                "--model", str(tiny_base), "--dtype", "float16"])
+    assert args.handler(args, Console(file=open("/dev/null", "w"))) == 0
+    assert inputs.inspect_medusa(tmp_path / "out").num_heads == 2
