@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -44,12 +45,27 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     plan = _load_plan(args)
     if args.json:
-        print(plan.to_json())
+        print(json.dumps(_plan_with_commands(plan), indent=2))
         return 0
     from pipeline.report import print_plan
 
     print_plan(plan, console)
     return 0
+
+
+def _plan_with_commands(plan: Plan) -> dict:
+    """The plan plus, per variant, the exact trtllm-build and GPU launch argv it implies."""
+    from pipeline.trtllm.build_command import trtllm_build_argv
+    from pipeline.triton.launch_gpu import gpu_launch_argv
+
+    body = json.loads(plan.to_json())
+    for data, variant in zip(body["variants"], plan.variants):
+        data["commands"] = {
+            "trtllm_build": trtllm_build_argv(variant, variant.stage("convert").output,
+                                              variant.stage("build").output, visible_gpus=None),
+            "gpu_launch": gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size),
+        }
+    return body
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:

@@ -20,6 +20,10 @@ def test_plan_json_for_the_70b_eagle_spec(cli):
     assert variant["build"]["engine_max_seq_len"] == 8192 + 63 + 4
     assert variant["quant"]["weights_fp8"] and variant["world_size"] == 4
     assert variant["memory"]["fits"] is True
+    build = variant["commands"]["trtllm_build"]
+    assert build[0] == "trtllm-build" and "--speculative_decoding_mode" in build
+    assert build[build.index("--max_draft_len") + 1] == "63"
+    assert variant["commands"]["gpu_launch"][0] == "mpirun"
 
 
 @pytest.mark.parametrize("spec", sorted(p.name for p in (REPO / "specs").glob("*.yaml")))
