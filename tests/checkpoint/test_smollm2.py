@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,8 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> Path:
-    cache = Path(os.environ.get("SPECDEPLOY_CACHE", Path(__file__).resolve().parents[2] / ".cache"))
-    folder = cache / "smollm2-135m-instruct"
-    if not (folder / "config.json").exists() or not (folder / ".specdeploy-embedded.json").exists():
-        pytest.skip(f"embedded SmolLM2 folder not prepared at {folder} (pipeline.embedded.prepare_embedded_model)")
-    return folder
+def smollm2(smollm2_dir) -> Path:
+    return smollm2_dir
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ export, and the prepared builtin SmolLM2 (shared by the slow tests)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -69,17 +68,3 @@ def tiny_fp8(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     return summary, out
 
 
-def embedded_cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """The builtin SmolLM2 prepared in the shared cache (SPECDEPLOY_CACHE or <repo>/.cache)."""
-    from pipeline.embedded import prepare_embedded_model
-    from pipeline.errors import InputError
-
-    try:
-        return prepare_embedded_model(embedded_cache_dir())
-    except InputError as exc:  # the wheel is not installed: say how to get it
-        pytest.skip(str(exc))
