@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, StageError
-from pipeline.locking import exclusive_lock
+from pipeline.atomic import exclusive_lock, replace_folder
 from pipeline.quantize.hf import add_legacy_rope_keys, hf_offline, make_readable, read_json, write_json
 
 Progress = Callable[[str], None]
@@ -144,7 +144,7 @@ def prepare_embedded_model(cache_dir: Path, *, name: str = "smollm2-135m-instruc
             _convert_gguf(gguf, model, tmp, say)
             _write_json(tmp / MARKER_FILE, _new_marker(gguf, model, sha256))
             make_readable(tmp)
-            _publish(tmp, target)
+            replace_folder(tmp, target)
         except OSError as exc:  # disk full, permissions: the cache needs ~650 MB while preparing
             shutil.rmtree(tmp, ignore_errors=True)
             raise StageError(f"{cache_dir}: cannot write the prepared {model.name} ({exc}); "
@@ -277,17 +277,6 @@ def _remove_leftovers(cache_dir: Path, name: str) -> None:
     for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
         for stale in cache_dir.glob(pattern):
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    """Rename the complete folder into place; an outdated one is moved aside first."""
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

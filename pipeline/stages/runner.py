@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.locking import exclusive_lock
+from pipeline.atomic import exclusive_lock, replace_folder
 from pipeline.plan import StagePlan
 
 FINGERPRINT_FILE = ".specdeploy-stage.json"
@@ -116,13 +116,7 @@ def run_stage(
         try:
             body(tmp)
             (tmp / FINGERPRINT_FILE).write_text(json.dumps(wanted, indent=2, sort_keys=True, default=str))
-            if output.exists():
-                old = output.parent / f".{output.name}.old-{os.getpid()}"
-                os.replace(output, old)
-                os.replace(tmp, output)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, output)
+            replace_folder(tmp, output)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -1,14 +1,15 @@
-"""An exclusive lock on a file that a second process waits for, saying so, up to a timeout.
+"""Safe writes of shared output folders: an exclusive lock and an all-or-nothing folder swap.
 
 Stage outputs and the embedded-model cache are shared by concurrent runs (two CI jobs, a
-user and a test); fcntl locks vanish with the process that held them, so a killed run never
-leaves a stale lock behind.
+user and a test). fcntl locks vanish with the process that held them, so a killed run never
+leaves a stale lock behind; a folder is written beside its target and swapped in complete.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,3 +49,15 @@ def exclusive_lock(lock_path: Path, *, timeout: float, what: str, on_wait: Calla
             handle.seek(0)
             handle.truncate()
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def replace_folder(tmp: Path, target: Path) -> None:
+    """Move the complete ``tmp`` folder to ``target``; an existing target is moved aside first
+    (a directory cannot be renamed over a non-empty one) and deleted after the swap."""
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
