@@ -37,12 +37,12 @@ from pipeline.plan import OutputRoots, VariantPlan, make_plan  # noqa: E402
 from pipeline.runtime.decoding import DecodingMethod, MethodSettings, PlainDecoding, SpeculativeRequest, \
     make_method  # noqa: E402
 from pipeline.runtime.engine import Engine  # noqa: E402
+from pipeline.runtime.exactness import NEAR_TIE_BF16_STEPS, divergence  # noqa: E402
 from pipeline.runtime.metrics import SpecDecodingStats  # noqa: E402
 from pipeline.runtime.request import StepOutput  # noqa: E402
 from pipeline.runtime.scheduler import Scheduler  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
-from pipeline.stages.execute import execute_plan, stage_body  # noqa: E402
-from pipeline.stages.runner import run_stage  # noqa: E402
+from pipeline.stages.execute import execute_plan  # noqa: E402
 from pipeline.trtllm.engine_config import predict_engine_config  # noqa: E402
 
 OUT = REPO / "bench" / "out"
@@ -66,32 +66,31 @@ def say(text: str) -> None:
     print(f"  {text}", flush=True)
 
 
-def spec_file(kind: str) -> Path:
-    """The spec; for shipped ResBlocks-only Medusa heads (which this checkout's planner cannot read yet),
-    a copy pointing at their expansion into the standard FasterDecoding folder."""
-    from pipeline.heads.expand import ensure_expanded_medusa, is_compact_medusa
-
-    heads = REPO / "heads" / "smollm2-medusa"
-    if kind != "medusa" or not is_compact_medusa(heads):
+def spec_file(kind: str, dtype: str) -> Path:
+    """The shipped spec; for another dtype, a copy under bench/out/specs whose variant name says the
+    dtype (its engine folders sit next to the shipped spec's instead of replacing them)."""
+    if dtype == "float32":
         return SPECS[kind]
-    from pipeline.embedded import prepare_embedded_model
-
-    model_dir = prepare_embedded_model(REPO / ".cache")
-    expanded = ensure_expanded_medusa(heads, model_dir, REPO / ".cache")
-    copy = OUT / "specs" / SPECS[kind].name
+    text = SPECS[kind].read_text()
+    for old, new in (("dtype: float32", f"dtype: {dtype}"), (f"name: smollm2-{kind}", f"name: smollm2-{kind}-{dtype}")):
+        if old not in text:
+            raise SystemExit(f"{SPECS[kind]}: expected {old!r} to make the {dtype} copy")
+        text = text.replace(old, new)
+    text = text.replace("path: ../heads/", f"path: {REPO}/heads/")
+    copy = OUT / "specs" / f"smollm2-{kind}-{dtype}.yaml"
     copy.parent.mkdir(parents=True, exist_ok=True)
-    copy.write_text(SPECS[kind].read_text().replace("path: ../heads/smollm2-medusa", f"path: {expanded}"))
-    say(f"{heads} holds ResBlocks only: planning from {copy} (heads expanded to {expanded})")
+    copy.write_text(text)
     return copy
 
 
-def plan_variant(kind: str) -> VariantPlan:
-    plan = make_plan(load_spec(spec_file(kind)), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache"))
+def plan_variant(kind: str, dtype: str) -> VariantPlan:
+    plan = make_plan(load_spec(spec_file(kind, dtype)), OutputRoots(REPO / "engines", REPO / "triton_repo",
+                                                                   REPO / ".cache"))
     return plan.variants[0]
 
 
-def convert_body(variant: VariantPlan, heads_dir: Path | None):
-    """The convert stage's work for this variant (this checkout's convert stage has no body yet)."""
+def convert_body(variant: VariantPlan, heads_dir: Path):
+    """Convert with heads from ``heads_dir`` (random ones, outside the planned stages)."""
     spec = variant.speculative
     medusa = eagle = None
     if spec.medusa is not None:
@@ -104,18 +103,10 @@ def convert_body(variant: VariantPlan, heads_dir: Path | None):
                                           dtype=variant.build.dtype, medusa=medusa, eagle=eagle)
 
 
-def build_through_pipeline(variant: VariantPlan, heads_dir: Path | None) -> Path:
-    (outcome,) = execute_plan(make_plan(load_spec(spec_file(variant.method)), OutputRoots(
-        REPO / "engines", REPO / "triton_repo", REPO / ".cache")), only={variant.name}, say=say)
-    if outcome.stopped_at == "convert" and outcome.exit_code == 0:
-        say("convert stage not in this checkout: running pipeline.checkpoint.convert_checkpoint as its body")
-        names = [s.name for s in variant.stages]
-        for stage in variant.stages[names.index("convert"): names.index("build") + 1]:
-            body = convert_body(variant, heads_dir) if stage.name == "convert" else \
-                (lambda out, stage=stage: stage_body(stage.name)(variant, stage, out))
-            result = run_stage(stage, body, on_wait=say)
-            say(f"[{variant.name}] {stage.name}: {result.status} ({result.seconds:.1f} s)")
-    elif outcome.stopped_at and outcome.stopped_at not in ("package",):
+def build_through_pipeline(spec: Path, variant: VariantPlan) -> Path:
+    (outcome,) = execute_plan(make_plan(load_spec(spec), OutputRoots(REPO / "engines", REPO / "triton_repo",
+                                                                     REPO / ".cache")), only={variant.name}, say=say)
+    if outcome.exit_code != 0 or outcome.stopped_at not in (None, "package"):
         raise SystemExit(f"{variant.name} stopped at {outcome.stopped_at}: {outcome.reason}")
     return variant.stage("build").output
 
@@ -186,14 +177,14 @@ def build_with_random_heads(variant: VariantPlan) -> Path:
     return engine_dir
 
 
-def build(kind: str) -> Built:
-    variant = plan_variant(kind)
+def build(kind: str, dtype: str) -> Built:
+    variant = plan_variant(kind, dtype)
     heads_dir = variant.stage("convert").inputs.get("heads")
     print(f"[{variant.name}] {variant.method} ({variant.speculative.reason})", flush=True)
     if kind == "lookahead":
-        return Built(variant, build_through_pipeline(variant, None), "none needed")
+        return Built(variant, build_through_pipeline(spec_file(kind, dtype), variant), "none needed")
     if heads_dir is not None and Path(heads_dir).exists():
-        return Built(variant, build_through_pipeline(variant, Path(heads_dir)), f"trained ({heads_dir})")
+        return Built(variant, build_through_pipeline(spec_file(kind, dtype), variant), f"trained ({heads_dir})")
     say(f"{heads_dir} not found: random heads for the plumbing (acceptance is meaningless)")
     return Built(variant, build_with_random_heads(variant), "random (plumbing only)")
 
@@ -241,6 +232,24 @@ def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], batch:
             "outputs": [out.tokens for out in results]}
 
 
+def compare_with_plain(engine: Engine, prompts: list[list[int]], plain: list[list[int]], outputs: list[list[int]]
+                       ) -> dict:
+    """Token-identical prompts, and for the others plain decoding's logit gap at the first difference
+    (pipeline/runtime/exactness.py: on bf16 engines a near-tie is round-off, anything else a bug)."""
+    found = [divergence(engine, p, want, got) for p, want, got in zip(prompts, plain, outputs)]
+    gaps = [d.gap_bf16_steps for d in found if d is not None]
+    return {"identical": sum(d is None for d in found), "prompts": len(found),
+            "max_gap_bf16_steps": max(gaps, default=0.0),
+            "lossless": all(g <= NEAR_TIE_BF16_STEPS for g in gaps) and (not gaps or engine.bf16)}
+
+
+def same_as_plain(row: dict) -> str:
+    if row["identical"] == row["prompts"]:
+        return "yes"
+    verdict = "near-ties only" if row["lossless"] else "NO"
+    return f"{row['identical']}/{row['prompts']} identical, {verdict} (max gap {row['max_gap_bf16_steps']:.1f} bf16 steps)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=["code", "chat"], choices=["code", "chat"])
@@ -252,6 +261,8 @@ def main() -> int:
                         help="more medusa_choices/eagle_choices presets to run on the same engines")
     parser.add_argument("--extra-lookahead", nargs="*", default=["2,3,2"],
                         help="per-request lookahead (w,n,g) to run on the same server (W,N,G)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/gemm.py)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
     parser.add_argument("--replot", action="store_true", help="only rewrite the .md/.png from speculative.json")
     args = parser.parse_args()
@@ -259,7 +270,7 @@ def main() -> int:
         write_reports(json.loads((OUT / "speculative.json").read_text()))
         return 0
     torch.set_num_threads(args.threads)
-    built = {kind: build(kind) for kind in ("medusa", "eagle", "lookahead")}
+    built = {kind: build(kind, args.dtype) for kind in ("medusa", "eagle", "lookahead")}
     engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
     spec = {kind: b.variant.speculative for kind, b in built.items()}
     methods: dict[str, tuple[Engine, DecodingMethod]] = {
@@ -311,11 +322,11 @@ def main() -> int:
                 row.update(set=kind, batch=batch, method=name,
                            speedup_wall=row["tokens_per_s"] / plain["tokens_per_s"],
                            speedup_cpu=row["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
-                           lossless=outputs == plain["outputs"])
+                           **compare_with_plain(engine, prompts, plain["outputs"], outputs))
                 results["runs"].append(row)
                 print(f"{kind:4s} batch {batch} {name:9s} {row['tokens_per_s']:6.1f} tok/s "
                       f"({row['tokens_per_cpu_s']:6.1f} /CPU-s) x{row['speedup_cpu']:.2f} "
-                      f"AL {row['mean_acceptance_length']:.2f} lossless={row['lossless']}", flush=True)
+                      f"AL {row['mean_acceptance_length']:.2f} = plain: {same_as_plain(row)}", flush=True)
     write_reports(results)
     return 0
 
@@ -346,7 +357,7 @@ def write_reports(results: dict) -> None:
                      f"{r['tokens_per_cpu_s']:.1f} | {r['speedup_cpu']:.2f}x [{r['speedup_wall']:.2f}x]{verdict} | "
                      f"{r['mean_acceptance_length']:.2f} | {r['mean_acceptance_length'] / r['speedup_cpu']:.2f} | "
                      f"{r['acceptance_rate']:.3f} | {per_pos} | "
-                     f"{'yes' if r['lossless'] else 'NO'} |")
+                     f"{same_as_plain(r)} |")
     (OUT / "speculative.md").write_text("\n".join(lines) + "\n")
     plot(results["runs"], OUT / "speculative.png")
     print(f"wrote {OUT / 'speculative.json'}, {OUT / 'speculative.md'}, {OUT / 'speculative.png'}")

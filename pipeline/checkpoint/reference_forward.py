@@ -77,14 +77,22 @@ def rope_inv_freq(head_size: int, base: float, scaling: dict[str, Any] | None) -
                      "(default, linear, llama3)")
 
 
-def apply_rope(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x: [heads, T, d]; rotate-half (GPT-NeoX) convention."""
+def rope_tables(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [T, d] of the rotary angles at these positions (shared by every layer of a step)."""
     freqs = position_ids.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [heads, T, d]; rotate-half (GPT-NeoX) convention."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def apply_rope(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    return rotate(x, *rope_tables(position_ids, inv_freq))
 
 
 @dataclass

@@ -35,11 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from pipeline import trees
-from pipeline.checkpoint.reference_forward import Geometry, LayerShard, apply_rope, fake_quant_fp8, mlp, rms_norm, \
-    rope_inv_freq
+from pipeline.checkpoint.reference_forward import Geometry, LayerShard, fake_quant_fp8, mlp, rms_norm, rope_inv_freq, \
+    rope_tables, rotate
 from pipeline.errors import InputError
 from pipeline.runtime.decoding import Accepted, Sequence
-from pipeline.runtime.engine import Engine, Logits, StepInput, StepRows, _all_reduce, _gemm_layout
+from pipeline.runtime.engine import Engine, Logits, StepInput, StepRows, _all_reduce
+from pipeline.runtime.gemm import Gemm, prepare_linear
 from pipeline.runtime.kv_cache import KVCache
 from pipeline.runtime.tree_verify import DraftTree, Proposal, TreeShape, verify
 
@@ -76,13 +77,15 @@ class Drafter:
         self.inv_freq = rope_inv_freq(head_size, float(net.get("rotary_base", 10000.0)), net.get("rotary_scaling"))
         nets = [rank.eagle[0] for rank in engine.ranks]
         self.embedding = nets[0].embedding  # replicated on every rank
-        self.fc = [n.fc for n in nets]
+        self.fc = [prepare_linear(n.fc, engine.bf16) for n in nets]
         self.layers: list[list[LayerShard]] = [[n.layers[j] for n in nets] for j in sorted(nets[0].layers)]
-        for shard in (*self.fc, *(linear for layer in self.layers for w in layer
-                                  for linear in (w.qkv, w.dense, w.fc, w.gate, w.proj))):
-            shard.weight = _gemm_layout(shard.weight)
-        self.lm_heads = [_gemm_layout(n.lm_head) for n in nets]
-        self.vocab = engine.config.model.vocab_size
+        for layer in self.layers:
+            for shard in layer:
+                engine.prepare_linears(shard)
+        # The drafter's lm_head is the base one in every EAGLE-1 checkpoint we know; share it then.
+        shared = all(torch.equal(n.lm_head, rank.lm_head) for n, rank in zip(nets, engine.ranks))
+        self.lm_heads = engine.lm_heads if shared else [Gemm(n.lm_head, bf16=engine.bf16) for n in nets]
+        self.engine = engine
         self.tp = tp
 
     def new_cache(self, limit: int) -> KVCache:
@@ -97,25 +100,26 @@ class Drafter:
             spans.append((start, start + len(item.tokens)))
             start += len(item.tokens)
         ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long)
-        positions = torch.tensor([p for item in items for p in item.positions])
+        rope = rope_tables(torch.tensor([p for item in items for p in item.positions]), self.inv_freq)
         x = torch.cat((self.embedding[ids], torch.cat([item.features for item in items])), dim=-1)
         h = torch.cat([fc(x) for fc in self.fc], dim=-1)  # column-parallel fc, gathered
         for j, shards in enumerate(self.layers):
             norm = shards[0].input_layernorm  # None for the first drafter layer
             x = h if norm is None else rms_norm(h, norm, self.geo.eps)
-            h = h + _all_reduce([self._attention(t, j, w, x, positions, items, spans) for t, w in enumerate(shards)])
+            h = h + _all_reduce([self._attention(t, j, w, x, rope, items, spans) for t, w in enumerate(shards)])
             x = rms_norm(h, shards[0].post_layernorm, self.geo.eps)
             h = h + _all_reduce([mlp(w, x) for w in shards])
         for item in items:
             item.cache.advance(len(item.tokens))
         return [h[a:b] for a, b in spans]
 
-    def _attention(self, tp_rank: int, layer: int, w: LayerShard, x: torch.Tensor, positions: torch.Tensor,
-                   items: list[DraftInput], spans: list[tuple[int, int]]) -> torch.Tensor:
+    def _attention(self, tp_rank: int, layer: int, w: LayerShard, x: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor], items: list[DraftInput], spans: list[tuple[int, int]]
+                   ) -> torch.Tensor:
         T, d, geo = x.shape[0], self.geo.head_size, self.geo
         q, k, v = w.qkv(x).split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
-        q = apply_rope(q.view(T, geo.heads, d).transpose(0, 1), positions, self.inv_freq)
-        k = apply_rope(k.view(T, geo.kv_heads, d).transpose(0, 1), positions, self.inv_freq)
+        q = rotate(q.view(T, geo.heads, d).transpose(0, 1), *rope)
+        k = rotate(k.view(T, geo.kv_heads, d).transpose(0, 1), *rope)
         v = v.view(T, geo.kv_heads, d).transpose(0, 1)
         if w.kv_cache_scale is not None:
             k, v = fake_quant_fp8(k, w.kv_cache_scale), fake_quant_fp8(v, w.kv_cache_scale)
@@ -133,8 +137,7 @@ class Drafter:
 
     def log_probs(self, h: torch.Tensor) -> torch.Tensor:
         """Drafter log-probabilities [R, vocab] from outputs f' [R, H] (vocab-parallel lm_head)."""
-        logits = torch.cat([h @ shard.T for shard in self.lm_heads], dim=-1)[:, : self.vocab]
-        return torch.log_softmax(logits, dim=-1)
+        return torch.log_softmax(self.engine.lm_head(h, self.lm_heads), dim=-1)
 
 
 @dataclass

@@ -10,7 +10,9 @@ what serving needs on top of it:
 * tensor parallelism is computed rank by rank: column-parallel qkv/fc/gate shards, row-parallel
   dense/proj partial sums, then an all-reduce (a sum in rank order); pipeline stages run in order;
 * logits are computed only for the rows a caller asks for (the last token of a prompt, every
-  token of a speculative tree), since the lm_head is the largest matmul of a small model.
+  token of a speculative tree), since the lm_head is the largest matmul of a small model;
+* weight matmuls run in the engine's dtype (gemm.py): float32, or bf16 GEMMs for bfloat16
+  engines; rope angles and attention masks are computed once per step, not once per layer.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from pipeline.checkpoint.reference_forward import (Geometry, LayerShard, RankWeights, apply_rope, fake_quant_fp8,
-                                                   mlp, rms_norm, rope_inv_freq)
+from pipeline.checkpoint.reference_forward import (Geometry, LayerShard, RankWeights, fake_quant_fp8, mlp, rms_norm,
+                                                   rope_inv_freq, rope_tables, rotate)
 from pipeline.errors import InputError
 from pipeline.runtime.config import EngineConfig, load_engine_config
+from pipeline.runtime.gemm import Gemm, prepare_linear
 from pipeline.runtime.kv_cache import KVCache
 
 
@@ -61,13 +64,6 @@ class StepRows:
     hidden: torch.Tensor
 
 
-def _gemm_layout(weight: torch.Tensor) -> torch.Tensor:
-    """The same [out, in] values stored column-major, so ``x @ weight.T`` multiplies by a
-    contiguous [in, out] matrix: MKL is ~1.8x faster that way for a batch of 8 decode tokens
-    (SmolLM2 shapes, one thread) and no slower for 1, which is what makes batching pay on a CPU."""
-    return weight.T.contiguous().T
-
-
 def _all_reduce(partials: list[torch.Tensor]) -> torch.Tensor:
     """The tp all-reduce: a sum in rank order (the reference forward's order, so results match)."""
     return partials[0] if len(partials) == 1 else torch.stack(partials).sum(0)
@@ -88,15 +84,26 @@ class Engine:
                              "(last stage); rebuild the engine")
         self.embedding: torch.Tensor = first.embedding
         self.ln_f: torch.Tensor = last.ln_f
-        self.lm_heads = [_gemm_layout(r.lm_head) for r in self.stage(self.pp - 1)]
+        self.bf16 = shape.dtype == "bfloat16"
+        self.lm_heads = [Gemm(r.lm_head, bf16=self.bf16) for r in self.stage(self.pp - 1)]
         for rank in ranks:
             for shard in rank.layers.values():
-                for linear in (shard.qkv, shard.dense, shard.fc, shard.gate, shard.proj):
-                    linear.weight = _gemm_layout(linear.weight)
+                self.prepare_linears(shard)
         self.layer_ids = [sorted(self.stage(p)[0].layers) for p in range(self.pp)]
         if sum(len(ids) for ids in self.layer_ids) != shape.num_layers:
             raise InputError(f"{config.folder}: rank files hold {sum(len(i) for i in self.layer_ids)} decoder "
                              f"layers, config.json says {shape.num_layers}; rebuild the engine")
+
+    def prepare_linears(self, shard: LayerShard) -> None:
+        """Replace a decoder layer's linears by their engine form (gemm.py), in place."""
+        for name in ("qkv", "dense", "fc", "gate", "proj"):
+            setattr(shard, name, prepare_linear(getattr(shard, name), self.bf16))
+
+    def lm_head(self, hidden: torch.Tensor, heads: Sequence[Gemm] | None = None) -> torch.Tensor:
+        """Logits [R, vocab] from final hidden states: the vocab-parallel lm_head (each rank's rows of
+        the vocabulary, concatenated, padding dropped)."""
+        heads = self.lm_heads if heads is None else heads
+        return torch.cat([head(hidden) for head in heads], dim=-1)[:, : self.config.model.vocab_size]
 
     @classmethod
     def load(cls, folder: Path) -> Engine:
@@ -132,14 +139,15 @@ class Engine:
             spans.append((start, start + n))
             start += n
         ids = torch.tensor([t for item in items for t in item.token_ids], dtype=torch.long)
-        position_ids = torch.cat(positions)
+        rope = rope_tables(torch.cat(positions), self.inv_freq)
+        masks = [_mask(item, len(item.token_ids), item.cache.length + len(item.token_ids)) for item in items]
         h = self.embedding[ids]
         for pp_rank, layer_ids in enumerate(self.layer_ids):
             stage = self.stage(pp_rank)
             for layer in layer_ids:
                 shards = [r.layers[layer] for r in stage]
                 x = rms_norm(h, shards[0].input_layernorm, self.geo.eps)
-                h = h + _all_reduce([self._attention(t, layer, w, x, position_ids, items, spans)
+                h = h + _all_reduce([self._attention(t, layer, w, x, rope, items, spans, masks)
                                      for t, w in enumerate(shards)])
                 x = rms_norm(h, shards[0].post_layernorm, self.geo.eps)
                 h = h + _all_reduce([mlp(w, x) for w in shards])
@@ -147,21 +155,22 @@ class Engine:
             item.cache.advance(len(item.token_ids))
         return self._logits(h, items, spans)
 
-    def _attention(self, tp_rank: int, layer: int, w: LayerShard, x: torch.Tensor, position_ids: torch.Tensor,
-                   items: Sequence[StepInput], spans: list[tuple[int, int]]) -> torch.Tensor:
+    def _attention(self, tp_rank: int, layer: int, w: LayerShard, x: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor], items: Sequence[StepInput], spans: list[tuple[int, int]],
+                   masks: list[torch.Tensor | None]) -> torch.Tensor:
         """One rank's attention partial sum: batched projections, per-request attention."""
         T, d, geo = x.shape[0], self.geo.head_size, self.geo
         q, k, v = w.qkv(x).split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
-        q = apply_rope(q.view(T, geo.heads, d).transpose(0, 1), position_ids, self.inv_freq)
-        k = apply_rope(k.view(T, geo.kv_heads, d).transpose(0, 1), position_ids, self.inv_freq)
+        q = rotate(q.view(T, geo.heads, d).transpose(0, 1), *rope)
+        k = rotate(k.view(T, geo.kv_heads, d).transpose(0, 1), *rope)
         v = v.view(T, geo.kv_heads, d).transpose(0, 1)
         if w.kv_cache_scale is not None:  # FP8 KV cache: what is stored is what the kernel reads back
             k, v = fake_quant_fp8(k, w.kv_cache_scale), fake_quant_fp8(v, w.kv_cache_scale)
         ctx = torch.empty(T, geo.heads, d)
-        for item, (a, b) in zip(items, spans):
+        for item, (a, b), mask in zip(items, spans, masks):
             keys, values = item.cache.write(tp_rank, layer, k[:, a:b], v[:, a:b])
-            out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None],
-                                                 attn_mask=_mask(item, b - a, keys.shape[1]), enable_gqa=True)
+            out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None], attn_mask=mask,
+                                                 enable_gqa=True)
             ctx[a:b] = out[0].transpose(0, 1)
         return w.dense(ctx.view(T, geo.heads * d))
 
@@ -173,11 +182,8 @@ class Engine:
             wanted = {Logits.NONE: [], Logits.LAST: [b - 1], Logits.ALL: list(range(a, b))}[item.logits]
             rows += wanted
             counts.append(len(wanted))
-        vocab = self.config.model.vocab_size
         hidden = rms_norm(h[rows], self.ln_f, self.geo.eps)
-        # Vocab-parallel lm_head: each rank's rows of the vocabulary, concatenated, padding dropped.
-        logits = (torch.cat([hidden @ shard.T for shard in self.lm_heads], dim=-1)[:, :vocab] if rows
-                  else torch.empty(0, vocab))
+        logits = self.lm_head(hidden) if rows else torch.empty(0, self.config.model.vocab_size)
         return [StepRows(lg, hd) for lg, hd in zip(logits.split(counts), hidden.split(counts))]
 
 

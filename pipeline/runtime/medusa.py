@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.runtime.decoding import Accepted, Sequence
-from pipeline.runtime.engine import Engine, StepInput, StepRows, _gemm_layout
+from pipeline.runtime.engine import Engine, StepInput, StepRows
+from pipeline.runtime.gemm import Gemm, prepare_linear
 from pipeline.runtime.tree_verify import DraftTree, Proposal, TreeShape, verify
 
 
@@ -39,17 +40,15 @@ class MedusaHeads:
         if self.num_heads == 0:
             raise InputError(f"{engine.config.folder}: the rank files hold no medusa_heads.* tensors; "
                              "rebuild the Medusa engine")
-        self.vocab = engine.config.model.vocab_size
+        self.engine = engine
         self.shards = [rank.medusa for rank in stage]  # [tp_rank][head]
         for head in (h for heads in self.shards for h in heads):
-            for linear in head.layers:
-                linear.weight = _gemm_layout(linear.weight)
-            head.lm_head = _gemm_layout(head.lm_head)
+            head.layers = [prepare_linear(linear, engine.bf16) for linear in head.layers]
         # Heads trained on a frozen lm_head (specdeploy's, ModelOpt's usual setup) all share the base
         # lm_head: then one GEMM over every head's rows reads the largest matrix once, not once per head.
-        self.shared_lm_head = engine.lm_heads if all(
-            torch.equal(head.lm_head, base) for heads, base in zip(self.shards, engine.lm_heads) for head in heads
-        ) else None
+        shared = all(torch.equal(head.lm_head, rank.lm_head) for heads, rank in zip(self.shards, stage) for head in heads)
+        self.lm_heads: list[list[Gemm]] | None = None if shared else [
+            [Gemm(heads[h].lm_head, bf16=engine.bf16) for heads in self.shards] for h in range(self.num_heads)]
 
     def features(self, hidden: torch.Tensor, head: int) -> torch.Tensor:
         """x after head ``head``'s ResBlocks, [R, H] from [R, H]."""
@@ -61,12 +60,9 @@ class MedusaHeads:
     def logits(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:
         """[num_heads, R, vocab] logits of the first ``num_heads`` heads."""
         xs = [self.features(hidden, h) for h in range(num_heads)]
-        if self.shared_lm_head is not None:
-            x = torch.cat(xs)
-            out = torch.cat([x @ shard.T for shard in self.shared_lm_head], dim=-1)[:, : self.vocab]
-            return out.view(num_heads, hidden.shape[0], -1)
-        return torch.stack([torch.cat([x @ heads[h].lm_head.T for heads in self.shards], dim=-1)[:, : self.vocab]
-                            for h, x in enumerate(xs)])
+        if self.lm_heads is None:
+            return self.engine.lm_head(torch.cat(xs)).view(num_heads, hidden.shape[0], -1)
+        return torch.stack([self.engine.lm_head(x, self.lm_heads[h]) for h, x in enumerate(xs)])
 
 
 @dataclass

@@ -184,12 +184,12 @@ def write_fp8_export(hf_dir: Path, out: Path, calibration: list[list[int]]) -> P
 
 
 def write_engine(src: Path, out: Path, method: str | None, *, tp: int = 1, medusa_dir: Path | None = None,
-                 eagle_dir: Path | None = None, kv_cache_fp8: bool = False) -> Path:
+                 eagle_dir: Path | None = None, kv_cache_fp8: bool = False, dtype: str = "float32") -> Path:
     """A reference engine folder: the converter's checkpoint + the build_config trtllm-build would write."""
     draft = {"medusa": len(TREE), "eagle": EAGLE_MAX_DRAFT, "lookahead": lookahead_max_draft_len(*LOOKAHEAD),
              None: 0}[method]
     out.mkdir(parents=True)
-    convert_checkpoint(src, out, tp=tp, pp=1, dtype="float32", kv_cache_fp8=kv_cache_fp8,
+    convert_checkpoint(src, out, tp=tp, pp=1, dtype=dtype, kv_cache_fp8=kv_cache_fp8,
                        medusa=MedusaOptions(medusa_dir, max_draft_len=draft) if method == "medusa" else None,
                        eagle=EagleOptions(eagle_dir, num_eagle_layers=EAGLE_LAYERS, max_draft_len=draft)
                        if method == "eagle" else None)
@@ -203,21 +203,21 @@ def write_engine(src: Path, out: Path, method: str | None, *, tp: int = 1, medus
 
 
 class EngineFactory:
-    """Engines by (method, tp, fp8), built on first use and kept for the session."""
+    """Engines by (method, tp, fp8, dtype), built on first use and kept for the session."""
 
     def __init__(self, root: Path, hf_dir: Path, fp8_dir: Path, medusa_dir: Path, eagle_dir: Path):
         self.root, self.hf_dir, self.fp8_dir = root, hf_dir, fp8_dir
         self.medusa_dir, self.eagle_dir = medusa_dir, eagle_dir
-        self.engines: dict[tuple[str | None, int, bool], Engine] = {}
+        self.engines: dict[tuple[str | None, int, bool, str], Engine] = {}
 
-    def __call__(self, method: str | None, tp: int = 1, fp8: bool = False) -> Engine:
-        key = (method, tp, fp8)
+    def __call__(self, method: str | None, tp: int = 1, fp8: bool = False, dtype: str = "float32") -> Engine:
+        key = (method, tp, fp8, dtype)
         if key not in self.engines:
-            folder = self.root / f"{method or 'plain'}-tp{tp}{'-fp8' if fp8 else ''}"
+            folder = self.root / f"{method or 'plain'}-tp{tp}{'-fp8' if fp8 else ''}-{dtype}"
             src = self.fp8_dir if fp8 else self.hf_dir
             # EAGLE's drafter shares nothing with the KV cache scales: the converter refuses FP8 KV with EAGLE.
             kv_fp8 = fp8 and method != "eagle"
             write_engine(src, folder, method, tp=tp, medusa_dir=self.medusa_dir, eagle_dir=self.eagle_dir,
-                         kv_cache_fp8=kv_fp8)
+                         kv_cache_fp8=kv_fp8, dtype=dtype)
             self.engines[key] = Engine.load(folder)
         return self.engines[key]

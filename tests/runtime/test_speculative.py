@@ -37,9 +37,10 @@ METHODS = {
 }
 
 
-def method_for(spec_engines, name: str, tp: int = 1, fp8: bool = False) -> tuple[Engine, DecodingMethod]:
+def method_for(spec_engines, name: str, tp: int = 1, fp8: bool = False, dtype: str = "float32"
+               ) -> tuple[Engine, DecodingMethod]:
     kind, settings = METHODS[name]
-    engine = spec_engines(kind, tp, fp8)
+    engine = spec_engines(kind, tp, fp8, dtype)
     method, warnings = make_method(engine, settings)
     assert warnings == []
     return engine, method
