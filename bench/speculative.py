@@ -66,26 +66,52 @@ def say(text: str) -> None:
     print(f"  {text}", flush=True)
 
 
-def spec_file(kind: str, dtype: str) -> Path:
-    """The shipped spec; for another dtype, a copy under bench/out/specs whose variant name says the
-    dtype (its engine folders sit next to the shipped spec's instead of replacing them)."""
-    if dtype == "float32":
+@dataclasses.dataclass(frozen=True)
+class Overrides:
+    """Settings that differ from the shipped specs (each needs its own engine: dtype, draft tree and
+    Lookahead (W, N, G) are build-time settings)."""
+
+    dtype: str = "float32"
+    tree: str | None = None  # medusa_choices / eagle_choices preset
+    lookahead: tuple[int, int, int] | None = None
+
+    def suffix(self, kind: str) -> str:
+        parts = ["bf16" if self.dtype == "bfloat16" else ""]
+        if self.tree and kind in ("medusa", "eagle"):
+            parts.append(self.tree.replace("_", "-"))
+        if self.lookahead and kind == "lookahead":
+            parts.append("w{}n{}g{}".format(*self.lookahead))
+        return "".join(f"-{p}" for p in parts if p)
+
+
+def spec_file(kind: str, overrides: Overrides) -> Path:
+    """The shipped spec; with overrides, a copy under bench/out/specs whose variant name says what
+    differs (its engine folders sit next to the shipped spec's instead of replacing them)."""
+    suffix = overrides.suffix(kind)
+    if not suffix:
         return SPECS[kind]
     text = SPECS[kind].read_text()
-    for old, new in (("dtype: float32", f"dtype: {dtype}"), (f"name: smollm2-{kind}", f"name: smollm2-{kind}-{dtype}")):
+    edits = [(f"name: smollm2-{kind}\n", f"name: smollm2-{kind}{suffix}\n"),
+             ("dtype: float32", f"dtype: {overrides.dtype}")]
+    if overrides.tree and kind in ("medusa", "eagle"):
+        edits.append(("choices: cpu_small_10_depth_3", f"choices: {overrides.tree}"))
+    if overrides.lookahead and kind == "lookahead":
+        w, n, g = overrides.lookahead
+        edits += [("window: 4", f"window: {w}"), ("ngram: 3", f"ngram: {n}"), ("verification_set: 4", f"verification_set: {g}")]
+    for old, new in edits:
         if old not in text:
-            raise SystemExit(f"{SPECS[kind]}: expected {old!r} to make the {dtype} copy")
+            raise SystemExit(f"{SPECS[kind]}: expected {old!r} to make the {suffix} copy")
         text = text.replace(old, new)
     text = text.replace("path: ../heads/", f"path: {REPO}/heads/")
-    copy = OUT / "specs" / f"smollm2-{kind}-{dtype}.yaml"
+    copy = OUT / "specs" / f"smollm2-{kind}{suffix}.yaml"
     copy.parent.mkdir(parents=True, exist_ok=True)
     copy.write_text(text)
     return copy
 
 
-def plan_variant(kind: str, dtype: str) -> VariantPlan:
-    plan = make_plan(load_spec(spec_file(kind, dtype)), OutputRoots(REPO / "engines", REPO / "triton_repo",
-                                                                   REPO / ".cache"))
+def plan_variant(kind: str, overrides: Overrides) -> VariantPlan:
+    plan = make_plan(load_spec(spec_file(kind, overrides)), OutputRoots(REPO / "engines", REPO / "triton_repo",
+                                                                        REPO / ".cache"))
     return plan.variants[0]
 
 
@@ -177,14 +203,14 @@ def build_with_random_heads(variant: VariantPlan) -> Path:
     return engine_dir
 
 
-def build(kind: str, dtype: str) -> Built:
-    variant = plan_variant(kind, dtype)
+def build(kind: str, overrides: Overrides) -> Built:
+    variant = plan_variant(kind, overrides)
     heads_dir = variant.stage("convert").inputs.get("heads")
     print(f"[{variant.name}] {variant.method} ({variant.speculative.reason})", flush=True)
     if kind == "lookahead":
-        return Built(variant, build_through_pipeline(spec_file(kind, dtype), variant), "none needed")
+        return Built(variant, build_through_pipeline(spec_file(kind, overrides), variant), "none needed")
     if heads_dir is not None and Path(heads_dir).exists():
-        return Built(variant, build_through_pipeline(spec_file(kind, dtype), variant), f"trained ({heads_dir})")
+        return Built(variant, build_through_pipeline(spec_file(kind, overrides), variant), f"trained ({heads_dir})")
     say(f"{heads_dir} not found: random heads for the plumbing (acceptance is meaningless)")
     return Built(variant, build_with_random_heads(variant), "random (plumbing only)")
 
@@ -263,6 +289,9 @@ def main() -> int:
                         help="per-request lookahead (w,n,g) to run on the same server (W,N,G)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/gemm.py)")
+    parser.add_argument("--tree", choices=sorted(trees.TREE_PRESETS),
+                        help="build the Medusa and EAGLE engines for this tree preset instead of the specs' own")
+    parser.add_argument("--lookahead", metavar="W,N,G", help="build the Lookahead engine for this (W, N, G)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
     parser.add_argument("--replot", action="store_true", help="only rewrite the .md/.png from speculative.json")
     args = parser.parse_args()
@@ -270,7 +299,9 @@ def main() -> int:
         write_reports(json.loads((OUT / "speculative.json").read_text()))
         return 0
     torch.set_num_threads(args.threads)
-    built = {kind: build(kind, args.dtype) for kind in ("medusa", "eagle", "lookahead")}
+    overrides = Overrides(args.dtype, args.tree, tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead
+                          else None)
+    built = {kind: build(kind, overrides) for kind in ("medusa", "eagle", "lookahead")}
     engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
     spec = {kind: b.variant.speculative for kind, b in built.items()}
     methods: dict[str, tuple[Engine, DecodingMethod]] = {
