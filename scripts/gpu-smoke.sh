@@ -10,13 +10,12 @@
 # only in TensorRT-LLM 1.2.x (it was removed after 1.2):
 #
 #   docker run --rm -it --gpus all --net host --shm-size=2g --ulimit memlock=-1 \
-#       -v "$PWD":/work -w /work nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3 \
+#       -v "$PWD":/work -w /work nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 \
 #       bash -c 'pip install --no-deps -e . && pip install pydantic pyyaml rich safetensors \
 #                "tritonclient[grpc]" nvidia-pytriton transformers && scripts/gpu-smoke.sh'
 #
-# The tag above is UNVERIFIED (see TRITON_TRTLLM_CONTAINER in pipeline/trtllm/__init__.py):
-# pick the first NGC release whose Triton release notes list "TensorRT-LLM version 1.2.1"
-# (tensorrtllm_backend moved to 1.2.1 on 2026-04-21). This script refuses any other version.
+# 26.04 is the first Triton release with TensorRT-LLM 1.2.1 (26.05 to 26.07 carry it too; see
+# TRITON_TRTLLM_CONTAINER in pipeline/trtllm/__init__.py). This script refuses any other version.
 # `--no-deps` keeps the container's CUDA torch (pyproject pins the CPU wheel's version).
 #
 # Environment: SMOKE_METHODS ("lookahead medusa eagle"), SMOKE_MAX_TOKENS (48),

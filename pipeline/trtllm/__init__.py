@@ -12,18 +12,15 @@ from __future__ import annotations
 TRTLLM_VERSION = "1.2.1"
 TRTLLM_SERIES = "1.2."
 
-# The NGC Triton container that ships TensorRT-LLM 1.2.1 and the C++ `tensorrtllm` backend.
-# UNVERIFIED: tensorrtllm_backend PR #853 moved its container build to TensorRT-LLM 1.2.1 on
-# 2026-04-21, so the first NGC release cut after it is expected to carry 1.2.1. Confirm with the
-# "TensorRT-LLM version" line of the Triton release notes for that YY.MM (docs.nvidia.com/
-# deeplearning/triton-inference-server/release-notes/), or inside the container with
-# `python3 -c 'import importlib.metadata as m; print(m.version("tensorrt_llm"))'`.
-TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3"
-TRITON_TRTLLM_CONTAINER_VERIFIED = False
+# The NGC Triton container that ships TensorRT-LLM 1.2.1 and the C++ `tensorrtllm` backend: the
+# first release with 1.2.1 (TensorRT 10.14.1.48, CUDA 13.1). Source: Triton's compatibility matrix,
+# docs/introduction/compatibility.md in triton-inference-server/server (26.01/26.02: 1.1.0, 26.03:
+# 1.2.0, 26.04 to 26.07: 1.2.1); tensorrtllm_backend moved to release/1.2.1 in PR #853. The 1.3
+# line removes the engine flow, so a later tag is not a drop-in replacement.
+TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 TRTLLM_BACKEND_DIR = "/opt/tritonserver/backends/tensorrtllm"
 
 
 def container_hint() -> str:
     """One line telling the user where the engine flow runs."""
-    note = "" if TRITON_TRTLLM_CONTAINER_VERIFIED else " (tag unverified: check it ships tensorrt_llm 1.2.1)"
-    return f"use the Triton TensorRT-LLM {TRTLLM_VERSION} container {TRITON_TRTLLM_CONTAINER}{note}"
+    return f"use the Triton TensorRT-LLM {TRTLLM_VERSION} container {TRITON_TRTLLM_CONTAINER}"
