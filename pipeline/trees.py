@@ -77,6 +77,29 @@ def validate_tree(tree: Tree) -> None:
             raise ValueError(f"path {list(path)} has no parent {list(path[:-1])} in the tree")
 
 
+def most_frequent_paths(rank_paths: Counter[tuple[int, ...]], size: int, max_depth: int | None = None) -> Tree:
+    """The tree of ``size`` nodes that accepts the most draft tokens on measured data.
+
+    ``rank_paths`` counts, over decoding steps of held-out text, the ranks of the true next
+    tokens among the drafter's candidates along the true path: (r_1, ..., r_D) says the true
+    token at draft depth d was the drafter's r_d-th candidate (a path stops at the first token
+    outside the candidates considered). A tree accepts depth d of a step iff it holds the prefix
+    (r_1, ..., r_d), so the tokens a tree accepts are the summed counts of the prefixes it holds;
+    a prefix is never rarer than its extensions, hence the best tree of n nodes is simply the n
+    most frequent prefixes (ties: shorter, then smaller ranks first), which is prefix-closed.
+    The Medusa paper (arXiv 2401.10774, section 3.3.1) grows trees the same way from per-rank
+    accuracies assumed independent; counting whole paths needs no independence assumption.
+    """
+    counts: Counter[tuple[int, ...]] = Counter()
+    for path, n in rank_paths.items():
+        for depth in range(1, min(len(path), max_depth or len(path)) + 1):
+            counts[path[:depth]] += n
+    ranked = sorted(counts, key=lambda p: (-counts[p], len(p), p))[:size]
+    tree = tuple(sorted(ranked, key=lambda p: (len(p), p)))
+    validate_tree(tree)
+    return tree
+
+
 def tree_depth(tree: Tree) -> int:
     return max(len(path) for path in tree)
 
