@@ -34,6 +34,7 @@ class HostReport:
     mpi: str | None
     trtllm_backend: bool  # the Triton C++ tensorrtllm backend (GPU serving)
     cpu_tritonserver: str | None  # nvidia-pytriton's bundled tritonserver (CPU serving)
+    cpu_bf16_gemm: bool  # oneDNN bf16 GEMMs (AMX / AVX512-BF16): fast bfloat16 reference engines
     engines_dir: str
     free_disk_gib: float | None
 
@@ -87,6 +88,14 @@ def _free_disk_gib(folder: Path) -> float | None:
         return None
 
 
+def _cpu_bf16_gemm() -> bool:
+    try:
+        from pipeline.runtime.gemm import onednn_bf16
+    except ImportError:  # no torch: nothing runs on the CPU anyway
+        return False
+    return onednn_bf16()
+
+
 def probe_host(engines_dir: Path) -> HostReport:
     return HostReport(
         python=platform.python_version(),
@@ -98,6 +107,7 @@ def probe_host(engines_dir: Path) -> HostReport:
         mpi=_first_line(["mpirun", "--version"]) if shutil.which("mpirun") else None,
         trtllm_backend=Path(TRTLLM_BACKEND_DIR).is_dir(),
         cpu_tritonserver=_pytriton_server(),
+        cpu_bf16_gemm=_cpu_bf16_gemm(),
         engines_dir=str(engines_dir),
         free_disk_gib=_free_disk_gib(engines_dir),
     )
@@ -131,6 +141,10 @@ def host_checks(report: HostReport) -> list[Check]:
               TRTLLM_BACKEND_DIR + ("" if report.trtllm_backend else " not found (GPU serving needs it)")),
         Check("CPU tritonserver", "ok" if report.cpu_tritonserver else "missing",
               report.cpu_tritonserver or "nvidia-pytriton not installed (CPU serving needs it)"),
+        Check("CPU bf16 GEMMs", "ok" if report.cpu_bf16_gemm else "info",
+              "oneDNN bf16 (AMX or AVX512-BF16): bfloat16 reference engines verify draft trees at about the cost "
+              "of one token" if report.cpu_bf16_gemm else
+              "not available: bfloat16 reference engines run slower than float32 on this CPU"),
         Check("disk for engines", "info", f"{report.engines_dir}: {disk}"),
     ]
 
@@ -139,6 +153,8 @@ def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
     verdict = Verdict(variant.name, variant.target, variant.method, variant.world_size)
     if variant.target == "reference":
         verdict.notes.append("reference target: the CPU build writes the engine config and links the weights")
+        if variant.build.dtype == "bfloat16" and not report.cpu_bf16_gemm:
+            verdict.notes.append("dtype bfloat16 without CPU bf16 GEMMs: serving runs slowly here (float32 is faster)")
         return verdict
     for missing in report.engine_flow_missing:
         verdict.refuse(missing)

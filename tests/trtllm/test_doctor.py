@@ -19,7 +19,7 @@ L4 = LocalGpu("NVIDIA L4", (8, 9), 23034)
 def gpu_host(*gpus: LocalGpu, **changes) -> HostReport:
     report = HostReport(python="3.12.3", torch="2.9.0", tensorrt="10.13.0", trtllm="1.2.1", engine_flow_missing=(),
                         gpus=gpus, mpi="mpirun (Open MPI) 4.1.7", trtllm_backend=True, cpu_tritonserver=None,
-                        engines_dir="engines", free_disk_gib=500.0)
+                        cpu_bf16_gemm=False, engines_dir="engines", free_disk_gib=500.0)
     return dataclasses.replace(report, **changes)
 
 
@@ -63,6 +63,14 @@ def test_other_architecture_than_planned_is_a_note(plan_text):
 def test_reference_variants_build_anywhere(plan_text):
     variant = plan_text(PRESET_8B + "target: reference\n")[0]
     assert assess_variant(variant, gpu_host(engine_flow_missing=("x",))).can_build
+
+
+def test_bfloat16_reference_engines_need_cpu_bf16_gemms_to_be_fast(plan_text):
+    variant = plan_text(PRESET_8B + "target: reference\n")[0]
+    assert variant.build.dtype == "bfloat16"  # the spec default
+    slow = assess_variant(variant, gpu_host(cpu_bf16_gemm=False))
+    assert slow.can_build and any("bfloat16 without CPU bf16 GEMMs" in note for note in slow.notes)
+    assert not any("bf16" in note for note in assess_variant(variant, gpu_host(cpu_bf16_gemm=True)).notes)
 
 
 def test_checks_explain_the_trtllm_pin():
