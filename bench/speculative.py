@@ -1,19 +1,24 @@
 """Speculative decoding on SmolLM2 through the reference backend: plain vs Medusa, EAGLE, EAGLE-2, Lookahead.
 
-    .venv/bin/python bench/speculative.py [--sets code chat] [--batch 1 4] [--prompts 10] [--new-tokens 64]
+    .venv/bin/python bench/speculative.py [--dtype bfloat16] [--tree PRESET] [--lookahead W,N,G]
+        [--sets code chat] [--batch 1 4] [--prompts 10] [--new-tokens 64] [--methods ...]
 
 In one process: builds the three SmolLM2 engines through the pipeline (``specs/smollm2-{medusa,eagle,
-lookahead}.yaml``: plan, embedded model, convert, build; up-to-date stages are skipped), then for each
-prompt set (pipeline/data/prompts/{code,chat}_eval.jsonl) and each batch size (requests in flight)
-decodes the same prompts greedily with every method through the scheduler and reports tokens/s,
-speedup over plain decoding, mean acceptance length and per-position acceptance (metrics.py has the
+lookahead}.yaml``, or copies of them under bench/out/specs when --dtype / --tree / --lookahead change
+a build-time setting; up-to-date stages are skipped), then for each prompt set
+(pipeline/data/prompts/{code,chat}_eval.jsonl) and each batch size (requests in flight) decodes the
+same prompts greedily with every method through the scheduler and reports tokens/s, speedup over
+plain decoding, mean acceptance length and per-position acceptance (metrics.py has the
 definitions). Writes bench/out/speculative.{json,md,png}. Not a test: the numbers depend on the
 machine and its load; tokens per CPU-second (this thread's CPU time, torch on 1 thread) is reported
 next to wall-clock tokens/s because it is what the rate would be on an idle machine.
 
+Every method's output is compared with plain decoding: identical, or (bfloat16 engines) different
+only from a near-tie of plain decoding on (pipeline/runtime/exactness.py).
+
 Heads: heads/smollm2-medusa and heads/smollm2-eagle (trained by ``specdeploy train-heads``) when they
 exist; otherwise random heads of the right shapes are generated so the plumbing runs (their acceptance
-is meaningless, and the report says so). Every method's output is checked against plain decoding.
+is meaningless, and the report says so).
 """
 
 from __future__ import annotations
@@ -292,6 +297,8 @@ def main() -> int:
     parser.add_argument("--tree", choices=sorted(trees.TREE_PRESETS),
                         help="build the Medusa and EAGLE engines for this tree preset instead of the specs' own")
     parser.add_argument("--lookahead", metavar="W,N,G", help="build the Lookahead engine for this (W, N, G)")
+    parser.add_argument("--methods", nargs="+", choices=["medusa", "eagle", "eagle2", "lookahead"],
+                        help="only these (and plain decoding); default: all")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
     parser.add_argument("--replot", action="store_true", help="only rewrite the .md/.png from speculative.json")
     args = parser.parse_args()
@@ -339,6 +346,9 @@ def main() -> int:
     results: dict = {"settings": vars(args), "heads": {k: b.heads for k, b in built.items()},
                      "engines": {k: str(b.engine_dir) for k, b in built.items()},
                      "methods": {name: described.get(name, name) for name in methods}, "runs": []}
+    if args.methods:
+        methods = {name: m for name, m in methods.items() if name == "plain" or name.split("[")[0].split("(")[0]
+                   in args.methods}
     for name, (engine, method) in methods.items():  # warm-up: first-call allocations, thread pools
         run(engine, method, [[1, 2, 3, 4]], 1, 4, -1)
     for kind in args.sets:
