@@ -220,7 +220,7 @@ class EagleDrafter(nn.Module):
 
 @dataclass(frozen=True)
 class EagleTrainConfig:
-    epochs: int = 10
+    epochs: int = 3  # issue 6: ~3x the data, fewer passes (less overfitting; best epoch by validation)
     batch_tokens: int = 2048
     lr: float = 1e-3
     warmup_steps: int = 20
@@ -304,7 +304,11 @@ def eagle_loss(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor
 
 
 def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, config: DrafterConfig,
-                cfg: EagleTrainConfig, say: Progress = print) -> tuple[EagleDrafter, list[dict]]:
+                cfg: EagleTrainConfig, say: Progress = print, validate: Callable[[nn.Module], float] | None = None
+                ) -> tuple[EagleDrafter, list[dict]]:
+    """AdamW with warmup + cosine decay; with ``validate``, the best epoch's weights are returned."""
+    from pipeline.heads.medusa import keep_best
+
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     drafter = EagleDrafter(config)
@@ -326,7 +330,7 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
         return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
-    log = []
+    log, best = [], None
     for epoch in range(cfg.epochs):
         start, sums, n = time.monotonic(), None, 0
         drafter.train()
@@ -344,9 +348,12 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
         keys = [f"step{s + 1}_{k}" for s in range(cfg.unroll) for k in ("reg", "cls", "acc")]
         entry = {"epoch": epoch + 1, **{k: round(v / n, 4) for k, v in zip(keys, sums)},
                  "seconds": round(time.monotonic() - start, 1)}
+        best = keep_best(drafter, validate, entry, best)
         log.append(entry)
         say(f"  eagle epoch {epoch + 1}/{cfg.epochs}: " +
             ", ".join(f"{k} {v}" for k, v in entry.items() if k != "epoch"))
+    if best is not None:
+        drafter.load_state_dict(best[1])
     return drafter.eval(), log
 
 

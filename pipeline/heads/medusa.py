@@ -113,7 +113,7 @@ def head_losses(blocks: MedusaResBlocks, lm_head: torch.Tensor, feats: torch.Ten
 class MedusaTrainConfig:
     num_heads: int = 3
     num_layers: int = 1
-    epochs: int = 6
+    epochs: int = 2  # issue 6: ~4x the data; 2 passes fit the 1-hour budget (best epoch by validation)
     batch_tokens: int = 512
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -123,8 +123,13 @@ class MedusaTrainConfig:
 
 
 def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
-                 say: Progress = print) -> tuple[MedusaResBlocks, list[dict]]:
-    """Adam on the ResBlocks with cosine decay; returns the blocks and a per-epoch log."""
+                 say: Progress = print, validate: Callable[[nn.Module], float] | None = None
+                 ) -> tuple[MedusaResBlocks, list[dict]]:
+    """Adam on the ResBlocks with cosine decay; returns the blocks and a per-epoch log.
+
+    ``validate`` (optional) scores the model after each epoch on training-side validation data
+    (higher is better); the best epoch's weights are returned (:func:`keep_best`).
+    """
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     feats, labels = flat_examples(data, cfg.num_heads)
@@ -140,7 +145,7 @@ def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
     steps_per_epoch = math.ceil(len(feats) / cfg.batch_tokens)
     total = steps_per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * step / total)))
-    log = []
+    log, best = [], None
     for epoch in range(cfg.epochs):
         start, sums, n = time.monotonic(), torch.zeros(cfg.num_heads), 0
         order = torch.randperm(len(feats), generator=gen)
@@ -156,6 +161,23 @@ def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
             n += 1
         entry = {"epoch": epoch + 1, "loss_per_head": [round(float(v), 4) for v in sums / n],
                  "seconds": round(time.monotonic() - start, 1)}
+        best = keep_best(blocks, validate, entry, best)
         log.append(entry)
-        say(f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)")
+        say(f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)"
+            + (f", valid {entry['valid_score']}" if "valid_score" in entry else ""))
+    if best is not None:
+        blocks.load_state_dict(best[1])
     return blocks.eval(), log
+
+
+def keep_best(model: nn.Module, validate, entry: dict, best: tuple | None) -> tuple | None:
+    """Scores ``model`` into ``entry['valid_score']``; returns (score, state) of the best epoch so far."""
+    if validate is None:
+        return best
+    model.eval()
+    score = float(validate(model))
+    model.train()
+    entry["valid_score"] = round(score, 4)
+    if best is None or score > best[0]:
+        return score, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return best

@@ -12,6 +12,14 @@ Train / held-out eval split: each prompt is ranked by sha256 of its text and the
 ``*_train.jsonl``. ``chat_instructions_extra.txt`` is training-only (``chat_train_extra.jsonl``),
 so adding training prompts never changes the held-out set. Regenerate with
 ``python -m pipeline.heads.prompts``.
+
+More training-only sets (issue 6, :func:`build_extra_prompt_sets`, never touching the split above):
+
+* ``code_train_extra.jsonl``: up to ``CODE_EXTRA_PER_MODULE`` more def+docstring prompts per module,
+  from more stdlib modules (``CODE_EXTRA_MODULES``) and from class methods too (dedented), minus
+  every prompt already in ``code_train``/``code_eval``.
+* ``chat_train_more.jsonl``: templated instructions (task x topic, word problems, rewrites) from
+  :mod:`pipeline.heads.chat_templates`, minus any held-out prompt.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from pathlib import Path
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
 CHAT_SOURCE = PROMPTS_DIR / "chat_instructions.txt"
 CHAT_EXTRA_SOURCE = PROMPTS_DIR / "chat_instructions_extra.txt"
-PARTS = ("train", "eval", "train_extra")
+PARTS = ("train", "eval", "train_extra", "train_more")
 EVAL_SIZE = 25
 CODE_TOTAL = 300  # train + eval
 CODE_PER_MODULE = 10
@@ -48,6 +56,25 @@ CODE_MODULES = (
     "unittest.util", "urllib.parse", "urllib.request", "uu", "uuid", "warnings", "weakref",
     "wsgiref.util", "xml.dom.minidom", "xml.sax.saxutils", "zipfile",
 )
+
+
+CODE_EXTRA_MODULES = CODE_MODULES + (
+    "asyncio.base_events", "asyncio.tasks", "asyncio.streams", "codecs", "collections", "concurrent.futures._base",
+    "email.message", "email.header", "email.charset", "email.feedparser", "email.generator", "email._header_value_parser",
+    "http.client", "http.server", "http.cookies", "json.decoder", "json.encoder", "lzma", "bz2", "mailbox",
+    "multiprocessing.connection", "multiprocessing.pool", "netrc", "nntplib", "numbers", "poplib", "pstats",
+    "queue", "sched", "selectors", "shelve", "smtpd", "sre_compile", "sre_parse", "symtable", "tabnanny",
+    "telnetlib", "tomllib._parser", "trace", "turtle", "unittest.case", "unittest.mock", "unittest.loader",
+    "urllib.robotparser", "wave", "webbrowser", "xml.etree.ElementTree", "xml.dom.pulldom", "xmlrpc.client",
+    "zipimport", "aifc", "cgi", "chunk", "cmd", "code", "codeop", "compileall", "dbm", "decimal", "_pydecimal",
+    "enum", "graphlib", "hashlib", "imghdr", "io", "_pyio", "mimetypes", "modulefinder", "pickletools",
+    "py_compile", "pyclbr", "rlcompleter", "sndhdr", "stat", "string", "stringprep", "sunau", "tkinter.font",
+    "tokenize", "zipfile", "concurrent.futures.process", "concurrent.futures.thread", "asyncio.locks",
+    "asyncio.queues", "logging.handlers", "logging.config", "importlib.metadata", "importlib.resources._common",
+    "distutils.util", "lib2to3.pytree", "ctypes.util", "sqlite3.dump", "venv", "zoneinfo._zoneinfo",
+)
+CODE_EXTRA_PER_MODULE = 24
+CODE_EXTRA_TOTAL = 640
 
 
 def _rank(text: str) -> str:
@@ -115,6 +142,62 @@ def code_records(modules: tuple[str, ...] = CODE_MODULES, total: int = CODE_TOTA
     return [{"id": f"code-{i:04d}", "python": python, **r} for i, r in enumerate(chosen)]
 
 
+def _method_candidates(module) -> list[dict]:
+    """def+docstring prompts of top-level functions and of methods of top-level classes."""
+    found = []
+    for name, obj in sorted(vars(module).items()):
+        if name.startswith("_") and not name.startswith("__"):
+            if not inspect.isclass(obj):
+                continue
+        if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_"):
+            prompt = _function_prompt(obj)
+            if prompt is not None:
+                found.append({"source": f"{module.__name__}.{name}", "prompt": prompt})
+        elif inspect.isclass(obj) and obj.__module__ == module.__name__:
+            for attr, member in sorted(vars(obj).items()):
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if not inspect.isfunction(member) or (attr.startswith("_") and attr != "__init__"):
+                    continue
+                prompt = _function_prompt(member)
+                if prompt is not None:
+                    found.append({"source": f"{module.__name__}.{name}.{attr}", "prompt": prompt})
+    return found
+
+
+def code_extra_records(exclude: set[str], modules: tuple[str, ...] = CODE_EXTRA_MODULES,
+                       per_module: int = CODE_EXTRA_PER_MODULE, total: int = CODE_EXTRA_TOTAL) -> list[dict]:
+    """Training-only code prompts (functions and methods), none of whose text is in ``exclude``."""
+    import warnings
+
+    candidates: list[dict] = []
+    for module_name in sorted(set(modules)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(module_name)
+        except Exception:  # noqa: BLE001 - optional / platform-specific modules
+            continue
+        found = [r for r in _method_candidates(module) if r["prompt"] not in exclude]
+        found.sort(key=lambda r: _rank(r["prompt"]))
+        candidates.extend(found[:per_module])
+    seen, unique = set(exclude), []
+    for r in sorted(candidates, key=lambda r: _rank(r["source"])):
+        if r["prompt"] not in seen:
+            seen.add(r["prompt"])
+            unique.append(r)
+    python = platform.python_version()
+    chosen = sorted(unique[:total], key=lambda r: r["source"])
+    return [{"id": f"codex-{i:04d}", "python": python, **r} for i, r in enumerate(chosen)]
+
+
+def chat_more_records(exclude: set[str]) -> list[dict]:
+    from pipeline.heads.chat_templates import templated_chat_prompts
+
+    kept = [(c, p) for c, p in templated_chat_prompts() if p not in exclude]
+    return [{"id": f"chatm-{i:04d}", "category": c, "prompt": p} for i, (c, p) in enumerate(kept)]
+
+
 def write_jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records))
 
@@ -125,7 +208,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def load_prompts(kind: str, part: str, folder: Path = PROMPTS_DIR) -> list[dict]:
     """``load_prompts("chat", "eval")`` -> records with at least ``id`` and ``prompt``."""
-    if kind not in ("chat", "code") or part not in PARTS or (kind, part) == ("code", "train_extra"):
+    if kind not in ("chat", "code") or part not in PARTS or (kind, part) == ("code", "train_more"):
         raise ValueError(f"unknown prompt set {kind}_{part}")
     return read_jsonl(folder / f"{kind}_{part}.jsonl")
 
@@ -143,5 +226,19 @@ def build_prompt_sets(folder: Path = PROMPTS_DIR) -> dict[str, int]:
     return counts
 
 
+def build_extra_prompt_sets(folder: Path = PROMPTS_DIR) -> dict[str, int]:
+    """Writes code_train_extra.jsonl and chat_train_more.jsonl (training only, disjoint from the rest)."""
+    def texts(*names: str) -> set[str]:
+        return {r["prompt"] for n in names if (folder / n).exists() for r in read_jsonl(folder / n)}
+
+    code = code_extra_records(texts("code_train.jsonl", "code_eval.jsonl"))
+    chat = chat_more_records(texts("chat_train.jsonl", "chat_eval.jsonl", "chat_train_extra.jsonl"))
+    write_jsonl(folder / "code_train_extra.jsonl", code)
+    write_jsonl(folder / "chat_train_more.jsonl", chat)
+    return {"code_train_extra": len(code), "chat_train_more": len(chat)}
+
+
 if __name__ == "__main__":
-    print(build_prompt_sets())
+    import sys
+
+    print(build_extra_prompt_sets() if "--extra" in sys.argv[1:] else build_prompt_sets())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.heads.data import DataSettings, prepare_data
+from pipeline.heads.data import DataSettings, SeqData, prepare_data
 from pipeline.heads.eagle import DrafterConfig, EagleTrainConfig, train_eagle
 from pipeline.heads.evaluate import evaluate_eagle, evaluate_medusa
 from pipeline.heads.expand import base_lm_head
@@ -28,6 +28,30 @@ Progress = Callable[[str], None]
 TARGETS = {"medusa": 2.3, "eagle": 3.0}
 MEDUSA_TREES = {"cpu_small_10_depth_3": CPU_SMALL_10_DEPTH_3, "chain_3": CHAIN_3}
 EAGLE_TREES = {"chain_4": CHAIN_4, "cpu_small_10_depth_3": CPU_SMALL_10_DEPTH_3}
+# Every VALID_EVERY-th training sequence is a validation sequence (training side; the held-out
+# eval prompts are never used for any choice): its tokens/step picks the best epoch.
+VALID_EVERY = 40
+
+
+def split_validation(data: SeqData, every: int = VALID_EVERY) -> tuple[SeqData, SeqData]:
+    """(fit, valid): sequence s is validation when s % every == every - 1."""
+    def pick(keep) -> SeqData:
+        parts = [data.seq(s) for s in range(len(data)) if keep(s)]
+        kinds = [int(data.kinds[s]) for s in range(len(data)) if keep(s)]
+        return SeqData.from_sequences([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], kinds)
+
+    return pick(lambda s: s % every != every - 1), pick(lambda s: s % every == every - 1)
+
+
+def best_epoch(log: list[dict]) -> int | None:
+    scored = [e for e in log if "valid_score" in e]
+    return max(scored, key=lambda e: e["valid_score"])["epoch"] if scored else None
+
+
+def validation_score(metrics: dict, tree: str = "cpu_small_10_depth_3") -> float:
+    """Mean over kinds of the offline tokens/step on ``tree``."""
+    values = [m["tokens_per_step"][tree] for m in metrics.values()]
+    return sum(values) / max(1, len(values))
 
 
 def base_embedding(base_dir: Path) -> torch.Tensor:
@@ -72,6 +96,17 @@ def _readme(method: str, info: dict) -> str:
             "`embed_tokens.weight`: the drafter uses the base model's embedding (and its lm_head).", "",
             "Input at position t: concat[embed(token_{t+1}), f_t] (embedding first), f_t = base last hidden",
             "state after the final norm; output f'_{t+1}; logits = base lm_head(f'_{t+1}).", ""]
+    data = info.get("data", {})
+    shards = data.get("shards", {})
+    if shards:
+        train_shards = {k: v for k, v in shards.items() if k != "eval"}
+        answers = sum(v.get("answer_tokens", 0) for v in train_shards.values())
+        seqs = sum(v.get("sequences", 0) for v in train_shards.values())
+        lines += [f"Training data: {seqs} self-distilled sequences, {answers} answer tokens (shards "
+                  f"{', '.join(sorted(train_shards))}; prompts in pipeline/data/prompts/*_train*.jsonl, disjoint",
+                  f"from the held-out *_eval.jsonl). Every {VALID_EVERY}th training sequence is held back for",
+                  "validation; the epoch with the best validation tokens/step is the one shipped"
+                  + (f" (epoch {info['best_epoch']})." if info.get("best_epoch") else "."), ""]
     lines += ["Held-out estimates (offline greedy simulation, not the reference backend):", ""]
     for kind, m in metrics.items():
         steps = ", ".join(f"{k} {v}" for k, v in m["tokens_per_step"].items())
@@ -102,19 +137,24 @@ def train_heads(method: str, base_dir: Path, out_dir: Path, cache_dir: Path, *, 
     settings = DataSettings()
     train, held, data_meta = prepare_data(base_dir, cache_dir, settings, say)
     data_seconds = time.monotonic() - start
+    train, valid = split_validation(train)
+    say(f"training data: {len(train)} sequences, validation {len(valid)} (every {VALID_EVERY}th)")
     lm_head = base_lm_head(base_dir).float()
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
     info = {"name": Path(out_dir).name, "method": method, "base_model": _base_identity(base_dir), "seed": seed,
             "command": command or f"specdeploy train-heads --method {method} --out {out_dir}",
-            "data": {**data_meta, "settings": asdict(settings)},
+            "data": {**data_meta, "settings": asdict(settings), "validation_sequences": len(valid),
+                     "fit_sequences": len(train)},
             "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()}
     t0 = time.monotonic()
     if method == "medusa":
         cfg = MedusaTrainConfig(seed=seed, **({"epochs": epochs} if epochs else {}))
-        blocks, log = train_medusa(train, lm_head, cfg, say)
+        blocks, log = train_medusa(
+            train, lm_head, cfg, say,
+            validate=lambda m: validation_score(evaluate_medusa(m, lm_head, valid, MEDUSA_TREES)))
         train_seconds = time.monotonic() - t0
         metrics = evaluate_medusa(blocks, lm_head, held, MEDUSA_TREES)
-        info.update(train_config=asdict(cfg), train_log=log, eval=metrics,
+        info.update(train_config=asdict(cfg), train_log=log, eval=metrics, best_epoch=best_epoch(log),
                     seconds={"data": round(data_seconds, 1), "train": round(train_seconds, 1)})
         manifest = export_medusa(blocks, Path(out_dir), hidden_size=lm_head.shape[1], vocab_size=lm_head.shape[0],
                                  base_model=info["base_model"].get("name") or "", info=info,
@@ -122,21 +162,25 @@ def train_heads(method: str, base_dir: Path, out_dir: Path, cache_dir: Path, *, 
     else:
         cfg = EagleTrainConfig(seed=seed, **({"epochs": epochs} if epochs else {}))
         embed = base_embedding(base_dir).float()
-        drafter, log = train_eagle(train, embed, lm_head, DrafterConfig.from_base(base_config), cfg, say)
+        drafter, log = train_eagle(
+            train, embed, lm_head, DrafterConfig.from_base(base_config), cfg, say,
+            validate=lambda m: validation_score(evaluate_eagle(m, embed, lm_head, valid, EAGLE_TREES)))
         train_seconds = time.monotonic() - t0
         # Evaluate what ships (float16 weights), so the numbers describe the artifact.
         export_eagle(drafter, Path(out_dir), info={}, readme="")
         metrics = evaluate_eagle(load_eagle_folder(Path(out_dir)), embed, lm_head, held, EAGLE_TREES)
-        info.update(train_config=asdict(cfg), train_log=log, eval=metrics,
+        info.update(train_config=asdict(cfg), train_log=log, eval=metrics, best_epoch=best_epoch(log),
                     seconds={"data": round(data_seconds, 1), "train": round(train_seconds, 1)})
         manifest = export_eagle(drafter, Path(out_dir), info=info, readme=_readme(method, info))
     say(f"{method}: wrote {out_dir} in {time.monotonic() - start:.0f} s")
     for kind, m in metrics.items():
         say(f"  {kind}: top-1 per depth {m['top1_per_depth']}, tokens/step {m['tokens_per_step']}")
     if report is not None:
-        data_summary = {k: v for k, v in data_meta.items() if k != "settings"}
+        data_summary = {**{k: v for k, v in data_meta.items() if k != "settings"},
+                        "fit_sequences": len(train), "validation_sequences": len(valid)}
         update_report(Path(report), method, {"heads": str(out_dir), "eval": metrics, "seconds": info["seconds"],
                                              "data": data_summary, "train_config": info["train_config"],
                                              "train_log": info["train_log"], "files": manifest["files"],
-                                             "command": info["command"], "threads": info["threads"]})
+                                             "command": info["command"], "threads": info["threads"],
+                                             "best_epoch": info["best_epoch"]})
     return manifest
