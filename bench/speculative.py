@@ -1,6 +1,7 @@
 """Speculative decoding on SmolLM2 through the reference backend: plain vs Medusa, EAGLE, EAGLE-2, Lookahead.
 
-    .venv/bin/python bench/speculative.py [--dtype bfloat16] [--tree PRESET] [--lookahead W,N,G]
+    .venv/bin/python bench/speculative.py [--dtype bfloat16] [--medusa-tree PRESET] [--eagle-tree PRESET]
+        [--lookahead W,N,G]
         [--sets code chat] [--batch 1 4] [--prompts 10] [--new-tokens 64] [--methods ...]
 
 In one process: builds the three SmolLM2 engines through the pipeline (``specs/smollm2-{medusa,eagle,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -77,13 +79,16 @@ class Overrides:
     Lookahead (W, N, G) are build-time settings)."""
 
     dtype: str = "float32"
-    tree: str | None = None  # medusa_choices / eagle_choices preset
+    trees: tuple[tuple[str, str], ...] = ()  # (method, medusa_choices / eagle_choices preset)
     lookahead: tuple[int, int, int] | None = None
+
+    def tree(self, kind: str) -> str | None:
+        return dict(self.trees).get(kind)
 
     def suffix(self, kind: str) -> str:
         parts = ["bf16" if self.dtype == "bfloat16" else ""]
-        if self.tree and kind in ("medusa", "eagle"):
-            parts.append(self.tree.replace("_", "-"))
+        if self.tree(kind):
+            parts.append(self.tree(kind).replace("_", "-"))
         if self.lookahead and kind == "lookahead":
             parts.append("w{}n{}g{}".format(*self.lookahead))
         return "".join(f"-{p}" for p in parts if p)
@@ -98,8 +103,8 @@ def spec_file(kind: str, overrides: Overrides) -> Path:
     text = SPECS[kind].read_text()
     edits = [(f"name: smollm2-{kind}\n", f"name: smollm2-{kind}{suffix}\n"),
              ("dtype: float32", f"dtype: {overrides.dtype}")]
-    if overrides.tree and kind in ("medusa", "eagle"):
-        edits.append(("choices: cpu_small_10_depth_3", f"choices: {overrides.tree}"))
+    if overrides.tree(kind):
+        text = re.sub(r"(\n    choices: )\S+", lambda m: m.group(1) + overrides.tree(kind), text)
     if overrides.lookahead and kind == "lookahead":
         w, n, g = overrides.lookahead
         edits += [("window: 4", f"window: {w}"), ("ngram: 3", f"ngram: {n}"), ("verification_set: 4", f"verification_set: {g}")]
@@ -294,8 +299,10 @@ def main() -> int:
                         help="per-request lookahead (w,n,g) to run on the same server (W,N,G)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/gemm.py)")
-    parser.add_argument("--tree", choices=sorted(trees.TREE_PRESETS),
-                        help="build the Medusa and EAGLE engines for this tree preset instead of the specs' own")
+    parser.add_argument("--medusa-tree", choices=sorted(trees.TREE_PRESETS),
+                        help="build the Medusa engine for this tree preset instead of the spec's own")
+    parser.add_argument("--eagle-tree", choices=sorted(trees.TREE_PRESETS),
+                        help="build the EAGLE engine for this tree preset instead of the spec's own")
     parser.add_argument("--lookahead", metavar="W,N,G", help="build the Lookahead engine for this (W, N, G)")
     parser.add_argument("--methods", nargs="+", choices=["medusa", "eagle", "eagle2", "lookahead"],
                         help="only these (and plain decoding); default: all")
@@ -306,8 +313,10 @@ def main() -> int:
         write_reports(json.loads((OUT / "speculative.json").read_text()))
         return 0
     torch.set_num_threads(args.threads)
-    overrides = Overrides(args.dtype, args.tree, tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead
-                          else None)
+    chosen_trees = tuple((kind, tree) for kind, tree in (("medusa", args.medusa_tree), ("eagle", args.eagle_tree))
+                         if tree)
+    lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
+    overrides = Overrides(args.dtype, chosen_trees, lookahead)
     built = {kind: build(kind, overrides) for kind in ("medusa", "eagle", "lookahead")}
     engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
     spec = {kind: b.variant.speculative for kind, b in built.items()}

@@ -38,12 +38,31 @@ CPU_SMALL_10_DEPTH_3: Tree = (
     (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
 )
 
+# Fitted to the shipped SmolLM2 heads (heads/) with most_frequent_paths on self-distilled training
+# text; bench/trees.py reproduces them and scores them on held-out prompts. 10 nodes suit float32
+# CPU engines, 15 bfloat16 ones (a pass over 16 tokens costs ~1.3 single-token steps with AMX).
+SMOLLM2_MEDUSA_10: Tree = (
+    (0,), (1,), (2,), (3,), (4,), (0, 0), (0, 1), (0, 2), (1, 0), (0, 0, 0),
+)
+SMOLLM2_MEDUSA_15: Tree = (
+    (0,), (1,), (2,), (3,), (4,), (5,), (6,), (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (0, 0, 0), (0, 0, 1),
+    (0, 1, 0),
+)
+# EAGLE trees stop at depth 3: on a CPU each level costs a drafter pass and an lm_head pass.
+SMOLLM2_EAGLE_15: Tree = (
+    (0,), (1,), (2,), (3,), (4,), (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1),
+    (0, 1, 0), (1, 0, 0),
+)
+
 TREE_PRESETS: dict[str, Tree] = {
     "mc_sim_7b_63": MC_SIM_7B_63,
     "chain_3": CHAIN_3,
     "chain_4": CHAIN_4,
     "cpu_small_15": CPU_SMALL_15,
     "cpu_small_10_depth_3": CPU_SMALL_10_DEPTH_3,
+    "smollm2_medusa_10": SMOLLM2_MEDUSA_10,
+    "smollm2_medusa_15": SMOLLM2_MEDUSA_15,
+    "smollm2_eagle_15": SMOLLM2_EAGLE_15,
 }
 
 

@@ -35,3 +35,15 @@ def test_most_frequent_paths_depth_limit_and_order():
     tree = trees.most_frequent_paths(RANK_PATHS, 4, max_depth=1)
     assert tree == ((0,), (1,), (2,), (3,))
     assert trees.most_frequent_paths(RANK_PATHS, 3) == ((0,), (0, 0), (0, 0, 0))  # counts 49, 37, 30 beat (1,): 25
+
+
+def test_smollm2_presets_are_the_recorded_fitted_trees():
+    """bench/trees.py wrote them; a refit that changes them must update the presets (and the specs)."""
+    import json
+    from pathlib import Path
+
+    fitted = json.loads((Path(__file__).resolve().parents[1] / "bench" / "trees.json").read_text())["methods"]
+    for preset, (method, name) in {"smollm2_medusa_10": ("medusa", "fitted_10"),
+                                   "smollm2_medusa_15": ("medusa", "fitted_15"),
+                                   "smollm2_eagle_15": ("eagle", "fitted_15")}.items():
+        assert trees.TREE_PRESETS[preset] == tuple(tuple(p) for p in fitted[method]["trees"][name]), preset

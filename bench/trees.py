@@ -1,0 +1,128 @@
+"""Draft trees fitted to the shipped SmolLM2 heads: which n-node tree accepts the most tokens.
+
+    .venv/bin/python bench/trees.py [--sizes 6 10 15 20 25] [--fit-sequences 120]
+
+For every decoding position of self-distilled text, the heads' ranks of the true next tokens
+along the true path (pipeline/heads/evaluate.py) form a rank path; trees.most_frequent_paths
+turns their counts into the best tree of each size. Trees are fitted on training sequences and
+scored on the held-out eval sequences (offline tokens per step, the walk of evaluate.simulate),
+next to the presets, per prompt kind. Writes bench/trees.json (kept in the repository, like
+bench/heads.json: the presets in pipeline/trees.py come from it). Needs the self-distillation
+cache that ``specdeploy train-heads`` fills (.cache/heads-data; generated if missing, ~1 h).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline import trees  # noqa: E402
+from pipeline.embedded import prepare_embedded_model  # noqa: E402
+from pipeline.heads.data import KINDS, SeqData, prepare_data  # noqa: E402
+from pipeline.heads.evaluate import MISS, eagle_ranks, medusa_ranks, simulate  # noqa: E402
+from pipeline.heads.expand import base_lm_head  # noqa: E402
+from pipeline.heads.export import load_eagle_folder  # noqa: E402
+from pipeline.heads.medusa import MedusaResBlocks  # noqa: E402
+from pipeline.heads.train import base_embedding  # noqa: E402
+
+REPORT = REPO / "bench" / "trees.json"
+EAGLE_DEPTH = 5  # ranks measured this deep; trees are limited by --eagle-depth
+CAP = 8  # ranks beyond the top 8 never make a useful tree node
+
+
+def rank_function(method: str, base_dir: Path):
+    lm_head = base_lm_head(base_dir).float()
+    if method == "medusa":
+        from safetensors.torch import load_file
+
+        folder = REPO / "heads" / "smollm2-medusa"
+        config = json.loads((folder / "config.json").read_text())
+        blocks = MedusaResBlocks(config["hidden_size"], config["medusa_num_heads"], config["medusa_num_layers"])
+        blocks.load_fasterdecoding_state(load_file(str(folder / "medusa_resblocks.safetensors")))
+        return lambda tokens, hidden: medusa_ranks(blocks.eval(), lm_head, tokens, hidden, CAP)
+    drafter = load_eagle_folder(REPO / "heads" / "smollm2-eagle")
+    embed = base_embedding(base_dir).float()
+    return lambda tokens, hidden: eagle_ranks(drafter, embed, lm_head, tokens, hidden, EAGLE_DEPTH, CAP)
+
+
+def rank_tables(rank_fn, data: SeqData) -> list[tuple[torch.Tensor, int]]:
+    """(ranks [T, D], answer start) per sequence."""
+    out = []
+    for s in range(len(data)):
+        tokens, hidden, start = data.seq(s)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # fast on AMX; ranks, not logits, are kept
+            out.append((rank_fn(tokens, hidden).cpu(), start))
+    return out
+
+
+def rank_paths(tables: list[tuple[torch.Tensor, int]]) -> Counter:
+    """Counts of rank paths at every answer position (a path ends at the first MISS or the text's end)."""
+    paths: Counter = Counter()
+    for ranks, start in tables:
+        T, depth = ranks.shape
+        for t in range(start - 1, T - 1):
+            path = []
+            for d in range(min(depth, T - 2 - t)):
+                if int(ranks[t, d]) == MISS:
+                    break
+                path.append(int(ranks[t, d]))
+            paths[tuple(path)] += 1
+    return paths
+
+
+def tokens_per_step(tables: list[tuple[torch.Tensor, int]], tree: trees.Tree) -> float:
+    produced = steps = 0
+    for ranks, start in tables:
+        a, b = simulate(ranks, start, tree)
+        produced, steps = produced + a, steps + b
+    return round(produced / max(steps, 1), 3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[6, 10, 15, 20, 25])
+    parser.add_argument("--fit-sequences", type=int, default=120, help="training sequences to fit trees on")
+    parser.add_argument("--eagle-depth", type=int, default=3,
+                        help="deepest EAGLE tree: each level costs a drafter pass and an lm_head pass on a CPU")
+    parser.add_argument("--methods", nargs="+", default=["medusa", "eagle"], choices=["medusa", "eagle"])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    base_dir = prepare_embedded_model(REPO / ".cache")
+    train, held_out, _ = prepare_data(base_dir, REPO / ".cache", say=lambda text: print(f"  {text}", flush=True))
+    step = max(len(train) // args.fit_sequences, 1)
+    fit = SeqData.from_sequences(*zip(*[train.seq(s) for s in range(0, len(train), step)][: args.fit_sequences]),
+                                 [int(train.kinds[s]) for s in range(0, len(train), step)][: args.fit_sequences])
+    report: dict = {"settings": vars(args), "methods": {}}
+    for method, max_depth in (("medusa", None), ("eagle", args.eagle_depth)):
+        if method not in args.methods:
+            continue
+        rank_fn = rank_function(method, base_dir)
+        counts = rank_paths(rank_tables(rank_fn, fit))
+        fitted = {f"fitted_{n}": trees.most_frequent_paths(counts, n, max_depth) for n in args.sizes}
+        candidates = {**{name: tree for name, tree in trees.TREE_PRESETS.items()
+                         if max_depth or trees.tree_depth(tree) <= 3}, **fitted}
+        section = {"trees": {name: [list(p) for p in tree] for name, tree in fitted.items()}, "tokens_per_step": {}}
+        for kind in KINDS:
+            tables = rank_tables(rank_fn, held_out.select(kind))
+            section["tokens_per_step"][kind] = {name: tokens_per_step(tables, tree) for name, tree in candidates.items()}
+            print(f"{method} {kind}: " + ", ".join(f"{name} ({len(tree)}) {section['tokens_per_step'][kind][name]}"
+                                                  for name, tree in candidates.items()), flush=True)
+        report["methods"][method] = section
+    if REPORT.exists():  # keep the other method's section when only one was run
+        report["methods"] = {**json.loads(REPORT.read_text()).get("methods", {}), **report["methods"]}
+    REPORT.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {REPORT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
