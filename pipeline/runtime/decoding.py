@@ -75,10 +75,10 @@ class DecodingMethod(Protocol):
     """Required members. Optional ones, which the scheduler looks up with a plain-decoding default:
 
     * ``draft_positions: int``: deepest draft position (per-position metrics), default 0;
-    * ``prompt_logits: Logits``: ``Logits.ALL`` when every prompt row's hidden state is needed
-      (EAGLE's drafter reads the whole prompt), default ``Logits.LAST``;
+    * ``prompt_hidden: bool``: True when every prompt row's hidden state is needed (EAGLE's
+      drafter reads the whole prompt; logits are still computed for the last row only), default False;
     * ``prompt_chunk(seq, rows)``: the rows of a prompt chunk that is not the last one (only with
-      ``prompt_logits`` ALL; the last chunk's rows go to ``accept(..., after_prefill=True)``);
+      ``prompt_hidden``; the last chunk's rows go to ``accept(..., after_prefill=True)``);
     * ``problem(request) -> str | None``: a per-request error, answered before the request runs
       (Lookahead: per-request (w, n, g) beyond the server's);
     * ``propose(seqs)``: draft for every request about to run a generation step, in one batch
@@ -95,7 +95,8 @@ class DecodingMethod(Protocol):
 
     def accept(self, seq: Sequence, rows: StepRows, after_prefill: bool) -> Accepted:
         """Judge the step's output rows; fix up the KV cache (drop rejected drafts). ``after_prefill``:
-        the rows are the last prompt chunk's (one row, or all rows with ``prompt_logits`` ALL)
+        the rows are the last prompt chunk's (logits of its last row; hidden states of that row, or of
+        every row with ``prompt_hidden``)
         rather than generation_input's."""
         ...
 

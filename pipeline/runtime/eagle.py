@@ -39,7 +39,7 @@ from pipeline.checkpoint.reference_forward import Geometry, LayerShard, fake_qua
     rope_tables, rotate
 from pipeline.errors import InputError
 from pipeline.runtime.decoding import Accepted, Sequence
-from pipeline.runtime.engine import Engine, Logits, StepInput, StepRows, _all_reduce
+from pipeline.runtime.engine import Engine, StepInput, StepRows, _all_reduce
 from pipeline.runtime.gemm import Gemm, prepare_linear
 from pipeline.runtime.kv_cache import KVCache
 from pipeline.runtime.tree_verify import DraftTree, Proposal, TreeShape, verify
@@ -170,7 +170,7 @@ class _State:
 
 class EagleDecoding:
     name = "eagle"
-    prompt_logits = Logits.ALL  # the drafter reads the features of the whole prompt
+    prompt_hidden = True  # the drafter reads the features of the whole prompt
 
     def __init__(self, engine: Engine, tree: trees.Tree | None = None, dynamic_top_k: int | None = None):
         self.drafter = Drafter(engine)

@@ -45,7 +45,9 @@ class StepInput:
 
     ``positions`` default to ``cache.length + arange(n)``; tree verification passes depth-based
     positions. ``mask`` [n, n] says which new tokens each new token may attend to (default
-    causal); every cached token is always visible.
+    causal); every cached token is always visible. ``all_hidden``: return the hidden state of
+    every new token, whatever rows get logits (EAGLE's drafter reads the whole prompt, and logits
+    for all of it would cost an lm_head pass per prompt token).
     """
 
     cache: KVCache
@@ -53,6 +55,7 @@ class StepInput:
     logits: Logits = Logits.LAST
     positions: list[int] | None = None
     mask: torch.Tensor | None = None
+    all_hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,15 +179,19 @@ class Engine:
 
     def _logits(self, h: torch.Tensor, items: Sequence[StepInput], spans: list[tuple[int, int]]
                 ) -> list[StepRows]:
-        rows: list[int] = []
-        counts: list[int] = []
+        hidden_rows: list[int] = []
+        logit_rows: list[int] = []  # indices into hidden_rows
+        hidden_counts, logit_counts = [], []
         for item, (a, b) in zip(items, spans):
             wanted = {Logits.NONE: [], Logits.LAST: [b - 1], Logits.ALL: list(range(a, b))}[item.logits]
-            rows += wanted
-            counts.append(len(wanted))
-        hidden = rms_norm(h[rows], self.ln_f, self.geo.eps)
-        logits = self.lm_head(hidden) if rows else torch.empty(0, self.config.model.vocab_size)
-        return [StepRows(lg, hd) for lg, hd in zip(logits.split(counts), hidden.split(counts))]
+            kept = list(range(a, b)) if item.all_hidden else wanted
+            logit_rows += [len(hidden_rows) + kept.index(row) for row in wanted]
+            hidden_rows += kept
+            hidden_counts.append(len(kept))
+            logit_counts.append(len(wanted))
+        hidden = rms_norm(h[hidden_rows], self.ln_f, self.geo.eps)
+        logits = self.lm_head(hidden[logit_rows]) if logit_rows else torch.empty(0, self.config.model.vocab_size)
+        return [StepRows(lg, hd) for lg, hd in zip(logits.split(logit_counts), hidden.split(hidden_counts))]
 
 
 def _mask(item: StepInput, n: int, total: int) -> torch.Tensor | None:

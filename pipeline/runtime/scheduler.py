@@ -65,7 +65,7 @@ class Scheduler:
         self.cancel_check_period_s = cancel_check_period_s
         self.method = method or PlainDecoding()
         # Optional DecodingMethod members (decoding.py), looked up once with plain-decoding defaults.
-        self._prompt_logits: Logits = getattr(self.method, "prompt_logits", Logits.LAST)
+        self._prompt_hidden: bool = getattr(self.method, "prompt_hidden", False)
         self._prompt_chunk = getattr(self.method, "prompt_chunk", None)
         self._propose = getattr(self.method, "propose", None)
         self._method_problem = getattr(self.method, "problem", None)
@@ -125,7 +125,7 @@ class Scheduler:
             if prefill_chunk:
                 seq.prefilled += len(item.token_ids)
                 if seq.in_prefill:  # more prompt chunks to go: no token yet
-                    if self._prompt_chunk is not None and self._prompt_logits is Logits.ALL:
+                    if self._prompt_chunk is not None and self._prompt_hidden:
                         self._prompt_chunk(seq, rows)
                     continue
             accepted = self.method.accept(seq, rows, after_prefill=prefill_chunk)
@@ -229,8 +229,8 @@ class Scheduler:
             if seq.in_prefill and budget > 0:
                 chunk = list(seq.request.input_ids[seq.prefilled : seq.prefilled + budget])
                 last = seq.prefilled + len(chunk) == len(seq.request.input_ids)
-                rows = Logits.ALL if self._prompt_logits is Logits.ALL else Logits.LAST if last else Logits.NONE
-                batch.append((entry, StepInput(seq.cache, chunk, rows), True))
+                rows = Logits.LAST if last else Logits.NONE
+                batch.append((entry, StepInput(seq.cache, chunk, rows, all_hidden=self._prompt_hidden), True))
                 budget -= len(chunk)
         return batch
 

@@ -49,6 +49,15 @@ def test_prefill_logits_match_transformers(engine, hf_model):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_all_hidden_returns_every_hidden_state_and_only_the_asked_logits(engine):
+    prompt = PROMPTS[2]
+    full = engine.forward([StepInput(engine.new_cache(32), prompt, Logits.ALL)])[0]
+    for rows, want in ((Logits.LAST, full.logits[-1:]), (Logits.NONE, full.logits[:0])):
+        (got,) = engine.forward([StepInput(engine.new_cache(32), prompt, rows, all_hidden=True)])
+        torch.testing.assert_close(got.hidden, full.hidden)
+        torch.testing.assert_close(got.logits, want)
+
+
 def test_batched_step_equals_each_alone(engine):
     """Different past lengths in one forward: prompts of 6, 1, 13, 3 tokens, then 5 decode steps."""
     alone = [engine_greedy(engine, p, 6) for p in PROMPTS]

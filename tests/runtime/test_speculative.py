@@ -147,7 +147,7 @@ def _manual_steps(engine: Engine, method: DecodingMethod, prompt: list[int], ste
     """Drive one request by hand, as the scheduler does (prompt, then ``steps`` generation steps)."""
     request = GenerationRequest("m", tuple(prompt), 64)
     seq = Sequence.create(0, request, engine.new_cache(len(prompt) + 64 + method.max_draft_len), SpecRequestMetrics())
-    rows = engine.forward([StepInput(seq.cache, prompt, getattr(method, "prompt_logits", Logits.LAST))])[0]
+    rows = engine.forward([StepInput(seq.cache, prompt, all_hidden=getattr(method, "prompt_hidden", False))])[0]
     seq.prefilled = len(prompt)
     seq.generated += method.accept(seq, rows, after_prefill=True).tokens
     for _ in range(steps):
