@@ -244,9 +244,29 @@ def load_prompts(kind: str, count: int, model_dir: Path) -> tuple[list[list[int]
     return [encode_prompt(tokenizer, kind, text) for text in texts], source
 
 
-def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], batch: int, new_tokens: int,
-        end_id: int, lookahead: tuple[int, int, int] | None = None) -> dict:
-    limits = dataclasses.replace(engine.config.limits, max_batch_size=batch)
+@dataclasses.dataclass
+class Tally:
+    """One method's totals over the prompt groups of a (set, batch) cell."""
+
+    tokens: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    stats: SpecDecodingStats = dataclasses.field(default_factory=SpecDecodingStats)
+    outputs: list[list[int]] = dataclasses.field(default_factory=list)
+
+    def row(self, method: DecodingMethod) -> dict:
+        s = self.stats
+        return {"tokens": self.tokens, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+                "tokens_per_s": self.tokens / self.wall_s, "tokens_per_cpu_s": self.tokens / self.cpu_s,
+                "steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                "mean_acceptance_length": s.mean_acceptance_length, "acceptance_rate": s.acceptance_rate,
+                "acceptance_per_position": s.acceptance_per_position(getattr(method, "draft_positions", 0))}
+
+
+def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_tokens: int, end_id: int,
+        tally: Tally, lookahead: tuple[int, int, int] | None = None) -> None:
+    """Decode ``prompts`` all in flight at once; add the results to ``tally``."""
+    limits = dataclasses.replace(engine.config.limits, max_batch_size=len(prompts))
     sched, outputs = Scheduler(engine, method, limits=limits), {}
     for i, prompt in enumerate(prompts):
         request = SpeculativeRequest(str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True,
@@ -254,18 +274,13 @@ def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], batch:
         sched.submit(request, lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None)
     wall, cpu = time.perf_counter(), time.thread_time()
     sched.run_until_idle()
-    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    tally.wall_s += time.perf_counter() - wall
+    tally.cpu_s += time.thread_time() - cpu
     results: list[StepOutput] = [outputs[str(i)] for i in range(len(prompts))]
-    stats = SpecDecodingStats()
     for out in results:
-        stats.merge(out.metrics.spec)
-    tokens = sum(len(out.tokens) for out in results)
-    return {"tokens": tokens, "wall_s": wall, "cpu_s": cpu, "tokens_per_s": tokens / wall,
-            "tokens_per_cpu_s": tokens / cpu, "steps": stats.steps, "draft_tokens": stats.draft_tokens,
-            "accepted_tokens": stats.accepted_tokens, "mean_acceptance_length": stats.mean_acceptance_length,
-            "acceptance_rate": stats.acceptance_rate,
-            "acceptance_per_position": stats.acceptance_per_position(getattr(method, "draft_positions", 0)),
-            "outputs": [out.tokens for out in results]}
+        tally.stats.merge(out.metrics.spec)
+        tally.tokens += len(out.tokens)
+        tally.outputs.append(out.tokens)
 
 
 def compare_with_plain(engine: Engine, prompts: list[list[int]], plain: list[list[int]], outputs: list[list[int]]
@@ -359,20 +374,24 @@ def main() -> int:
         methods = {name: m for name, m in methods.items() if name == "plain" or name.split("[")[0].split("(")[0]
                    in args.methods}
     for name, (engine, method) in methods.items():  # warm-up: first-call allocations, thread pools
-        run(engine, method, [[1, 2, 3, 4]], 1, 4, -1)
+        run(engine, method, [[1, 2, 3, 4]], 4, -1, Tally())
     for kind in args.sets:
         prompts, source = load_prompts(kind, args.prompts, model_dir)
         results.setdefault("prompt_sets", {})[kind] = source
         for batch in args.batch:
-            plain: dict | None = None
+            # Interleaved: each group of `batch` prompts runs with every method before the next group,
+            # so a change in the host's speed during the run hits every method alike.
+            tallies = {name: Tally() for name in methods}
+            for first in range(0, len(prompts), batch):
+                for name, (engine, method) in methods.items():
+                    run(engine, method, prompts[first:first + batch], args.new_tokens, end_id=2,
+                        tally=tallies[name], lookahead=per_request.get(name))
+            plain = tallies["plain"]
             for name, (engine, method) in methods.items():
-                row = run(engine, method, prompts, batch, args.new_tokens, end_id=2, lookahead=per_request.get(name))
-                outputs = row.pop("outputs")
-                plain = plain or {**row, "outputs": outputs}
-                row.update(set=kind, batch=batch, method=name,
-                           speedup_wall=row["tokens_per_s"] / plain["tokens_per_s"],
-                           speedup_cpu=row["tokens_per_cpu_s"] / plain["tokens_per_cpu_s"],
-                           **compare_with_plain(engine, prompts, plain["outputs"], outputs))
+                row = {**tallies[name].row(method), "set": kind, "batch": batch, "method": name}
+                row.update(speedup_wall=row["tokens_per_s"] / (plain.tokens / plain.wall_s),
+                           speedup_cpu=row["tokens_per_cpu_s"] / (plain.tokens / plain.cpu_s),
+                           **compare_with_plain(engine, prompts, plain.outputs, tallies[name].outputs))
                 results["runs"].append(row)
                 print(f"{kind:4s} batch {batch} {name:9s} {row['tokens_per_s']:6.1f} tok/s "
                       f"({row['tokens_per_cpu_s']:6.1f} /CPU-s) x{row['speedup_cpu']:.2f} "
