@@ -5,9 +5,11 @@ Modules (each small; read top-down):
 * ``kv_cache``: per-request contiguous KV cache (grow by doubling, keep/truncate for drafts);
 * ``engine``: all tp/pp ranks in one process, one batched forward over several requests, layer
   math from ``pipeline.checkpoint.reference_forward``;
+* ``gemm``: weight matmuls in the engine's dtype (float32, or bf16 through oneDNN);
 * ``request`` / ``sampling``: what a client asks for, TensorRT-LLM sampling semantics;
-* ``decoding``: the per-request step plug-in (plain decoding now; Medusa / EAGLE / Lookahead
-  later, one module each, on top of ``tree_verify``);
+* ``decoding``: the per-request step plug-in and the method choice; ``medusa``, ``eagle``
+  (EAGLE-1 and EAGLE-2) and ``lookahead`` on top of ``tree_verify``;
+* ``exactness``: how far a bf16 engine's speculative output may be from plain decoding (near-ties);
 * ``scheduler``: in-flight batching, limits, stop rules, cancellation, per-request metrics;
 * ``triton_io`` / ``triton_backend`` / ``metrics``: the Triton Python-backend adapter;
 * ``bench_batching``: tokens/s at concurrency 1 vs 8 (``python -m pipeline.runtime.bench_batching``).
