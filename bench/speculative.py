@@ -107,7 +107,8 @@ def spec_file(kind: str, overrides: Overrides) -> Path:
         text = re.sub(r"(\n    choices: )\S+", lambda m: m.group(1) + overrides.tree(kind), text)
     if overrides.lookahead and kind == "lookahead":
         w, n, g = overrides.lookahead
-        edits += [("window: 4", f"window: {w}"), ("ngram: 3", f"ngram: {n}"), ("verification_set: 4", f"verification_set: {g}")]
+        edits += [("window: 4", f"window: {w}"), ("ngram: 3", f"ngram: {n}"),
+                  ("verification_set: 4", f"verification_set: {g}")]
     for old, new in edits:
         if old not in text:
             raise SystemExit(f"{SPECS[kind]}: expected {old!r} to make the {suffix} copy")
@@ -298,7 +299,8 @@ def same_as_plain(row: dict) -> str:
     if row["identical"] == row["prompts"]:
         return "yes"
     verdict = "near-ties only" if row["lossless"] else "NO"
-    return f"{row['identical']}/{row['prompts']} identical, {verdict} (max gap {row['max_gap_bf16_steps']:.1f} bf16 steps)"
+    gap = row["max_gap_bf16_steps"]
+    return f"{row['identical']}/{row['prompts']} identical, {verdict} (max gap {gap:.1f} bf16 steps)"
 
 
 def main() -> int:

@@ -113,7 +113,8 @@ def main() -> int:
         section = {"trees": {name: [list(p) for p in tree] for name, tree in fitted.items()}, "tokens_per_step": {}}
         for kind in KINDS:
             tables = rank_tables(rank_fn, held_out.select(kind))
-            section["tokens_per_step"][kind] = {name: tokens_per_step(tables, tree) for name, tree in candidates.items()}
+            section["tokens_per_step"][kind] = {name: tokens_per_step(tables, tree)
+                                                for name, tree in candidates.items()}
             print(f"{method} {kind}: " + ", ".join(f"{name} ({len(tree)}) {section['tokens_per_step'][kind][name]}"
                                                   for name, tree in candidates.items()), flush=True)
         report["methods"][method] = section

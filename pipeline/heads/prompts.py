@@ -60,7 +60,8 @@ CODE_MODULES = (
 
 CODE_EXTRA_MODULES = CODE_MODULES + (
     "asyncio.base_events", "asyncio.tasks", "asyncio.streams", "codecs", "collections", "concurrent.futures._base",
-    "email.message", "email.header", "email.charset", "email.feedparser", "email.generator", "email._header_value_parser",
+    "email.message", "email.header", "email.charset", "email.feedparser", "email.generator",
+    "email._header_value_parser",
     "http.client", "http.server", "http.cookies", "json.decoder", "json.encoder", "lzma", "bz2", "mailbox",
     "multiprocessing.connection", "multiprocessing.pool", "netrc", "nntplib", "numbers", "poplib", "pstats",
     "queue", "sched", "selectors", "shelve", "smtpd", "sre_compile", "sre_parse", "symtable", "tabnanny",
