@@ -138,7 +138,7 @@ def prepare_embedded_model(cache_dir: Path, *, name: str = "smollm2-135m-instruc
         _remove_leftovers(cache_dir, model.name)
         say(f"preparing builtin model {model.name} from {gguf}")
         start = time.monotonic()
-        sha256 = _sha256(gguf)
+        sha256 = sha256_file(gguf)
         tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.tmp-{os.getpid()}-", dir=cache_dir))
         try:
             _convert_gguf(gguf, model, tmp, say)
@@ -228,7 +228,7 @@ def _tidy_tokenizer_config(path: Path, max_positions: int) -> None:
     write_json(path, config)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -269,7 +269,7 @@ def _marker_matches(marker: dict[str, Any], gguf: Path, *, hash_if_needed: bool)
         return False
     if recorded.get("mtime_ns") == stat.st_mtime_ns:
         return True
-    return hash_if_needed and recorded.get("sha256") == _sha256(gguf)
+    return hash_if_needed and recorded.get("sha256") == sha256_file(gguf)
 
 
 def _remove_leftovers(cache_dir: Path, name: str) -> None:

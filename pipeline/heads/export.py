@@ -13,13 +13,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from pipeline.embedded import sha256_file
 from pipeline.heads.eagle import DrafterConfig, EagleDrafter
 from pipeline.heads.medusa import MedusaResBlocks
 
@@ -27,14 +27,6 @@ MEDUSA_FORMAT = "specdeploy-medusa-resblocks"
 MEDUSA_RESBLOCKS = "medusa_resblocks.safetensors"
 MANIFEST = "manifest.json"
 MAX_ARTIFACT_BYTES = 20 * 1024 * 1024
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_json(path: Path, data: dict) -> None:
