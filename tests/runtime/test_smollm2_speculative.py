@@ -62,21 +62,29 @@ variants:
       eagle:
         path: {REPO}/heads/smollm2-eagle
   - name: lookahead
+  - name: medusa-bf16
+    model:
+      dtype: bfloat16
+    heads:
+      medusa:
+        path: {REPO}/heads/smollm2-medusa
+        num_heads: 3
+  - name: eagle-bf16
+    model:
+      dtype: bfloat16
+    heads:
+      eagle:
+        path: {REPO}/heads/smollm2-eagle
+  - name: lookahead-bf16
+    model:
+      dtype: bfloat16
 """
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory) -> dict[tuple[str, str], Engine]:
     root = tmp_path_factory.mktemp("smollm2-spec")
-    text = SPEC + "".join(f"""  - name: {kind}-bf16
-    model:
-      dtype: bfloat16
-""" + (f"""    heads:
-      {kind}:
-        path: {REPO}/heads/smollm2-{kind}
-""" + ("        num_heads: 3\n" if kind == "medusa" else "") if kind != "lookahead" else "")
-                          for kind in ("medusa", "eagle", "lookahead"))
-    (root / "spec.yaml").write_text(text)
+    (root / "spec.yaml").write_text(SPEC)
     plan = make_plan(load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo",
                                                                  embedded_cache_dir()))
     out = {}
