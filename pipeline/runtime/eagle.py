@@ -29,6 +29,7 @@ at draft level i); one set of weights and one cache per request are therefore th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +44,19 @@ from pipeline.runtime.engine import Engine, StepInput, StepRows, _all_reduce
 from pipeline.runtime.gemm import Gemm, prepare_linear
 from pipeline.runtime.kv_cache import KVCache
 from pipeline.runtime.tree_verify import DraftTree, Proposal, TreeShape, verify
+
+
+def same_weights(a: object, b: object) -> bool:
+    """Whether two weight structures (dataclasses, lists, dicts of tensors and scalars) are equal."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        return all(same_weights(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_weights(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(same_weights(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 @dataclass
@@ -75,6 +89,16 @@ class Drafter:
         self.geo = Geometry(heads // tp, max(int(net.get("num_key_value_heads") or heads) // tp, 1), head_size,
                             float(net.get("norm_epsilon", 1e-5)))
         self.inv_freq = rope_inv_freq(head_size, float(net.get("rotary_base", 10000.0)), net.get("rotary_scaling"))
+        for rank in engine.ranks:
+            # TensorRT-LLM runs copy i at draft level i; the converter writes identical copies and this
+            # drafter runs copy 0 at every level, so a checkpoint whose trained parts differ is refused.
+            # (Comparing the copies' embeddings and lm_heads too would page in hundreds of MB of an
+            # untouched float32 file; EAGLE-1 copies them all from the base model.)
+            if not all(same_weights((net.fc, net.layers), (rank.eagle[0].fc, rank.eagle[0].layers))
+                       for net in rank.eagle[1:]):
+                raise InputError(f"{engine.config.folder}: rank {rank.rank}'s eagle_nets.* copies differ; the "
+                                 "reference backend runs one drafter at every level (convert with specdeploy)")
+            del rank.eagle[1:]  # bf16 engines hold each copy widened to float32: ~230 MB for SmolLM2
         nets = [rank.eagle[0] for rank in engine.ranks]
         self.embedding = nets[0].embedding  # replicated on every rank
         self.fc = [prepare_linear(n.fc, engine.bf16) for n in nets]
@@ -85,6 +109,9 @@ class Drafter:
         # The drafter's lm_head is the base one in every EAGLE-1 checkpoint we know; share it then.
         shared = all(torch.equal(n.lm_head, rank.lm_head) for n, rank in zip(nets, engine.ranks))
         self.lm_heads = engine.lm_heads if shared else [Gemm(n.lm_head, bf16=engine.bf16) for n in nets]
+        if shared:
+            for net, rank in zip(nets, engine.ranks):
+                net.lm_head = rank.lm_head  # drop the duplicate
         self.engine = engine
         self.tp = tp
 

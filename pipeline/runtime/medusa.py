@@ -50,6 +50,10 @@ class MedusaHeads:
                      for heads, rank in zip(self.shards, stage) for head in heads)
         self.lm_heads: list[list[Gemm]] | None = None if shared else [
             [Gemm(heads[h].lm_head, bf16=engine.bf16) for heads in self.shards] for h in range(self.num_heads)]
+        if shared:  # drop the duplicates (a float32 vocab x hidden matrix per head)
+            for heads, rank in zip(self.shards, stage):
+                for head in heads:
+                    head.lm_head = rank.lm_head
 
     def features(self, hidden: torch.Tensor, head: int) -> torch.Tensor:
         """x after head ``head``'s ResBlocks, [R, H] from [R, H]."""

@@ -194,6 +194,32 @@ def test_eagle_drafter_matches_the_checkpoint_reference_forward(spec_engines):
                                rtol=1e-4)
 
 
+def test_drafter_and_heads_keep_no_duplicate_weights(spec_engines):
+    """The eagle_nets.* copies and the heads' copies of the base lm_head are dropped at load (hundreds
+    of MB of float32 on a real model); the engine's own tensors serve instead."""
+    engine, method = method_for(spec_engines, "eagle", tp=2)
+    for rank in engine.ranks:
+        (net,) = rank.eagle
+        assert net.lm_head is rank.lm_head
+    engine = Engine.load(spec_engines("medusa", 2).config.folder)
+    for rank in engine.ranks:  # the fixture's heads have their own lm_heads; make them the base one
+        for head in rank.medusa:
+            head.lm_head = rank.lm_head.clone()
+    method, _ = make_method(engine, METHODS["medusa"][1])
+    assert method.heads.lm_heads is None  # shared: one GEMM for every head
+    for rank in engine.ranks:
+        assert all(head.lm_head is rank.lm_head for head in rank.medusa)
+
+
+def test_eagle_copies_that_differ_are_refused(spec_engines):
+    """TensorRT-LLM runs eagle_nets.i at draft level i; the reference drafter runs one copy at every
+    level, which is only right when the copies are equal."""
+    engine = Engine.load(spec_engines("eagle").config.folder)
+    engine.ranks[0].eagle[1].fc.weight[0, 0] += 1.0
+    with pytest.raises(InputError, match="eagle_nets.* copies differ"):
+        make_method(engine, METHODS["eagle"][1])
+
+
 def test_medusa_heads_read_the_last_committed_token(spec_engines):
     engine, method = method_for(spec_engines, "medusa", tp=2)
     seq = _manual_steps(engine, method, PROMPTS[1], 6)
