@@ -220,8 +220,10 @@ class EagleDrafter(nn.Module):
 
 @dataclass(frozen=True)
 class EagleTrainConfig:
-    epochs: int = 3  # issue 6: ~3x the data, fewer passes (less overfitting; best epoch by validation)
-    batch_tokens: int = 2048
+    # Still improving after 3 passes at 2048 tokens per batch; 512 tokens per batch reached the same
+    # validation score in 2 passes (4x the optimizer steps for the same work), so: 6 x 512.
+    epochs: int = 6
+    batch_tokens: int = 512
     lr: float = 1e-3
     warmup_steps: int = 20
     weight_decay: float = 0.0
@@ -295,10 +297,11 @@ def eagle_loss(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor
         target = feats.gather(1, feat_idx[..., None].expand_as(feats))
         reg = (F.smooth_l1_loss(pred, target, reduction="none").mean(-1) * mask).sum() / n
         labels = target_tok[mask] if table is None else table[target_tok[mask]]
-        logits = pred[mask] @ lm_head.T
-        cls = F.cross_entropy(logits.float(), labels, reduction="sum") / n
+        logits = (pred[mask] @ lm_head.T).float()  # argmax over bfloat16 is ~10x slower than over float32
+        cls = F.cross_entropy(logits, labels, reduction="sum") / n
         total = total + cfg.step_decay ** (s - 1) * (reg + cfg.w_cls * cls)
-        acc = (logits.argmax(-1) == labels).float().sum() / n
+        # A progress figure only: every 4th row (a full argmax costs ~5% of the step).
+        acc = (logits.detach()[::4].argmax(-1) == labels[::4]).float().mean()
         stats.append({"reg": float(reg.detach()), "cls": float(cls.detach()), "acc": float(acc)})
     return total, stats
 
@@ -319,6 +322,8 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
         table = remap(vocab, lm_head.shape[0])
         lm_head = lm_head[vocab]
         say(f"  eagle: softmax over {vocab.numel()} of {table.numel()} tokens")
+    if cfg.bf16:  # frozen: cast once instead of autocast casting it on every step
+        lm_head = lm_head.to(torch.bfloat16)
     noise_amp = cfg.noise * float(data.hidden[:100000].float().pow(2).mean().sqrt())
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     steps_per_epoch = len(_batches(data, cfg.batch_tokens, torch.Generator().manual_seed(0)))
