@@ -1,14 +1,17 @@
 """Draft trees fitted to the shipped SmolLM2 heads: which n-node tree accepts the most tokens.
 
-    .venv/bin/python bench/trees.py [--sizes 6 10 15 20 25] [--fit-sequences 120]
+    .venv/bin/python bench/trees.py [--sizes 6 10 15 20 25 63] [--methods medusa eagle]
 
 For every decoding position of self-distilled text, the heads' ranks of the true next tokens
 along the true path (pipeline/heads/evaluate.py) form a rank path; trees.most_frequent_paths
-turns their counts into the best tree of each size. Trees are fitted on training sequences and
-scored on the held-out eval sequences (offline tokens per step, the walk of evaluate.simulate),
-next to the presets, per prompt kind. Writes bench/trees.json (kept in the repository, like
-bench/heads.json: the presets in pipeline/trees.py come from it). Needs the self-distillation
-cache that ``specdeploy train-heads`` fills (.cache/heads-data; generated if missing, ~1 h).
+turns their counts into the best tree of each size. Trees are fitted on the validation sequences
+of the training data (every 40th, which the heads never trained on: on their own training text
+the heads rank the true tokens far better than on new text, and trees fitted there lean on deep
+paths that do not pay off) and scored on the held-out eval sequences (offline tokens per step,
+the walk of evaluate.simulate), next to the presets, per prompt kind. Writes bench/trees.json
+(kept in the repository, like bench/heads.json: the presets in pipeline/trees.py come from it).
+Needs the self-distillation cache that ``specdeploy train-heads`` fills (.cache/heads-data;
+generated if missing, ~1 h).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pipeline.heads.evaluate import MISS, eagle_ranks, medusa_ranks, simulate  #
 from pipeline.heads.expand import base_lm_head  # noqa: E402
 from pipeline.heads.export import load_eagle_folder  # noqa: E402
 from pipeline.heads.medusa import MedusaResBlocks  # noqa: E402
-from pipeline.heads.train import base_embedding  # noqa: E402
+from pipeline.heads.train import base_embedding, split_validation  # noqa: E402
 
 REPORT = REPO / "bench" / "trees.json"
 EAGLE_DEPTH = 5  # ranks measured this deep; trees are limited by --eagle-depth
@@ -88,8 +91,7 @@ def tokens_per_step(tables: list[tuple[torch.Tensor, int]], tree: trees.Tree) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=int, default=[6, 10, 15, 20, 25])
-    parser.add_argument("--fit-sequences", type=int, default=120, help="training sequences to fit trees on")
+    parser.add_argument("--sizes", nargs="+", type=int, default=[6, 10, 15, 20, 25, 63])
     parser.add_argument("--eagle-depth", type=int, default=3,
                         help="deepest EAGLE tree: each level costs a drafter pass and an lm_head pass on a CPU")
     parser.add_argument("--methods", nargs="+", default=["medusa", "eagle"], choices=["medusa", "eagle"])
@@ -98,10 +100,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     base_dir = prepare_embedded_model(REPO / ".cache")
     train, held_out, _ = prepare_data(base_dir, REPO / ".cache", say=lambda text: print(f"  {text}", flush=True))
-    step = max(len(train) // args.fit_sequences, 1)
-    fit = SeqData.from_sequences(*zip(*[train.seq(s) for s in range(0, len(train), step)][: args.fit_sequences]),
-                                 [int(train.kinds[s]) for s in range(0, len(train), step)][: args.fit_sequences])
-    report: dict = {"settings": vars(args), "methods": {}}
+    _, fit = split_validation(train)
+    report: dict = {"methods": {}}
     for method, max_depth in (("medusa", None), ("eagle", args.eagle_depth)):
         if method not in args.methods:
             continue
@@ -110,7 +110,8 @@ def main() -> int:
         fitted = {f"fitted_{n}": trees.most_frequent_paths(counts, n, max_depth) for n in args.sizes}
         candidates = {**{name: tree for name, tree in trees.TREE_PRESETS.items()
                          if max_depth or trees.tree_depth(tree) <= 3}, **fitted}
-        section = {"trees": {name: [list(p) for p in tree] for name, tree in fitted.items()}, "tokens_per_step": {}}
+        section = {"settings": {**vars(args), "fit_sequences": len(fit)},
+                   "trees": {name: [list(p) for p in tree] for name, tree in fitted.items()}, "tokens_per_step": {}}
         for kind in KINDS:
             tables = rank_tables(rank_fn, held_out.select(kind))
             section["tokens_per_step"][kind] = {name: tokens_per_step(tables, tree)

@@ -38,15 +38,15 @@ CPU_SMALL_10_DEPTH_3: Tree = (
     (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
 )
 
-# Fitted to the shipped SmolLM2 heads (heads/) with most_frequent_paths on self-distilled training
-# text; bench/trees.py reproduces them and scores them on held-out prompts. 10 nodes suit float32
-# CPU engines, 15 bfloat16 ones (a pass over 16 tokens costs ~1.3 single-token steps with AMX).
+# Fitted to the shipped SmolLM2 heads (heads/) with most_frequent_paths on self-distilled validation
+# text the heads never trained on; bench/trees.py reproduces them and scores them on held-out prompts.
+# 10 nodes suit float32 CPU engines, 15 bfloat16 ones (a pass over 16 tokens costs ~1.2 single-token
+# steps with AMX).
 SMOLLM2_MEDUSA_10: Tree = (
-    (0,), (1,), (2,), (3,), (4,), (0, 0), (0, 1), (0, 2), (1, 0), (0, 0, 0),
+    (0,), (1,), (2,), (3,), (4,), (5,), (0, 0), (0, 1), (0, 2), (0, 0, 0),
 )
 SMOLLM2_MEDUSA_15: Tree = (
-    (0,), (1,), (2,), (3,), (4,), (5,), (6,), (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (0, 0, 0), (0, 0, 1),
-    (0, 1, 0),
+    (0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (0, 0, 0), (0, 0, 1),
 )
 # EAGLE trees stop at depth 3: on a CPU each level costs a drafter pass and an lm_head pass.
 SMOLLM2_EAGLE_15: Tree = (
