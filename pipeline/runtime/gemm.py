@@ -6,13 +6,14 @@
 * bfloat16 engines: what a bf16 GEMM does on the GPU: inputs rounded to bf16, products summed in
   fp32, the output rounded to bf16 (then widened; norms, rope, attention, the KV cache and the
   residual stream stay float32 here). The weight is pre-packed for oneDNN, which uses AMX tiles on
-  CPUs that have them. Why it matters: there a GEMM over 1 to 64 rows costs about what one row
-  costs (it is bound by reading the weight), so verifying a draft tree costs little more than one
-  decoding step, as on a GPU; in float32 an 11-row pass costs ~2.2 single-row steps on a 2-core
-  Xeon. oneDNN's result for a row does not depend on the other rows of the call as long as a call
-  has at most 32 rows (measured on AMX: from 48 rows on it blocks differently and the last bf16
-  bit moves), so calls are cut into chunks of 32: a token's logits are then the same whether it
-  is decoded alone, in a batch or in a draft tree, which keeps greedy speculation token-exact.
+  CPUs that have them. Why it matters: there a GEMM over up to 16 rows costs about what one row
+  costs (bench/gemm_rows.py: at most ~1.3x; 32 rows ~1.6x, 64 rows ~3.3x), so verifying a draft
+  tree of up to 15 nodes costs little more than one decoding step, as on a GPU; in float32 an
+  11-row pass costs ~2.2 single-row steps on a 2-core Xeon. oneDNN's result for a row does not
+  depend on the other rows of the call as long as a call has at most 32 rows (measured on AMX:
+  from 48 rows on it blocks differently and the last bf16 bit moves), so calls are cut into chunks
+  of 32: a token's logits are then the same whether it is decoded alone, in a batch or in a draft
+  tree, which keeps greedy speculation token-exact.
 """
 
 from __future__ import annotations
