@@ -107,11 +107,8 @@ class Drafter:
             for shard in layer:
                 engine.prepare_linears(shard)
         # The drafter's lm_head is the base one in every EAGLE-1 checkpoint we know; share it then.
-        shared = all(torch.equal(n.lm_head, rank.lm_head) for n, rank in zip(nets, engine.ranks))
+        shared = engine.adopt_lm_head([[net] for net in nets])
         self.lm_heads = engine.lm_heads if shared else [Gemm(n.lm_head, bf16=engine.bf16) for n in nets]
-        if shared:
-            for net, rank in zip(nets, engine.ranks):
-                net.lm_head = rank.lm_head  # drop the duplicate
         self.engine = engine
         self.tp = tp
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +101,18 @@ class Engine:
         """Replace a decoder layer's linears by their engine form (gemm.py), in place."""
         for name in ("qkv", "dense", "fc", "gate", "proj"):
             setattr(shard, name, prepare_linear(getattr(shard, name), self.bf16))
+
+    def adopt_lm_head(self, holders: Sequence[Sequence[Any]]) -> bool:
+        """Whether every holder has the last stage's lm_head (``holders[tp_rank]``: objects with an
+        ``lm_head`` tensor, e.g. Medusa heads); then they get the engine's tensor, so their copies are
+        freed, and :meth:`lm_head` with the engine's own GEMMs serves them."""
+        stage = self.stage(self.pp - 1)
+        if not all(torch.equal(h.lm_head, rank.lm_head) for hs, rank in zip(holders, stage) for h in hs):
+            return False
+        for hs, rank in zip(holders, stage):
+            for h in hs:
+                h.lm_head = rank.lm_head
+        return True
 
     def lm_head(self, hidden: torch.Tensor, heads: Sequence[Gemm] | None = None) -> torch.Tensor:
         """Logits [R, vocab] from final hidden states: the vocab-parallel lm_head (each rank's rows of

@@ -46,14 +46,8 @@ class MedusaHeads:
             head.layers = [prepare_linear(linear, engine.bf16) for linear in head.layers]
         # Heads trained on a frozen lm_head (specdeploy's, ModelOpt's usual setup) all share the base
         # lm_head: then one GEMM over every head's rows reads the largest matrix once, not once per head.
-        shared = all(torch.equal(head.lm_head, rank.lm_head)
-                     for heads, rank in zip(self.shards, stage) for head in heads)
-        self.lm_heads: list[list[Gemm]] | None = None if shared else [
+        self.lm_heads: list[list[Gemm]] | None = None if engine.adopt_lm_head(self.shards) else [
             [Gemm(heads[h].lm_head, bf16=engine.bf16) for heads in self.shards] for h in range(self.num_heads)]
-        if shared:  # drop the duplicates (a float32 vocab x hidden matrix per head)
-            for heads, rank in zip(self.shards, stage):
-                for head in heads:
-                    head.lm_head = rank.lm_head
 
     def features(self, hidden: torch.Tensor, head: int) -> torch.Tensor:
         """x after head ``head``'s ResBlocks, [R, H] from [R, H]."""
