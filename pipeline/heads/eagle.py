@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.heads.data import SeqData
-from pipeline.heads.vocab import remap, training_vocab
+from pipeline.heads.vocab import loss_lm_head
 
 Progress = Callable[[str], None]
 
@@ -315,15 +315,10 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     drafter = EagleDrafter(config)
-    embed, lm_head = embed.detach().float(), lm_head.detach().float()
-    table = None
-    if cfg.vocab_top_k is not None:
-        vocab = training_vocab(data, lm_head, cfg.vocab_top_k)
-        table = remap(vocab, lm_head.shape[0])
-        lm_head = lm_head[vocab]
-        say(f"  eagle: softmax over {vocab.numel()} of {table.numel()} tokens")
-    if cfg.bf16:  # frozen: cast once instead of autocast casting it on every step
-        lm_head = lm_head.to(torch.bfloat16)
+    embed = embed.detach().float()
+    lm_head, table = loss_lm_head(data, lm_head, cfg.vocab_top_k, cfg.bf16)
+    if table is not None:
+        say(f"  eagle: softmax over {lm_head.shape[0]} of {table.numel()} tokens")
     noise_amp = cfg.noise * float(data.hidden[:100000].float().pow(2).mean().sqrt())
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     steps_per_epoch = len(_batches(data, cfg.batch_tokens, torch.Generator().manual_seed(0)))

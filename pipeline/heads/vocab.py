@@ -27,6 +27,21 @@ def training_vocab(data: SeqData, lm_head: torch.Tensor, top_k: int = 10, chunk:
     return keep.nonzero().squeeze(1)
 
 
+def loss_lm_head(data: SeqData, lm_head: torch.Tensor, top_k: int | None, bf16: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The frozen lm_head the training losses use, and the full id -> row table (None: every row).
+
+    With ``top_k``, only the rows of :func:`training_vocab`. With ``bf16`` (training under bf16
+    autocast) it is cast once here: autocast would cast the frozen matrix again on every call.
+    """
+    lm_head, table = lm_head.detach().float(), None
+    if top_k is not None:
+        vocab = training_vocab(data, lm_head, top_k)
+        table = remap(vocab, lm_head.shape[0])
+        lm_head = lm_head[vocab]
+    return (lm_head.to(torch.bfloat16) if bf16 else lm_head), table
+
+
 def remap(vocab: torch.Tensor, size: int) -> torch.Tensor:
     """full id -> index in ``vocab`` (-1 for ids outside it)."""
     table = torch.full((size,), -1, dtype=torch.long)
