@@ -32,8 +32,7 @@ from pipeline.embedded import prepare_embedded_model  # noqa: E402
 from pipeline.heads.data import KINDS, SeqData, prepare_data  # noqa: E402
 from pipeline.heads.evaluate import MISS, eagle_ranks, medusa_ranks, simulate  # noqa: E402
 from pipeline.heads.expand import base_lm_head  # noqa: E402
-from pipeline.heads.export import load_eagle_folder  # noqa: E402
-from pipeline.heads.medusa import MedusaResBlocks  # noqa: E402
+from pipeline.heads.export import load_eagle_folder, load_medusa_folder  # noqa: E402
 from pipeline.heads.train import base_embedding, split_validation  # noqa: E402
 
 REPORT = REPO / "bench" / "trees.json"
@@ -44,13 +43,8 @@ CAP = 8  # ranks beyond the top 8 never make a useful tree node
 def rank_function(method: str, base_dir: Path):
     lm_head = base_lm_head(base_dir).float()
     if method == "medusa":
-        from safetensors.torch import load_file
-
-        folder = REPO / "heads" / "smollm2-medusa"
-        config = json.loads((folder / "config.json").read_text())
-        blocks = MedusaResBlocks(config["hidden_size"], config["medusa_num_heads"], config["medusa_num_layers"])
-        blocks.load_fasterdecoding_state(load_file(str(folder / "medusa_resblocks.safetensors")))
-        return lambda tokens, hidden: medusa_ranks(blocks.eval(), lm_head, tokens, hidden, CAP)
+        blocks = load_medusa_folder(REPO / "heads" / "smollm2-medusa")
+        return lambda tokens, hidden: medusa_ranks(blocks, lm_head, tokens, hidden, CAP)
     drafter = load_eagle_folder(REPO / "heads" / "smollm2-eagle")
     embed = base_embedding(base_dir).float()
     return lambda tokens, hidden: eagle_ranks(drafter, embed, lm_head, tokens, hidden, EAGLE_DEPTH, CAP)

@@ -99,6 +99,16 @@ def verify_manifest(folder: Path) -> list[str]:
     return problems
 
 
+def load_medusa_folder(folder: Path) -> MedusaResBlocks:
+    """The shipped ResBlocks (``export_medusa``'s folder) as a float32 module (evaluation, bench)."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    blocks = MedusaResBlocks(cfg["hidden_size"], cfg["medusa_num_heads"], cfg["medusa_num_layers"])
+    blocks.load_fasterdecoding_state(load_file(str(folder / MEDUSA_RESBLOCKS)))
+    return blocks.eval()
+
+
 def load_eagle_folder(folder: Path) -> EagleDrafter:
     """The shipped drafter as a float32 module (evaluation, tests)."""
     from safetensors.torch import load_file

@@ -12,7 +12,7 @@ from pipeline import inputs
 from pipeline.checkpoint.heads import MedusaOptions, load_medusa
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
 from pipeline.heads.expand import compact_medusa_layout, ensure_expanded_medusa, expand_medusa, is_compact_medusa
-from pipeline.heads.export import export_medusa, sha256_file, verify_manifest
+from pipeline.heads.export import export_medusa, load_medusa_folder, sha256_file, verify_manifest
 from pipeline.heads.medusa import IGNORE, MedusaResBlocks, MedusaTrainConfig, medusa_targets, train_medusa
 from tests.heads.conftest import HIDDEN, VOCAB, tiny_llama_model
 
@@ -67,6 +67,8 @@ def test_shipped_folder_and_expansion(tmp_path, tiny_base):
     assert verify_manifest(shipped) == []
     config = json.loads((shipped / "config.json").read_text())
     assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (3, 1)
+    reloaded = load_medusa_folder(shipped)
+    assert all(torch.equal(v, blocks.state_dict()[k]) for k, v in reloaded.state_dict().items())
 
     out = expand_medusa(shipped, tiny_base, tmp_path / "expanded")
     layout = inputs.inspect_medusa(out)
