@@ -7,8 +7,9 @@ equal a held-out prompt are dropped by :func:`pipeline.heads.prompts.build_extra
 
 from __future__ import annotations
 
-import hashlib
 import random
+
+from pipeline.heads.prompts import stable_rank
 
 TOPICS = (
     "photosynthesis", "volcanoes", "the water cycle", "black holes", "earthquakes", "the immune system",
@@ -117,10 +118,6 @@ def _word_problems(rng: random.Random, count: int) -> list[str]:
     return out
 
 
-def _rank(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def templated_chat_prompts(per_topic: int = 5, problems: int = 120, rewrites: int = 60, seed: int = 0
                            ) -> list[tuple[str, str]]:
     """(category, prompt) pairs, deterministic, without duplicates."""
@@ -128,11 +125,11 @@ def templated_chat_prompts(per_topic: int = 5, problems: int = 120, rewrites: in
     out: list[tuple[str, str]] = []
     for i, topic in enumerate(TOPICS):
         other = TOPICS[(i * 7 + 3) % len(TOPICS)]
-        chosen = sorted(TASKS, key=lambda task: _rank(topic + "|" + task))[:per_topic]
+        chosen = sorted(TASKS, key=lambda task: stable_rank(topic + "|" + task))[:per_topic]
         out.extend(("templated", task.format(t=topic, u=other)) for task in chosen)
     out.extend(("math word problems", p) for p in _word_problems(rng, problems))
     pairs = [(r, s) for r in REWRITES for s in SENTENCES]
-    pairs.sort(key=lambda p: _rank(p[0] + p[1]))
+    pairs.sort(key=lambda p: stable_rank(p[0] + p[1]))
     out.extend(("rewrites", r.format(s=s)) for r, s in pairs[:rewrites])
     seen, unique = set(), []
     for category, prompt in out:

@@ -78,13 +78,14 @@ CODE_EXTRA_PER_MODULE = 24
 CODE_EXTRA_TOTAL = 640
 
 
-def _rank(text: str) -> str:
+def stable_rank(text: str) -> str:
+    """A sort key that shuffles deterministically (same order on every machine and Python)."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def split(records: list[dict], eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
     """(train, eval): eval = the ``eval_size`` records with the smallest sha256(prompt)."""
-    ranked = sorted(records, key=lambda r: _rank(r["prompt"]))
+    ranked = sorted(records, key=lambda r: stable_rank(r["prompt"]))
     held = {id(r) for r in ranked[:eval_size]}
     return [r for r in records if id(r) not in held], [r for r in records if id(r) in held]
 
@@ -135,9 +136,9 @@ def code_records(modules: tuple[str, ...] = CODE_MODULES, total: int = CODE_TOTA
             prompt = _function_prompt(obj)
             if prompt is not None:
                 found.append({"source": f"{module_name}.{name}", "prompt": prompt})
-        found.sort(key=lambda r: _rank(r["prompt"]))  # a deterministic, unsorted-by-name sample
+        found.sort(key=lambda r: stable_rank(r["prompt"]))  # a deterministic, unsorted-by-name sample
         candidates.extend(found[:CODE_PER_MODULE])
-    candidates.sort(key=lambda r: _rank(r["source"]))
+    candidates.sort(key=lambda r: stable_rank(r["source"]))
     python = platform.python_version()
     chosen = sorted(candidates[:total], key=lambda r: r["source"])
     return [{"id": f"code-{i:04d}", "python": python, **r} for i, r in enumerate(chosen)]
@@ -180,10 +181,10 @@ def code_extra_records(exclude: set[str], modules: tuple[str, ...] = CODE_EXTRA_
         except Exception:  # noqa: BLE001 - optional / platform-specific modules
             continue
         found = [r for r in _method_candidates(module) if r["prompt"] not in exclude]
-        found.sort(key=lambda r: _rank(r["prompt"]))
+        found.sort(key=lambda r: stable_rank(r["prompt"]))
         candidates.extend(found[:per_module])
     seen, unique = set(exclude), []
-    for r in sorted(candidates, key=lambda r: _rank(r["source"])):
+    for r in sorted(candidates, key=lambda r: stable_rank(r["source"])):
         if r["prompt"] not in seen:
             seen.add(r["prompt"])
             unique.append(r)
