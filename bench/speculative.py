@@ -273,7 +273,7 @@ def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_to
         tally: Tally, lookahead: tuple[int, int, int] | None = None) -> None:
     """Decode ``prompts`` all in flight at once; add the results to ``tally``."""
     limits = dataclasses.replace(engine.config.limits, max_batch_size=len(prompts))
-    clock = [time.thread_time()]
+    clock = [0.0]  # CPU time when the previous step ended (the run's start before the first)
 
     def on_step(step: StepStats) -> None:  # this step's CPU time: since the previous step ended
         now = time.thread_time()
