@@ -56,12 +56,15 @@ class Gemm:
             return y if self.bias is None else y + self.bias
         if x.shape[0] == 0:
             return x.new_zeros(0, self.out_features)
-        chunks = x.to(torch.bfloat16).split(BF16_ROWS_PER_CALL)
+        x = x.to(torch.bfloat16)
+        if x.shape[0] <= BF16_ROWS_PER_CALL:  # the usual case: no split and cat (each copies the rows)
+            return self._bf16(x).float()
+        return torch.cat([self._bf16(chunk) for chunk in x.split(BF16_ROWS_PER_CALL)]).float()
+
+    def _bf16(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            out = [torch.ops.mkldnn._linear_pointwise(c, self.weight, self.bias, "none", [], "") for c in chunks]
-        else:
-            out = [F.linear(c, self.weight, self.bias) for c in chunks]
-        return torch.cat(out).float()
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
 def prepare_linear(linear: Linear | Gemm, bf16: bool) -> Linear | Gemm:
