@@ -118,7 +118,9 @@ class Engine:
         """Logits [R, vocab] from final hidden states: the vocab-parallel lm_head (each rank's rows of
         the vocabulary, concatenated, padding dropped)."""
         heads = self.lm_heads if heads is None else heads
-        return torch.cat([head(hidden) for head in heads], dim=-1)[:, : self.config.model.vocab_size]
+        logits = heads[0](hidden) if len(heads) == 1 else torch.cat([head(hidden) for head in heads], dim=-1)
+        vocab = self.config.model.vocab_size
+        return logits if logits.shape[1] == vocab else logits[:, :vocab]
 
     @classmethod
     def load(cls, folder: Path) -> Engine:
@@ -207,9 +209,12 @@ class Engine:
 
 
 def _mask(item: StepInput, n: int, total: int) -> torch.Tensor | None:
-    """Bool [n, total] (True = may attend): the whole cache, plus causal or tree order among new tokens."""
+    """Additive float [n, total] (0 = may attend, -inf = may not): the whole cache, plus causal or tree
+    order among new tokens. Float, not bool, because attention would convert a bool mask again in
+    every layer (~4% of a 16-row tree step on SmolLM2, bf16)."""
     if n == 1 and item.mask is None:
         return None  # a single new token sees everything before it
-    past = total - n
-    among = item.mask if item.mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
-    return torch.cat((torch.ones(n, past, dtype=torch.bool), among.to(torch.bool)), dim=1)
+    among = item.mask.to(torch.bool) if item.mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
+    mask = torch.zeros(n, total)
+    mask[:, total - n :].masked_fill_(~among, float("-inf"))
+    return mask
