@@ -152,8 +152,8 @@ class LookaheadDecoding:
         verdict = verify(proposal, rows, seq.cache, seq.sample)
         w, n, g = state.config
         if n > 1:
-            top = [(n - 2) * w + col for col in range(w)]  # the top level's fed positions
-            outputs = rows.logits[top].argmax(-1).tolist()  # Jacobi: greedy, whatever the request samples
+            top = rows.logits[(n - 2) * w : (n - 1) * w]  # the top level's rows (fed level by level)
+            outputs = top.argmax(-1).tolist()  # Jacobi: greedy, whatever the request samples
             if state.warm >= n - 1:  # every window token is now a model output (or the root)
                 for col in range(w):
                     state.pool.insert(state.levels[0][col], tuple(lvl[col] for lvl in state.levels[1:]) +

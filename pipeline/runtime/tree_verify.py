@@ -132,15 +132,16 @@ class Verdict:
         return [0] + [offset + i for i in self.path]
 
 
-def accept(tree: DraftTree, logits: torch.Tensor, choose: Choose) -> Verdict:
-    """``logits`` [1 + n, vocab]: row 0 the root's, row i + 1 node i's."""
+def accept(tree: DraftTree, logits: torch.Tensor, choose: Choose, offset: int = 1) -> Verdict:
+    """``logits`` [fed, vocab]: row 0 the root's, row ``offset + i`` node i's (rows are read in
+    place: gathering them would copy megabytes of logits every step)."""
     children: dict[int, list[int]] = {}
     for i, p in enumerate(tree.parents):
         children.setdefault(p, []).append(i)
     path: list[int] = []
     node = -1
     while True:
-        token = choose(logits[node + 1])
+        token = choose(logits[0 if node < 0 else offset + node])
         match = next((c for c in children.get(node, []) if tree.tokens[c] == token), None)
         if match is None:
             return Verdict(path, [tree.tokens[i] for i in path] + [token])
@@ -172,7 +173,6 @@ class Proposal:
 def verify(proposal: Proposal, rows: StepRows, cache: KVCache, choose: Choose) -> Verdict:
     """Accept the longest path the target agrees with (see the module docstring) and keep only
     it in the cache."""
-    fed = [0] + [proposal.offset + i for i in range(len(proposal.tree))]
-    verdict = accept(proposal.tree, rows.logits[fed], choose)
+    verdict = accept(proposal.tree, rows.logits, choose, proposal.offset)
     commit(cache, proposal.start, verdict, proposal.offset)
     return verdict
