@@ -159,9 +159,13 @@ class Drafter:
             ctx[a:b] = out[0].transpose(0, 1)
         return w.dense(ctx.view(T, geo.heads * d))
 
-    def log_probs(self, h: torch.Tensor) -> torch.Tensor:
-        """Drafter log-probabilities [R, vocab] from outputs f' [R, H] (vocab-parallel lm_head)."""
-        return torch.log_softmax(self.engine.lm_head(h, self.lm_heads), dim=-1)
+    def candidates(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most likely next tokens [R, k], best first, and their drafter log-probabilities
+        [R, k], from outputs f' [R, H] (vocab-parallel lm_head). Only the k picked log-probabilities
+        are computed (logit - logsumexp), not a log_softmax over the whole vocabulary per row."""
+        logits = self.engine.lm_head(h, self.lm_heads)
+        top = logits.topk(k, dim=-1)
+        return top.indices, top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 @dataclass
@@ -179,8 +183,9 @@ class _Draft:
 
     committed: int  # drafter entries from true features (= the root's position n)
     nodes: list[_Node] = field(default_factory=list)
-    # Nodes whose children come next: (node index, its output f', its children's log-probs).
-    frontier: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Nodes whose children come next: (node index, its output f', its top-k children: tokens and
+    # log-probs, best first).
+    frontier: list[tuple[int, torch.Tensor, tuple[list[int], list[float]]]] = field(default_factory=list)
     slots: dict[int, int] = field(default_factory=dict)  # expanded node -> its drafter-cache slot
 
 
@@ -271,8 +276,7 @@ class EagleDecoding:
                                                 list(range(s.cache.length, s.cache.length + len(s.tokens))))
                                      for s in states])
         roots = torch.stack([out[-1] for out in outs])
-        drafts = [_Draft(s.cache.length, frontier=[(-1, f, lp)])
-                  for s, f, lp in zip(states, roots, self.drafter.log_probs(roots))]
+        drafts = [_Draft(s.cache.length, frontier=[(-1, f, top)]) for s, f, top in zip(states, roots, self._top(roots))]
         for s in states:
             s.tokens, s.features = [], []
         for depth in range(1, self.depth + 1):
@@ -286,26 +290,29 @@ class EagleDecoding:
                 break
             outs = self.drafter.forward([self._expansion(draft, state.cache, picked, depth)
                                          for draft, state, picked in expanding])
-            log_probs = self.drafter.log_probs(torch.cat(outs)).split([len(o) for o in outs])
-            for (draft, _, picked), out, lp in zip(expanding, outs, log_probs):
-                draft.frontier = list(zip(picked, out, lp))
+            tops = iter(self._top(torch.cat(outs)))
+            for (draft, _, picked), out in zip(expanding, outs):
+                draft.frontier = [(node, f, next(tops)) for node, f in zip(picked, out)]
         for seq, state, draft in zip(todo, states, drafts):
             state.cache.truncate(draft.committed)  # drop the draft entries
             state.proposal = Proposal.of_tree(seq.cache, seq.generated[-1], self._tree(draft))
 
+    def _top(self, h: torch.Tensor) -> list[tuple[list[int], list[float]]]:
+        """Per row of drafter outputs: its top-k tokens and their log-probs (k: what the tree needs)."""
+        tokens, log_probs = self.drafter.candidates(h, self.shape.top_k if self.shape is not None else self.top_k)
+        return list(zip(tokens.tolist(), log_probs.tolist()))
+
     def _grow(self, draft: _Draft, depth: int) -> None:
         """Add the children of the frontier nodes (all at depth - 1)."""
-        for parent, _, log_probs in draft.frontier:
+        for parent, _, (tokens, log_probs) in draft.frontier:
             score = draft.nodes[parent].score if parent >= 0 else 0.0
             if self.shape is not None:
                 shape_parent = draft.nodes[parent].shape_index if parent >= 0 else -1
-                kids = self._children.get(shape_parent, [])
-                ranked = log_probs.topk(self.shape.top_k).indices.tolist() if kids else []
-                picks = [(ranked[self.shape.paths[kid][-1]], kid) for kid in kids]
+                picks = [(self.shape.paths[kid][-1], kid) for kid in self._children.get(shape_parent, [])]
             else:
-                picks = [(token, -1) for token in log_probs.topk(self.top_k).indices.tolist()]
-            for token, shape_index in picks:
-                draft.nodes.append(_Node(token, parent, depth, score + float(log_probs[token]), shape_index))
+                picks = [(rank, -1) for rank in range(self.top_k)]
+            for rank, shape_index in picks:
+                draft.nodes.append(_Node(tokens[rank], parent, depth, score + log_probs[rank], shape_index))
 
     def _pick(self, draft: _Draft, depth: int) -> list[int]:
         """Nodes at ``depth`` to run through the drafter (their children come next)."""
