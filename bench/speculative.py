@@ -82,6 +82,14 @@ class Overrides:
     trees: tuple[tuple[str, str], ...] = ()  # (method, medusa_choices / eagle_choices preset)
     lookahead: tuple[int, int, int] | None = None
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Overrides:
+        """From the --dtype, --medusa-tree, --eagle-tree and --lookahead options."""
+        chosen = tuple((kind, tree) for kind, tree in (("medusa", args.medusa_tree), ("eagle", args.eagle_tree))
+                       if tree)
+        lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
+        return cls(args.dtype, chosen, lookahead)
+
     def tree(self, kind: str) -> str | None:
         return dict(self.trees).get(kind)
 
@@ -299,6 +307,25 @@ def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_to
         tally.outputs.append(out.tokens)
 
 
+def load_methods(built: dict[str, Built], eagle2_top_k: int) -> dict[str, tuple[Engine, DecodingMethod]]:
+    """Plain decoding and each method with the settings its engine was built for (plain decoding runs
+    on the Lookahead engine, which holds no heads), EAGLE-2 on the EAGLE engine."""
+    engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
+    spec = {kind: b.variant.speculative for kind, b in built.items()}
+    look = spec["lookahead"].lookahead
+    settings = {
+        "medusa": MethodSettings("medusa", medusa_choices=spec["medusa"].medusa.tree),
+        "eagle": MethodSettings("eagle", eagle_choices=spec["eagle"].eagle.tree),
+        "eagle2": MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=eagle2_top_k),
+        "lookahead": MethodSettings("lookahead", lookahead=(look.window, look.ngram, look.verification_set)),
+    }
+    methods: dict[str, tuple[Engine, DecodingMethod]] = {"plain": (engines["lookahead"], PlainDecoding())}
+    for name, setting in settings.items():
+        engine = engines[setting.decoding_mode]
+        methods[name] = (engine, make_method(engine, setting)[0])
+    return methods
+
+
 def compare_with_plain(engine: Engine, prompts: list[list[int]], plain: list[list[int]], outputs: list[list[int]]
                        ) -> dict:
     """Token-identical prompts, and for the others plain decoding's logit gap at the first difference
@@ -345,25 +372,11 @@ def main() -> int:
         write_reports(json.loads((OUT / "speculative.json").read_text()))
         return 0
     torch.set_num_threads(args.threads)
-    chosen_trees = tuple((kind, tree) for kind, tree in (("medusa", args.medusa_tree), ("eagle", args.eagle_tree))
-                         if tree)
-    lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
-    overrides = Overrides(args.dtype, chosen_trees, lookahead)
+    overrides = Overrides.from_args(args)
     built = {kind: build(kind, overrides) for kind in ("medusa", "eagle", "lookahead")}
-    engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
     spec = {kind: b.variant.speculative for kind, b in built.items()}
-    methods: dict[str, tuple[Engine, DecodingMethod]] = {
-        "plain": (engines["lookahead"], PlainDecoding()),
-        "medusa": (engines["medusa"], make_method(engines["medusa"], MethodSettings(
-            "medusa", medusa_choices=spec["medusa"].medusa.tree))[0]),
-        "eagle": (engines["eagle"], make_method(engines["eagle"], MethodSettings(
-            "eagle", eagle_choices=spec["eagle"].eagle.tree))[0]),
-        "eagle2": (engines["eagle"], make_method(engines["eagle"], MethodSettings(
-            "eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=args.eagle2_top_k))[0]),
-        "lookahead": (engines["lookahead"], make_method(engines["lookahead"], MethodSettings(
-            "lookahead", lookahead=(spec["lookahead"].lookahead.window, spec["lookahead"].lookahead.ngram,
-                                    spec["lookahead"].lookahead.verification_set)))[0]),
-    }
+    methods = load_methods(built, args.eagle2_top_k)
+    engines = {kind: methods[kind][0] for kind in built}
     described: dict[str, str] = {}
     for tree in args.extra_trees:  # medusa_choices / eagle_choices are runtime knobs: same engines
         methods[f"medusa[{tree}]"] = (engines["medusa"], make_method(engines["medusa"], MethodSettings(
