@@ -31,6 +31,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -278,19 +279,23 @@ class Tally:
 
 
 def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_tokens: int, end_id: int,
-        tally: Tally, lookahead: tuple[int, int, int] | None = None) -> None:
-    """Decode ``prompts`` all in flight at once; add the results to ``tally``."""
+        tally: Tally, lookahead: tuple[int, int, int] | None = None,
+        on_step: Callable[[StepStats], None] | None = None) -> None:
+    """Decode ``prompts`` all in flight at once; add the results to ``tally``. ``on_step`` is called
+    after every scheduler step (bench/step_cost.py attributes its timers per step)."""
     limits = dataclasses.replace(engine.config.limits, max_batch_size=len(prompts))
     clock = [0.0]  # CPU time when the previous step ended (the run's start before the first)
 
-    def on_step(step: StepStats) -> None:  # this step's CPU time: since the previous step ended
+    def count(step: StepStats) -> None:  # this step's CPU time: since the previous step ended
         now = time.thread_time()
         if step.prefill_tokens == 0:
             tally.decode_tokens += step.generated_tokens
             tally.decode_cpu_s += now - clock[0]
+        if on_step is not None:
+            on_step(step)
         clock[0] = now
 
-    sched, outputs = Scheduler(engine, method, limits=limits, on_step=on_step), {}
+    sched, outputs = Scheduler(engine, method, limits=limits, on_step=count), {}
     for i, prompt in enumerate(prompts):
         request = SpeculativeRequest(str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True,
                                      lookahead=lookahead)

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speculative as bench  # noqa: E402  (bench/speculative.py: engines, prompts)
 
 from pipeline import trees  # noqa: E402
-from pipeline.runtime.decoding import DecodingMethod, SpeculativeRequest  # noqa: E402
+from pipeline.runtime.decoding import DecodingMethod  # noqa: E402
 from pipeline.runtime.eagle import Drafter  # noqa: E402
 from pipeline.runtime.engine import Engine  # noqa: E402
 from pipeline.runtime.medusa import MedusaHeads  # noqa: E402
-from pipeline.runtime.scheduler import Scheduler, StepStats  # noqa: E402
+from pipeline.runtime.scheduler import StepStats  # noqa: E402
 
 PARTS = {"verification": (Engine, "forward"), "medusa heads": (MedusaHeads, "logits"),
          "drafter layers": (Drafter, "forward"), "drafter lm_head": (Drafter, "candidates")}
@@ -70,32 +70,23 @@ def timed_parts(spent: collections.Counter) -> Iterator[None]:
 
 @dataclasses.dataclass
 class Totals:
-    steps: int = 0
-    tokens: int = 0
-    cpu_s: float = 0.0
+    tally: bench.Tally = dataclasses.field(default_factory=bench.Tally)  # decode-phase tokens and CPU time
+    steps: int = 0  # decode-phase steps
     parts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 def decode(engine: Engine, method: DecodingMethod, prompt: list[int], new_tokens: int, totals: Totals) -> None:
-    """One request; only its decode-phase steps count."""
+    """One request through bench/speculative.py's run; the parts' times count in decode-phase steps only."""
     spent: collections.Counter = collections.Counter()
-    clock = [time.thread_time()]
 
     def on_step(step: StepStats) -> None:
-        now = time.thread_time()
         if step.prefill_tokens == 0:
             totals.steps += 1
-            totals.tokens += step.generated_tokens
-            totals.cpu_s += now - clock[0]
             totals.parts.update(spent)
         spent.clear()
-        clock[0] = time.thread_time()
 
-    sched = Scheduler(engine, method, on_step=on_step)
-    sched.submit(SpeculativeRequest("0", tuple(prompt), new_tokens, end_id=2), lambda out: None)
     with timed_parts(spent):
-        clock[0] = time.thread_time()
-        sched.run_until_idle()
+        bench.run(engine, method, [prompt], new_tokens, 2, totals.tally, on_step=on_step)
 
 
 def main() -> int:
@@ -120,15 +111,15 @@ def main() -> int:
     for prompt in prompts:
         for name, (engine, method) in methods.items():
             decode(engine, method, prompt, args.new_tokens, totals[name])
-    plain = totals["plain"].cpu_s / totals["plain"].tokens  # CPU seconds per plain decoding step
+    plain = totals["plain"].tally.decode_cpu_s / totals["plain"].tally.decode_tokens  # CPU s per plain step
     print(f"{args.set} prompts ({source}), {args.dtype}, batch 1; in plain decoding steps per step:")
     for name, t in totals.items():
-        step = t.cpu_s / t.steps / plain
+        step = t.tally.decode_cpu_s / t.steps / plain
+        accepted = t.tally.decode_tokens / t.steps
         parts = {part: t.parts[part] / t.steps / plain for part in PARTS if t.parts[part]}
         parts["other"] = step - sum(parts.values())
         shown = ", ".join(f"{part} {value:.2f}" for part, value in parts.items())
-        print(f"  {name:9s} AL {t.tokens / t.steps:.2f}  step {step:.2f}  speedup {t.tokens / t.steps / step:.2f}x"
-              f"  = {shown}", flush=True)
+        print(f"  {name:9s} AL {accepted:.2f}  step {step:.2f}  speedup {accepted / step:.2f}x  = {shown}", flush=True)
     return 0
 
 
