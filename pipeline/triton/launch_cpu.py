@@ -39,7 +39,7 @@ from types import TracebackType
 import pipeline
 from pipeline.errors import InputError, StageError
 
-REFERENCE_BACKEND_MODULE = "pipeline.runtime.triton_backend"
+REFERENCE_BACKEND_MODULE = "pipeline.runtime.triton.backend"
 # Installed as <backend-dir>/tensorrtllm/model.py: a re-export, so the server always runs the
 # checked-out reference backend instead of a stale copy.
 BACKEND_SHIM = f'''"""specdeploy: the CPU reference backend, loaded by Triton as backend "tensorrtllm"."""

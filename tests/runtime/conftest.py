@@ -67,7 +67,7 @@ def engine_dir(tmp_path_factory, hf_model) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(engine_dir):
-    from pipeline.runtime.engine import Engine
+    from pipeline.runtime.model.engine import Engine
 
     return Engine.load(engine_dir)
 
@@ -76,7 +76,7 @@ def engine(engine_dir):
 
 
 def _spec_factory(root: Path, seed: int, vocab: int):
-    from pipeline.runtime.engine import Engine
+    from pipeline.runtime.model.engine import Engine
     from tests.runtime import speculative_fixtures as sf
 
     config = {**sf.MODEL, "vocab_size": vocab}

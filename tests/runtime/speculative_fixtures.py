@@ -22,9 +22,10 @@ from safetensors.torch import save_file
 
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
-from pipeline.runtime.engine import Engine, Logits, StepInput
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import GenerationRequest
-from pipeline.runtime.scheduler import Scheduler
+from pipeline.speculative import LookaheadConfig
+from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.speculative import lookahead_max_draft_len
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
 
@@ -32,7 +33,7 @@ SPEC_MODE = {"medusa": 4, "lookahead": 8, "eagle": 32}  # build_config.speculati
 MODEL = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, max_position_embeddings=256, rms_norm_eps=1e-5)
 MEDUSA_HEADS, EAGLE_LAYERS, EAGLE_MAX_DRAFT = 3, 3, 16
-LOOKAHEAD = (4, 3, 4)
+LOOKAHEAD = LookaheadConfig(4, 3, 4)
 TREE = CPU_SMALL_10_DEPTH_3
 
 

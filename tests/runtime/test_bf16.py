@@ -1,4 +1,4 @@
-"""bfloat16 engines on the reference backend: bf16 GEMMs (pipeline/runtime/gemm.py).
+"""bfloat16 engines on the reference backend: bf16 GEMMs (pipeline/runtime/model/gemm.py).
 
 Exactness achieved, and tested here: a GEMM row's result does not depend on the other rows of the
 call, so a token's logits are the same whether it is decoded alone or inside a batch of requests;
@@ -6,7 +6,7 @@ they track the float32 engine within bf16 round-off; and speculative decoding's 
 differs from plain decoding only where plain decoding's top two logits are a near-tie at bf16
 resolution (attention still sums in a different order in a tree pass than in single-token steps,
 and bf16 rounding of the next GEMM's input can amplify that to a few bf16 steps of a logit;
-pipeline/runtime/exactness.py).
+pipeline/runtime/spec_decode/exactness.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runtime.decoding import PlainDecoding
-from pipeline.runtime.engine import Logits, StepInput
-from pipeline.runtime.exactness import divergence
-from pipeline.runtime.gemm import BF16_ROWS_PER_CALL, Gemm
+from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.runtime.model.engine import Logits, StepInput
+from pipeline.runtime.spec_decode.exactness import divergence
+from pipeline.runtime.model.gemm import BF16_ROWS_PER_CALL, Gemm
 from tests.runtime.test_speculative import METHODS, decode, method_for, requests
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.errors import InputError
-from pipeline.runtime.engine import Engine, Logits, StepInput
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from tests.runtime.conftest import write_engine
 
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52], [8, 8, 8]]

@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from pipeline.runtime.request import FinishReason, GenerationRequest, SamplingParams, StepOutput
-from pipeline.runtime.scheduler import Scheduler, StepStats
+from pipeline.runtime.serving.metrics import StepStats
+from pipeline.runtime.serving.scheduler import Scheduler
 from tests.runtime.test_engine import PROMPTS, engine_greedy
 
 
@@ -192,5 +193,5 @@ def test_background_loop_serves_concurrent_submitters(engine, greedy):
 def test_perf_metrics_for_plain_decoding(engine):
     got, _ = run(engine, [req("m", PROMPTS[0], 5, return_perf_metrics=True)])
     m = got.final("m").metrics
-    assert (m.total_draft_tokens, m.total_accepted_draft_tokens, m.acceptance_rate, m.steps) == (0, 0, 0.0, 5)
+    assert (m.total_draft_tokens, m.total_accepted_draft_tokens, m.acceptance_rate, m.forward_steps) == (0, 0, 0.0, 5)
     assert m.arrival_time_ns <= m.first_scheduled_time_ns <= m.first_token_time_ns <= m.last_token_time_ns

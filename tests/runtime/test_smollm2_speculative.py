@@ -3,7 +3,7 @@
 One spec (variants medusa / eagle / lookahead, each also in bf16) goes through plan -> convert ->
 build like ``make engine``; the engines then decode held-out chat and code prompts greedily with
 plain decoding and with their method. float32: token-identical. bfloat16: identical except at
-near-ties of plain decoding (pipeline/runtime/exactness.py). And the trained heads must accept
+near-ties of plain decoding (pipeline/runtime/spec_decode/exactness.py). And the trained heads must accept
 drafts (a floor well under their benchmarked acceptance, so it fails only if drafting breaks).
 """
 
@@ -17,11 +17,14 @@ import torch
 from pipeline.heads.data import encode_prompt
 from pipeline.heads.prompts import PROMPTS_DIR, read_jsonl
 from pipeline.plan import OutputRoots, make_plan
-from pipeline.runtime.decoding import MethodSettings, PlainDecoding, SpeculativeRequest, make_method
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.exactness import NEAR_TIE_BF16_STEPS, divergence
-from pipeline.runtime.metrics import SpecDecodingStats
-from pipeline.runtime.scheduler import Scheduler
+from pipeline.runtime.request import GenerationRequest
+from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.speculative import LookaheadConfig
+from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
+from pipeline.runtime.serving.metrics import SpecDecodingStats
+from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
@@ -109,7 +112,7 @@ def decode(engine: Engine, method, prompts: list[list[int]]) -> tuple[list[list[
     limits = dataclasses.replace(engine.config.limits, max_batch_size=2)
     sched, outputs = Scheduler(engine, method, limits=limits), {}
     for i, prompt in enumerate(prompts):
-        sched.submit(SpeculativeRequest(str(i), tuple(prompt), NEW_TOKENS, end_id=2, exclude_input_in_output=True),
+        sched.submit(GenerationRequest(str(i), tuple(prompt), NEW_TOKENS, end_id=2, exclude_input_in_output=True),
                      lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None)
     sched.run_until_idle()
     stats = SpecDecodingStats()
@@ -121,7 +124,7 @@ def decode(engine: Engine, method, prompts: list[list[int]]) -> tuple[list[list[
 def method(engine: Engine, kind: str):
     settings = {"medusa": MethodSettings("medusa", medusa_choices=CPU_SMALL_10_DEPTH_3),
                 "eagle": MethodSettings("eagle", eagle_choices=CPU_SMALL_10_DEPTH_3),
-                "lookahead": MethodSettings("lookahead", lookahead=(4, 3, 4))}[kind]
+                "lookahead": MethodSettings("lookahead", lookahead=LookaheadConfig(4, 3, 4))}[kind]
     return make_method(engine, settings)[0]
 
 

@@ -16,14 +16,16 @@ import torch
 
 from pipeline.checkpoint.reference_forward import ReferenceModel
 from pipeline.errors import InputError
-from pipeline.runtime.decoding import DecodingMethod, MethodSettings, PlainDecoding, Sequence, SpeculativeRequest, \
-    make_method
-from pipeline.runtime.eagle import DraftInput
-from pipeline.runtime.engine import Engine, Logits, StepInput
-from pipeline.runtime.lookahead import NgramPool, trie, window_layout
-from pipeline.runtime.metrics import SpecDecodingStats, SpecRequestMetrics
+from pipeline.runtime.request import GenerationRequest
+from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding, Sequence
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.speculative import LookaheadConfig
+from pipeline.runtime.spec_decode.eagle.drafter import DraftInput
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
+from pipeline.runtime.spec_decode.lookahead import NgramPool, trie, window_layout
+from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
-from pipeline.runtime.scheduler import Scheduler
+from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.trees import CHAIN_3
 from tests.runtime.speculative_fixtures import LOOKAHEAD, TREE, test_prompts
 
@@ -58,7 +60,7 @@ def decode(engine: Engine, method: DecodingMethod, requests: list[GenerationRequ
 
 
 def requests(prompts=PROMPTS, n: int = NEW_TOKENS, **kw) -> list[GenerationRequest]:
-    return [SpeculativeRequest(str(i), tuple(p), n, exclude_input_in_output=True, **kw) for i, p in enumerate(prompts)]
+    return [GenerationRequest(str(i), tuple(p), n, exclude_input_in_output=True, **kw) for i, p in enumerate(prompts)]
 
 
 def totals(outputs: dict[str, StepOutput]) -> SpecDecodingStats:
@@ -244,13 +246,13 @@ def test_eagle2_dynamic_tree_size_rule(spec_engines):
         method.propose([seq])
         tree = seq.state["eagle"].proposal.tree
         assert len(tree) == size and max(tree.depths()) <= 3
-        assert assert_lossless(engine, method).steps > 0
+        assert assert_lossless(engine, method).verification_steps > 0
 
 
 @pytest.mark.parametrize("per_request", [(2, 2, 1), (3, 3, 2), (4, 2, 4), (1, 3, 0), (1, 1, 0)])
 def test_lookahead_per_request_configs(spec_engines, per_request):
     engine, method = method_for(spec_engines, "lookahead")
-    got = decode(engine, method, requests(lookahead=per_request), in_flight=4)
+    got = decode(engine, method, requests(lookahead=LookaheadConfig(*per_request)), in_flight=4)
     assert {rid: out.tokens for rid, out in got.items()} == plain_tokens(engine)
     stats = totals(got)
     if per_request[1] == 1 or per_request[2] == 0:  # (1, 1, 0) is plain decoding; g = 0 verifies nothing
@@ -264,7 +266,7 @@ def test_lookahead_per_request_configs(spec_engines, per_request):
                                                ((4, 3, 5), "exceeds"), ((2, 1, 1), "not legal")])
 def test_lookahead_per_request_config_beyond_the_server_is_an_error(spec_engines, per_request, words):
     engine, method = method_for(spec_engines, "lookahead")
-    bad = SpeculativeRequest("bad", (1, 2, 3), 4, lookahead=per_request)
+    bad = GenerationRequest("bad", (1, 2, 3), 4, lookahead=LookaheadConfig(*per_request))
     got = decode(engine, method, [bad, *requests(PROMPTS[:1], 4)], in_flight=4)
     assert got["bad"].reason is FinishReason.ERROR and words in got["bad"].error
     assert got["0"].tokens == plain_tokens(engine)["0"][:4]
@@ -292,7 +294,7 @@ def test_load_time_errors(spec_engines):
     with pytest.raises(InputError, match="12 tree nodes exceed the engine's max_draft_len 10"):
         make_method(medusa, MethodSettings("medusa", medusa_choices=tuple((k,) for k in range(12))))
     with pytest.raises(InputError, match="needs max_draft_len 5 but the engine was built with 15"):
-        make_method(look, MethodSettings("lookahead", lookahead=(2, 2, 4)))
+        make_method(look, MethodSettings("lookahead", lookahead=LookaheadConfig(2, 2, 4)))
     with pytest.raises(InputError, match="are not set"):
         make_method(look, MethodSettings("lookahead"))
     with pytest.raises(InputError, match="mutually exclusive"):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runtime.decoding import Accepted, MethodSettings, PlainDecoding, make_method
-from pipeline.runtime.engine import Engine, Logits, StepInput
-from pipeline.runtime.medusa import MedusaDecoding
+from pipeline.runtime.spec_decode.base import Accepted, PlainDecoding
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
+from pipeline.runtime.spec_decode.medusa import MedusaDecoding
 from pipeline.runtime.request import GenerationRequest, SamplingParams
-from pipeline.runtime.scheduler import Scheduler
-from pipeline.runtime.tree_verify import Verdict, commit
+from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.tree_verify import Verdict, commit
 from tests.runtime.speculative_fixtures import LOOKAHEAD, TREE
 
 VOCAB, SAMPLES = 16, 1200

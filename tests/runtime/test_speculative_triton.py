@@ -13,9 +13,9 @@ import pytest
 
 from pipeline import trees
 from pipeline.errors import InputError
-from pipeline.runtime import triton_backend
-from pipeline.runtime.decoding import PlainDecoding
-from pipeline.runtime.triton_io import parse_parameters, parse_request
+from pipeline.runtime.triton import backend as triton_backend
+from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.runtime.triton.io import parse_parameters, parse_request
 from tests.runtime.speculative_fixtures import TREE
 from tests.runtime.test_speculative import PROMPTS, decode, requests
 from tests.runtime.test_triton_backend import FakeMetric, FakeRequest, fake_pb_utils, inputs, model_config

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runtime.decoding import Accepted, Sequence
-from pipeline.runtime.engine import StepRows
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.model.engine import StepRows
 from pipeline.runtime.request import GenerationRequest, SamplingParams
-from pipeline.runtime.scheduler import Scheduler
-from pipeline.runtime.tree_verify import DraftTree, accept, commit, tree_input
+from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.tree_verify import DraftTree, accept, commit, tree_input
 from tests.runtime.test_engine import PROMPTS
 from tests.runtime.test_scheduler import Collector
 
 
-class OracleDrafts:
+class OracleDrafts(DecodingMethod):
     """Proposes the known next two tokens as a chain, with a wrong sibling at each level; every
     third step proposes only wrong tokens (nothing accepted)."""
 
@@ -28,7 +28,7 @@ class OracleDrafts:
     def generation_input(self, seq: Sequence):
         done = len(seq.generated)
         right = self.truth[seq.request.request_id][done : done + 2]
-        if seq.metrics.steps % 3 == 2:
+        if seq.metrics.forward_steps % 3 == 2:
             right = []
         tokens: list[int] = []
         parents: list[int] = []

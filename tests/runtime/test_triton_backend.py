@@ -17,8 +17,8 @@ import pytest
 from google.protobuf import json_format
 
 from pipeline.errors import InputError
-from pipeline.runtime import triton_backend
-from pipeline.runtime.triton_io import StopRequest, parse_parameters, parse_request
+from pipeline.runtime.triton import backend as triton_backend
+from pipeline.runtime.triton.io import StopRequest, parse_parameters, parse_request
 from pipeline.triton.configs import RepositorySettings, tensorrt_llm_config
 from tests.runtime.test_engine import PROMPTS
 
@@ -224,7 +224,8 @@ def test_request_parsing(tmp_path):
 
 
 def test_decoding_modes_fall_back_with_a_warning(engine):
-    from pipeline.runtime.decoding import MethodSettings, PlainDecoding, make_method
+    from pipeline.runtime.spec_decode.base import PlainDecoding
+    from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
 
     assert make_method(engine, MethodSettings("top_k_top_p"))[1] == [] and make_method(engine)[1] == []
     for mode, words in (("redrafter", "not served by the reference backend"), ("beam_search", "beam width 1"),

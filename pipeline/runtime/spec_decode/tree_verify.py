@@ -22,14 +22,14 @@ without speculation (up to float round-off between a tree pass and single-token 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from pipeline import trees
-from pipeline.runtime.engine import Logits, StepInput, StepRows
-from pipeline.runtime.kv_cache import KVCache
+from pipeline.runtime.model.engine import Logits, StepInput, StepRows
+from pipeline.runtime.model.kv_cache import KVCache
 
 Choose = Callable[[torch.Tensor], int]  # logits row -> the target model's token
 

@@ -32,13 +32,11 @@ from functools import lru_cache
 import torch
 
 from pipeline.errors import InputError
-from pipeline.runtime.decoding import Accepted, Sequence, SpeculativeRequest
-from pipeline.runtime.engine import Engine, Logits, StepInput, StepRows
+from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.request import GenerationRequest
-from pipeline.runtime.tree_verify import DraftTree, Proposal, verify
-from pipeline.speculative import lookahead_max_draft_len, lookahead_problem
-
-Config = tuple[int, int, int]  # (window W, ngram N, verification set G)
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
+from pipeline.speculative import LookaheadConfig, lookahead_problem
 
 
 class NgramPool:
@@ -103,33 +101,31 @@ def trie(ngrams: list[tuple[int, ...]]) -> DraftTree:
 
 @dataclass
 class _State:
-    config: Config
+    config: LookaheadConfig
     pool: NgramPool
     levels: list[list[int]]  # n - 1 levels of w tokens; levels[0][0] is the root
     warm: int = 0  # steps so far: window n-grams count once every level holds model outputs
     proposal: Proposal | None = None
 
 
-class LookaheadDecoding:
+class LookaheadDecoding(DecodingMethod):
     name = "lookahead"
 
-    def __init__(self, engine: Engine, config: Config):
+    def __init__(self, engine: Engine, config: LookaheadConfig):
         problem = lookahead_problem(*config)
         if problem:
-            raise InputError(f"lookahead (W, N, G) = {config} is not legal: {problem}")
-        need, built = lookahead_max_draft_len(*config), engine.config.limits.max_draft_len
+            raise InputError(f"lookahead (W, N, G) = {tuple(config)} is not legal: {problem}")
+        need, built = config.max_draft_len, engine.config.limits.max_draft_len
         if need != built:
-            raise InputError(f"lookahead (W, N, G) = {config} needs max_draft_len {need} but the engine was built "
-                             f"with {built}; the server's lookahead_* parameters must match the build "
+            raise InputError(f"lookahead (W, N, G) = {tuple(config)} needs max_draft_len {need} but the engine was "
+                             f"built with {built}; the server's lookahead_* parameters must match the build "
                              "(tensorrtllm_backend#710)")
         self.config = config
         self.max_draft_len = need
-        self.draft_positions = config[1] - 1
+        self.draft_positions = config.ngram - 1
 
-    def request_config(self, request: GenerationRequest) -> Config:
-        if isinstance(request, SpeculativeRequest) and request.lookahead is not None:
-            return request.lookahead
-        return self.config
+    def request_config(self, request: GenerationRequest) -> LookaheadConfig:
+        return request.lookahead or self.config
 
     def problem(self, request: GenerationRequest) -> str | None:
         w, n, g = self.request_config(request)
@@ -149,6 +145,7 @@ class LookaheadDecoding:
             return Accepted([root])
         state: _State = seq.state[self.name]  # type: ignore[assignment]
         proposal, state.proposal = state.proposal, None
+        assert proposal is not None  # generation_input made it
         verdict = verify(proposal, rows, seq.cache, seq.sample)
         w, n, g = state.config
         if n > 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.runtime.engine import Engine, Logits, StepInput
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
 
 # A divergence within this many bf16 steps (of the larger logit) is round-off, not a wrong draft.
 NEAR_TIE_BF16_STEPS = 8

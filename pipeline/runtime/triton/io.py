@@ -12,16 +12,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from pipeline import trees
 from pipeline.errors import InputError
-from pipeline.runtime.decoding import MethodSettings, SpeculativeRequest
 from pipeline.runtime.request import GenerationRequest, SamplingParams, StepOutput, parse_words_list
+from pipeline.runtime.spec_decode.factory import MethodSettings
+from pipeline.speculative import LookaheadConfig
 
 GetInput = Callable[[str], "np.ndarray | None"]  # input tensor by name, None when not sent
 
@@ -35,7 +37,7 @@ class BackendParams:
     exclude_input_in_output: bool = False
     decoding_mode: str | None = None
     cancellation_check_period_ms: int = 100
-    lookahead: tuple[int, int, int] | None = None  # (window, ngram, verification_set)
+    lookahead: LookaheadConfig | None = None
     medusa_choices: trees.Tree | None = None
     eagle_choices: trees.Tree | None = None
     num_threads: int | None = None  # our own key: torch threads (default: the CPUs we may use)
@@ -98,7 +100,7 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         exclude_input_in_output=boolean("exclude_input_in_output", False),
         decoding_mode=mode,
         cancellation_check_period_ms=integer("cancellation_check_period_ms", 100) or 100,
-        lookahead=tuple(look) if None not in look else None,  # type: ignore[arg-type]
+        lookahead=LookaheadConfig(*look) if None not in look else None,  # type: ignore[arg-type]
         medusa_choices=choices["medusa_choices"], eagle_choices=choices["eagle_choices"],
         num_threads=integer("reference_num_threads", None),
         eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
@@ -172,7 +174,7 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
     if streaming and not params.decoupled:
         raise InputError("Streaming is only supported if model is deployed using decoupled mode.")
     end_id = _scalar(get, "end_id", None)
-    return SpeculativeRequest(
+    return GenerationRequest(
         request_id=request_id,
         input_ids=tuple(int(t) for t in ids[:length]),
         max_new_tokens=int(output_len),
@@ -194,7 +196,7 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
 _LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 
 
-def _lookahead_inputs(get: GetInput, params: BackendParams) -> tuple[int, int, int] | None:
+def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig | None:
     """Per-request (w, n, g). Whether they fit the server's (W, N, G) is the Lookahead method's
     check (LookaheadDecoding.problem), answered as this request's error."""
     values = [_scalar(get, name, None) for name in _LOOKAHEAD_INPUTS]
@@ -206,7 +208,7 @@ def _lookahead_inputs(get: GetInput, params: BackendParams) -> tuple[int, int, i
     if any(v is None for v in values):
         raise InputError("send all three of lookahead_window_size, lookahead_ngram_size and "
                          "lookahead_verification_set_size, or none")
-    return int(values[0]), int(values[1]), int(values[2])
+    return LookaheadConfig(int(values[0]), int(values[1]), int(values[2]))
 
 
 def response_arrays(out: StepOutput, request: GenerationRequest, declared: frozenset[str],

@@ -17,19 +17,20 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline.errors import SpecdeployError
-from pipeline.runtime.decoding import make_method
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.metrics import BackendMetrics
+from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
-from pipeline.runtime.scheduler import Scheduler
-from pipeline.runtime.triton_io import BackendParams, StopRequest, parse_parameters, parse_request, response_arrays
+from pipeline.runtime.serving.metrics import BackendMetrics
+from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.factory import make_method
+from pipeline.runtime.triton.io import BackendParams, StopRequest, parse_parameters, parse_request, response_arrays
 
 try:  # present inside the Python backend's stub process only
     import triton_python_backend_utils as pb_utils

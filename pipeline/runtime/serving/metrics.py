@@ -3,17 +3,18 @@
 Speculative decoding, per request and per server (:class:`SpecDecodingStats`). Definitions, as
 vLLM v1 (``vllm/v1/spec_decode/metrics.py``) computes them, with "draft" = one verification step:
 
-* ``steps``: verification steps, i.e. generation steps after the prompt (one forward pass each,
-  whether or not the method found anything to draft that step);
+* ``verification_steps``: generation steps after the prompt (one forward pass each, whether or
+  not the method found anything to draft that step); a request's ``forward_steps``
+  (RequestMetrics) count one more, the step that ended its prefill and chose its first token;
 * ``draft_tokens``: draft tokens verified (tree nodes for Medusa / EAGLE, verification-branch
   n-gram nodes for Lookahead; the Lookahead window itself is not a draft);
 * ``accepted_tokens``: draft tokens accepted (the bonus token the target model adds each step
   is not counted);
 * ``accepted_per_position[k]``: steps that accepted a draft at depth k + 1 (an accepted path is
   always a prefix, so this is the number of steps that accepted more than k drafts);
-* mean acceptance length = 1 + accepted_tokens / steps (tokens produced per forward pass);
+* mean acceptance length = 1 + accepted_tokens / verification_steps (tokens per forward pass);
 * acceptance rate = accepted_tokens / draft_tokens (TensorRT-LLM's ``acceptance_rate`` output);
-* acceptance at position k = accepted_per_position[k] / steps.
+* acceptance at position k = accepted_per_position[k] / verification_steps.
 
 Prometheus (through Triton's custom-metrics API, served on the metrics port next to Triton's own
 ``nv_*`` metrics). The counters are cumulative, so rates come out of PromQL:
@@ -32,26 +33,23 @@ collected every later ``increment`` raises "the corresponding 'MetricFamily' has
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.runtime.request import RequestMetrics
-
-if TYPE_CHECKING:  # scheduler imports this module
-    from pipeline.runtime.scheduler import StepStats
 
 
 @dataclass
 class SpecDecodingStats:
     """Speculative-decoding counters; see the module docstring for the definitions."""
 
-    steps: int = 0
+    verification_steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
 
     def observe(self, draft_tokens: int, accepted_tokens: int) -> None:
         """One verification step that proposed ``draft_tokens`` and accepted a path of ``accepted_tokens``."""
-        self.steps += 1
+        self.verification_steps += 1
         self.draft_tokens += draft_tokens
         self.accepted_tokens += accepted_tokens
         if len(self.accepted_per_position) < accepted_tokens:
@@ -60,7 +58,7 @@ class SpecDecodingStats:
             self.accepted_per_position[k] += 1
 
     def merge(self, other: SpecDecodingStats) -> None:
-        self.steps += other.steps
+        self.verification_steps += other.verification_steps
         self.draft_tokens += other.draft_tokens
         self.accepted_tokens += other.accepted_tokens
         for k, count in enumerate(other.accepted_per_position):
@@ -70,7 +68,8 @@ class SpecDecodingStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        return 1.0 + self.accepted_tokens / self.steps if self.steps else 1.0
+        steps = self.verification_steps
+        return 1.0 + self.accepted_tokens / steps if steps else 1.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -79,22 +78,41 @@ class SpecDecodingStats:
     def acceptance_per_position(self, positions: int | None = None) -> list[float]:
         n = len(self.accepted_per_position) if positions is None else positions
         counts = self.accepted_per_position + [0] * max(0, n - len(self.accepted_per_position))
-        return [c / self.steps if self.steps else 0.0 for c in counts[:n]]
+        return [c / self.verification_steps if self.verification_steps else 0.0 for c in counts[:n]]
 
     def summary(self) -> str:
         """One log line, as vLLM's SpecDecodingLogging prints it."""
         per_pos = ", ".join(f"{r:.3f}" for r in self.acceptance_per_position())
         return (f"mean acceptance length {self.mean_acceptance_length:.2f}, acceptance rate "
                 f"{self.acceptance_rate:.3f} ({self.accepted_tokens}/{self.draft_tokens} draft tokens, "
-                f"{self.steps} steps), per-position acceptance [{per_pos}]")
+                f"{self.verification_steps} steps), per-position acceptance [{per_pos}]")
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one scheduler step did, for metrics."""
+
+    batch_size: int  # requests in the forward pass
+    input_tokens: int  # tokens fed to the forward pass (<= max_num_tokens)
+    prefill_tokens: int
+    generated_tokens: int  # tokens handed to clients this step
+    seconds: float
+    spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # this step's verification steps
 
 
 class BackendMetrics:
     def __init__(self, pb_utils: Any | None, labels: dict[str, str], draft_positions: int = 0):
         """``draft_positions``: the method's deepest draft (per-position series 0..draft_positions-1)."""
         self._families: list[Any] = []
-        self.tokens = self.steps = self.requests = self.batch = self.step_ms = None
-        self.drafts = self.draft_tokens = self.accepted_tokens = None
+        # Triton metrics (pb_utils.Metric); None outside Triton, where every update is a no-op.
+        self.tokens: Any = None
+        self.steps: Any = None
+        self.requests: Any = None
+        self.batch: Any = None
+        self.step_ms: Any = None
+        self.drafts: Any = None
+        self.draft_tokens: Any = None
+        self.accepted_tokens: Any = None
         self.per_position: list[Any] = []
         if pb_utils is None or not hasattr(pb_utils, "MetricFamily"):
             return
@@ -136,8 +154,8 @@ class BackendMetrics:
         self.batch.set(stats.batch_size)
         self.step_ms.set(stats.seconds * 1000.0)
         spec = stats.spec
-        if spec.steps:
-            self.drafts.increment(spec.steps)
+        if spec.verification_steps:
+            self.drafts.increment(spec.verification_steps)
             if spec.draft_tokens:
                 self.draft_tokens.increment(spec.draft_tokens)
             if spec.accepted_tokens:

@@ -1,6 +1,6 @@
 """Measure in-flight batching: generated tokens/s at concurrency 1 vs N through the scheduler.
 
-    python -m pipeline.runtime.bench_batching [HF_MODEL_DIR] [--concurrency 1 8] [--threads 2]
+    .venv/bin/python bench/batching.py [HF_MODEL_DIR] [--concurrency 1 8] [--threads 2]
 
 Converts the HF Llama folder (default: the embedded SmolLM2-135M-Instruct) with the project's
 converter into a temporary reference engine, then, per concurrency c, submits c greedy requests
@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint import convert_checkpoint
-from pipeline.runtime.engine import Engine
-from pipeline.runtime.request import GenerationRequest
-from pipeline.runtime.scheduler import Scheduler, StepStats
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / ".cache" / "smollm2-135m-instruct"
+from pipeline.checkpoint import convert_checkpoint  # noqa: E402
+from pipeline.runtime.model.engine import Engine  # noqa: E402
+from pipeline.runtime.request import GenerationRequest  # noqa: E402
+from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
+from pipeline.runtime.serving.scheduler import Scheduler  # noqa: E402
+
+DEFAULT_MODEL = REPO / ".cache" / "smollm2-135m-instruct"
 
 
 def make_engine(hf_dir: Path, out: Path, max_batch_size: int) -> Path:

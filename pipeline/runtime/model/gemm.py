@@ -21,8 +21,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.checkpoint.reference_forward import Linear
-
 # oneDNN's packed layouts are tuned for a batch-size hint; 16 rows is within a few percent of the
 # best for 1..64 rows on SmolLM2 shapes (decode, trees, in-flight batches).
 _PACK_ROWS_HINT = 16
@@ -65,11 +63,3 @@ class Gemm:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
-
-
-def prepare_linear(linear: Linear | Gemm, bf16: bool) -> Linear | Gemm:
-    """The engine's form of a checkpoint linear. FP8 linears (activation scale set) keep their
-    float32 fake-quant path: the bf16 rounding would not be what the FP8 kernel does."""
-    if isinstance(linear, Gemm) or linear.act_scale is not None:
-        return linear
-    return Gemm(linear.weight, linear.bias, bf16)

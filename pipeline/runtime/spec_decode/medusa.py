@@ -25,10 +25,11 @@ import torch.nn.functional as F
 
 from pipeline import trees
 from pipeline.errors import InputError
-from pipeline.runtime.decoding import Accepted, Sequence
-from pipeline.runtime.engine import Engine, StepInput, StepRows
-from pipeline.runtime.gemm import Gemm, prepare_linear
-from pipeline.runtime.tree_verify import DraftTree, Proposal, TreeShape, verify
+from pipeline.runtime.model.engine import Engine, StepInput, StepRows
+from pipeline.runtime.model.gemm import Gemm
+from pipeline.runtime.model.layers import prepare_linear
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, TreeShape, verify
 
 
 class MedusaHeads:
@@ -70,7 +71,7 @@ class _State:
     proposal: Proposal | None = None
 
 
-class MedusaDecoding:
+class MedusaDecoding(DecodingMethod):
     name = "medusa"
 
     def __init__(self, engine: Engine, tree: trees.Tree):
@@ -104,7 +105,7 @@ class MedusaDecoding:
     def generation_input(self, seq: Sequence) -> StepInput:
         if self._state(seq).proposal is None:
             self.propose([seq])
-        return self._state(seq).proposal.input
+        return self._state(seq).proposal.input  # type: ignore[union-attr]
 
     def accept(self, seq: Sequence, rows: StepRows, after_prefill: bool) -> Accepted:
         if after_prefill:
@@ -112,6 +113,7 @@ class MedusaDecoding:
             return Accepted([seq.sample(rows.logits[-1])])
         state = self._state(seq)
         proposal, state.proposal = state.proposal, None
+        assert proposal is not None  # generation_input made it
         verdict = verify(proposal, rows, seq.cache, seq.sample)
         state.hidden = rows.hidden[verdict.rows()[-1]]
         return Accepted(verdict.tokens, len(proposal.tree), verdict.accepted_drafts)

@@ -20,31 +20,20 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
 
-from pipeline.runtime.config import Limits
-from pipeline.runtime.decoding import Accepted, DecodingMethod, PlainDecoding, Sequence
-from pipeline.runtime.engine import Engine, Logits, StepInput
-from pipeline.runtime.metrics import SpecDecodingStats, SpecRequestMetrics
+from pipeline.runtime.model.config import Limits
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
+from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[StepOutput], None]  # receives every response of one request, the last one finished
 IsCancelled = Callable[[], bool]  # the client went away (Triton: response_sender.is_cancelled)
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """What one step did, for metrics."""
-
-    batch_size: int  # requests in the forward pass
-    input_tokens: int  # tokens fed to the forward pass (<= max_num_tokens)
-    prefill_tokens: int
-    generated_tokens: int  # tokens handed to clients this step
-    seconds: float
-    spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # this step's verification steps
 
 
 @dataclass
@@ -64,11 +53,6 @@ class Scheduler:
         # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
         self.cancel_check_period_s = cancel_check_period_s
         self.method = method or PlainDecoding()
-        # Optional DecodingMethod members (decoding.py), looked up once with plain-decoding defaults.
-        self._prompt_hidden: bool = getattr(self.method, "prompt_hidden", False)
-        self._prompt_chunk = getattr(self.method, "prompt_chunk", None)
-        self._propose = getattr(self.method, "propose", None)
-        self._method_problem = getattr(self.method, "problem", None)
         self.limits = limits or engine.config.limits
         self.on_step = on_step
         self._keys = itertools.count()
@@ -125,13 +109,13 @@ class Scheduler:
             if prefill_chunk:
                 seq.prefilled += len(item.token_ids)
                 if seq.in_prefill:  # more prompt chunks to go: no token yet
-                    if self._prompt_chunk is not None and self._prompt_hidden:
-                        self._prompt_chunk(seq, rows)
+                    if self.method.prompt_hidden:
+                        self.method.prompt_chunk(seq, rows)
                     continue
             accepted = self.method.accept(seq, rows, after_prefill=prefill_chunk)
             if not prefill_chunk:  # a verification step (metrics.py has the definitions)
-                seq.metrics.spec.observe(accepted.draft_tokens, accepted.accepted_draft_tokens)
-                spec.observe(accepted.draft_tokens, accepted.accepted_draft_tokens)
+                for stats in (cast(SpecRequestMetrics, seq.metrics).spec, spec):
+                    stats.observe(accepted.draft_tokens, accepted.accepted_draft_tokens)
             generated += self._emit(entry, accepted)
         self._running = [e for e in self._running if not e.finished]
         if self.on_step is not None:
@@ -193,7 +177,7 @@ class Scheduler:
         bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"input token id {bad} is outside the vocabulary [0, {vocab})"
-        return self._method_problem(request) if self._method_problem is not None else None
+        return self.method.problem(request)
 
     def _admit(self) -> None:
         with self._lock:
@@ -216,8 +200,8 @@ class Scheduler:
         """(entry, input, is_prefill_chunk) for this step within the token budget."""
         budget = self.limits.max_num_tokens
         batch: list[tuple[_Entry, StepInput, bool]] = []
-        if self._propose is not None:  # draft for every generating request in one batch
-            self._propose([e.seq for e in self._running if not e.seq.in_prefill])
+        # Draft for every generating request in one batch.
+        self.method.propose([e.seq for e in self._running if not e.seq.in_prefill])
         for entry in self._running:  # generation first: running requests never starve
             if not entry.seq.in_prefill:
                 item = self.method.generation_input(entry.seq)
@@ -230,7 +214,7 @@ class Scheduler:
                 chunk = list(seq.request.input_ids[seq.prefilled : seq.prefilled + budget])
                 last = seq.prefilled + len(chunk) == len(seq.request.input_ids)
                 rows = Logits.LAST if last else Logits.NONE
-                batch.append((entry, StepInput(seq.cache, chunk, rows, all_hidden=self._prompt_hidden), True))
+                batch.append((entry, StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden), True))
                 budget -= len(chunk)
         return batch
 
@@ -238,7 +222,7 @@ class Scheduler:
         """Append the step's tokens, apply the stop rules, answer the client; returns tokens kept."""
         seq, request = entry.seq, entry.seq.request
         m = seq.metrics
-        m.steps += 1
+        m.forward_steps += 1
         m.total_draft_tokens += accepted.draft_tokens
         m.total_accepted_draft_tokens += accepted.accepted_draft_tokens
         kept: list[int] = []

@@ -1,8 +1,7 @@
 """The reference engine: all tp/pp ranks of an engine folder in one process, batched over requests.
 
-Layer math comes from ``pipeline.checkpoint.reference_forward`` (rms_norm, rope, FP8 linears,
-the gated MLP, the per-rank weight loader with FP8 dequantization at load); this module adds
-what serving needs on top of it:
+Layer math comes from ``layers`` (rms_norm, rope, FP8 linears, the gated MLP), the per-rank
+weights from ``weights`` (FP8 dequantized at load); this module adds what serving needs on top:
 
 * one step runs several requests with different past lengths: every linear (qkv, dense,
   fc/gate/proj, lm_head) is one matmul over all requests' new tokens; only attention runs
@@ -17,20 +16,32 @@ what serving needs on top of it:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from pipeline.checkpoint.reference_forward import (Geometry, LayerShard, RankWeights, fake_quant_fp8, mlp, rms_norm,
-                                                   rope_inv_freq, rope_tables, rotate)
 from pipeline.errors import InputError
-from pipeline.runtime.config import EngineConfig, load_engine_config
-from pipeline.runtime.gemm import Gemm, prepare_linear
-from pipeline.runtime.kv_cache import KVCache
+from pipeline.runtime.model.config import EngineConfig, load_engine_config
+from pipeline.runtime.model.gemm import Gemm
+from pipeline.runtime.model.kv_cache import KVCache
+from pipeline.runtime.model.layers import (
+    Geometry,
+    LayerShard,
+    all_reduce,
+    fake_quant_fp8,
+    mlp,
+    prepare_linear,
+    rms_norm,
+    rope_inv_freq,
+    rope_tables,
+    rotate,
+)
+from pipeline.runtime.model.weights import RankWeights
 
 
 class Logits(Enum):
@@ -67,9 +78,34 @@ class StepRows:
     hidden: torch.Tensor
 
 
-def _all_reduce(partials: list[torch.Tensor]) -> torch.Tensor:
-    """The tp all-reduce: a sum in rank order (the reference forward's order, so results match)."""
-    return partials[0] if len(partials) == 1 else torch.stack(partials).sum(0)
+Span = tuple[int, int]  # an item's rows [a, b) in a step's packed rows
+
+
+def attention(w: LayerShard, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], geo: Geometry,
+              caches: Sequence[KVCache], spans: Sequence[Span], masks: Sequence[torch.Tensor | None],
+              tp_rank: int, layer: int) -> torch.Tensor:
+    """One rank's attention partial sum over a batch of requests (the engine's and the EAGLE
+    drafter's): q/k/v and the output projection run once over every request's new rows; attention
+    runs per request over its own cache, which gets the new K/V.
+
+    ``x`` [T, H] normed input of all requests' new rows; ``spans[i]`` request i's rows;
+    ``masks[i]`` None (its rows see the whole cache, causal among themselves; only for one row) or
+    [n_i, cache_i + n_i], additive float or bool.
+    """
+    T, d = x.shape[0], geo.head_size
+    q, k, v = w.qkv(x).split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
+    q = rotate(q.view(T, geo.heads, d).transpose(0, 1), *rope)  # [heads, T, d]
+    k = rotate(k.view(T, geo.kv_heads, d).transpose(0, 1), *rope)  # [kv_heads, T, d]
+    v = v.view(T, geo.kv_heads, d).transpose(0, 1)
+    if w.kv_cache_scale is not None:  # FP8 KV cache: what is stored is what the kernel reads back
+        k, v = fake_quant_fp8(k, w.kv_cache_scale), fake_quant_fp8(v, w.kv_cache_scale)
+    ctx = torch.empty(T, geo.heads, d)
+    for cache, (a, b), mask in zip(caches, spans, masks):
+        keys, values = cache.write(tp_rank, layer, k[:, a:b], v[:, a:b])
+        out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None], attn_mask=mask,
+                                             enable_gqa=True)
+        ctx[a:b] = out[0].transpose(0, 1)
+    return w.dense(ctx.view(T, geo.heads * d))
 
 
 class Engine:
@@ -81,14 +117,16 @@ class Engine:
         self.geo = Geometry(shape.num_heads // self.tp, max(shape.num_kv_heads // self.tp, 1), shape.head_size,
                             shape.norm_epsilon)
         self.inv_freq = rope_inv_freq(shape.head_size, shape.rotary_base, shape.rotary_scaling)
-        first, last = self.stage(0)[0], self.stage(self.pp - 1)[0]
-        if first.embedding is None or last.ln_f is None or last.lm_head is None:
+        first, last = self.stage(0)[0], self.stage(self.pp - 1)
+        lm_heads = [r.lm_head for r in last if r.lm_head is not None]
+        if first.embedding is None or last[0].ln_f is None or len(lm_heads) != self.tp:
             raise InputError(f"{config.folder}: rank files lack the embedding (first stage) or ln_f/lm_head "
                              "(last stage); rebuild the engine")
         self.embedding: torch.Tensor = first.embedding
-        self.ln_f: torch.Tensor = last.ln_f
+        self.ln_f: torch.Tensor = last[0].ln_f
         self.bf16 = shape.dtype == "bfloat16"
-        self.lm_heads = [Gemm(r.lm_head, bf16=self.bf16) for r in self.stage(self.pp - 1)]
+        self.lm_head_weights = lm_heads  # [tp_rank]: the vocab-parallel lm_head's rows
+        self.lm_heads = [Gemm(weight, bf16=self.bf16) for weight in lm_heads]
         for rank in ranks:
             for shard in rank.layers.values():
                 self.prepare_linears(shard)
@@ -106,12 +144,12 @@ class Engine:
         """Whether every holder has the last stage's lm_head (``holders[tp_rank]``: objects with an
         ``lm_head`` tensor, e.g. Medusa heads); then they get the engine's tensor, so their copies are
         freed, and :meth:`lm_head` with the engine's own GEMMs serves them."""
-        stage = self.stage(self.pp - 1)
-        if not all(torch.equal(h.lm_head, rank.lm_head) for hs, rank in zip(holders, stage) for h in hs):
+        weights = self.lm_head_weights
+        if not all(torch.equal(h.lm_head, weight) for hs, weight in zip(holders, weights) for h in hs):
             return False
-        for hs, rank in zip(holders, stage):
+        for hs, weight in zip(holders, weights):
             for h in hs:
-                h.lm_head = rank.lm_head
+                h.lm_head = weight
         return True
 
     def lm_head(self, hidden: torch.Tensor, heads: Sequence[Gemm] | None = None) -> torch.Tensor:
@@ -146,7 +184,8 @@ class Engine:
 
         Each item's tokens are appended to its cache (``cache.length`` grows by n).
         """
-        spans, positions, start = [], [], 0
+        spans: list[Span] = []
+        positions, start = [], 0
         for item in items:
             n = len(item.token_ids)
             item.cache.reserve(n)
@@ -158,38 +197,20 @@ class Engine:
         ids = torch.tensor([t for item in items for t in item.token_ids], dtype=torch.long)
         rope = rope_tables(torch.cat(positions), self.inv_freq)
         masks = [_mask(item, len(item.token_ids), item.cache.length + len(item.token_ids)) for item in items]
+        caches = [item.cache for item in items]
         h = self.embedding[ids]
         for pp_rank, layer_ids in enumerate(self.layer_ids):
             stage = self.stage(pp_rank)
             for layer in layer_ids:
                 shards = [r.layers[layer] for r in stage]
-                x = rms_norm(h, shards[0].input_layernorm, self.geo.eps)
-                h = h + _all_reduce([self._attention(t, layer, w, x, rope, items, spans, masks)
-                                     for t, w in enumerate(shards)])
+                x = rms_norm(h, shards[0].input_layernorm, self.geo.eps)  # type: ignore[arg-type]
+                h = h + all_reduce([attention(w, x, rope, self.geo, caches, spans, masks, t, layer)
+                                    for t, w in enumerate(shards)])
                 x = rms_norm(h, shards[0].post_layernorm, self.geo.eps)
-                h = h + _all_reduce([mlp(w, x) for w in shards])
+                h = h + all_reduce([mlp(w, x) for w in shards])
         for item in items:
             item.cache.advance(len(item.token_ids))
         return self._logits(h, items, spans)
-
-    def _attention(self, tp_rank: int, layer: int, w: LayerShard, x: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor], items: Sequence[StepInput], spans: list[tuple[int, int]],
-                   masks: list[torch.Tensor | None]) -> torch.Tensor:
-        """One rank's attention partial sum: batched projections, per-request attention."""
-        T, d, geo = x.shape[0], self.geo.head_size, self.geo
-        q, k, v = w.qkv(x).split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
-        q = rotate(q.view(T, geo.heads, d).transpose(0, 1), *rope)
-        k = rotate(k.view(T, geo.kv_heads, d).transpose(0, 1), *rope)
-        v = v.view(T, geo.kv_heads, d).transpose(0, 1)
-        if w.kv_cache_scale is not None:  # FP8 KV cache: what is stored is what the kernel reads back
-            k, v = fake_quant_fp8(k, w.kv_cache_scale), fake_quant_fp8(v, w.kv_cache_scale)
-        ctx = torch.empty(T, geo.heads, d)
-        for item, (a, b), mask in zip(items, spans, masks):
-            keys, values = item.cache.write(tp_rank, layer, k[:, a:b], v[:, a:b])
-            out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None], attn_mask=mask,
-                                                 enable_gqa=True)
-            ctx[a:b] = out[0].transpose(0, 1)
-        return w.dense(ctx.view(T, geo.heads * d))
 
     def _logits(self, h: torch.Tensor, items: Sequence[StepInput], spans: list[tuple[int, int]]
                 ) -> list[StepRows]:
