@@ -1,4 +1,7 @@
-"""Engines for the speculative-decoding tests: a tiny random Llama, heads in the real input formats.
+"""Models and engines for the runtime tests: tiny random Llamas, heads in the real input formats.
+
+* :func:`make_hf_model` saves a random ``LlamaForCausalLM``; :func:`write_engine` converts it with
+  the project's converter into a reference engine folder (the layout trtllm-build writes).
 
 * Medusa heads are written as FasterDecoding's ``medusa_lm_head.safetensors`` (``{h}.{l}.linear.*``,
   ``{h}.{L}.weight``), the EAGLE-1 drafter as ``config.json`` + ``model.safetensors`` (``fc.*``,
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -24,9 +28,8 @@ from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import GenerationRequest
-from pipeline.speculative import LookaheadConfig
 from pipeline.runtime.serving.scheduler import Scheduler
-from pipeline.speculative import lookahead_max_draft_len
+from pipeline.speculative import LookaheadConfig
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
 
 SPEC_MODE = {"medusa": 4, "lookahead": 8, "eagle": 32}  # build_config.speculative_decoding_mode (IntFlag)
@@ -35,6 +38,35 @@ MODEL = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_h
 MEDUSA_HEADS, EAGLE_LAYERS, EAGLE_MAX_DRAFT = 3, 3, 16
 LOOKAHEAD = LookaheadConfig(4, 3, 4)
 TREE = CPU_SMALL_10_DEPTH_3
+# The speculative engines' limits: every method's drafts fit, 64 requests may be in flight.
+SPEC_LIMITS = {"max_batch_size": 64, "max_seq_len": 160, "max_num_tokens": 4096}
+
+
+TINY = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, max_position_embeddings=256, rms_norm_eps=1e-5)
+
+
+def make_hf_model(folder: Path, seed: int = 0, **overrides: Any) -> Path:
+    """A random LlamaForCausalLM saved with save_pretrained; weights scaled up so that logits are
+    peaked and greedy decoding has no near-ties (fp32 round-off must not flip a token)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**TINY, "initializer_range": 0.15, "tie_word_embeddings": False, **overrides})
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return folder
+
+
+PROMPTS = [[1, 5, 9, 13, 2, 7], [3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52], [8, 8, 8]]
+
+
+def engine_greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    cache = engine.new_cache(len(prompt) + n)
+    tokens = [int(engine.forward([StepInput(cache, prompt)])[0].logits[-1].argmax())]
+    while len(tokens) < n:
+        tokens.append(int(engine.forward([StepInput(cache, [tokens[-1]])])[0].logits[-1].argmax()))
+    return tokens
 
 
 def random_prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
@@ -184,22 +216,23 @@ def write_fp8_export(hf_dir: Path, out: Path, calibration: list[list[int]]) -> P
     return out
 
 
-def write_engine(src: Path, out: Path, method: str | None, *, tp: int = 1, medusa_dir: Path | None = None,
-                 eagle_dir: Path | None = None, kv_cache_fp8: bool = False, dtype: str = "float32") -> Path:
-    """A reference engine folder: the converter's checkpoint + the build_config trtllm-build would write."""
-    draft = {"medusa": len(TREE), "eagle": EAGLE_MAX_DRAFT, "lookahead": lookahead_max_draft_len(*LOOKAHEAD),
-             None: 0}[method]
+def write_engine(src: Path, out: Path, method: str | None = None, *, tp: int = 1, pp: int = 1,
+                 medusa_dir: Path | None = None, eagle_dir: Path | None = None, kv_cache_fp8: bool = False,
+                 dtype: str = "float32", **build: Any) -> Path:
+    """A reference engine folder: the converter's checkpoint + the build_config trtllm-build would write
+    (``build`` overrides its limits)."""
+    draft = {"medusa": len(TREE), "eagle": EAGLE_MAX_DRAFT, "lookahead": LOOKAHEAD.max_draft_len, None: 0}[method]
     out.mkdir(parents=True)
-    convert_checkpoint(src, out, tp=tp, pp=1, dtype=dtype, kv_cache_fp8=kv_cache_fp8,
+    convert_checkpoint(src, out, tp=tp, pp=pp, dtype=dtype, kv_cache_fp8=kv_cache_fp8,
                        medusa=MedusaOptions(medusa_dir, max_draft_len=draft) if method == "medusa" else None,
                        eagle=EagleOptions(eagle_dir, num_eagle_layers=EAGLE_LAYERS, max_draft_len=draft)
                        if method == "eagle" else None)
     pretrained = json.loads((out / "config.json").read_text())
-    build = {"max_batch_size": 64, "max_input_len": 64, "max_seq_len": 160, "max_num_tokens": 4096,
-             "max_draft_len": draft, "speculative_decoding_mode": SPEC_MODE.get(method, 1), "max_beam_width": 1,
-             "plugin_config": {"tokens_per_block": 32, "paged_kv_cache": True}}
+    build_config = {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
+                    "max_draft_len": draft, "speculative_decoding_mode": SPEC_MODE.get(method), "max_beam_width": 1,
+                    "plugin_config": {"tokens_per_block": 32, "paged_kv_cache": True}, **build}
     (out / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": pretrained,
-                                                 "build_config": build}))
+                                                 "build_config": build_config}))
     return out
 
 
@@ -219,6 +252,6 @@ class EngineFactory:
             # EAGLE's drafter shares nothing with the KV cache scales: the converter refuses FP8 KV with EAGLE.
             kv_fp8 = fp8 and method != "eagle"
             write_engine(src, folder, method, tp=tp, medusa_dir=self.medusa_dir, eagle_dir=self.eagle_dir,
-                         kv_cache_fp8=kv_fp8, dtype=dtype)
+                         kv_cache_fp8=kv_fp8, dtype=dtype, **SPEC_LIMITS)
             self.engines[key] = Engine.load(folder)
         return self.engines[key]

@@ -9,9 +9,7 @@ import torch
 
 from pipeline.errors import InputError
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
-from tests.runtime.conftest import write_engine
-
-PROMPTS = [[1, 5, 9, 13, 2, 7], [3], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52], [8, 8, 8]]
+from tests.runtime.fixtures import PROMPTS, engine_greedy, write_engine
 
 
 def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
@@ -20,14 +18,6 @@ def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
     model = LlamaForCausalLM.from_pretrained(hf_model).eval()
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
     return out[0, len(prompt):].tolist()
-
-
-def engine_greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
-    cache = engine.new_cache(len(prompt) + n)
-    tokens = [int(engine.forward([StepInput(cache, prompt)])[0].logits[-1].argmax())]
-    while len(tokens) < n:
-        tokens.append(int(engine.forward([StepInput(cache, [tokens[-1]])])[0].logits[-1].argmax()))
-    return tokens
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])

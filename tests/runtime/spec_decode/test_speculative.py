@@ -2,7 +2,7 @@
 
 Every method's greedy output must equal plain greedy decoding of the same engine, token for token,
 one request at a time and with 4 requests in flight, at tp=1, tp=2 and on FP8 engines. The heads
-are fitted to be right often and still wrong often (speculative_fixtures.py), and every test also
+are fitted to be right often and still wrong often (tests/runtime/fixtures.py), and every test also
 asserts draft tokens > accepted > 0: skipping verification (accepting every draft) would change
 the text, and rejecting everything would fail the acceptance check.
 """
@@ -16,68 +16,19 @@ import torch
 
 from pipeline.checkpoint.reference_forward import ReferenceModel
 from pipeline.errors import InputError
-from pipeline.runtime.request import GenerationRequest
-from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding, Sequence
-from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.speculative import LookaheadConfig
-from pipeline.runtime.spec_decode.eagle.drafter import DraftInput
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
-from pipeline.runtime.spec_decode.lookahead import NgramPool, trie, window_layout
+from pipeline.runtime.request import FinishReason, GenerationRequest
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics
-from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
 from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding, Sequence
+from pipeline.runtime.spec_decode.eagle.drafter import DraftInput
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.runtime.spec_decode.lookahead import NgramPool, trie, window_layout
+from pipeline.speculative import LookaheadConfig
 from pipeline.trees import CHAIN_3
-from tests.runtime.speculative_fixtures import LOOKAHEAD, TREE, test_prompts
-
-PROMPTS = test_prompts(96)
-NEW_TOKENS = 24
-METHODS = {
-    "medusa": ("medusa", MethodSettings("medusa", medusa_choices=TREE)),
-    "eagle": ("eagle", MethodSettings("eagle", eagle_choices=TREE)),
-    "eagle2": ("eagle", MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=3)),
-    "lookahead": ("lookahead", MethodSettings("lookahead", lookahead=LOOKAHEAD)),
-}
-
-
-def method_for(spec_engines, name: str, tp: int = 1, fp8: bool = False, dtype: str = "float32"
-               ) -> tuple[Engine, DecodingMethod]:
-    kind, settings = METHODS[name]
-    engine = spec_engines(kind, tp, fp8, dtype)
-    method, warnings = make_method(engine, settings)
-    assert warnings == []
-    return engine, method
-
-
-def decode(engine: Engine, method: DecodingMethod, requests: list[GenerationRequest], in_flight: int
-           ) -> dict[str, StepOutput]:
-    """Finished outputs by request id; ``in_flight`` requests at a time (the rest queue)."""
-    limits = dataclasses.replace(engine.config.limits, max_batch_size=in_flight)
-    sched, out = Scheduler(engine, method, limits=limits), {}
-    for r in requests:
-        sched.submit(r, lambda o: out.__setitem__(o.request_id, o) if o.finished else None)
-    sched.run_until_idle()
-    return out
-
-
-def requests(prompts=PROMPTS, n: int = NEW_TOKENS, **kw) -> list[GenerationRequest]:
-    return [GenerationRequest(str(i), tuple(p), n, exclude_input_in_output=True, **kw) for i, p in enumerate(prompts)]
-
-
-def totals(outputs: dict[str, StepOutput]) -> SpecDecodingStats:
-    total = SpecDecodingStats()
-    for out in outputs.values():
-        total.merge(out.metrics.spec)
-    return total
-
-
-_plain_cache: dict[int, dict[str, list[int]]] = {}
-
-
-def plain_tokens(engine: Engine) -> dict[str, list[int]]:
-    if id(engine) not in _plain_cache:
-        outputs = decode(engine, PlainDecoding(), requests(), in_flight=1)
-        _plain_cache[id(engine)] = {rid: out.tokens for rid, out in outputs.items()}
-    return _plain_cache[id(engine)]
+from tests.runtime.drive import METHODS, decode, method_for, plain_tokens, requests, totals
+from tests.runtime.drive import SPEC_PROMPTS as PROMPTS
+from tests.runtime.fixtures import TREE
 
 
 def assert_lossless(engine: Engine, method: DecodingMethod) -> SpecDecodingStats:

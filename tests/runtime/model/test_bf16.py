@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runtime.spec_decode.base import PlainDecoding
 from pipeline.runtime.model.engine import Logits, StepInput
-from pipeline.runtime.spec_decode.exactness import divergence
 from pipeline.runtime.model.gemm import BF16_ROWS_PER_CALL, Gemm
-from tests.runtime.test_speculative import METHODS, decode, method_for, requests
+from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.runtime.spec_decode.exactness import divergence
+from tests.runtime.drive import METHODS, decode, method_for, requests
 
 
 def test_bf16_gemm_rows_do_not_depend_on_the_other_rows():

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runtime.spec_decode.base import Accepted, PlainDecoding
-from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
-from pipeline.runtime.spec_decode.medusa import MedusaDecoding
 from pipeline.runtime.request import GenerationRequest, SamplingParams
 from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.base import Accepted, PlainDecoding
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.runtime.spec_decode.medusa import MedusaDecoding
 from pipeline.runtime.spec_decode.tree_verify import Verdict, commit
-from tests.runtime.speculative_fixtures import LOOKAHEAD, TREE
+from tests.runtime.fixtures import LOOKAHEAD, TREE
 
 VOCAB, SAMPLES = 16, 1200
 SAMPLING = dict(temperature=0.8, top_k=10)  # top-k 10 of 16: the filtering is part of the target

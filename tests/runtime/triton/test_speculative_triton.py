@@ -13,12 +13,13 @@ import pytest
 
 from pipeline import trees
 from pipeline.errors import InputError
-from pipeline.runtime.triton import backend as triton_backend
 from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.runtime.triton import backend as triton_backend
 from pipeline.runtime.triton.io import parse_parameters, parse_request
-from tests.runtime.speculative_fixtures import TREE
-from tests.runtime.test_speculative import PROMPTS, decode, requests
-from tests.runtime.test_triton_backend import FakeMetric, FakeRequest, fake_pb_utils, inputs, model_config
+from tests.runtime.drive import SPEC_PROMPTS as PROMPTS
+from tests.runtime.drive import decode, requests
+from tests.runtime.fixtures import TREE
+from tests.runtime.triton.fakes import FakeMetric, FakeRequest, fake_pb_utils, inputs, model_config
 
 
 class LabelledFamily:
@@ -163,19 +164,21 @@ def test_speculative_metrics_in_a_real_tritonserver(spec_engines, tmp_path):
     from pipeline.triton import pbtxt
     from pipeline.triton.configs import RepositorySettings, tensorrt_llm_config
     from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
-    from tests.runtime.test_tritonserver import REPO_ROOT, _free_ports, _stream
+    from tests.conftest import REPO as REPO_ROOT
+    from tests.runtime.triton.grpc_stream import stream
+    from tests.servers import free_ports
 
     params = {"gpt_model_path": str(spec_engines("medusa").config.folder), "exclude_input_in_output": "true",
               "decoding_mode": "medusa", "medusa_choices": trees.to_triton_choices(TREE), "reference_num_threads": "1"}
     (tmp_path / "repo" / "tensorrt_llm" / "1").mkdir(parents=True)
     pbtxt.write(tensorrt_llm_config(RepositorySettings("ensemble", 8, True, False, 1, 1, 0, {}, {}, params)),
                 tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     config = CpuServerConfig(repositories=(tmp_path / "repo",), cache_dir=REPO_ROOT / ".cache", http_port=http,
                              grpc_port=grpc, metrics_port=metrics, ready_timeout=180, models=("tensorrt_llm",),
                              log_file=tmp_path / "tritonserver.log")
     with CpuTritonServer(config) as server:
-        got = _stream(server, {str(i): (p, 12, {}) for i, p in enumerate(PROMPTS[:4])})
+        got = stream(server, {str(i): (p, 12, {}) for i, p in enumerate(PROMPTS[:4])})
         want = plain(spec_engines("medusa"))
         assert {rid: pieces[0][0, 0].tolist() for rid, pieces in got.items()} == want
         url = f"http://127.0.0.1:{metrics}/metrics"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.model.engine import StepRows
 from pipeline.runtime.request import GenerationRequest, SamplingParams
 from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, accept, commit, tree_input
-from tests.runtime.test_engine import PROMPTS
-from tests.runtime.test_scheduler import Collector
+from tests.runtime.drive import Collector
+from tests.runtime.fixtures import PROMPTS
 
 
 class OracleDrafts(DecodingMethod):

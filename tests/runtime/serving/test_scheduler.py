@@ -10,26 +10,8 @@ import pytest
 from pipeline.runtime.request import FinishReason, GenerationRequest, SamplingParams, StepOutput
 from pipeline.runtime.serving.metrics import StepStats
 from pipeline.runtime.serving.scheduler import Scheduler
-from tests.runtime.test_engine import PROMPTS, engine_greedy
-
-
-class Collector:
-    """Sinks per request id; ``final`` is the finished output."""
-
-    def __init__(self) -> None:
-        self.outputs: dict[str, list[StepOutput]] = {}
-
-    def sink(self, request_id: str):
-        self.outputs[request_id] = []
-        return self.outputs[request_id].append
-
-    def final(self, request_id: str) -> StepOutput:
-        outs = self.outputs[request_id]
-        assert outs and outs[-1].finished and all(not o.finished for o in outs[:-1])
-        return outs[-1]
-
-    def tokens(self, request_id: str) -> list[int]:
-        return [t for o in self.outputs[request_id] for t in o.tokens]
+from tests.runtime.drive import Collector
+from tests.runtime.fixtures import PROMPTS, engine_greedy
 
 
 def req(rid: str, prompt: list[int], n: int = 8, **kw) -> GenerationRequest:
