@@ -58,7 +58,7 @@ from pipeline.trtllm.engine_config import predict_engine_config  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 SPECS = {kind: REPO / "specs" / f"smollm2-{kind}.yaml" for kind in ("medusa", "eagle", "lookahead")}
-TARGETS = {"eagle": 2.0, "medusa": 1.6, "lookahead": 1.3}  # batch 1, code prompts (issue 5)
+TARGETS = {"eagle": 2.0, "medusa": 1.6, "lookahead": 1.3}  # batch 1, code prompts
 FALLBACK_PROMPTS = {
     "code": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
              "def is_palindrome(text):\n    \"\"\"Return True if text reads the same backwards.\"\"\"\n"],
@@ -487,13 +487,14 @@ def plot(runs: list[dict], path: Path) -> None:
         print("matplotlib is not installed: no plot")
         return
     groups = sorted({(r["set"], r["batch"]) for r in runs})
-    methods = [m for m in dict.fromkeys(r["method"] for r in runs)]
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    colour = {method: f"C{i}" for i, method in enumerate(methods)}  # one colour per method in every panel
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
         values = [next((r["speedup_cpu"] for r in runs if (r["set"], r["batch"]) == g and r["method"] == method), 0)
                   for g in groups]
-        left.bar([x + i * width for x in range(len(groups))], values, width, label=method)
+        left.bar([x + i * width for x in range(len(groups))], values, width, label=method, color=colour[method])
     left.axhline(1.0, color="black", linewidth=0.8)
     left.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{s} b{b}" for s, b in groups])
     left.set_ylabel("speedup over plain (tokens / CPU-s)")
@@ -503,7 +504,8 @@ def plot(runs: list[dict], path: Path) -> None:
     for r in runs:
         if r["acceptance_per_position"] and (r["set"], r["batch"]) == shown:
             right.plot(range(1, len(r["acceptance_per_position"]) + 1), r["acceptance_per_position"], marker="o",
-                       label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})")
+                       color=colour[r["method"]], label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})")
+    right.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     right.set_xlabel("draft position (depth)")
     right.set_ylabel("acceptance per verification step")
     right.set_title(f"per-position acceptance, {shown[0]} batch {shown[1]}")

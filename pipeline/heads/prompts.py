@@ -13,7 +13,7 @@ Train / held-out eval split: each prompt is ranked by sha256 of its text and the
 so adding training prompts never changes the held-out set. Regenerate with
 ``python -m pipeline.heads.prompts``.
 
-More training-only sets (issue 6, :func:`build_extra_prompt_sets`, never touching the split above):
+More training-only sets (:func:`build_extra_prompt_sets`, never touching the split above):
 
 * ``code_train_extra.jsonl``: up to ``CODE_EXTRA_PER_MODULE`` more def+docstring prompts per module,
   from more stdlib modules (``CODE_EXTRA_MODULES``) and from class methods too (dedented), minus

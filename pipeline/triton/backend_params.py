@@ -4,7 +4,7 @@ The C++ backend silently ignores a key it does not know (a typo means a default 
 a Lookahead model then dies at load with ``Assertion failed: 16 != 40``, tensorrtllm_backend#710).
 So every key we emit must be in :data:`TENSORRT_LLM_PARAMETER_KEYS`, the keys that
 ``inflight_batcher_llm/src/model_instance_state.cc`` / ``model_state.cc`` read
-(shared/research/triton.md, A.1), and every value comes from the plan, never recomputed.
+(NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/), and every value comes from the plan, never recomputed.
 """
 
 from __future__ import annotations

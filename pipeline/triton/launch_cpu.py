@@ -2,7 +2,7 @@
 
 The wheel's server cannot run in place with our backend (its stubs live outside the Python
 backend folder, and we must add a ``tensorrtllm`` backend), so a launch needs three things
-(shared/research/triton.md, B.1), each verified by leaving it out:
+(found by probing tritonserver 2.51 from nvidia-pytriton 0.7), each verified by leaving it out:
 
 1. a copy of ``pytriton/tritonserver`` with the stub matching this interpreter in
    ``backends/python/`` (cached under ``<cache>/tritonserver/<pytriton>-py<X.Y>/``);

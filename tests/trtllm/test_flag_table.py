@@ -10,7 +10,7 @@ from pipeline.speculative import METHODS
 from pipeline.speculative import SPECULATIVE_DECODING_MODES as SPECULATIVE_DECODING_MODE
 from pipeline.trtllm.flags import TABLE_FILE, argv_problems, flag, load_flags, plan_owned, table_version
 
-# Flags older TensorRT-LLM had and 1.x removed (trtllm.md section 5); emitting one fails the build.
+# Flags older TensorRT-LLM had and 1.x removed (tensorrt_llm/commands/build.py @ 65f1d153); emitting one fails the build.
 REMOVED = ("--tp_size", "--pp_size", "--world_size", "--max_output_len", "--use_custom_all_reduce",
            "--multi_block_mode", "--enable_xqa", "--auto_parallel", "--gpus_per_node", "--cluster_key")
 

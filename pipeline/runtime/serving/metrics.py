@@ -27,7 +27,7 @@ Prometheus (through Triton's custom-metrics API, served on the metrics port next
 
 The MetricFamily objects are kept on this object for the model's lifetime: once one is garbage
 collected every later ``increment`` raises "the corresponding 'MetricFamily' has been deleted"
-(triton.md B.3). Outside Triton (tests, benchmarks) ``pb_utils`` is None and the export is a no-op.
+(seen with tritonserver 2.51 from nvidia-pytriton 0.7). Outside Triton (tests, benchmarks) ``pb_utils`` is None and the export is a no-op.
 """
 
 from __future__ import annotations
