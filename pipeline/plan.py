@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import gpus, inputs, presets, trees
+from pipeline import adapters, gpus, inputs, presets, trees
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.errors import InputError
 from pipeline.memory import MemoryEstimate, estimate_memory
@@ -220,7 +220,8 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
                            "lower max_batch_size or max_seq_len, raise tp, or use FP8")
         elif gpu is None:
             problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
-    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems)
+    merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
+    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge)
     return VariantPlan(
         name=variant.name, target=variant.target, arch=arch, model_dir=model_dir,
         builtin=variant.model.builtin, weights_present=weights_present, heads_dir=heads_dir,
@@ -487,10 +488,14 @@ def _build_config(variant: VariantSpec, arch: ModelArch, speculative: Speculativ
 
 def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,
             speculative: SpeculativeConfig, quant: QuantPlan, build: BuildConfig,
-            problems: _Problems) -> tuple[StagePlan, ...]:
+            problems: _Problems, merge: adapters.MergeTarget | None = None) -> tuple[StagePlan, ...]:
     variant_root = _inside(roots.engines, variant.name, problems)
     stages: list[StagePlan] = []
     source = model_dir if model_dir is not None else Path("<weights missing>")
+    if merge is not None:  # base + LoRA adapters -> merged HF checkpoint; quantize/convert read it
+        merge_inputs = {"model": source} | {f"adapter{i}": folder for i, folder in enumerate(merge.adapters)}
+        stages.append(StagePlan("merge", merge.output, merge_inputs, {"adapters": [str(a) for a in merge.adapters]}))
+        source = merge.output
     if quant.weights_fp8 and not quant.prequantized:
         quantized = variant_root / "quantized"
         stages.append(StagePlan("quantize", quantized, {"model": source, "calibration": quant.calibration_data}, {
