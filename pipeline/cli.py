@@ -22,7 +22,7 @@ from pipeline.plan import OutputRoots, Plan, make_plan
 from pipeline.spec import load_spec
 
 DEFAULT_SPEC = Path("specs/smollm2-lookahead.yaml")
-EXTRA_COMMANDS = ("build", "serve", "query", "bench", "doctor", "heads")
+EXTRA_COMMANDS = ("build", "serve", "query", "bench", "doctor", "heads", "train_adapter")
 
 
 def _roots(args: argparse.Namespace) -> OutputRoots:
