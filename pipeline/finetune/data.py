@@ -9,21 +9,19 @@ Two tasks, each with a training set, a held-out set (loss before/after) and eval
 * ``json``: a format shift. The base model's own greedy answers to the chat training prompts,
   rewritten as one JSON object ``{"answer": "..."}``; the fine-tune learns to answer in that format
   (the kind of structured-output fine-tune a service ships). Held out: the same for chat_eval,
-  which are also the eval prompts. The base answers are generated once and cached.
+  which are also the eval prompts. The base answers are generated once (float32) and cached.
 
 Examples are (input_ids, labels) with labels -100 where no loss is taken (the chat prompt).
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib.util
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 
 from pipeline.heads.chat_templates import stable_rank
 from pipeline.heads.data import encode_prompt, greedy_answers, stop_ids
@@ -131,14 +129,11 @@ def _base_answers(model, tokenizer, prompts: list[list[int]], path: Path, settin
                   say) -> list[list[int]]:
     if path.is_file():
         return json.loads(path.read_text())["answers"]
-    say(f"generating {len(prompts)} base answers (greedy, bfloat16, once; cached in {path.parent})")
-    generator = copy.deepcopy(model).to(torch.bfloat16)  # never round the training model itself
-    try:
-        answers = greedy_answers(generator, prompts, max_new_tokens=settings.answer_tokens, batch=settings.gen_batch,
-                                 pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-                                 stops=stop_ids(tokenizer), say=say)
-    finally:
-        del generator
+    # float32: bfloat16 matmuls are emulated (and slow) on CPUs without AVX512-BF16/AMX
+    say(f"generating {len(prompts)} base answers (greedy, float32, once; cached in {path.parent})")
+    answers = greedy_answers(model, prompts, max_new_tokens=settings.answer_tokens, batch=settings.gen_batch,
+                             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+                             stops=stop_ids(tokenizer), say=say)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"answers": answers}))

@@ -42,7 +42,7 @@ class TrainSettings:
     warmup: int = 10
     seed: int = 0
     max_minutes: float = 30.0  # a safety stop; the report says when it cut training short
-    bf16_autocast: bool = False  # bfloat16 autocast; measured slower than float32 for training on this CPU
+    bf16_autocast: bool = False  # bfloat16 autocast: only faster on CPUs with AVX512-BF16/AMX
     save_dtype: str = "float32"
     max_adapter_mib: float = 5.0
     eval_new_tokens: int = 48
