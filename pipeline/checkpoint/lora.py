@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from pipeline.adapters import WEIGHT_FILES, AdapterConfig, read_adapter_config
-
 from pipeline.checkpoint.hf_reader import HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorSource
 from pipeline.errors import InputError
@@ -175,7 +174,7 @@ def check_against_base(adapter: Adapter, base: HFCheckpoint) -> None:
             raise InputError(f"{where}: updates {name} of a model with tied embeddings (embed_tokens = lm_head); "
                              "merging it would change both; retrain without embed_tokens/lm_head")
         shape = base.meta(name).shape
-        (rank, a_in), (b_out, _) = adapter.shape(update.a), adapter.shape(update.b)
+        (_, a_in), (b_out, _) = adapter.shape(update.a), adapter.shape(update.b)
         expected = (b_out, a_in) if update.kind == "linear" else (a_in, b_out)
         if tuple(shape) != expected:
             raise InputError(f"{where}: the update has shape {list(expected)} but base tensor {name} is "

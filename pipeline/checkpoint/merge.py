@@ -82,11 +82,10 @@ def merge_adapters(base_dir: Path, adapter_dirs: list[Path], out: Path,
             finally:
                 writer.abort()
         _copy_other_files(base.path, out)
+        updated = {n for a in adapters for n in a.updates}
         summary = MergeSummary(
-            out=out, adapters=tuple(a.folder for a in adapters),
-            updated_tensors=len({n for a in adapters for n in a.updates}),
-            replaced_tensors=len({n for a in adapters for n in a.replacements} - {n for a in adapters for n in a.updates}),
-            copied_tensors=len(base.tensors) - len(touched), total_bytes=total,
+            out=out, adapters=tuple(a.folder for a in adapters), updated_tensors=len(updated),
+            replaced_tensors=len(touched - updated), copied_tensors=len(base.tensors) - len(touched), total_bytes=total,
         )
         _write_provenance(out, adapters, summary)
         return summary

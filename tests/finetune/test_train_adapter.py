@@ -52,8 +52,8 @@ def test_code_task_holds_out_the_eval_modules():
 def test_cli_trains_a_code_adapter(cli, tmp_path):
     model = build_tiny_llama(tmp_path / "tiny")
     rc, out, err = cli("train-adapter", "--task", "code", "--model", str(model), "--out", str(tmp_path / "code"),
-                       "--steps", "3", "--batch", "2", "--rank", "2", "--last-layers", "1", "--block", "32", "--eval-new-tokens", "4",
-                       "--heldout-blocks", "4")
+                       "--steps", "3", "--batch", "2", "--rank", "2", "--last-layers", "1", "--block", "32",
+                       "--eval-new-tokens", "4", "--heldout-blocks", "4")
     assert rc == 0, err
     report = json.loads((tmp_path / "code" / REPORT_FILE).read_text())
     assert report["steps_done"] == 3 and report["task"] == "code" and report["train_examples"] > 0
@@ -67,6 +67,6 @@ def test_oversized_adapter_is_refused_and_leaves_nothing(tmp_path):
 
     model = build_tiny_llama(tmp_path / "tiny")
     with pytest.raises(InputError, match="MiB budget"):
-        train_adapter(model, tmp_path / "big", tmp_path / "cache", _settings("code", steps=1, max_adapter_mib=0.001),
-                      say=lambda _: None)
+        train_adapter(model, tmp_path / "big", tmp_path / "cache",
+                      _settings("code", steps=1, max_adapter_mib=0.001), say=lambda _: None)
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.tmp-*"))
