@@ -143,6 +143,7 @@ def _save_adapter(peft_model, folder: Path, settings: TrainSettings) -> int:
     weights = folder / "adapter_model.safetensors"
     tensors = {k: v.to(SAVE_DTYPES[settings.save_dtype]).contiguous() for k, v in load_file(weights).items()}
     save_file(tensors, weights, metadata={"format": "pt"})
+    weights.chmod(0o644)  # safetensors writes 0600; the folder ships and is read by other accounts
     size = weights.stat().st_size
     if size > settings.max_adapter_mib * 2**20:
         raise InputError(f"{weights}: {size / 2**20:.2f} MiB exceeds the {settings.max_adapter_mib} MiB budget; "

@@ -30,6 +30,7 @@ def test_shipped_adapter_is_small_and_smollm2_shaped(name):
     assert shapes["q_proj"] == 576 and shapes["k_proj"] == 192 and shapes["up_proj"] == 1536
     report = json.loads((folder / "training_report.json").read_text())
     assert report["heldout_loss_after"] < report["heldout_loss_before"]
+    assert report["adapter_bytes"] == (folder / "adapter_model.safetensors").stat().st_size  # the file it measured
 
 
 def test_fleet_spec_plans_stale_heads_lookahead_and_one_merge_per_adapter(tmp_path):
