@@ -112,3 +112,18 @@ def test_adapter_for_another_base_model_is_refused_at_plan_time(tmp_path, write_
     config_file.write_text(json.dumps(config))
     rc, _, err = cli("validate", str(spec))
     assert rc == 0, err
+
+
+def test_quantize_reads_the_merged_checkpoint(fleet, tmp_path, write_spec):
+    _, model, _ = fleet
+    spec = write_spec(f"""
+        name: fp8-ft
+        model: {{path: {model}, adapter: {tmp_path / 'ft'}}}
+        quantization: {{weights: fp8}}
+        target: reference
+        """, name="fp8.yaml")
+    plan = make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
+    (variant,) = plan.variants
+    assert [s.name for s in variant.stages] == ["merge", "quantize", "convert", "build", "package"]
+    assert variant.stage("quantize").inputs["model"] == variant.stage("merge").output
+    assert variant.stage("convert").inputs["model"] == variant.stage("quantize").output

@@ -118,3 +118,12 @@ def test_sharded_base_keeps_its_layout(tiny_llama, tmp_path):
     merged = {k: v for shard in shards for k, v in load_file(out / shard).items()}
     for name, tensor in merged_reference(peft_model).items():
         assert torch.equal(merged[name], tensor), name
+
+
+def test_a_retried_merge_writes_the_same_bytes(tiny_llama, tmp_path):
+    base = tiny_llama()
+    make_adapter(base.model, tmp_path / "adapter", use_dora=True)
+    first, _ = merge(tmp_path, base.path, [tmp_path / "adapter"], name="first")
+    second, _ = merge(tmp_path, base.path, [tmp_path / "adapter"], name="second")
+    for path in first.iterdir():
+        assert path.read_bytes() == (second / path.name).read_bytes(), path.name
