@@ -1,12 +1,12 @@
 """Stale heads on a fine-tune: the base's EAGLE drafter on the base vs on the code fine-tune (specs/smollm2-fleet.yaml).
 
-    .venv/bin/python bench/fleet.py [--prompts 8] [--new-tokens 48] [--sets code chat]
+    .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat]
 
 Builds the fleet through the pipeline (up-to-date stages skip), then decodes the same eval prompts
 greedily with plain decoding and with EAGLE on the ``base`` and ``code-stale-eagle`` engines through
 the scheduler, and reports the mean acceptance length of each and whether EAGLE's output equals the
 same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
-bench/out/fleet.json. Not a test: acceptance depends on the prompts; CPU time depends on the machine.
+bench/out/stale_heads.json. Not a test: acceptance depends on the prompts; CPU time depends on the machine.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> int:
             results.setdefault(name, {})[kind] = row
             print(f"{name:18s} {kind:5s} EAGLE mean acceptance length {row['mean_acceptance_length']:.2f} "
                   f"(output {'=' if row['same_as_plain'] else '!='} plain decoding)", flush=True)
-    out = REPO / "bench" / "out" / "fleet.json"
+    out = REPO / "bench" / "out" / "stale_heads.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens, "results": results},
                               indent=2) + "\n")
