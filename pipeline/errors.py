@@ -21,3 +21,14 @@ class StageError(SpecdeployError):
     """A stage failed while running (tool failure, missing dependency on this host). Exit code 1."""
 
     exit_code = 1
+
+
+class StageUnavailable(StageError):
+    """The stage cannot run on this host (e.g. trtllm-build without TensorRT-LLM).
+
+    ``exit_code`` 3 says "not done here"; 0 marks a stage this version does not have yet.
+    """
+
+    def __init__(self, message: str, exit_code: int = 3) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -25,10 +25,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.cli import _load_plan
+    from pipeline.commands.common import load_plan
     from pipeline.doctor import assess_variant, host_checks, probe_host, to_json
 
-    plan = _load_plan(args) if args.spec else None  # bad specs fail first, with exit 2
+    plan = load_plan(args) if args.spec else None  # bad specs fail first, with exit 2
     report = probe_host(Path(args.engines_dir))
     checks = host_checks(report)
     verdicts = [assess_variant(variant, report) for variant in plan.variants] if plan else []

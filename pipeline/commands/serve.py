@@ -18,15 +18,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from pipeline.commands.common import DEFAULT_SPEC, add_spec_argument, load_plan
 from pipeline.errors import InputError, StageError
-from pipeline.plan import OutputRoots, VariantPlan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan import VariantPlan
 
 
 def resolve_variant(args: argparse.Namespace) -> VariantPlan:
     """The variant named by --variant, or the spec's only one."""
-    plan = make_plan(load_spec(Path(args.spec)),
-                     OutputRoots(Path(args.engines_dir), Path(args.triton_repo), Path(args.cache_dir)))
+    plan = load_plan(args)
     names = [variant.name for variant in plan.variants]
     if args.variant is None:
         if len(names) > 1:
@@ -144,10 +143,8 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser, spec_positional: bool = True) -> None:
-    from pipeline.cli import DEFAULT_SPEC
-
     if spec_positional:
-        parser.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
+        add_spec_argument(parser)
     else:
         parser.add_argument("--spec", default=str(DEFAULT_SPEC), help="the spec whose repository to use")
     parser.add_argument("--variant", help="the variant to use (needed when the spec has several)")

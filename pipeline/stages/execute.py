@@ -1,33 +1,34 @@
 """Runs a plan: prepares the embedded model if needed, then each variant's stages in order.
 
 Stage bodies live in one module each (``pipeline.stages.<name>``) exposing
-``run(variant: VariantPlan, stage: StagePlan, out: Path) -> None``; they read everything
-they need from the plan and write only into ``out`` (a temp folder the runner renames).
+``run(variant: VariantPlan, stage: StagePlan, out: Path) -> None``, listed in ``STAGE_BODIES``;
+they read everything they need from the plan and write only into ``out`` (a temp folder the
+runner renames).
 A body that cannot run on this host raises ``StageUnavailable``: the variant's later
 stages are skipped and the reason is reported.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import StageError
-from pipeline.plan import Plan, VariantPlan
+from pipeline.errors import StageError, StageUnavailable
+from pipeline.plan import Plan, StagePlan, VariantPlan
+from pipeline.stages import build, convert, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
 
+StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 
-class StageUnavailable(StageError):
-    """The stage cannot run on this host (e.g. trtllm-build without TensorRT-LLM).
+STAGE_BODIES: dict[str, StageBody] = {
+    "quantize": quantize.run,
+    "convert": convert.run,
+    "build": build.run,
+    "package": package.run,
+}
 
-    ``exit_code`` 3 says "not done here"; 0 marks a stage this version does not have yet.
-    """
-
-    def __init__(self, message: str, exit_code: int = 3) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+__all__ = ["STAGE_BODIES", "StageUnavailable", "VariantOutcome", "execute_plan", "stage_body"]
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,8 @@ class VariantOutcome:
     exit_code: int = 0
 
 
-def stage_body(name: str) -> Callable[[VariantPlan, object, Path], None]:
-    module = importlib.import_module(f"pipeline.stages.{name}")
-    return module.run
+def stage_body(name: str) -> StageBody:
+    return STAGE_BODIES[name]
 
 
 def execute_plan(plan: Plan, *, only: set[str] | None = None, force: bool = False,
