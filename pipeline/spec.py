@@ -26,7 +26,9 @@ TreeChoices = str | list[list[int]]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # use_attribute_docstrings: the docstring under each field is its description, in pydantic
+    # and in the JSON schema (`specdeploy schema`).
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
 class ModelSpec(_Strict):
@@ -37,6 +39,7 @@ class ModelSpec(_Strict):
     preset: str | None = None
     """Architecture preset used to plan when ``path`` does not exist (yet) on this host."""
     dtype: Dtype = "bfloat16"
+    """Precision of the unquantized weights, activations and the KV cache (unless FP8)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -56,25 +59,32 @@ BUILTIN_MODELS = tuple(EMBEDDED_MODELS)
 
 class MedusaHeadsSpec(_Strict):
     path: str
+    """Medusa heads folder (FasterDecoding layout or the compact ResBlocks-only one); relative to the spec."""
     num_heads: int | None = Field(None, ge=1, le=16)
     """Expected head count; used only to plan while the weights are absent, else checked."""
     num_layers: int = Field(1, ge=1, le=8)
+    """ResBlocks per Medusa head; used only to plan while the weights are absent."""
 
 
 class EagleHeadsSpec(_Strict):
     path: str
+    """EAGLE-1 drafter folder (config.json + weights); relative paths are relative to the spec file."""
     num_layers: int = Field(1, ge=1, le=1)
     """Drafter decoder layers; TensorRT-LLM's EAGLE-1 engine supports exactly one."""
 
 
 class HeadsSpec(_Strict):
     medusa: MedusaHeadsSpec | None = None
+    """Medusa heads for the base model (method medusa, or auto without EAGLE heads)."""
     eagle: EagleHeadsSpec | None = None
+    """EAGLE-1 drafter for the base model (method eagle, or auto)."""
 
 
 class _TreeSettings(_Strict):
     choices: TreeChoices = "mc_sim_7b_63"
+    """The draft tree: a named tree (e.g. mc_sim_7b_63, chain_3) or a list of paths of child indices."""
     max_draft_len: int | None = Field(None, ge=1, le=256)
+    """Draft tokens per step the engine is built for; the number of tree nodes when unset."""
 
     @field_validator("choices")
     @classmethod
@@ -89,39 +99,55 @@ class MedusaSettings(_TreeSettings):
 
 class EagleSettings(_TreeSettings):
     num_eagle_layers: int | None = Field(None, ge=1, le=16)
+    """Drafting steps (tree depth); the depth of ``choices`` when unset, 4 for dynamic trees."""
     max_non_leaves_per_layer: int = Field(10, ge=1)
+    """Most nodes of one tree level that get children (TensorRT-LLM's max_non_leaves_per_layer)."""
     dynamic_tree: bool = False
     """EAGLE-2: expand by draft confidence instead of a fixed tree (reference backend/LLM API)."""
     dynamic_tree_max_top_k: int = Field(10, ge=1, le=64)
+    """EAGLE-2: candidates expanded per node of a dynamic tree."""
 
 
 class LookaheadSettings(_Strict):
     window: int = Field(4, ge=1)
+    """W: the lookahead window, how many future positions the Jacobi iteration guesses per step."""
     ngram: int = Field(3, ge=1)
+    """N: the n-gram size; each window position carries N - 1 levels of guesses."""
     verification_set: int = Field(4, ge=0)
+    """G: the most cached n-grams verified per step."""
     max_draft_len: int | None = Field(None, ge=1)
     """Optional; when given it must equal the value (W, N, G) implies."""
 
 
 class SpeculativeSpec(_Strict):
     method: Literal["auto", "medusa", "eagle", "lookahead", "none"] = "auto"
+    """auto: EAGLE if EAGLE heads are given, else Medusa if Medusa heads are, else Lookahead."""
     medusa: MedusaSettings = MedusaSettings()
+    """Medusa tree settings (used when the method is medusa)."""
     eagle: EagleSettings = EagleSettings()
+    """EAGLE tree settings (used when the method is eagle)."""
     lookahead: LookaheadSettings = LookaheadSettings()
+    """Lookahead (W, N, G) settings (used when the method is lookahead)."""
 
 
 class CalibrationSpec(_Strict):
     data: str | None = None
     """Text or JSONL file; the shipped default set when unset."""
     size: int = Field(512, ge=1)
+    """Calibration samples used (the first ``size`` of the file)."""
     max_seq_len: int = Field(512, ge=8)
+    """Tokens per calibration sample; longer samples are cut."""
 
 
 class QuantizationSpec(_Strict):
     weights: Literal["none", "fp8"] = "none"
+    """fp8: ModelOpt FP8 post-training quantization of the base model's linear layers."""
     kv_cache: Literal["auto", "fp8"] = "auto"
+    """fp8: an FP8 KV cache (needs weights: fp8); auto: the model dtype."""
     quantize_heads: bool = False
+    """Quantize the speculative heads too (not supported for Medusa by TensorRT-LLM 1.2)."""
     calibration: CalibrationSpec = CalibrationSpec()
+    """The calibration text for FP8."""
 
     @model_validator(mode="after")
     def _kv_needs_weights(self) -> QuantizationSpec:
@@ -132,38 +158,60 @@ class QuantizationSpec(_Strict):
 
 class ParallelSpec(_Strict):
     tp: int = Field(1, ge=1, le=64)
+    """Tensor parallelism: ranks each layer is split over."""
     pp: int = Field(1, ge=1, le=64)
+    """Pipeline parallelism: stages the layers are split into."""
 
 
 class BuildSpec(_Strict):
     max_batch_size: int = Field(16, ge=1)
+    """Most sequences the engine runs at once."""
     max_input_len: int = Field(1024, ge=1)
+    """Longest prompt, in tokens."""
     max_seq_len: int = Field(2048, ge=2)
+    """Longest prompt + generated tokens; the engine adds room for the draft tokens."""
     max_num_tokens: int = Field(8192, ge=1)
+    """Most tokens in one forward pass of the whole batch (after padding removal)."""
     extra_flags: dict[str, str | int | float | bool] = {}
     """trtllm-build flags passed through (checked against the 1.2 flag table)."""
 
 
 class ServingSpec(_Strict):
     model_name: str = Field("ensemble", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    """Name clients send requests to (the Triton ensemble)."""
     decoupled: bool = True
+    """Streaming responses (Triton decoupled mode)."""
     preprocessing_instances: int = Field(1, ge=1, le=64)
+    """Tokenizer model instances."""
     postprocessing_instances: int = Field(1, ge=1, le=64)
+    """Detokenizer model instances."""
     batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    """In-flight batching policy of the tensorrtllm model."""
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
+    """Share of the GPU memory left after loading the engine that the KV cache may take."""
     enable_kv_cache_reuse: bool = False
+    """Reuse the KV cache of shared prompt prefixes across requests."""
     max_queue_delay_microseconds: int = Field(0, ge=0)
+    """How long Triton may hold a request to batch it with others."""
     host: str = "127.0.0.1"
+    """Address the server binds; 127.0.0.1 unless it must be reached from other hosts."""
     grpc_port: int = Field(8001, ge=1, le=65535)
+    """Triton gRPC port."""
     http_port: int = Field(8000, ge=1, le=65535)
+    """Triton HTTP port."""
     metrics_port: int = Field(8002, ge=1, le=65535)
+    """Triton Prometheus metrics port."""
     gpu_device_ids: list[int] | None = None
+    """GPUs the ranks run on, one per rank (tp*pp); all visible GPUs in order when unset."""
 
 
 class GpuSpec(_Strict):
     type: str
+    """GPU type the engine is planned and built for (e.g. h100-sxm-80gb); sets memory and FP8 support."""
     count: int = Field(1, ge=1, le=1024)
+    """GPUs available to the variant (at least tp*pp)."""
     gpus_per_node: int | None = Field(None, ge=1, le=64)
+    """GPUs per machine when the variant spans several."""
 
     @field_validator("type")
     @classmethod
@@ -176,15 +224,25 @@ class VariantSpec(_Strict):
     """One fully resolved variant: the base spec with the variant's overrides applied."""
 
     name: str = Field(pattern=VARIANT_NAME_PATTERN)
+    """Variant name; also its folder name under the engines and Triton repository roots."""
     model: ModelSpec
+    """The base model."""
     heads: HeadsSpec = HeadsSpec()
+    """Speculative-decoding heads (Medusa, EAGLE), when the method needs them."""
     speculative: SpeculativeSpec = SpeculativeSpec()
+    """The speculative-decoding method and its settings."""
     quantization: QuantizationSpec = QuantizationSpec()
+    """FP8 weights and KV cache."""
     parallel: ParallelSpec = ParallelSpec()
+    """Tensor and pipeline parallelism."""
     build: BuildSpec = BuildSpec()
+    """The trtllm-build limits."""
     serving: ServingSpec = ServingSpec()
+    """The Triton model repository and server."""
     target: Literal["tensorrt", "reference"] = "tensorrt"
+    """tensorrt: a TensorRT-LLM engine for GPUs; reference: the CPU reference backend."""
     gpu: GpuSpec | None = None
+    """The GPUs planned for (memory and FP8 checks); unchecked when unset."""
 
     @field_validator("name")
     @classmethod
@@ -198,8 +256,11 @@ class _TopLevel(_Strict):
     """Keys allowed at the top of a spec file (validated before merging variants)."""
 
     name: str = Field(pattern=VARIANT_NAME_PATTERN)
+    """The spec's name; also the variant name when the spec has no variants."""
     description: str = ""
+    """Free text."""
     variants: list[dict[str, Any]] | None = None
+    """Variants, each a name plus overrides of the keys above; mappings merge, null resets a key."""
 
 
 BASE_KEYS = tuple(k for k in VariantSpec.model_fields if k != "name")
