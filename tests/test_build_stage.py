@@ -268,3 +268,11 @@ def test_cli_build_rejects_bad_extra_flags_with_exit_2(cli, variant_of):
     _, spec = variant_of(target="reference", build_extra=", extra_flags: {tp_size: 2}")
     rc, _, err = cli("build", str(spec), "--dry-run")
     assert rc == 2 and "build.extra_flags.tp_size: not a trtllm-build 1.2.1 flag" in err
+
+
+def test_cli_build_without_a_checkpoint_is_exit_3_with_what_to_do(cli, write_spec):
+    spec = write_spec("name: big\nmodel: {path: /nonexistent/llama, preset: llama-3.1-8b}\ntarget: reference\n")
+    rc, out, _ = cli("build", str(spec))
+    assert rc == 3
+    assert "[big] build: the converted checkpoint files are not on this host" in out
+    assert "run the convert stage first (specdeploy engine SPEC)" in out

@@ -58,6 +58,7 @@ def _print_commands(variant, console: Console) -> None:
 def _build(variant, force: bool, console: Console) -> int:
     from pipeline.errors import StageUnavailable
     from pipeline.stages import build
+    from pipeline.stages.execute import require_inputs
     from pipeline.stages.runner import run_stage
 
     stage = variant.stage("build")
@@ -65,6 +66,7 @@ def _build(variant, force: bool, console: Console) -> int:
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     say(f"[{variant.name}] build -> {stage.output}")
     try:
+        require_inputs(variant, stage, produced=set())
         result = run_stage(stage, lambda out: build.run(variant, stage, out), force=force, on_wait=say)
     except StageUnavailable as exc:
         say(f"[{variant.name}] build: {exc}")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import StageError, StageUnavailable
+from pipeline.errors import StageUnavailable
 from pipeline.plan import Plan, StagePlan, VariantPlan
 from pipeline.stages import build, convert, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
@@ -60,14 +60,13 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
 
         say(f"[{variant.name}] embedded model {variant.builtin}: preparing {variant.model_dir}")
         prepare_embedded_model(variant.model_dir.parent)
-    elif not variant.weights_present:
-        raise StageError(f"[{variant.name}] the model weights are not on this host ({variant.model_dir}); "
-                         "plan/validate work from the preset, but quantize/convert need the checkpoint")
     results: list[StageResult] = []
+    produced: set[Path] = set()
     for stage in variant.stages:
         say(f"[{variant.name}] {stage.name} -> {stage.output}")
         body = stage_body(stage.name)
         try:
+            require_inputs(variant, stage, produced)
             result = run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out),
                                force=force, on_wait=say)
         except StageUnavailable as exc:
@@ -76,4 +75,29 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
         say(f"[{variant.name}] {stage.name}: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
             f" ({result.seconds:.1f} s)")
         results.append(result)
+        produced.add(stage.output)
     return VariantOutcome(variant.name, tuple(results))
+
+
+# What each stage input is, for the line that says what to do when it is not on this host.
+_INPUT_HINTS = {
+    "model": ("model weights", "put the Hugging Face checkpoint there (model.path)"),
+    "tokenizer": ("tokenizer files", "put the Hugging Face checkpoint there (model.path)"),
+    "heads": ("speculative heads", "put the heads there (heads.<method>.path)"),
+    "checkpoint": ("converted checkpoint files", "run the convert stage first (specdeploy engine SPEC)"),
+    "engine": ("engine files", "run the build stage first (specdeploy engine SPEC)"),
+}
+
+
+def require_inputs(variant: VariantPlan, stage: StagePlan, produced: set[Path]) -> None:
+    """StageUnavailable (exit 3) when an input the spec points at, not an earlier stage's
+    output, is absent: a plan made from a preset runs until the weights are needed."""
+    for name, path in stage.inputs.items():
+        if path in produced or path.exists():
+            continue
+        what, fix = _INPUT_HINTS.get(name, (f"{name} files", "provide them"))
+        where = str(path)
+        if variant.model_dir is None and name in ("model", "tokenizer"):
+            where, fix = "no model.path in the spec", "give model.path, a Hugging Face checkpoint folder"
+        raise StageUnavailable(f"the {what} are not on this host ({where}): {fix}, or run on a host that has "
+                               f"them; plan/validate work without them")
