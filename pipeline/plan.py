@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import gpus, inputs, presets, trees
+from pipeline import gpus, inputs, presets, resources, trees
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.errors import InputError
 from pipeline.memory import MemoryEstimate, estimate_memory
@@ -87,6 +87,7 @@ class StagePlan:
     output: Path
     inputs: dict[str, Path]  # files/folders whose identity is fingerprinted
     params: dict[str, Any]  # the spec-derived values the stage reads (fingerprinted)
+    resources: resources.StageResources | None = None  # what the stage needs of a machine (not fingerprinted)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class VariantPlan:
     memory: MemoryEstimate
     stages: tuple[StagePlan, ...]
     notes: tuple[str, ...]
+    serve_resources: resources.StageResources | None = None  # the server's needs (serving is not a stage)
 
     @property
     def world_size(self) -> int:
@@ -221,13 +223,40 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         elif gpu is None:
             problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems)
+    stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
         name=variant.name, target=variant.target, arch=arch, model_dir=model_dir,
         builtin=variant.model.builtin, weights_present=weights_present, heads_dir=heads_dir,
         speculative=speculative, tp=tp, pp=pp, gpu=gpu, gpu_count=variant.gpu.count if variant.gpu else None,
         quant=quant, build=build, serving=variant.serving, memory=memory, stages=stages,
-        notes=tuple(problems.notes),
+        notes=tuple(problems.notes), serve_resources=serve_resources,
     )
+
+
+def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+               memory: MemoryEstimate,
+               gpu: gpus.GpuType | None, stages: tuple[StagePlan, ...],
+               problems: _Problems) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
+    """Each stage's machine needs; on the spec's GPUs, a stage that cannot fit is an error."""
+    on_gpus = gpu if variant.target == "tensorrt" else None
+    sizing = resources.Sizing(
+        arch=arch, dtype=variant.model.dtype, speculative=speculative, memory=memory, tp=variant.parallel.tp,
+        world_size=variant.parallel.tp * variant.parallel.pp, target=variant.target, gpu=on_gpus,
+        gpu_count=variant.gpu.count if variant.gpu else None,
+        calibration_max_seq_len=quant.calibration_max_seq_len, offload=variant.quantization.offload,
+    )
+    stages = tuple(dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing))
+                   for stage in stages)
+    if on_gpus is not None and variant.gpu is not None:
+        where = {"quantize": ("quantization", "weights"), "build": ("gpu", "type")}
+        for stage in stages:
+            problem = resources.gpu_shortfall(stage.resources, on_gpus, variant.gpu.count)
+            if problem and stage.name in where:
+                fix = ("raise gpu.count or use larger GPUs, or set quantization.offload: cpu or disk (slow)"
+                       if stage.name == "quantize" else "raise tp or use larger GPUs")
+                problems.error(where[stage.name], f"the {stage.name} stage does not fit {variant.gpu.count} x "
+                                                  f"{on_gpus.name}: {problem}; {fix}")
+    return stages, resources.serve_resources(sizing).rounded()
 
 
 def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.plan import Plan, VariantPlan
+from pipeline.resources import StageResources
 
 
 def _speculative_line(variant: VariantPlan) -> str:
@@ -19,6 +20,17 @@ def _speculative_line(variant: VariantPlan) -> str:
         la = spec.lookahead
         return f"lookahead: W={la.window} N={la.ngram} G={la.verification_set}"
     return "none"
+
+
+def _needs(resources: StageResources | None) -> str:
+    if resources is None:
+        return ""
+    gpus = (f"{resources.gpus} GPU x {resources.gpu_memory_gib_per_gpu:.1f} GiB" if resources.gpus
+            else "no GPU")
+    text = f"needs {gpus}, host RAM {resources.host_memory_gib:.1f} GiB, disk {resources.disk_gib:.1f} GiB"
+    if resources.one_worker is not None:
+        text += f" (one worker: host RAM {resources.one_worker.host_memory_gib:.1f} GiB)"
+    return text
 
 
 def print_plan(plan: Plan, console: Console) -> None:
@@ -42,7 +54,8 @@ def print_plan(plan: Plan, console: Console) -> None:
         fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]", None: "no GPU given"}[variant.memory.fits]
         table.add_row("memory", f"{variant.memory.describe()}  {fits}")
         for stage in variant.stages:
-            table.add_row(f"stage {stage.name}", str(stage.output))
+            table.add_row(f"stage {stage.name}", f"{stage.output}  {_needs(stage.resources)}")
+        table.add_row("serve", _needs(variant.serve_resources))
         for note in variant.notes:
             table.add_row("note", note)
         console.print(table)

@@ -54,4 +54,18 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
                 table.add_row(escape(verdict.variant), verdict.target, verdict.method, str(verdict.world_size), mark,
                               escape(why))
             console.print(table)
+            for verdict in verdicts:
+                _print_stages(verdict, console)
     return 0 if result["ok"] else 3
+
+
+def _print_stages(verdict, console: Console) -> None:
+    """Each stage's needs (pipeline.resources) against this host."""
+    table = Table(title=f"{verdict.variant}: what each stage needs", title_justify="left")
+    for column in ("stage", "GPUs", "GiB per GPU", "host RAM GiB", "disk GiB", "here"):
+        table.add_column(column, justify="right" if "GiB" in column or column == "GPUs" else "left")
+    for fit in verdict.stages:
+        here = "[green]ok[/green]" if fit.fits else f"[red]no[/red]: {escape(fit.why)}"
+        table.add_row(fit.stage, str(fit.gpus), f"{fit.gpu_memory_gib_per_gpu:.1f}" if fit.gpus else "-",
+                      f"{fit.host_memory_gib:.1f}", f"{fit.disk_gib:.1f}", here)
+    console.print(table)
