@@ -47,6 +47,7 @@ class QuantPlan:
     calibration_data: Path
     calibration_size: int
     calibration_max_seq_len: int
+    offload: str = "none"  # where the quantize stage may put weights that do not fit the GPUs
 
     @property
     def quant_algo(self) -> str | None:
@@ -243,7 +244,7 @@ def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeCo
         arch=arch, dtype=variant.model.dtype, speculative=speculative, memory=memory, tp=variant.parallel.tp,
         world_size=variant.parallel.tp * variant.parallel.pp, target=variant.target, gpu=on_gpus,
         gpu_count=variant.gpu.count if variant.gpu else None,
-        calibration_max_seq_len=quant.calibration_max_seq_len, offload=variant.quantization.offload,
+        calibration_max_seq_len=quant.calibration_max_seq_len, offload=quant.offload,
     )
     stages = tuple(dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing))
                    for stage in stages)
@@ -476,7 +477,7 @@ def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weight
     if weights_fp8 and not prequantized and q.calibration.data and not calibration.is_file():
         problems.error(("quantization", "calibration", "data"), f"{calibration}: calibration file not found")
     return QuantPlan(weights_fp8, q.kv_cache == "fp8", prequantized, q.quantize_heads, calibration,
-                     q.calibration.size, q.calibration.max_seq_len)
+                     q.calibration.size, q.calibration.max_seq_len, q.offload)
 
 
 def _build_config(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,

@@ -18,9 +18,11 @@ quantize (ModelOpt FP8 PTQ of the HF model; on GPUs, dispatched over all G by ac
   host RAM    4 GiB (Python, torch, transformers, ModelOpt) + the larger of one checkpoint
               shard being read (5 GiB) and two 5 GB export shards; weights never sit in host
               RAM whole (meta-device init, each shard streamed to its GPU at the target dtype),
-              unless CPU offload is asked for (then the part that does not fit the GPUs).
-  disk        the FP8 checkpoint: decoder weights 1 byte each, embedding and lm_head at b;
-              plus the part that does not fit the GPUs with disk offload.
+              unless offload is asked for: then the part that does not fit the GPUs, with disk
+              offload too (accelerate reads disk-offloaded safetensors weights from the checkpoint
+              files themselves, but ModelOpt 0.47 keeps the weights it writes back in host RAM:
+              its accelerate plugin warns "writing updates back to disk offload files is TODO").
+  disk        the FP8 checkpoint: decoder weights 1 byte each, embedding and lm_head at b.
   Without GPUs (target reference, or no ``gpu`` in the spec) it calibrates in float32 on the
   CPU: host RAM = P * 4 + calibration + 4 GiB.
   Check against reports: a 70B fp16 -> FP8 quantization needs ~140 GB of GPU memory and ~140 GB
@@ -114,14 +116,18 @@ class Sizing:
     offload: str  # "none" | "cpu" | "disk"
 
 
+def calibration_bytes(hidden: int, intermediate: int, vocab: int, heads: int, seq: int, element_bytes: int) -> int:
+    """Activations of one calibration sample of ``seq`` tokens (see the module docstring)."""
+    return seq * (6 * hidden + 3 * intermediate) * element_bytes + heads * seq * seq * 4 + seq * vocab * 4
+
+
 def quantize_resources(s: Sizing) -> StageResources:
     a = s.arch
     calib_bytes = BYTES_PER_ELEMENT[s.dtype] if s.gpu is not None else 4  # float32 on the CPU
     out_bytes = BYTES_PER_ELEMENT[s.dtype]
     total = a.total_params() * calib_bytes
-    seq = s.calibration_max_seq_len
-    calibration = (seq * (6 * a.hidden_size + 3 * a.intermediate_size) * calib_bytes
-                   + a.num_heads * seq * seq * 4 + seq * a.vocab_size * 4)
+    calibration = calibration_bytes(a.hidden_size, a.intermediate_size, a.vocab_size, a.num_heads,
+                                    s.calibration_max_seq_len, calib_bytes)
     edge = a.vocab_size * a.hidden_size
     fp8_disk = (a.num_layers * a.decoder_layer_params()
                 + edge * (1 if a.tie_word_embeddings else 2) * out_bytes) / GIB
@@ -143,10 +149,7 @@ def quantize_resources(s: Sizing) -> StageResources:
     offloaded = ""
     if spill and s.offload != "none":
         per_gpu = math.floor(s.gpu.memory_gib * 10) / 10  # all of it (rounded down: the plan rounds up)
-        if s.offload == "cpu":
-            host += spill
-        else:
-            disk += spill
+        host += spill  # disk offload too: see the module docstring
         offloaded = f"; {spill:.1f} GiB offloaded to {s.offload}"
     detail = (f"weights {total / GIB:.1f} GiB over {gpus} GPU(s) = {total / gpus / GIB:.1f} + one module "
               f"{module / GIB:.1f}, + calibration {calibration / GIB:.2f}, fake-quant/export transients "

@@ -150,7 +150,7 @@ class QuantizationSpec(_Strict):
     """The calibration text for FP8."""
     offload: Literal["none", "cpu", "disk"] = "none"
     """Where the quantize stage may put weights that do not fit the GPUs: none (the plan says it does not
-    fit), cpu (host RAM) or disk (an offload folder beside the output); both are much slower."""
+    fit), cpu (host RAM) or disk (read from the checkpoint files as needed); both are much slower."""
 
     @model_validator(mode="after")
     def _kv_needs_weights(self) -> QuantizationSpec:

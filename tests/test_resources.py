@@ -77,7 +77,7 @@ def test_a_quantize_stage_that_cannot_fit_the_spec_gpus_is_a_plan_error(plan_of)
 
 
 @pytest.mark.parametrize("offload", ["cpu", "disk"])
-def test_offload_moves_what_does_not_fit_to_host_ram_or_disk(plan_of, offload):
+def test_offload_moves_what_does_not_fit_the_gpus_to_host_ram(plan_of, offload):
     small = ("gpu: {type: gh200-96gb, count: 1}\n"
              "build: {max_batch_size: 1, max_seq_len: 256, max_input_len: 128, max_num_tokens: 256}\n")
     with pytest.raises(InputError, match="the quantize stage does not fit 1 x gh200-96gb"):
@@ -89,10 +89,9 @@ def test_offload_moves_what_does_not_fit_to_host_ram_or_disk(plan_of, offload):
     spilled = float(quantize.detail.split("; ")[-1].split()[0])
     assert spilled > 40
     on_gpus = plan_of(SPEC_70B + small.replace("count: 1", "count: 2")).stage("quantize").resources
-    if offload == "cpu":
-        assert quantize.host_memory_gib == pytest.approx(on_gpus.host_memory_gib + spilled, abs=0.2)
-    else:
-        assert quantize.disk_gib == pytest.approx(on_gpus.disk_gib + spilled, abs=0.2)
+    # Disk offload costs host RAM too: ModelOpt 0.47 keeps what it writes back in memory.
+    assert quantize.host_memory_gib == pytest.approx(on_gpus.host_memory_gib + spilled, abs=0.2)
+    assert quantize.disk_gib == on_gpus.disk_gib
 
 
 def test_doctor_compares_each_stage_with_the_host(cli):
