@@ -63,7 +63,8 @@ def test_every_example_spec_matches_the_schema(schema, spec):
     ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: two}\n", ".parallel.tp: not an integer"),
     ("name: x\nmodel: {preset: llama-3.1-8b}\ntarget: gpu\n", ".target: 'gpu' not allowed"),
     ("model: {preset: llama-3.1-8b}\n", ".name: missing"),
-    ("name: x\nvariants:\n  - {name: a, build: {max_batch_sise: 4}}\n", ".variants[0].build.max_batch_sise: unknown key"),
+    ("name: x\nvariants:\n  - {name: a, build: {max_batch_sise: 4}}\n",
+     ".variants[0].build.max_batch_sise: unknown key"),
     ("name: x\nvariants:\n  - {build: {max_batch_size: 4}}\n", ".variants[0].name: missing"),
 ])
 def test_the_schema_rejects_what_the_loader_rejects(schema, write_spec, cli, text, expected):

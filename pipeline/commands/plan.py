@@ -27,8 +27,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 def plan_with_commands(plan: Plan) -> dict:
     """The plan plus, per variant, the exact trtllm-build and GPU launch argv it implies."""
-    from pipeline.trtllm.build_command import trtllm_build_argv
     from pipeline.triton.launch_gpu import gpu_launch_argv
+    from pipeline.trtllm.build_command import trtllm_build_argv
 
     body = json.loads(plan.to_json())
     for data, variant in zip(body["variants"], plan.variants):

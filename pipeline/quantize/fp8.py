@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pipeline.quantize.calibration as calib
+import pipeline.quantize.placement as place
 from pipeline.errors import InputError, StageError, StageUnavailable
-from pipeline.quantize import calibration as calib
-from pipeline.quantize import placement as place
 from pipeline.quantize.checks import require_plain_checkpoint, verify_fp8_export
 from pipeline.quantize.hf import copy_tokenizer_files, fix_config_file, hf_offline, make_readable, read_json
 from pipeline.resources import EXPORT_SHARD, calibration_bytes

@@ -117,7 +117,8 @@ def calibration_batch(placement: Placement, mapped: dict[str, Any] | None, *, cu
         return 1
     import torch
 
-    used = sorted({d for d in (mapped or {0: 0}).values() if isinstance(d, int)}) or [0]
+    used = sorted({d for d in mapped.values() if isinstance(d, int)}) if mapped else []
+    used = used or [0]
     free = min(torch.cuda.mem_get_info(i)[0] for i in used)
     fit = int(free * CALIB_MEMORY_SHARE // max(1, bytes_per_sample))
     return max(1, min(fit, MAX_CALIB_BATCH, samples))
