@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gemm_rows.py [--rows 1 8 16 17 24 32 48 64] [--repeats 7]
 
-Times the reference engine's bf16 GEMM (pipeline/runtime/gemm.py: oneDNN, weights pre-packed,
+Times the reference engine's bf16 GEMM (pipeline/runtime/model/gemm.py: oneDNN, weights pre-packed,
 AMX where the CPU has it) on SmolLM2's weight shapes for each row count, one thread, row counts
 interleaved within every repeat (this host's speed drifts), and prints each median relative to
 one row. A verification pass feeds 1 + draft tokens rows per request, so where the cost steps up
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.runtime.gemm import Gemm, onednn_bf16  # noqa: E402
+from pipeline.runtime.model.gemm import Gemm, onednn_bf16  # noqa: E402
 
 # SmolLM2-135M: hidden 576, MLP 1536, vocab 49152 (the lm_head is a fifth of a decoding step).
 SHAPES = {"qkv": (960, 576), "mlp gate": (1536, 576), "mlp down": (576, 1536), "lm_head": (49152, 576)}

@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=240.0, help="seconds per level at most")
     args = parser.parse_args()
     if not reference_backend_available():
-        print("the reference backend (pipeline/runtime/triton_backend.py) is not in this checkout")
+        print("the reference backend (pipeline/runtime/triton/backend.py) is not in this checkout")
         return 3
     levels = [int(level) for level in args.levels.split(",")]
     try:

@@ -15,7 +15,7 @@ machine and its load; tokens per CPU-second (this thread's CPU time, torch on 1 
 next to wall-clock tokens/s because it is what the rate would be on an idle machine.
 
 Every method's output is compared with plain decoding: identical, or (bfloat16 engines) different
-only from a near-tie of plain decoding on (pipeline/runtime/exactness.py).
+only from a near-tie of plain decoding on (pipeline/runtime/spec_decode/exactness.py).
 
 Heads: heads/smollm2-medusa and heads/smollm2-eagle (trained by ``specdeploy train-heads``) when they
 exist; otherwise random heads of the right shapes are generated so the plumbing runs (their acceptance
@@ -42,20 +42,23 @@ from pipeline import trees  # noqa: E402
 from pipeline.checkpoint import convert_checkpoint  # noqa: E402
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions  # noqa: E402
 from pipeline.plan import OutputRoots, VariantPlan, make_plan  # noqa: E402
-from pipeline.runtime.decoding import DecodingMethod, MethodSettings, PlainDecoding, SpeculativeRequest, \
-    make_method  # noqa: E402
-from pipeline.runtime.engine import Engine  # noqa: E402
-from pipeline.runtime.exactness import NEAR_TIE_BF16_STEPS, divergence  # noqa: E402
-from pipeline.runtime.metrics import SpecDecodingStats  # noqa: E402
+from pipeline.runtime.request import GenerationRequest  # noqa: E402
+from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding  # noqa: E402
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method  # noqa: E402
+from pipeline.speculative import LookaheadConfig  # noqa: E402
+from pipeline.runtime.model.engine import Engine  # noqa: E402
+from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence  # noqa: E402
+from pipeline.runtime.serving.metrics import SpecDecodingStats  # noqa: E402
 from pipeline.runtime.request import StepOutput  # noqa: E402
-from pipeline.runtime.scheduler import Scheduler, StepStats  # noqa: E402
+from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
+from pipeline.runtime.serving.scheduler import Scheduler  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
 from pipeline.stages.execute import execute_plan  # noqa: E402
 from pipeline.trtllm.engine_config import predict_engine_config  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 SPECS = {kind: REPO / "specs" / f"smollm2-{kind}.yaml" for kind in ("medusa", "eagle", "lookahead")}
-TARGETS = {"eagle": 2.0, "medusa": 1.6, "lookahead": 1.3}  # batch 1, code prompts (issue 5)
+TARGETS = {"eagle": 2.0, "medusa": 1.6, "lookahead": 1.3}  # batch 1, code prompts
 FALLBACK_PROMPTS = {
     "code": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
              "def is_palindrome(text):\n    \"\"\"Return True if text reads the same backwards.\"\"\"\n"],
@@ -81,14 +84,14 @@ class Overrides:
 
     dtype: str = "float32"
     trees: tuple[tuple[str, str], ...] = ()  # (method, medusa_choices / eagle_choices preset)
-    lookahead: tuple[int, int, int] | None = None
+    lookahead: LookaheadConfig | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Overrides:
         """From the --dtype, --medusa-tree, --eagle-tree and --lookahead options."""
         chosen = tuple((kind, tree) for kind, tree in (("medusa", args.medusa_tree), ("eagle", args.eagle_tree))
                        if tree)
-        lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
+        lookahead = LookaheadConfig(*(int(v) for v in args.lookahead.split(","))) if args.lookahead else None
         return cls(args.dtype, chosen, lookahead)
 
     def tree(self, kind: str) -> str | None:
@@ -273,13 +276,13 @@ class Tally:
         return {"tokens": self.tokens, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
                 "tokens_per_s": self.tokens / self.wall_s, "tokens_per_cpu_s": self.tokens / self.cpu_s,
                 "decode_tokens_per_cpu_s": self.decode_tokens / max(self.decode_cpu_s, 1e-9),
-                "steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                "steps": s.verification_steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
                 "mean_acceptance_length": s.mean_acceptance_length, "acceptance_rate": s.acceptance_rate,
                 "acceptance_per_position": s.acceptance_per_position(getattr(method, "draft_positions", 0))}
 
 
 def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_tokens: int, end_id: int,
-        tally: Tally, lookahead: tuple[int, int, int] | None = None,
+        tally: Tally, lookahead: LookaheadConfig | None = None,
         on_step: Callable[[StepStats], None] | None = None) -> None:
     """Decode ``prompts`` all in flight at once; add the results to ``tally``. ``on_step`` is called
     after every scheduler step (bench/step_cost.py attributes its timers per step)."""
@@ -297,8 +300,8 @@ def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_to
 
     sched, outputs = Scheduler(engine, method, limits=limits, on_step=count), {}
     for i, prompt in enumerate(prompts):
-        request = SpeculativeRequest(str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True,
-                                     lookahead=lookahead)
+        request = GenerationRequest(str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True,
+                                    lookahead=lookahead)
         sched.submit(request, lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None)
     wall, cpu = time.perf_counter(), time.thread_time()
     clock[0] = cpu
@@ -322,7 +325,7 @@ def load_methods(built: dict[str, Built], eagle2_top_k: int) -> dict[str, tuple[
         "medusa": MethodSettings("medusa", medusa_choices=spec["medusa"].medusa.tree),
         "eagle": MethodSettings("eagle", eagle_choices=spec["eagle"].eagle.tree),
         "eagle2": MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=eagle2_top_k),
-        "lookahead": MethodSettings("lookahead", lookahead=(look.window, look.ngram, look.verification_set)),
+        "lookahead": MethodSettings("lookahead", lookahead=look),
     }
     methods: dict[str, tuple[Engine, DecodingMethod]] = {"plain": (engines["lookahead"], PlainDecoding())}
     for name, setting in settings.items():
@@ -334,7 +337,7 @@ def load_methods(built: dict[str, Built], eagle2_top_k: int) -> dict[str, tuple[
 def compare_with_plain(engine: Engine, prompts: list[list[int]], plain: list[list[int]], outputs: list[list[int]]
                        ) -> dict:
     """Token-identical prompts, and for the others plain decoding's logit gap at the first difference
-    (pipeline/runtime/exactness.py: on bf16 engines a near-tie is round-off, anything else a bug)."""
+    (pipeline/runtime/spec_decode/exactness.py: on bf16 engines a near-tie is round-off, anything else a bug)."""
     found = [divergence(engine, p, want, got) for p, want, got in zip(prompts, plain, outputs)]
     gaps = [d.gap_bf16_steps for d in found if d is not None]
     return {"identical": sum(d is None for d in found), "prompts": len(found),
@@ -362,7 +365,7 @@ def main() -> int:
     parser.add_argument("--extra-lookahead", nargs="*", default=["2,3,2"],
                         help="per-request lookahead (w,n,g) to run on the same server (W,N,G)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/gemm.py)")
+                        help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/model/gemm.py)")
     parser.add_argument("--medusa-tree", choices=sorted(trees.TREE_PRESETS),
                         help="build the Medusa engine for this tree preset instead of the spec's own")
     parser.add_argument("--eagle-tree", choices=sorted(trees.TREE_PRESETS),
@@ -389,11 +392,11 @@ def main() -> int:
         methods[f"eagle[{tree}]"] = (engines["eagle"], make_method(engines["eagle"], MethodSettings(
             "eagle", eagle_choices=trees.resolve_tree(tree)))[0])
         described.update({f"medusa[{tree}]": f"medusa_choices {tree}", f"eagle[{tree}]": f"eagle_choices {tree}"})
-    per_request: dict[str, tuple[int, int, int]] = {}
+    per_request: dict[str, LookaheadConfig] = {}
     for text in args.extra_lookahead:  # Triton's per-request lookahead_* inputs, same engine and server
         w, n, g = (int(v) for v in text.split(","))
         methods[f"lookahead({w},{n},{g})"] = methods["lookahead"]
-        per_request[f"lookahead({w},{n},{g})"] = (w, n, g)
+        per_request[f"lookahead({w},{n},{g})"] = LookaheadConfig(w, n, g)
         described[f"lookahead({w},{n},{g})"] = f"per-request (w, n, g) = ({w}, {n}, {g}) on the same server"
     model_dir = built["lookahead"].variant.model_dir
     look = spec["lookahead"].lookahead
@@ -484,13 +487,14 @@ def plot(runs: list[dict], path: Path) -> None:
         print("matplotlib is not installed: no plot")
         return
     groups = sorted({(r["set"], r["batch"]) for r in runs})
-    methods = [m for m in dict.fromkeys(r["method"] for r in runs)]
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    colour = {method: f"C{i}" for i, method in enumerate(methods)}  # one colour per method in every panel
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
         values = [next((r["speedup_cpu"] for r in runs if (r["set"], r["batch"]) == g and r["method"] == method), 0)
                   for g in groups]
-        left.bar([x + i * width for x in range(len(groups))], values, width, label=method)
+        left.bar([x + i * width for x in range(len(groups))], values, width, label=method, color=colour[method])
     left.axhline(1.0, color="black", linewidth=0.8)
     left.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{s} b{b}" for s, b in groups])
     left.set_ylabel("speedup over plain (tokens / CPU-s)")
@@ -500,7 +504,8 @@ def plot(runs: list[dict], path: Path) -> None:
     for r in runs:
         if r["acceptance_per_position"] and (r["set"], r["batch"]) == shown:
             right.plot(range(1, len(r["acceptance_per_position"]) + 1), r["acceptance_per_position"], marker="o",
-                       label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})")
+                       color=colour[r["method"]], label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})")
+    right.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     right.set_xlabel("draft position (depth)")
     right.set_ylabel("acceptance per verification step")
     right.set_title(f"per-position acceptance, {shown[0]} batch {shown[1]}")

@@ -108,7 +108,7 @@ def _free_disk_gib(folder: Path) -> float | None:
 
 def _cpu_bf16_gemm() -> bool:
     try:
-        from pipeline.runtime.gemm import onednn_bf16
+        from pipeline.runtime.model.gemm import onednn_bf16
     except ImportError:  # no torch: nothing runs on the CPU anyway
         return False
     return onednn_bf16()

@@ -7,6 +7,7 @@ and friends from here, so build-time and serve-time values cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,21 +15,63 @@ from pipeline import trees
 
 Method = Literal["medusa", "eagle", "lookahead", "none"]
 
-# trtllm-build's --speculative_decoding_mode value per method.
-BUILD_MODE: dict[Method, str | None] = {
-    "medusa": "medusa",
-    "eagle": "eagle",
-    "lookahead": "lookahead_decoding",
-    "none": None,
+# tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode (an IntFlag, stored in the engine's
+# build_config as its int), by trtllm-build's --speculative_decoding_mode value (None: no speculation).
+SPECULATIVE_DECODING_MODES: dict[str | None, int] = {
+    None: 1,  # NONE
+    "draft_tokens_external": 2,
+    "medusa": 4,
+    "lookahead_decoding": 8,
+    "explicit_draft_tokens": 16,
+    "eagle": 32,
 }
 
-# The Triton backend's decoding_mode parameter per method.
-TRITON_DECODING_MODE: dict[Method, str] = {
-    "medusa": "medusa",
-    "eagle": "eagle",
-    "lookahead": "lookahead",
-    "none": "top_k_top_p",
+# The Triton tensorrt_llm model's decoding_mode values (TensorRT-LLM executor's DecodingMode names):
+# those plain decoding serves, and the speculative ones.
+TRITON_PLAIN_DECODING_MODES = ("", "top_k", "top_p", "top_k_top_p", "auto")
+TRITON_SPECULATIVE_DECODING_MODES = ("medusa", "eagle", "lookahead", "redrafter", "explicit_draft_tokens")
+
+
+@dataclass(frozen=True)
+class MethodIdentity:
+    """How one method is spelled at each stage, from spec to runtime."""
+
+    build_mode: str | None  # trtllm-build --speculative_decoding_mode (None: the flag is not passed)
+    triton_decoding_mode: str  # the tensorrt_llm model's decoding_mode parameter
+
+    @property
+    def engine_mode(self) -> int:
+        """build_config.speculative_decoding_mode in the engine's config.json."""
+        return SPECULATIVE_DECODING_MODES[self.build_mode]
+
+    @property
+    def speculative(self) -> bool:
+        return self.build_mode is not None
+
+
+# The one table of method identity.
+METHODS: dict[Method, MethodIdentity] = {
+    "medusa": MethodIdentity("medusa", "medusa"),
+    "eagle": MethodIdentity("eagle", "eagle"),
+    "lookahead": MethodIdentity("lookahead_decoding", "lookahead"),
+    "none": MethodIdentity(None, "top_k_top_p"),
 }
+
+
+def engine_mode_method(mode: int | str | None) -> str:
+    """The method an engine was built for, from its build_config.speculative_decoding_mode (the
+    IntFlag's int, or a build-mode name); a mode no method has comes back as its name."""
+    if mode is None or isinstance(mode, str) and mode.strip().lower() in ("", "none"):
+        return "none"
+    if isinstance(mode, str):
+        build_mode: str | None = mode.strip().lower()
+    else:
+        names = [name for name, value in SPECULATIVE_DECODING_MODES.items() if value == mode]
+        if not names:
+            return str(mode)
+        build_mode = names[0]
+    return next((method for method, ident in METHODS.items() if ident.build_mode == build_mode), str(build_mode))
+
 
 EAGLE_MAX_DRAFT_LEN = 256  # builder.py asserts max_draft_len <= 256 for EAGLE
 EAGLE_MAX_BATCH_SIZE = 512  # builder.py asserts max_batch_size <= 512 for EAGLE
@@ -80,9 +123,15 @@ class EagleConfig:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    window: int
-    ngram: int
-    verification_set: int
+    """Lookahead's (W, N, G), one type from the spec to the runtime (a request's (w, n, g) too)."""
+
+    window: int  # W: Jacobi window positions
+    ngram: int  # N: n-gram size
+    verification_set: int  # G: candidate n-grams verified per step
+
+    def __iter__(self) -> Iterator[int]:
+        """``w, n, g = config``."""
+        return iter((self.window, self.ngram, self.verification_set))
 
     @property
     def max_draft_len(self) -> int:
@@ -106,4 +155,4 @@ class SpeculativeConfig:
 
     @property
     def build_mode(self) -> str | None:
-        return BUILD_MODE[self.method]
+        return METHODS[self.method].build_mode

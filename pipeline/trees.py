@@ -26,7 +26,7 @@ MC_SIM_7B_63: Tree = (
 )
 
 # Small trees for CPUs and latency-bound GPUs: a verification pass over ~16 tokens costs
-# about 1.3 single-token steps on the 2-core CPU (shared/research/modelopt-cpu.md), while
+# about 1.3 single-token steps on the 2-core CPU in bf16 (bench/gemm_rows.py), while
 # 64 tokens cost 2-3 steps.
 CHAIN_3: Tree = ((0,), (0, 0), (0, 0, 0))
 CHAIN_4: Tree = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))

@@ -21,7 +21,7 @@ from pipeline.stages import build  # noqa: E402
 from pipeline.stages.execute import StageUnavailable  # noqa: E402
 from pipeline.stages.runner import run_stage  # noqa: E402
 
-# A stand-in for trtllm-build 1.2 that applies its build rules (trtllm.md section 5 and
+# A stand-in for trtllm-build 1.2 that applies its build rules (tensorrt_llm/commands/build.py and
 # builder.py _init_max_seq_len/build()): max_num_tokens is first clamped to
 # max_batch_size * max_seq_len (as requested) and raised to tokens_per_block; spec modes then add
 # max_draft_len to max_seq_len (EAGLE also num_eagle_layers) and raise max_num_tokens to

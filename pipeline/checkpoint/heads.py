@@ -53,7 +53,7 @@ class MedusaHeads:
 class EagleDrafter:
     spec: LlamaSpec  # the drafter's own LlamaConfig (heads, intermediate size, rope)
     fc_weight: Src  # (H, 2H): concat[embedding; feature] -> H
-    fc_bias: Src | None  # None: synthesized zeros (TRT-LLM issue #2588)
+    fc_bias: Src | None  # None: synthesized zeros (NVIDIA/TensorRT-LLM#2588)
     embedding: Src  # the drafter's embed_tokens, or the base embedding when absent
     layers: list[dict[str, Src]]  # HF-style names relative to ``layers.{j}.``
     warnings: list[str] = field(default_factory=list)
@@ -217,7 +217,7 @@ def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
                             "using the weights")
     if any(s.scale is not None for row in lw for s in row) or any(s.scale is not None for s in lmh):
         warnings.append(f"{label}: FP8 Medusa heads are dequantized to the model dtype "
-                        "(TRT-LLM builds fail on FP8 heads, issue #2115)")
+                        "(TRT-LLM builds fail on FP8 heads, NVIDIA/TensorRT-LLM#2115)")
     consumed = {prefix + k for k in lookup} if opts.dir is None else set()
     return MedusaHeads(num_heads, num_layers, lw, lb, lmh, consumed, warnings)
 
@@ -304,7 +304,7 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
         fc_bias = take("fc.bias", (H,), "EAGLE fc bias")
     else:
         warnings.append(f"{path}: fc.bias missing; writing zeros (TRT-LLM's EagleNet fc has a bias, "
-                        "issue #2588)")
+                        "NVIDIA/TensorRT-LLM#2588)")
     if "embed_tokens.weight" in lookup:
         embedding = take("embed_tokens.weight", (V, H), "EAGLE embedding")
     else:

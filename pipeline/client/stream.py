@@ -3,7 +3,8 @@
 Always the streaming RPC, also for non-streaming requests: Triton rejects unary ModelInfer on a
 decoupled model (``UNIMPLEMENTED``), and the stream works for both kinds. Each request asks for
 an empty final response so the end of a request is known even when the last real response
-carried text (shared/research/triton.md, A.3).
+carried text (as NVIDIA's end_to_end_grpc_client.py does, TensorRT-LLM
+triton_backend/inflight_batcher_llm/client/).
 
 Abandoning a request (Ctrl-C, a timeout): with Triton 2.51, cancelling the gRPC stream is not
 enough (both checked here). The ensemble does not forward the cancellation to its composing

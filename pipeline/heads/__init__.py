@@ -1,4 +1,4 @@
-"""Training and shipping speculative-decoding heads for the embedded model (issue 6).
+"""Training and shipping speculative-decoding heads for the embedded model.
 
 * ``prompts``  prompt sets in pipeline/data/prompts/ (chat written for the project, code cut
   from the Python standard library), deterministic train / held-out split

@@ -7,9 +7,14 @@ equal a held-out prompt are dropped by :func:`pipeline.heads.prompts.build_extra
 
 from __future__ import annotations
 
+import hashlib
 import random
 
-from pipeline.heads.prompts import stable_rank
+
+def stable_rank(text: str) -> str:
+    """A sort key that shuffles deterministically (same order on every machine and Python)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
 
 TOPICS = (
     "photosynthesis", "volcanoes", "the water cycle", "black holes", "earthquakes", "the immune system",

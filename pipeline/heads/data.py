@@ -14,7 +14,7 @@ input regenerates only its shard. Shards: ``eval`` (chat_eval + code_eval), ``tr
 (chat_train_more) and ``train_code_extra`` (code_train_extra). A new prompt file gets a new shard
 (append it to ``SHARDS`` / ``TRAIN_SHARDS``), so the existing shards keep their keys.
 
-Generation dtype (issue 6): the first three shards were generated in float32 (batch 16,
+Generation dtype: the first three shards were generated in float32 (batch 16,
 ``max_new_tokens`` 128). The later shards override this per shard (``ShardSpec``): answers are
 generated in bfloat16 with batch 64 and up to 160 new tokens, which measured ~3.6x faster on this
 AMX CPU (60 -> 218 generated tokens/s on one thread) -- the serving engine may run the base model in

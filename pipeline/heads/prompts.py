@@ -13,7 +13,7 @@ Train / held-out eval split: each prompt is ranked by sha256 of its text and the
 so adding training prompts never changes the held-out set. Regenerate with
 ``python -m pipeline.heads.prompts``.
 
-More training-only sets (issue 6, :func:`build_extra_prompt_sets`, never touching the split above):
+More training-only sets (:func:`build_extra_prompt_sets`, never touching the split above):
 
 * ``code_train_extra.jsonl``: up to ``CODE_EXTRA_PER_MODULE`` more def+docstring prompts per module,
   from more stdlib modules (``CODE_EXTRA_MODULES``) and from class methods too (dedented), minus
@@ -25,13 +25,14 @@ More training-only sets (issue 6, :func:`build_extra_prompt_sets`, never touchin
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import inspect
 import json
 import platform
 import textwrap
 from pathlib import Path
+
+from pipeline.heads.chat_templates import stable_rank, templated_chat_prompts
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
 CHAT_SOURCE = PROMPTS_DIR / "chat_instructions.txt"
@@ -76,11 +77,6 @@ CODE_EXTRA_MODULES = CODE_MODULES + (
 )
 CODE_EXTRA_PER_MODULE = 24
 CODE_EXTRA_TOTAL = 640
-
-
-def stable_rank(text: str) -> str:
-    """A sort key that shuffles deterministically (same order on every machine and Python)."""
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def split(records: list[dict], eval_size: int = EVAL_SIZE) -> tuple[list[dict], list[dict]]:
@@ -194,8 +190,6 @@ def code_extra_records(exclude: set[str], modules: tuple[str, ...] = CODE_EXTRA_
 
 
 def chat_more_records(exclude: set[str]) -> list[dict]:
-    from pipeline.heads.chat_templates import templated_chat_prompts
-
     kept = [(c, p) for c, p in templated_chat_prompts() if p not in exclude]
     return [{"id": f"chatm-{i:04d}", "category": c, "prompt": p} for i, (c, p) in enumerate(kept)]
 

@@ -24,7 +24,7 @@ from pipeline.heads.medusa import MedusaTrainConfig, train_medusa
 from pipeline.trees import CHAIN_3, CHAIN_4, CPU_SMALL_10_DEPTH_3
 
 Progress = Callable[[str], None]
-# Issue 6: mean tokens per step on held-out chat prompts, greedy (Medusa: its tree; EAGLE: best of chain/tree).
+# Targets: mean tokens per step on held-out chat prompts, greedy (Medusa: its tree; EAGLE: best of chain/tree).
 TARGETS = {"medusa": 2.3, "eagle": 3.0}
 MEDUSA_TREES = {"cpu_small_10_depth_3": CPU_SMALL_10_DEPTH_3, "chain_3": CHAIN_3}
 EAGLE_TREES = {"chain_4": CHAIN_4, "cpu_small_10_depth_3": CPU_SMALL_10_DEPTH_3}

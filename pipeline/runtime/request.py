@@ -7,11 +7,14 @@ so the reference backend answers like the GPU one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Sequence
+
+import numpy as np
 
 from pipeline.errors import InputError
+from pipeline.speculative import LookaheadConfig
 
 TOP_K_MAX = 1024  # TensorRT-LLM clips runtime_top_k to this (samplingTopKKernels.h)
 
@@ -58,6 +61,9 @@ class GenerationRequest:
     streaming: bool = False
     exclude_input_in_output: bool = False
     return_perf_metrics: bool = False
+    # Triton's optional lookahead_window_size / _ngram_size / _verification_set_size inputs:
+    # this request's (w, n, g), each at most the server's (W, N, G).
+    lookahead: LookaheadConfig | None = None
 
 
 class FinishReason(str, Enum):
@@ -80,7 +86,7 @@ class RequestMetrics:
     first_scheduled_time_ns: int = 0
     first_token_time_ns: int = 0
     last_token_time_ns: int = 0
-    steps: int = 0  # generation steps (forward passes that produced tokens)
+    forward_steps: int = 0  # forward passes that produced tokens: the one ending prefill, then verification steps
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
 
@@ -108,7 +114,8 @@ class StepOutput:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
 
 
-def parse_words_list(rows: Sequence[Sequence[int]], what: str = "stop_words_list") -> tuple[tuple[int, ...], ...]:
+def parse_words_list(rows: Sequence[Sequence[int]] | np.ndarray, what: str = "stop_words_list"
+                     ) -> tuple[tuple[int, ...], ...]:
     """TensorRT-LLM's [2, L] words format -> a tuple of token sequences.
 
     Row 0 holds all words' tokens back to back, row 1 each word's *end* offset into row 0,

@@ -4,7 +4,7 @@ The C++ backend silently ignores a key it does not know (a typo means a default 
 a Lookahead model then dies at load with ``Assertion failed: 16 != 40``, tensorrtllm_backend#710).
 So every key we emit must be in :data:`TENSORRT_LLM_PARAMETER_KEYS`, the keys that
 ``inflight_batcher_llm/src/model_instance_state.cc`` / ``model_state.cc`` read
-(shared/research/triton.md, A.1), and every value comes from the plan, never recomputed.
+(NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/), and every value comes from the plan, never recomputed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline import trees
 from pipeline.errors import StageError
 from pipeline.plan import VariantPlan
-from pipeline.speculative import TRITON_DECODING_MODE
+from pipeline.speculative import METHODS
 
 TENSORRT_LLM_PARAMETER_KEYS: frozenset[str] = frozenset({
     "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
@@ -59,7 +59,7 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
         "exclude_input_in_output": "true",
         "enable_chunked_context": "false",
         "gpu_device_ids": ",".join(str(i) for i in gpu_device_ids(variant)),
-        "decoding_mode": TRITON_DECODING_MODE[spec.method],
+        "decoding_mode": METHODS[spec.method].triton_decoding_mode,
     }
     if spec.medusa is not None:
         params["medusa_choices"] = trees.to_triton_choices(spec.medusa.tree)

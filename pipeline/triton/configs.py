@@ -1,7 +1,7 @@
 """The four ModelConfig messages of the in-flight-batching repository, and the ensemble wiring.
 
 Names and mappings follow TensorRT-LLM's ``inflight_batcher_llm`` layout
-(shared/research/triton.md, A.1) so that any client written for it works unchanged:
+(NVIDIA/TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/) so that any client written for it works unchanged:
 
     text_input -> preprocessing (QUERY -> INPUT_ID ...) -> tensorrt_llm (input_ids ... -> output_ids)
                -> postprocessing (TOKENS_BATCH -> OUTPUT) -> text_output

@@ -2,7 +2,7 @@
 
 The wheel's server cannot run in place with our backend (its stubs live outside the Python
 backend folder, and we must add a ``tensorrtllm`` backend), so a launch needs three things
-(shared/research/triton.md, B.1), each verified by leaving it out:
+(found by probing tritonserver 2.51 from nvidia-pytriton 0.7), each verified by leaving it out:
 
 1. a copy of ``pytriton/tritonserver`` with the stub matching this interpreter in
    ``backends/python/`` (cached under ``<cache>/tritonserver/<pytriton>-py<X.Y>/``);
@@ -39,7 +39,7 @@ from types import TracebackType
 import pipeline
 from pipeline.errors import InputError, StageError
 
-REFERENCE_BACKEND_MODULE = "pipeline.runtime.triton_backend"
+REFERENCE_BACKEND_MODULE = "pipeline.runtime.triton.backend"
 # Installed as <backend-dir>/tensorrtllm/model.py: a re-export, so the server always runs the
 # checked-out reference backend instead of a stale copy.
 BACKEND_SHIM = f'''"""specdeploy: the CPU reference backend, loaded by Triton as backend "tensorrtllm"."""

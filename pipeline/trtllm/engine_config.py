@@ -14,20 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.plan import VariantPlan
+from pipeline.speculative import SPECULATIVE_DECODING_MODES
 from pipeline.trtllm import TRTLLM_SERIES, TRTLLM_VERSION
 from pipeline.trtllm.build_command import TIMING_CACHE, checkpoint_architecture
 from pipeline.trtllm.flags import load_flags
 
-# tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode (IntFlag, stored as its int).
-SPECULATIVE_DECODING_MODE = {
-    None: 1,  # NONE
-    "draft_tokens_external": 2,
-    "medusa": 4,
-    "lookahead_decoding": 8,
-    "explicit_draft_tokens": 16,
-    "eagle": 32,
-}
-_MODE_NAMES = {value: (name or "none").upper() for name, value in SPECULATIVE_DECODING_MODE.items()}
+_MODE_NAMES = {value: (name or "none").upper() for name, value in SPECULATIVE_DECODING_MODES.items()}
 
 # BuildConfig defaults that no flag sets (builder.py, 1.1/1.2 era).
 _BUILD_DEFAULTS: dict[str, Any] = {
@@ -100,7 +92,7 @@ def predict_engine_config(variant: VariantPlan, checkpoint_config: dict[str, Any
         "max_num_tokens": b.engine_max_num_tokens,
         "kv_cache_type": b.kv_cache_type.upper(),
         "max_draft_len": b.max_draft_len,
-        "speculative_decoding_mode": SPECULATIVE_DECODING_MODE[b.speculative_decoding_mode],
+        "speculative_decoding_mode": SPECULATIVE_DECODING_MODES[b.speculative_decoding_mode],
         "output_timing_cache": str(Path(output_dir) / TIMING_CACHE),
         **_BUILD_DEFAULTS,
         "lora_config": dict(_LORA_DEFAULTS),
@@ -131,7 +123,7 @@ def check_engine_config(actual: dict[str, Any], variant: VariantPlan, *, engine_
     }
     problems += _compare(build, expected, "build_config")
     mode = _mode_int(build.get("speculative_decoding_mode"))
-    want_mode = SPECULATIVE_DECODING_MODE[b.speculative_decoding_mode]
+    want_mode = SPECULATIVE_DECODING_MODES[b.speculative_decoding_mode]
     if mode != want_mode:
         problems.append(f"build_config.speculative_decoding_mode is {build.get('speculative_decoding_mode')!r}, "
                         f"the plan needs {want_mode} ({_MODE_NAMES[want_mode]})")

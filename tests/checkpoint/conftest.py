@@ -102,7 +102,7 @@ class ModelOptFP8:
 def _modelopt_trt_export(mte: Any, model: Any, out: Path, tp: int) -> Path:
     model = copy.deepcopy(model)  # the exporter mutates the model (weights become float8)
     # transformers 5 keeps rope_theta only in rope_parameters; the exporter reads config.rope_theta
-    # and would silently drop rotary_base (modelopt-cpu.md 3.4).
+    # and would silently drop rotary_base (ModelOpt 0.47 export_tensorrt_llm_checkpoint without tensorrt_llm installed).
     model.config.rope_theta = model.config.rope_parameters["rope_theta"]
     mte.export_tensorrt_llm_checkpoint(model, "llama", torch.bfloat16, str(out), inference_tensor_parallel=tp)
     return out

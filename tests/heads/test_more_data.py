@@ -1,4 +1,4 @@
-"""Issue 6: more training-only prompts, bf16 answer generation, validation-based epoch choice."""
+"""More training-only prompts, bf16 answer generation, validation-based epoch choice."""
 
 from __future__ import annotations
 

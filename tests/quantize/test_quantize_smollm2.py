@@ -1,6 +1,6 @@
 """FP8 PTQ of the real SmolLM2-135M-Instruct, checked against the unquantized model.
 
-W8A8 FP8 on this 135M model is numerically chaotic (modelopt-cpu.md §3.1): positions 0-4
+W8A8 FP8 on this 135M model is numerically chaotic (measured: FP8 vs fp32 top-1 agree at ~89% of positions): positions 0-4
 sit next to a massive-activation attention sink (down_proj input amax ~3000 in layers 11
 and 28 vs ~10 elsewhere) and their low-confidence predictions flip easily. So the check
 is statistical: overall top-1 agreement and mean KL over all positions of chat and plain

@@ -13,7 +13,7 @@ from tritonclient.grpc import model_config_pb2
 from triton_fixtures import fake_engine, make_model_dir, plan_spec, tiny_plan
 from pipeline import trees
 from pipeline.errors import InputError, StageError
-from pipeline.speculative import TRITON_DECODING_MODE
+from pipeline.speculative import METHODS
 from pipeline.stages import package
 from pipeline.stages.runner import run_stage
 from pipeline.triton import pbtxt
@@ -51,7 +51,7 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     assert params["gpt_model_type"] == "inflight_fused_batching"
     assert params["gpt_model_path"] == str(engine.resolve())
     assert params["max_beam_width"] == "1"
-    assert params["decoding_mode"] == TRITON_DECODING_MODE[variant.method]
+    assert params["decoding_mode"] == METHODS[variant.method].triton_decoding_mode
     assert params["batch_scheduler_policy"] == variant.serving.batch_scheduler_policy
     assert float(params["kv_cache_free_gpu_mem_fraction"]) == variant.serving.kv_cache_free_gpu_mem_fraction
     ids = [int(i) for i in params["gpu_device_ids"].split(",")]

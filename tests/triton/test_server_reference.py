@@ -1,5 +1,5 @@
 """End to end on CPU: a tiny random Llama through the pipeline's stages (convert, build, package), served
-by a real tritonserver with the REAL reference backend (pipeline/runtime/triton_backend.py).
+by a real tritonserver with the REAL reference backend (pipeline/runtime/triton/backend.py).
 
 Greedy decoding is deterministic, so streaming, non-streaming and eight concurrent requests
 (batched in flight by the backend) must all give each prompt the same text.
@@ -25,7 +25,7 @@ from triton_fixtures import SPECIALS, WORDS, make_tokenizer, plan_spec, start_se
 pytestmark = [
     pytest.mark.tritonserver, pytest.mark.slow,
     pytest.mark.skipif(not reference_backend_available(),
-                       reason="pipeline/runtime/triton_backend.py (the reference backend) is not in this checkout"),
+                       reason="pipeline/runtime/triton/backend.py (the reference backend) is not in this checkout"),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC = """

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from pipeline.errors import SpecdeployError
 from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
 from pipeline.spec import load_spec
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
+from tests.servers import free_ports
 
 WORDS = ["a", "hello", "world", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "stop"]
 WORDS += [f"w{i}" for i in range(200)]
@@ -98,19 +98,6 @@ def fake_engine(variant: VariantPlan, folder: Path | None = None) -> Path:
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def start_server(make_config: Callable[[int, int, int], CpuServerConfig], attempts: int = 3) -> CpuTritonServer:

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from pipeline.speculative import BUILD_MODE
-from pipeline.trtllm.engine_config import SPECULATIVE_DECODING_MODE
+from pipeline.speculative import METHODS
+from pipeline.speculative import SPECULATIVE_DECODING_MODES as SPECULATIVE_DECODING_MODE
 from pipeline.trtllm.flags import TABLE_FILE, argv_problems, flag, load_flags, plan_owned, table_version
 
-# Flags older TensorRT-LLM had and 1.x removed (trtllm.md section 5); emitting one fails the build.
+# Flags older TensorRT-LLM had and 1.x removed (tensorrt_llm/commands/build.py @ 65f1d153); emitting one fails the build.
 REMOVED = ("--tp_size", "--pp_size", "--world_size", "--max_output_len", "--use_custom_all_reduce",
            "--multi_block_mode", "--enable_xqa", "--auto_parallel", "--gpus_per_node", "--cluster_key")
 
@@ -39,7 +39,7 @@ def test_aliases_resolve_to_the_same_flag():
 
 def test_speculative_modes_match_the_plan_and_the_engine_enum():
     choices = set(flag("speculative_decoding_mode").choices)
-    assert {mode for mode in BUILD_MODE.values() if mode} <= choices
+    assert {ident.build_mode for ident in METHODS.values() if ident.build_mode} <= choices
     assert set(SPECULATIVE_DECODING_MODE) - {None} == choices
     assert SPECULATIVE_DECODING_MODE == {None: 1, "draft_tokens_external": 2, "medusa": 4,
                                          "lookahead_decoding": 8, "explicit_draft_tokens": 16, "eagle": 32}

@@ -1,4 +1,4 @@
-"""Each TensorRT-LLM 1.2 pitfall (shared/research/trtllm.md sections 10 and 11) is rejected or
+"""Each TensorRT-LLM 1.2 pitfall (each from a NVIDIA/TensorRT-LLM issue or source file named in its test) is rejected or
 repaired by the plan, the argv builder or the checkpoint check, before any GPU time."""
 
 from __future__ import annotations

@@ -1,0 +1,299 @@
+"""Iteration-level (in-flight) batching over the reference engine.
+
+Requests join and leave between steps. Each step packs, within ``max_num_tokens``:
+1. one generation input for every running request past its prompt (1 token, or 1 + drafts; a
+   speculative method with ``propose`` first drafts for all of them in one batch);
+2. prompt chunks of requests still in prefill, oldest first (a prompt longer than the budget
+   left is split across steps: chunked context);
+and runs them as ONE engine forward. At most ``max_batch_size`` requests are admitted at a time;
+the rest wait in arrival order. A request that breaks a limit is answered with an error at
+once and never touches the batch, so one bad request cannot stop the server.
+
+Threading: ``submit``/``cancel`` may be called from any thread; ``step`` runs on one thread
+only (the background loop from ``start``, or a test calling it directly).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from pipeline.runtime.model.config import Limits
+from pipeline.runtime.model.engine import Engine, Logits, StepInput
+from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
+from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[StepOutput], None]  # receives every response of one request, the last one finished
+IsCancelled = Callable[[], bool]  # the client went away (Triton: response_sender.is_cancelled)
+
+
+@dataclass
+class _Entry:
+    seq: Sequence
+    sink: Sink
+    is_cancelled: IsCancelled | None
+    cancelled: bool = False  # by cancel() or a failed delivery
+    finished: bool = False  # the final response was sent
+    checked_ns: int = 0  # last is_cancelled() poll (it is an IPC round trip under Triton)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, method: DecodingMethod | None = None, limits: Limits | None = None,
+                 on_step: Callable[[StepStats], None] | None = None, cancel_check_period_s: float = 0.1):
+        self.engine = engine
+        # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
+        self.cancel_check_period_s = cancel_check_period_s
+        self.method = method or PlainDecoding()
+        self.limits = limits or engine.config.limits
+        self.on_step = on_step
+        self._keys = itertools.count()
+        self._lock = threading.Condition()
+        self._waiting: deque[_Entry] = deque()
+        self._running: list[_Entry] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- client side (any thread) -----------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, sink: Sink, is_cancelled: IsCancelled | None = None) -> None:
+        """Queue a request; a request that breaks a limit gets its error through ``sink`` right away."""
+        problem = self._problem(request)
+        if problem is not None:
+            _deliver(sink, StepOutput(request.request_id, [], True, FinishReason.ERROR, problem))
+            return
+        limit = len(request.input_ids) + request.max_new_tokens + self.method.max_draft_len
+        seq = Sequence.create(next(self._keys), request, self.engine.new_cache(limit),
+                              SpecRequestMetrics(arrival_time_ns=time.time_ns()))
+        with self._lock:
+            self._waiting.append(_Entry(seq, sink, is_cancelled))
+            self._lock.notify()
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel every queued or running request with this id (Triton's ``stop`` input)."""
+        with self._lock:
+            found = [e for e in (*self._waiting, *self._running) if e.seq.request.request_id == request_id]
+            for entry in found:
+                entry.cancelled = True
+            self._lock.notify()
+        return bool(found)
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return len(self._waiting) + len(self._running)
+
+    # -- the loop (one thread) --------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One iteration; False when there was nothing to do."""
+        started = time.perf_counter()
+        self._admit()
+        self._drop_cancelled()
+        batch = self._pack()
+        if not batch:
+            return False
+        outputs = self.engine.forward([item for _, item, _ in batch])
+        generated = 0
+        spec = SpecDecodingStats()
+        for (entry, item, prefill_chunk), rows in zip(batch, outputs):
+            seq = entry.seq
+            if prefill_chunk:
+                seq.prefilled += len(item.token_ids)
+                if seq.in_prefill:  # more prompt chunks to go: no token yet
+                    if self.method.prompt_hidden:
+                        self.method.prompt_chunk(seq, rows)
+                    continue
+            accepted = self.method.accept(seq, rows, after_prefill=prefill_chunk)
+            if not prefill_chunk:  # a verification step (metrics.py has the definitions)
+                for stats in (cast(SpecRequestMetrics, seq.metrics).spec, spec):
+                    stats.observe(accepted.draft_tokens, accepted.accepted_draft_tokens)
+            generated += self._emit(entry, accepted)
+        self._running = [e for e in self._running if not e.finished]
+        if self.on_step is not None:
+            fed = sum(len(item.token_ids) for _, item, _ in batch)
+            prefill = sum(len(item.token_ids) for _, item, chunk in batch if chunk)
+            self.on_step(StepStats(len(batch), fed, prefill, generated, time.perf_counter() - started, spec))
+        return True
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> int:
+        """Step until no request is left (tests and benchmarks); returns the number of steps."""
+        steps = 0
+        while steps < max_steps and self.step():
+            steps += 1
+        return steps
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="reference-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for entry in [*self._waiting, *self._running]:
+            _deliver(entry.sink, StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR,
+                                            "the server is shutting down", entry.seq.metrics))
+        self._waiting.clear()
+        self._running.clear()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._waiting and not self._running:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception as exc:  # an engine bug must not kill the server: fail the batch, go on
+                log.exception("reference engine step failed")
+                self._fail_running(f"reference engine step failed: {type(exc).__name__}: {exc}")
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _problem(self, request: GenerationRequest) -> str | None:
+        limits, n = self.limits, len(request.input_ids)
+        vocab = self.engine.config.model.vocab_size
+        if n == 0:
+            return "input_ids is empty; send at least one token"
+        if n > limits.max_input_len:
+            return f"the prompt has {n} tokens, more than the engine's max_input_len {limits.max_input_len}"
+        if request.max_new_tokens < 1:
+            return f"request_output_len must be at least 1, got {request.max_new_tokens}"
+        if n + request.max_new_tokens > limits.max_seq_len:
+            return (f"prompt {n} + request_output_len {request.max_new_tokens} tokens exceed the engine's "
+                    f"max_seq_len {limits.max_seq_len}; ask for at most {max(limits.max_seq_len - n, 0)} tokens")
+        bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            return f"input token id {bad} is outside the vocabulary [0, {vocab})"
+        return self.method.problem(request)
+
+    def _admit(self) -> None:
+        with self._lock:
+            while self._waiting and len(self._running) < self.limits.max_batch_size:
+                entry = self._waiting.popleft()
+                entry.seq.metrics.first_scheduled_time_ns = time.time_ns()
+                self._running.append(entry)
+
+    def _drop_cancelled(self) -> None:
+        period = int(self.cancel_check_period_s * 1e9)
+        with self._lock:
+            queued = [e for e in self._waiting if _cancelled(e, period)]
+            for entry in queued:
+                self._waiting.remove(entry)
+        for entry in [*queued, *(e for e in self._running if _cancelled(e, period))]:
+            self._finish(entry, FinishReason.CANCELLED, [])
+        self._running = [e for e in self._running if not e.finished]
+
+    def _pack(self) -> list[tuple[_Entry, StepInput, bool]]:
+        """(entry, input, is_prefill_chunk) for this step within the token budget."""
+        budget = self.limits.max_num_tokens
+        batch: list[tuple[_Entry, StepInput, bool]] = []
+        # Draft for every generating request in one batch.
+        self.method.propose([e.seq for e in self._running if not e.seq.in_prefill])
+        for entry in self._running:  # generation first: running requests never starve
+            if not entry.seq.in_prefill:
+                item = self.method.generation_input(entry.seq)
+                if len(item.token_ids) <= budget:
+                    batch.append((entry, item, False))
+                    budget -= len(item.token_ids)
+        for entry in self._running:
+            seq = entry.seq
+            if seq.in_prefill and budget > 0:
+                chunk = list(seq.request.input_ids[seq.prefilled : seq.prefilled + budget])
+                last = seq.prefilled + len(chunk) == len(seq.request.input_ids)
+                rows = Logits.LAST if last else Logits.NONE
+                batch.append((entry, StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden), True))
+                budget -= len(chunk)
+        return batch
+
+    def _emit(self, entry: _Entry, accepted: Accepted) -> int:
+        """Append the step's tokens, apply the stop rules, answer the client; returns tokens kept."""
+        seq, request = entry.seq, entry.seq.request
+        m = seq.metrics
+        m.forward_steps += 1
+        m.total_draft_tokens += accepted.draft_tokens
+        m.total_accepted_draft_tokens += accepted.accepted_draft_tokens
+        kept: list[int] = []
+        reason = None
+        for token in accepted.tokens:
+            if request.end_id is not None and token == request.end_id:
+                reason = FinishReason.END_ID  # the end token itself is not returned (as TensorRT-LLM)
+                break
+            seq.generated.append(token)
+            kept.append(token)
+            if request.stop_words and _ends_with_stop_word(seq, request.stop_words):
+                reason = FinishReason.STOP_WORDS  # the stop word stays in the output (as TensorRT-LLM)
+                break
+            if len(seq.generated) >= request.max_new_tokens:
+                reason = FinishReason.LENGTH
+                break
+        now = time.time_ns()
+        if kept:
+            m.first_token_time_ns = m.first_token_time_ns or now
+            m.last_token_time_ns = now
+        if reason is not None:
+            self._finish(entry, reason, kept)
+        elif request.streaming:
+            _deliver(entry.sink, StepOutput(request.request_id, kept, False, None, None, m), entry)
+        return len(kept)
+
+    def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
+        seq, request = entry.seq, entry.seq.request
+        if request.streaming:
+            tokens = last_tokens
+        else:
+            tokens = seq.generated if request.exclude_input_in_output else seq.tokens
+        entry.finished = True
+        _deliver(entry.sink, StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics))
+
+    def _fail_running(self, message: str) -> None:
+        for entry in self._running:
+            if not entry.finished:
+                entry.finished = True
+                _deliver(entry.sink, StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR,
+                                                message, entry.seq.metrics))
+        self._running = []
+
+
+def _cancelled(entry: _Entry, period_ns: int) -> bool:
+    if entry.cancelled:
+        return True
+    now = time.monotonic_ns()
+    if entry.is_cancelled is None or now - entry.checked_ns < period_ns:
+        return False
+    entry.checked_ns = now
+    try:
+        entry.cancelled = bool(entry.is_cancelled())
+    except Exception:  # a broken connection check means the client is gone
+        entry.cancelled = True
+    return entry.cancelled
+
+
+def _deliver(sink: Sink, output: StepOutput, entry: _Entry | None = None) -> None:
+    """Hand a response to the client; if that fails the client is gone, so stop serving it."""
+    try:
+        sink(output)
+    except Exception:
+        log.exception("delivering a response for request %r failed; cancelling it", output.request_id)
+        if entry is not None:
+            entry.cancelled = True
+
+
+def _ends_with_stop_word(seq: Sequence, stop_words: tuple[tuple[int, ...], ...]) -> bool:
+    """Does prompt + generated end with a stop word? (A word may start inside the prompt, as in
+    TensorRT-LLM, which matches on the whole sequence.) Only the tail is built."""
+    longest = max(len(word) for word in stop_words)
+    tail = (list(seq.request.input_ids[-longest:]) + seq.generated[-longest:])[-longest:]
+    return any(len(word) <= len(tail) and tuple(tail[-len(word):]) == word for word in stop_words)

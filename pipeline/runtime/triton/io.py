@@ -1,0 +1,240 @@
+"""The ``tensorrt_llm`` model's contract, as pure functions (no Triton import, unit-testable).
+
+* :func:`parse_parameters`: the model config's ``parameters`` -> :class:`BackendParams`;
+  every TensorRT-LLM key is accepted, unknown ones ignored, leftover ``${x}`` means unset
+  (what the C++ backend does).
+* :func:`parse_request`: the request's input tensors -> :class:`GenerationRequest`, or a
+  :class:`StopRequest` (the ``stop`` input cancels the in-flight request with the same id).
+* :func:`response_arrays`: a :class:`StepOutput` -> output arrays shaped as the config declares
+  them with the leading batch dim of 1 (``max_batch_size`` > 0): ``output_ids`` [1, beam=1, len],
+  ``sequence_length`` [1, 1], perf metrics [1, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import trees
+from pipeline.errors import InputError
+from pipeline.runtime.request import GenerationRequest, SamplingParams, StepOutput, parse_words_list
+from pipeline.runtime.spec_decode.factory import MethodSettings
+from pipeline.speculative import LookaheadConfig
+
+GetInput = Callable[[str], "np.ndarray | None"]  # input tensor by name, None when not sent
+
+_TRUE, _FALSE = ("true", "True", "TRUE", "1"), ("false", "False", "FALSE", "0")
+
+
+@dataclass(frozen=True)
+class BackendParams:
+    engine_dir: Path
+    max_beam_width: int = 1
+    exclude_input_in_output: bool = False
+    decoding_mode: str | None = None
+    cancellation_check_period_ms: int = 100
+    lookahead: LookaheadConfig | None = None
+    medusa_choices: trees.Tree | None = None
+    eagle_choices: trees.Tree | None = None
+    num_threads: int | None = None  # our own key: torch threads (default: the CPUs we may use)
+    # Our own keys (the C++ backend ignores unknown keys; it exposes no EAGLE-2 dynamic tree):
+    eagle_dynamic_tree: bool = False  # reference_eagle_use_dynamic_tree
+    eagle_dynamic_tree_max_top_k: int | None = None  # reference_eagle_dynamic_tree_max_top_k
+    decoupled: bool = True
+    outputs: frozenset[str] = field(default_factory=frozenset)  # outputs the config declares
+    warnings: tuple[str, ...] = ()
+
+    def method_settings(self) -> MethodSettings:
+        return MethodSettings(self.decoding_mode, self.medusa_choices, self.eagle_choices, self.lookahead,
+                              self.eagle_dynamic_tree, self.eagle_dynamic_tree_max_top_k)
+
+
+def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None) -> BackendParams:
+    raw = {k: (v or {}).get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+    values = {k: v.strip() for k, v in raw.items() if v.strip() and not v.strip().startswith("${")}
+    warnings: list[str] = []
+
+    def integer(key: str, default: int | None) -> int | None:
+        if key not in values:
+            return default
+        try:
+            return int(values[key])
+        except ValueError:
+            warnings.append(f"parameter {key}={values[key]!r} is not an integer; using {default}")
+            return default
+
+    def boolean(key: str, default: bool) -> bool:
+        value = values.get(key)
+        if value is None:
+            return default
+        if value in _TRUE or value in _FALSE:
+            return value in _TRUE
+        warnings.append(f"parameter {key}={value!r} is not a boolean; using {default}")
+        return default
+
+    if "gpt_model_path" not in values:
+        raise InputError("tensorrt_llm model config: parameter gpt_model_path (the engine folder) is not set")
+    engine_dir = Path(values["gpt_model_path"])
+    if not engine_dir.is_absolute() and model_dir is not None:
+        engine_dir = model_dir / engine_dir
+    mode = values.get("decoding_mode")
+    look = [integer(k, None) for k in ("lookahead_window_size", "lookahead_ngram_size",
+                                         "lookahead_verification_set_size")]
+    if mode == "lookahead" and None in look:
+        raise InputError("decoding_mode is lookahead but lookahead_window_size, lookahead_ngram_size and "
+                         "lookahead_verification_set_size are not all set")
+    choices = {}
+    for key in ("medusa_choices", "eagle_choices"):
+        try:
+            choices[key] = trees.parse_triton_choices(values[key]) if key in values else None
+        except ValueError as exc:
+            raise InputError(f"parameter {key}: {exc}") from None
+    policy = model_config.get("model_transaction_policy") or {}
+    return BackendParams(
+        engine_dir=engine_dir,
+        max_beam_width=integer("max_beam_width", 1) or 1,
+        exclude_input_in_output=boolean("exclude_input_in_output", False),
+        decoding_mode=mode,
+        cancellation_check_period_ms=integer("cancellation_check_period_ms", 100) or 100,
+        lookahead=LookaheadConfig(*look) if None not in look else None,  # type: ignore[arg-type]
+        medusa_choices=choices["medusa_choices"], eagle_choices=choices["eagle_choices"],
+        num_threads=integer("reference_num_threads", None),
+        eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
+        eagle_dynamic_tree_max_top_k=integer("reference_eagle_dynamic_tree_max_top_k", None),
+        decoupled=bool(policy.get("decoupled", False)),
+        outputs=frozenset(o["name"] for o in model_config.get("output") or []),
+        warnings=tuple(warnings),
+    )
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """``stop=true``: cancel the in-flight request(s) with this id."""
+
+    request_id: str
+
+
+def _scalar(get: GetInput, name: str, default: Any) -> Any:
+    value = get(name)
+    if value is None or value.size == 0:
+        return default
+    return value.reshape(-1)[0].item()
+
+
+# Inputs whose non-default values change what TensorRT-LLM generates; the reference backend
+# refuses them rather than answer differently from the GPU.
+_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "repetition_penalty": lambda v: v != 1.0, "presence_penalty": lambda v: v != 0.0,
+    "frequency_penalty": lambda v: v != 0.0, "min_tokens": lambda v: v > 1, "len_penalty": lambda v: v != 1.0,
+    "return_log_probs": bool, "return_context_logits": bool, "return_generation_logits": bool,
+    "num_return_sequences": lambda v: v > 1, "beam_width": lambda v: v > 1,
+}
+_UNSUPPORTED_TENSORS = ("draft_input_ids", "prompt_embedding_table", "lora_weights", "lora_config",
+                        "encoder_input_features", "guided_decoding_guide")
+
+
+def parse_request(get: GetInput, request_id: str, params: BackendParams) -> GenerationRequest | StopRequest:
+    """Raises InputError with a one-line message for a request this backend cannot serve."""
+    if _scalar(get, "stop", False):
+        return StopRequest(request_id)
+    ids = get("input_ids")
+    if ids is None:
+        raise InputError("input input_ids is missing")
+    if ids.ndim == 2 and ids.shape[0] != 1:
+        raise InputError(f"batch size {ids.shape[0]} in one request is not supported; send one sequence per request")
+    ids = ids.reshape(-1)
+    length = int(_scalar(get, "input_lengths", ids.size))
+    if not 0 <= length <= ids.size:
+        raise InputError(f"input_lengths {length} does not fit the {ids.size} input_ids")
+    output_len = _scalar(get, "request_output_len", None)
+    if output_len is None:
+        raise InputError("input request_output_len is missing")
+    for name, refuses in _UNSUPPORTED.items():
+        value = _scalar(get, name, None)
+        if value is not None and refuses(value):
+            shown = f"{value:.6g}" if isinstance(value, float) else value
+            raise InputError(f"{name}={shown} is not supported by the reference backend")
+    for name in _UNSUPPORTED_TENSORS:
+        value = get(name)
+        if value is not None and value.size:
+            raise InputError(f"input {name} is not supported by the reference backend")
+    bad = get("bad_words_list")
+    if bad is not None and bad.size and parse_words_list(bad.reshape(2, -1), "bad_words_list"):
+        raise InputError("bad_words_list is not supported by the reference backend")
+    bias = get("embedding_bias")
+    if bias is not None and bias.size and np.any(bias != 0):
+        raise InputError("embedding_bias is not supported by the reference backend")
+    stop_words = get("stop_words_list")
+    lookahead = _lookahead_inputs(get, params)
+    streaming = bool(_scalar(get, "streaming", False))
+    if streaming and not params.decoupled:
+        raise InputError("Streaming is only supported if model is deployed using decoupled mode.")
+    end_id = _scalar(get, "end_id", None)
+    return GenerationRequest(
+        request_id=request_id,
+        input_ids=tuple(int(t) for t in ids[:length]),
+        max_new_tokens=int(output_len),
+        end_id=None if end_id is None else int(end_id),
+        stop_words=parse_words_list(stop_words.reshape(2, -1)) if stop_words is not None and stop_words.size else (),
+        sampling=SamplingParams(
+            temperature=float(_scalar(get, "temperature", 1.0)),
+            top_k=int(_scalar(get, "runtime_top_k", 0)),
+            top_p=float(_scalar(get, "runtime_top_p", 0.0)),
+            seed=int(_scalar(get, "seed", 0)),
+        ),
+        streaming=streaming,
+        exclude_input_in_output=bool(_scalar(get, "exclude_input_in_output", params.exclude_input_in_output)),
+        return_perf_metrics=bool(_scalar(get, "return_perf_metrics", False)),
+        lookahead=lookahead,
+    )
+
+
+_LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+
+
+def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig | None:
+    """Per-request (w, n, g). Whether they fit the server's (W, N, G) is the Lookahead method's
+    check (LookaheadDecoding.problem), answered as this request's error."""
+    values = [_scalar(get, name, None) for name in _LOOKAHEAD_INPUTS]
+    if all(v is None for v in values):
+        return None
+    if params.lookahead is None:
+        raise InputError("lookahead_window_size / lookahead_ngram_size / lookahead_verification_set_size are only "
+                         "allowed when the model sets the lookahead parameters (decoding_mode lookahead)")
+    if any(v is None for v in values):
+        raise InputError("send all three of lookahead_window_size, lookahead_ngram_size and "
+                         "lookahead_verification_set_size, or none")
+    return LookaheadConfig(int(values[0]), int(values[1]), int(values[2]))
+
+
+def response_arrays(out: StepOutput, request: GenerationRequest, declared: frozenset[str],
+                    num_input_tokens: bool = False, num_output_tokens: bool = False) -> dict[str, np.ndarray]:
+    """Output tensors of one response, restricted to the outputs the model config declares."""
+    n = len(out.tokens)
+    arrays: dict[str, np.ndarray] = {
+        "output_ids": np.array(out.tokens, dtype=np.int32).reshape(1, 1, n),
+        "sequence_length": np.array([[n]], dtype=np.int32),
+    }
+    if request.return_perf_metrics:
+        m = out.metrics
+        arrays.update({
+            # acceptance_rate = total_accepted_draft_tokens / total_draft_tokens (RequestMetrics).
+            "acceptance_rate": np.array([[m.acceptance_rate]], dtype=np.float32),
+            "total_accepted_draft_tokens": np.array([[m.total_accepted_draft_tokens]], dtype=np.int32),
+            "total_draft_tokens": np.array([[m.total_draft_tokens]], dtype=np.int32),
+            "arrival_time_ns": np.array([[m.arrival_time_ns]], dtype=np.int64),
+            "first_scheduled_time_ns": np.array([[m.first_scheduled_time_ns]], dtype=np.int64),
+            "first_token_time_ns": np.array([[m.first_token_time_ns]], dtype=np.int64),
+            "last_token_time_ns": np.array([[m.last_token_time_ns]], dtype=np.int64),
+        })
+    if num_input_tokens:
+        arrays["num_input_tokens"] = np.array([[len(request.input_ids)]], dtype=np.int32)
+    if num_output_tokens:
+        with_prompt = not request.streaming and not request.exclude_input_in_output
+        generated = n - len(request.input_ids) if with_prompt else n
+        arrays["num_output_tokens"] = np.array([[generated]], dtype=np.int32)
+    return {name: value for name, value in arrays.items() if not declared or name in declared}

@@ -1,0 +1,140 @@
+"""The Triton adapter with a fake ``triton_python_backend_utils`` (no server): parsing, responses, errors.
+
+The model config is the project's real ``tensorrt_llm`` config (pipeline/triton/configs.py) in
+the JSON form Triton hands to ``initialize``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import InputError
+from pipeline.runtime.triton import backend as triton_backend
+from pipeline.runtime.triton.io import StopRequest, parse_parameters, parse_request
+from tests.runtime.fixtures import PROMPTS
+from tests.runtime.triton.fakes import FINAL, FakeFamily, FakeRequest, fake_pb_utils, inputs, model_config
+
+
+@pytest.fixture
+def backend(monkeypatch, engine_dir):
+    monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
+    FakeFamily.made = {}
+    model = triton_backend.TritonPythonModel()
+    model.initialize({"model_config": json.dumps(model_config(engine_dir)), "model_name": "tensorrt_llm",
+                      "model_version": "1", "model_repository": str(engine_dir.parent)})
+    yield model
+    model.finalize()
+
+
+def test_streaming_and_final_responses(backend, engine):
+    from tests.runtime.fixtures import engine_greedy
+
+    want = engine_greedy(engine, PROMPTS[0], 4)
+    stream = FakeRequest("s", **inputs(PROMPTS[0], 4, streaming=np.array([True]),
+                                       return_perf_metrics=np.array([True])))
+    whole = FakeRequest("w", **inputs(PROMPTS[0], 4, exclude_input_in_output=np.array([False])))
+    assert backend.execute([stream, whole]) is None
+    pieces = stream.sender.responses()
+    assert [r.tensors["output_ids"].shape for r in pieces] == [(1, 1, 1)] * 4
+    assert [int(r.tensors["output_ids"][0, 0, 0]) for r in pieces] == want
+    last = pieces[-1].tensors
+    assert last["sequence_length"].tolist() == [[1]] and last["output_ids"].dtype == np.int32
+    assert last["acceptance_rate"].dtype == np.float32 and last["acceptance_rate"].shape == (1, 1)
+    assert last["total_draft_tokens"].tolist() == [[0]] and last["total_accepted_draft_tokens"].tolist() == [[0]]
+    (full,) = whole.sender.responses()
+    assert full.tensors["output_ids"][0, 0].tolist() == PROMPTS[0] + want
+    assert full.tensors["sequence_length"].tolist() == [[len(PROMPTS[0]) + 4]]
+    assert "acceptance_rate" not in full.tensors
+    assert FakeFamily.made["specdeploy_reference_generated_tokens_total"].value == 8
+    assert FakeFamily.made["specdeploy_reference_requests_total"].value == 2
+
+
+def test_bad_request_gets_an_error_and_others_continue(backend):
+    long = FakeRequest("long", **inputs(list(range(70)), 4))
+    penalty = FakeRequest("pen", **inputs(PROMPTS[0], 4, repetition_penalty=np.array([1.3], np.float32)))
+    batch = FakeRequest("b2", **{**inputs(PROMPTS[0], 4), "input_ids": np.array([[1, 2], [3, 4]], np.int32)})
+    fine = FakeRequest("ok", **inputs(PROMPTS[1], 3))
+    backend.execute([long, penalty, batch, fine])
+    assert "max_input_len 64" in long.sender.responses()[0].error
+    assert penalty.sender.responses()[0].error == "repetition_penalty=1.3 is not supported by the reference backend"
+    assert "batch size 2 in one request" in batch.sender.responses()[0].error
+    assert fine.sender.responses()[0].tensors["output_ids"].shape == (1, 1, 3)
+
+
+def test_stop_input_cancels_the_request_with_that_id(backend):
+    slow = FakeRequest("job-7", **inputs(PROMPTS[0], 50, streaming=np.array([True])))
+    backend.execute([slow])
+    while not slow.sender.sent:
+        time.sleep(0.001)
+    stop = FakeRequest("job-7", **inputs(PROMPTS[0], 1, stop=np.array([True])))
+    backend.execute([stop])
+    assert stop.sender.responses() == []
+    got = slow.sender.responses()
+    assert len(got) < 50 and got[-1].tensors["output_ids"].shape[-1] == 0  # the final piece is empty
+
+
+def test_client_disconnect_releases_the_request(backend):
+    slow = FakeRequest("gone", **inputs(PROMPTS[0], 50, streaming=np.array([True])))
+    backend.execute([slow])
+    slow.sender.cancelled = True
+    assert slow.sender.done.wait(30)
+    assert slow.sender.sent[-1] == (None, FINAL)
+
+
+def test_non_decoupled_config_answers_from_execute(monkeypatch, engine_dir):
+    monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
+    model = triton_backend.TritonPythonModel()
+    model.initialize({"model_config": json.dumps(model_config(engine_dir, decoupled=False))})
+    try:
+        out = model.execute([FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
+                             FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True])))])
+    finally:
+        model.finalize()
+    assert [r.tensors["output_ids"].shape for r in out[:2]] == [(1, 1, 3), (1, 1, 2)]
+    assert "decoupled mode" in out[2].error
+
+
+def test_parameters(tmp_path):
+    params = parse_parameters(model_config(Path("engine"), max_beam_width="${max_beam_width}",
+                                           enable_chunked_context="maybe", cancellation_check_period_ms="20",
+                                           eagle_choices="{0}, {0, 0}, {1}"), tmp_path)
+    assert params.engine_dir == tmp_path / "engine" and params.max_beam_width == 1
+    assert params.exclude_input_in_output and params.cancellation_check_period_ms == 20
+    assert params.eagle_choices == ((0,), (0, 0), (1,)) and params.medusa_choices is None
+    assert params.decoupled and {"output_ids", "acceptance_rate"} <= params.outputs
+    with pytest.raises(InputError, match="lookahead_window_size, lookahead_ngram_size and"):
+        parse_parameters(model_config(Path("e"), decoding_mode="lookahead", lookahead_window_size="4"))
+    with pytest.raises(InputError, match="gpt_model_path"):
+        parse_parameters({"parameters": {"gpt_model_path": {"string_value": "${engine_dir}"}}})
+
+
+def test_request_parsing(tmp_path):
+    params = parse_parameters(model_config(tmp_path))
+    stop_words = np.array([[[5, 6, 7, 0], [2, 3, -1, -1]]], np.int32)  # [batch, 2, L]
+    got = parse_request(lambda n: inputs([1, 2, 3, 0, 0], 9, stop_words_list=stop_words,
+                                         input_lengths=np.array([3], np.int32), runtime_top_k=np.array([4]),
+                                         seed=np.array([2**63 + 5], np.uint64), end_id=np.array([2])).get(n),
+                        "r", params)
+    assert got.input_ids == (1, 2, 3) and got.max_new_tokens == 9 and got.end_id == 2
+    assert got.stop_words == ((5, 6), (7,)) and got.sampling.top_k == 4 and got.sampling.seed == 2**63 + 5
+    assert got.exclude_input_in_output and not got.streaming
+    assert parse_request(lambda n: {"stop": np.array([True])}.get(n), "x", params) == StopRequest("x")
+
+
+def test_decoding_modes_fall_back_with_a_warning(engine):
+    from pipeline.runtime.spec_decode.base import PlainDecoding
+    from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+
+    assert make_method(engine, MethodSettings("top_k_top_p"))[1] == [] and make_method(engine)[1] == []
+    for mode, words in (("redrafter", "not served by the reference backend"), ("beam_search", "beam width 1"),
+                        ("fast", "not valid")):
+        method, warnings = make_method(engine, MethodSettings(mode))
+        assert isinstance(method, PlainDecoding) and words in warnings[0]
+    # A speculative mode on an engine built without it is a load error, as on the GPU.
+    with pytest.raises(InputError, match="built without medusa"):
+        make_method(engine, MethodSettings("medusa"))
