@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, StageError
 from pipeline.atomic import exclusive_lock, replace_folder
+from pipeline.errors import InputError, StageError
 from pipeline.quantize.hf import add_legacy_rope_keys, hf_offline, make_readable, read_json, write_json
 
 Progress = Callable[[str], None]
@@ -170,7 +170,7 @@ def _convert_gguf(gguf: Path, model: EmbeddedModel, out: Path, say: Progress) ->
         say("loading tokenizer from GGUF")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
         say("loading and dequantizing GGUF weights (float32)")
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
                                                         local_files_only=True)
     except (ImportError, ValueError, OSError) as exc:  # e.g. "accelerate is required", a truncated file
         raise StageError(f"{gguf}: cannot load the GGUF with transformers ({exc})") from None

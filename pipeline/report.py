@@ -12,9 +12,9 @@ from pipeline.resources import StageResources
 def _speculative_line(variant: VariantPlan) -> str:
     spec = variant.speculative
     if spec.medusa:
-        return f"medusa: {spec.medusa.num_heads} heads, {len(spec.medusa.tree)}-node tree"
+        return f"medusa: {spec.medusa.num_heads} heads, {len(spec.medusa.tree or ())}-node tree"
     if spec.eagle:
-        tree = "dynamic (EAGLE-2)" if spec.eagle.dynamic_tree else f"{len(spec.eagle.tree)}-node tree"
+        tree = "dynamic (EAGLE-2)" if spec.eagle.dynamic_tree else f"{len(spec.eagle.tree or ())}-node tree"
         return f"eagle: {spec.eagle.num_eagle_layers} layers, {tree}"
     if spec.lookahead:
         la = spec.lookahead
@@ -51,7 +51,8 @@ def print_plan(plan: Plan, console: Console) -> None:
                                f"max_seq_len={build.max_seq_len}->{build.engine_max_seq_len} "
                                f"max_num_tokens={build.max_num_tokens}->{build.engine_max_num_tokens} "
                                f"max_draft_len={build.max_draft_len}")
-        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]", None: "no GPU given"}[variant.memory.fits]
+        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]",
+                None: "no GPU given"}[variant.memory.fits]
         table.add_row("memory", f"{variant.memory.describe()}  {fits}")
         for stage in variant.stages:
             table.add_row(f"stage {stage.name}", f"{stage.output}  {_needs(stage.resources)}")

@@ -43,7 +43,7 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
         for check in checks:
             table.add_row(check.name, STATUS_STYLE[check.status], escape(check.detail))
         console.print(table)
-        if verdicts:
+        if plan is not None and verdicts:
             table = Table(title=f"spec {plan.spec_name}", title_justify="left")
             for column in ("variant", "target", "method", "world", "builds here"):
                 table.add_column(column)

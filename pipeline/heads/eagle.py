@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -154,7 +154,7 @@ class DecoderLayer(nn.Module):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-           extra: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+           extra: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
     """Softmax attention of q [B,h,T,d] over k/v [B,h,S,d] where ``allowed`` [B or 1,1,T,S] is True,
     plus per-row extra keys: each (k_m, v_m) [B,h,T,d] is one more key for row t only."""
     scale = q.shape[-1] ** -0.5
@@ -196,7 +196,7 @@ class EagleDrafter(nn.Module):
         true-prefix keys of positions <= j plus its own path's keys of steps 2..s.
         Returns one [B, T, H] prediction per step (rows past the sequence are garbage; mask them).
         """
-        layer = self.layers[0]
+        layer: DecoderLayer = self.layers[0]  # type: ignore[assignment]
         attn = layer.self_attn
         B, T = tokens.shape
         rows = torch.arange(T)
@@ -240,7 +240,9 @@ class EagleTrainConfig:
 def _batches(data: SeqData, batch_tokens: int, gen: torch.Generator) -> list[list[int]]:
     """Sequences grouped by length (little padding), the groups in a seeded random order."""
     order = sorted(range(len(data)), key=lambda s: int(data.offsets[s + 1] - data.offsets[s]))
-    groups, current, width = [], [], 0
+    groups: list[list[int]] = []
+    current: list[int] = []
+    width = 0
     for s in order:
         length = int(data.offsets[s + 1] - data.offsets[s])
         if current and max(width, length) * (len(current) + 1) > batch_tokens:
@@ -307,7 +309,7 @@ def eagle_loss(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor
 
 
 def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, config: DrafterConfig,
-                cfg: EagleTrainConfig, say: Progress = print, validate: Callable[[nn.Module], float] | None = None
+                cfg: EagleTrainConfig, say: Progress = print, validate: Callable[[EagleDrafter], float] | None = None
                 ) -> tuple[EagleDrafter, list[dict]]:
     """AdamW with warmup + cosine decay; with ``validate``, the best epoch's weights are returned."""
     from pipeline.heads.medusa import keep_best
@@ -332,7 +334,8 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     log, best = [], None
     for epoch in range(cfg.epochs):
-        start, sums, n = time.monotonic(), None, 0
+        start, n = time.monotonic(), 0
+        sums: list[float] | None = None
         drafter.train()
         for seqs in _batches(data, cfg.batch_tokens, gen):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
@@ -346,7 +349,7 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
             sums = flat if sums is None else [a + b for a, b in zip(sums, flat)]
             n += 1
         keys = [f"step{s + 1}_{k}" for s in range(cfg.unroll) for k in ("reg", "cls", "acc")]
-        entry = {"epoch": epoch + 1, **{k: round(v / n, 4) for k, v in zip(keys, sums)},
+        entry = {"epoch": epoch + 1, **{k: round(v / n, 4) for k, v in zip(keys, sums or [])},
                  "seconds": round(time.monotonic() - start, 1)}
         best = keep_best(drafter, validate, entry, best)
         log.append(entry)

@@ -66,7 +66,9 @@ def _parse_txt(path: Path, content: str) -> list[CalibrationSample]:
     # Blank lines before the first or after the last text do not make it a paragraph file.
     if all(line.strip() for line in lines[filled[0]:filled[-1] + 1]):
         return [CalibrationSample(f"{path}:{i + 1}", text=lines[i].strip()) for i in filled]
-    samples, block, start = [], [], 0
+    samples: list[CalibrationSample] = []
+    block: list[str] = []
+    start = 0
     for n, line in enumerate([*lines, ""], 1):
         if line.strip():
             if not block:
