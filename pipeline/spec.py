@@ -21,6 +21,7 @@ from pipeline.errors import InputError
 from pipeline.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
 
 VARIANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_VARIANTS = 256  # each variant is a set of engines; a longer list is a generated mistake
 Dtype = Literal["float32", "float16", "bfloat16"]
 TreeChoices = str | list[list[int]]
 
@@ -327,6 +328,9 @@ def load_spec(path: Path) -> Spec:
         raw_variants = [(None, {"name": header.name})]
     elif not header.variants:
         raise InputError(f"{document.position(('variants',))} variants: the list is empty; remove it or add a variant")
+    elif len(header.variants) > MAX_VARIANTS:
+        raise InputError(f"{document.position(('variants',))} variants: {len(header.variants)} variants, more "
+                         f"than the {MAX_VARIANTS} a spec may hold; split the spec")
     else:
         raw_variants = list(enumerate(header.variants))
 
