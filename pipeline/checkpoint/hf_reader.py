@@ -7,7 +7,6 @@ dtypes, FP8 layout) fails here, before the first output byte is written.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, TensorMeta, TensorRef
 from pipeline.errors import InputError
+from pipeline.files import read_json
 
 SUPPORTED_ARCHITECTURE = "LlamaForCausalLM"
 # ModelOpt's Medusa wrapper exports a Llama base plus ``medusa_heads.*`` under this name.
@@ -57,12 +57,9 @@ class FP8Info:
 
 
 def _load_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing ({what})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({what}): {exc}") from None
+    if not path.exists() and not path.is_symlink():
+        raise InputError(f"{path}: missing ({what})")
+    return read_json(path, what)
 
 
 def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
@@ -254,7 +251,7 @@ def open_hf_checkpoint(folder: Path) -> HFCheckpoint:
     files: list[SafetensorsFile] = []
     tensors: dict[str, TensorRef] = {}
     for path in paths:
-        if not path.exists():
+        if weight_map is not None and not path.exists() and not path.is_symlink():
             raise InputError(f"{path}: listed in model.safetensors.index.json but missing")
         sf = SafetensorsFile(path)
         files.append(sf)
