@@ -20,7 +20,7 @@ from pipeline.errors import InputError
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.presets import ModelArch
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
-from pipeline.spec import ServingSpec, Spec, VariantSpec
+from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
 from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
 
@@ -206,13 +206,18 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         max_batch_size=build.max_batch_size, engine_max_seq_len=build.engine_max_seq_len,
         max_num_tokens=build.engine_max_num_tokens, gpu_gib=gpu.memory_gib if gpu else None,
     )
-    if variant.target == "tensorrt":
-        if memory.fits is False:
-            problems.error(("build", "max_batch_size"),
-                           f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
-                           "lower max_batch_size or max_seq_len, raise tp, or use FP8")
-        elif gpu is None:
-            problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
+    largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
+    if variant.target == "tensorrt" and memory.fits is False:
+        problems.error(("build", "max_batch_size"),
+                       f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
+                       "lower max_batch_size or max_seq_len, raise tp, or use FP8")
+    elif memory.total_gib > largest.memory_gib:  # the reference backend serves what ships to GPUs
+        problems.error(("build", "max_batch_size"),
+                       f"does not fit on any GPU ({largest.name} has {largest.memory_gib:.0f} GiB): "
+                       f"{memory.describe()}; lower max_batch_size, max_seq_len or the draft length, or raise tp")
+    elif variant.target == "tensorrt" and gpu is None:
+        problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
+    _check_int32(build, problems)
     stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems)
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
@@ -380,6 +385,20 @@ def _build_config(variant: VariantSpec, arch: ModelArch, speculative: Speculativ
         engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
     )
+
+
+def _check_int32(build: BuildConfig, problems: _Problems) -> None:
+    """Derived sizes TensorRT-LLM keeps in SizeType32 (int32) must not overflow."""
+    derived = {
+        ("build", "max_seq_len"): ("the engine's max_seq_len (max_seq_len + draft tokens)", build.engine_max_seq_len),
+        ("build", "max_num_tokens"): ("the engine's max_num_tokens (max_batch_size x (draft tokens + 1))",
+                                      build.engine_max_num_tokens),
+        ("build", "max_batch_size"): ("max_batch_size x the engine's max_seq_len (KV-cache tokens)",
+                                      build.max_batch_size * build.engine_max_seq_len),
+    }
+    for path, (what, value) in derived.items():
+        if value > INT32_MAX:
+            problems.error(path, f"{what} is {value}, more than TensorRT-LLM's int32 sizes hold ({INT32_MAX})")
 
 
 def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,
