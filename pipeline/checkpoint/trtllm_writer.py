@@ -27,7 +27,7 @@ from pipeline.checkpoint.hf_reader import FP8, LlamaSpec
 from pipeline.checkpoint.layout import Plan, RankPlan
 from pipeline.checkpoint.safetensors_io import HeaderEntry, StreamWriter, itemsize
 from pipeline.checkpoint.sharding import Const, OutTensor, Slice, Zeros
-from pipeline.errors import InputError, StageError
+from pipeline.errors import InputError, host_error
 
 # Bytes of float32 work per conversion chunk; the peak RSS of a conversion is a small multiple.
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -236,8 +236,7 @@ def write_checkpoint(out: Path, plan: Plan, config: dict[str, Any], progress: Pr
         _fsync_dir(out)
     except OSError as exc:
         _remove(created)
-        raise StageError(f"{exc.filename or out}: writing the TRT-LLM checkpoint failed: "
-                         f"{exc.strerror or exc}") from None
+        raise host_error(exc, "writing the TRT-LLM checkpoint") from None
     except BaseException:
         _remove(created)
         raise
