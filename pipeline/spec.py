@@ -200,6 +200,11 @@ class ServingSpec(_Strict):
     """How long Triton may hold a request to batch it with others."""
     host: str = "127.0.0.1"
     """Address the server binds; 127.0.0.1 unless it must be reached from other hosts."""
+    http: bool = False
+    """Triton's HTTP/REST endpoint. Off by default: tritonserver 2.51 dies with SIGSEGV on any HTTP
+    body of ~4 MB sent with ``Expect: 100-continue`` (triton-inference-server/server#5840), so one
+    request could kill the server; it has no body-size limit to set. gRPC (what specdeploy's clients
+    use) takes such requests fine. ``true`` only behind a proxy that bounds request bodies."""
     grpc_port: int = Field(8001, ge=1, le=65535)
     """Triton gRPC port."""
     http_port: int = Field(8000, ge=1, le=65535)
