@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.runtime.request import SamplingParams
-from pipeline.runtime.triton_io import parse_parameters, parse_request
+from pipeline.runtime.triton.io import parse_parameters, parse_request
 
 
 @pytest.mark.parametrize("kwargs, message", [
