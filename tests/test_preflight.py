@@ -286,3 +286,25 @@ def test_shipped_medusa_heads_checked_against_the_base(validate, smollm2_dir, tm
     blocks["1.0.linear.weight"] = torch.zeros(576, 64)
     save_file(blocks, str(heads / "medusa_resblocks.safetensors"))
     refused(validate, text, "tensor 1.0.linear.weight has shape [576, 64]", "heads.medusa.path")
+
+
+@pytest.mark.parametrize("name", ["config.json", "medusa_lm_head.safetensors"])
+def test_fifo_in_a_heads_folder_fails_validate_without_hanging(validate, model, tmp_path, name):
+    import os
+
+    heads = tmp_path / "medusa"
+    heads.mkdir()
+    save_file({"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": torch.zeros(64),
+               "0.1.weight": torch.zeros(96, 64)}, str(heads / "medusa_lm_head.safetensors"))
+    (heads / name).unlink(missing_ok=True)
+    os.mkfifo(heads / name)
+    text = spec_for(model, "heads:\n  medusa: {path: " + str(heads) + ", num_heads: 1}\n", method="medusa")
+    refused(validate, text, str(heads / name), "FIFO")
+
+
+def test_fifo_tokenizer_fails_validate_without_hanging(validate, model):
+    import os
+
+    (model / "tokenizer.json").unlink()
+    os.mkfifo(model / "tokenizer.json")
+    refused(validate, spec_for(model), "tokenizer.json", "FIFO")
