@@ -149,8 +149,13 @@ class _Converter:
         if isinstance(node, yaml.ScalarNode):
             try:
                 return self.constructor.construct_object(node)
+            except yaml.MarkedYAMLError as exc:
+                raise InputError(f"{here} {format_key_path(path)}: {exc.problem or exc.context}") from None
+            except ValueError:  # Python refuses to parse ints of more than 4300 digits
+                raise InputError(f"{here} {format_key_path(path)}: a number of {len(node.value)} characters; "
+                                 "no setting needs one that long") from None
             except yaml.YAMLError as exc:
-                raise InputError(f"{here} {format_key_path(path)}: {exc}") from None
+                raise InputError(f"{here} {format_key_path(path)}: {' '.join(str(exc).split())[:200]}") from None
         self.active.add(id(node))
         try:
             return self._mapping(node, path) if isinstance(node, yaml.MappingNode) else \

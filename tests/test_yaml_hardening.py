@@ -144,3 +144,21 @@ def test_symlink_to_a_regular_spec_is_read(tmp_path):
     link = tmp_path / "link.yaml"
     link.symlink_to(real)
     assert load_spec(link).variants[0].name == "demo"
+
+
+def test_an_integer_too_long_for_python_is_a_located_error(tmp_path):
+    path = write_bytes(tmp_path, (HEAD + "build: {max_batch_size: 1" + "0" * 5000 + "}\n").encode())
+    assert error_of(path).startswith(f"{path}:3:25 build.max_batch_size: a number of 5001 characters")
+
+
+@pytest.mark.parametrize("value, words", [
+    ("!!python/name:os.system", "could not determine a constructor"),
+    ("!!python/object/apply:os.system [echo]", "not allowed in specs"),
+    ("!!binary aGVsbG8=", "must be a string"),
+    ("2001-12-14", "must be a string"),
+    ("!!set {a, b}", "not allowed in specs"),
+])
+def test_tags_and_implicit_types_end_in_one_line(tmp_path, value, words):
+    path = write_bytes(tmp_path, (HEAD + f"description: {value}\n").encode())
+    message = error_of(path)
+    assert message.startswith(f"{path}:3:") and words in message

@@ -148,7 +148,7 @@ class SafetensorsFile:
             raise InputError(f"{where}: cannot read safetensors file: {exc.strerror or exc}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             raise InputError(f"{where}: corrupt safetensors header (not valid JSON); "
                              "re-download or re-export it") from None
         if not isinstance(header, dict):

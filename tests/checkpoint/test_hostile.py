@@ -198,3 +198,12 @@ def test_finite_model_still_converts(tiny_llama, out):
     tiny = tiny_llama()
     summary = convert_checkpoint(tiny.path, out, tp=2, pp=1, dtype="float16")
     assert summary.num_tensors > 0 and (out / "config.json").is_file()
+
+
+def test_safetensors_header_nesting_bomb_is_one_line(tiny_llama, out):
+    import struct
+
+    tiny = tiny_llama()
+    header = b"[" * 100_000 + b"]" * 100_000
+    (tiny.path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    refused(tiny.path, out, "model.safetensors", "corrupt safetensors header")
