@@ -57,3 +57,16 @@ def test_a_request_with_bad_sampling_is_one_request_error(params, values, name):
         parse_request(_inputs(**values), "r1", params)
     assert parse_request(_inputs(temperature=0.5, runtime_top_p=0.9), "r2", params).sampling.top_p == \
         pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"beam_width": 0}, "beam_width=0 is out of range: must be >= 1"),
+    ({"num_return_sequences": -2}, "num_return_sequences=-2 is out of range"),
+    ({"min_tokens": -1}, "min_tokens=-1 is out of range: must be >= 0"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty=0 is out of range: must be > 0"),
+    ({"repetition_penalty": math.nan}, "repetition_penalty=nan is out of range"),
+    ({"len_penalty": -1.0}, "len_penalty=-1 is out of range"),
+])
+def test_other_executor_ranges_are_checked_per_request(params, values, message):
+    with pytest.raises(InputError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        parse_request(_inputs(**values), "r1", params)
