@@ -8,7 +8,8 @@ must also build, so :func:`checked_plan` adds, per variant and located at the sp
   safetensors header (names, shapes, dtypes, offsets), the heads' headers against the base and the
   per-rank plan (:func:`pipeline.checkpoint.convert.check_checkpoint`, which reads no tensor data);
   on the FP8 path the base must be safetensors, which is what the quantizer loads;
-* the tokenizer the package stage copies: present, parseable, and no larger than the vocabulary.
+* the tokenizer the package stage copies: present, parseable, and no larger than the vocabulary;
+* on the FP8 path, the calibration file (every line parsed, errors at ``file:line``).
 
 What remains for ``engine`` is in the values: NaN/Inf are refused while the tensors stream
 through convert.
@@ -21,6 +22,7 @@ from pathlib import Path
 from pipeline.errors import InputError
 from pipeline.files import read_json, require_regular_file
 from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
+from pipeline.quantize.calibration import read_calibration
 from pipeline.spec import Spec
 from pipeline.trtllm.build_command import extra_flag_problems
 from pipeline.yaml_source import KeyPath
@@ -44,6 +46,11 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
         return f"{position} {shown}: {message} [variant {variant.name}]"
 
     problems = [located(("build", "extra_flags", key), problem) for key, problem in extra_flag_problems(variant)]
+    if variant.quant.weights_fp8 and not variant.quant.prequantized:
+        try:
+            read_calibration(variant.quant.calibration_data)  # what the quantize stage reads first
+        except InputError as exc:
+            problems.append(located(("quantization", "calibration", "data"), str(exc)))
     if not variant.weights_present or variant.model_dir is None or not _has_weights(variant.model_dir):
         return problems  # planned from a preset or a config.json alone: no checkpoint here to read yet
     model_key: KeyPath = ("model", "builtin") if variant.builtin else ("model", "path")

@@ -308,3 +308,14 @@ def test_fifo_tokenizer_fails_validate_without_hanging(validate, model):
     (model / "tokenizer.json").unlink()
     os.mkfifo(model / "tokenizer.json")
     refused(validate, spec_for(model), "tokenizer.json", "FIFO")
+
+
+def test_a_broken_calibration_file_fails_validate_at_its_line(validate, tmp_path):
+    data = tmp_path / "calib.jsonl"
+    data.write_text('{"text": "fine"}\n{"text": \n')
+    text = (f"name: p\nmodel: {{preset: llama-3-8b}}\ngpu: {{type: h100-sxm-80gb}}\n"
+            f"quantization:\n  weights: fp8\n  calibration: {{data: {data}}}\n")
+    err = refused(validate, text, f"{data}:2: not valid JSON")
+    assert ".yaml:6:" in err and "quantization.calibration.data" in err
+    data.write_text('{"text": "fine"}\n')
+    assert validate(text)[0] == 0
