@@ -151,3 +151,56 @@ def test_cli_engine_with_engines_dir_a_regular_file(tmp_path, model, write_spec,
                "engine", str(write_spec(spec_for(model)))])
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert rc == 4 and len(err) == 1 and str(engines) in err[0]
+
+
+# -- the real thing, where an unprivileged mount namespace is available (unshare -rm) ----------------
+
+_CHILD = """
+import sys
+from pathlib import Path
+from pipeline.errors import SpecdeployError
+from pipeline.plan import StagePlan
+from pipeline.stages.runner import run_stage
+
+source, output, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+stage = StagePlan("convert", output, {"model": source}, {"tp": 1})
+try:
+    run_stage(stage, lambda out: (out / "rank0.safetensors").write_bytes(b"x" * size), force=True,
+              on_wait=lambda _: None)
+    print("ok")
+except SpecdeployError as exc:
+    print(exc.exit_code, exc)
+"""
+
+
+def _in_mount_namespace(tmp_path: Path, mount: str, size: int) -> str:
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unprivileged mount namespaces are not available here")
+    source = tmp_path / "input.txt"
+    source.write_text("weights")
+    (tmp_path / "child.py").write_text(_CHILD)
+    root = tmp_path / "mnt"
+    root.mkdir(exist_ok=True)
+    script = (f"{mount} && {sys.executable} {tmp_path / 'child.py'} {source} {root / 'v' / 'checkpoint'} {size}")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script.replace("ROOT", str(root))], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_real_read_only_filesystem_is_exit_4(tmp_path):
+    line = _in_mount_namespace(tmp_path, "mount -t tmpfs -o ro tmpfs ROOT", 10)
+    assert line.startswith("4 ") and "read-only filesystem" in line
+
+
+def test_a_real_full_disk_is_exit_5(tmp_path):
+    line = _in_mount_namespace(tmp_path, "mount -t tmpfs -o size=256k tmpfs ROOT", 4 * 2**20)
+    assert line.startswith("5 ") and "full disk" in line
