@@ -7,14 +7,13 @@ weights: the numbers below are the published ``config.json`` values of each mode
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+from pipeline.files import read_json
+from pipeline.hf_config import parse_llama_config
 
 
 @dataclass(frozen=True)
@@ -90,53 +89,17 @@ def preset(name: str) -> ModelArch:
         raise ValueError(f"unknown architecture preset '{name}' (known: {', '.join(PRESETS)})") from None
 
 
-def rope_from_hf_config(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from an HF config of transformers 4 or 5.
-
-    transformers 5 keeps both in ``rope_parameters``; older configs use ``rope_theta`` and
-    ``rope_scaling``. Missing the former silently gives TensorRT-LLM's default 10000.
-    """
-    params = config.get("rope_parameters") or {}
-    theta = config.get("rope_theta") or params.get("rope_theta") or 10000.0
-    scaling = config.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
-    rope_type = scaling.get("rope_type", scaling.get("type")) if scaling else None
-    if not rope_type or rope_type == "default":
-        return float(theta), None
-    return float(theta), dict(scaling)
-
-
 def arch_from_hf_config(config_path: Path) -> ModelArch:
-    try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{config_path}: not found; is this a Hugging Face checkpoint folder?") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{config_path}: cannot read model config ({exc})") from None
-    architecture = (config.get("architectures") or ["?"])[0]
-    if architecture not in SUPPORTED_ARCHITECTURES:
-        raise InputError(
-            f"{config_path}: architecture '{architecture}' is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)}: the Llama family)"
-        )
-    try:
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        theta, scaling = rope_from_hf_config(config)
-        return ModelArch(
-            name=config_path.parent.name,
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(config["intermediate_size"]),
-            max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            norm_epsilon=float(config.get("rms_norm_eps", 1e-5)),
-            architecture=architecture,
-        )
-    except KeyError as exc:
-        raise InputError(f"{config_path}: missing key {exc} in model config") from None
+    """The architecture of a Hugging Face folder, by the converter's own config rules."""
+    config = read_json(config_path, "model config")
+    if not isinstance(config, dict):
+        raise InputError(f"{config_path}: model config must be a JSON object, got {type(config).__name__}")
+    spec = parse_llama_config(config, str(config_path))
+    return ModelArch(
+        name=config_path.parent.name, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings, rope_theta=spec.rope_theta,
+        rope_scaling=spec.rope_scaling, tie_word_embeddings=spec.tie_word_embeddings,
+        norm_epsilon=spec.rms_norm_eps, architecture="LlamaForCausalLM",
+    )

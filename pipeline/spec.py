@@ -21,6 +21,8 @@ from pipeline.errors import InputError
 from pipeline.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
 
 VARIANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+INT32_MAX = 2**31 - 1  # TensorRT-LLM sizes are SizeType32: a larger value overflows inside the engine
+MAX_VARIANTS = 256  # each variant is a set of engines; a longer list is a generated mistake
 Dtype = Literal["float32", "float16", "bfloat16"]
 TreeChoices = str | list[list[int]]
 
@@ -100,7 +102,7 @@ class MedusaSettings(_TreeSettings):
 class EagleSettings(_TreeSettings):
     num_eagle_layers: int | None = Field(None, ge=1, le=16)
     """Drafting steps (tree depth); the depth of ``choices`` when unset, 4 for dynamic trees."""
-    max_non_leaves_per_layer: int = Field(10, ge=1)
+    max_non_leaves_per_layer: int = Field(10, ge=1, le=256)
     """Most nodes of one tree level that get children (TensorRT-LLM's max_non_leaves_per_layer)."""
     dynamic_tree: bool = False
     """EAGLE-2: expand by draft confidence instead of a fixed tree (reference backend/LLM API)."""
@@ -109,13 +111,13 @@ class EagleSettings(_TreeSettings):
 
 
 class LookaheadSettings(_Strict):
-    window: int = Field(4, ge=1)
+    window: int = Field(4, ge=1, le=INT32_MAX)
     """W: the lookahead window, how many future positions the Jacobi iteration guesses per step."""
-    ngram: int = Field(3, ge=1)
+    ngram: int = Field(3, ge=1, le=INT32_MAX)
     """N: the n-gram size; each window position carries N - 1 levels of guesses."""
-    verification_set: int = Field(4, ge=0)
+    verification_set: int = Field(4, ge=0, le=INT32_MAX)
     """G: the most cached n-grams verified per step."""
-    max_draft_len: int | None = Field(None, ge=1)
+    max_draft_len: int | None = Field(None, ge=1, le=INT32_MAX)
     """Optional; when given it must equal the value (W, N, G) implies."""
 
 
@@ -133,9 +135,9 @@ class SpeculativeSpec(_Strict):
 class CalibrationSpec(_Strict):
     data: str | None = None
     """Text or JSONL file; the shipped default set when unset."""
-    size: int = Field(512, ge=1)
+    size: int = Field(512, ge=1, le=INT32_MAX)
     """Calibration samples used (the first ``size`` of the file)."""
-    max_seq_len: int = Field(512, ge=8)
+    max_seq_len: int = Field(512, ge=8, le=INT32_MAX)
     """Tokens per calibration sample; longer samples are cut."""
 
 
@@ -167,13 +169,13 @@ class ParallelSpec(_Strict):
 
 
 class BuildSpec(_Strict):
-    max_batch_size: int = Field(16, ge=1)
+    max_batch_size: int = Field(16, ge=1, le=INT32_MAX)
     """Most sequences the engine runs at once."""
-    max_input_len: int = Field(1024, ge=1)
+    max_input_len: int = Field(1024, ge=1, le=INT32_MAX)
     """Longest prompt, in tokens."""
-    max_seq_len: int = Field(2048, ge=2)
+    max_seq_len: int = Field(2048, ge=2, le=INT32_MAX)
     """Longest prompt + generated tokens; the engine adds room for the draft tokens."""
-    max_num_tokens: int = Field(8192, ge=1)
+    max_num_tokens: int = Field(8192, ge=1, le=INT32_MAX)
     """Most tokens in one forward pass of the whole batch (after padding removal)."""
     extra_flags: dict[str, str | int | float | bool] = {}
     """trtllm-build flags passed through (checked against the 1.2 flag table)."""
@@ -194,10 +196,15 @@ class ServingSpec(_Strict):
     """Share of the GPU memory left after loading the engine that the KV cache may take."""
     enable_kv_cache_reuse: bool = False
     """Reuse the KV cache of shared prompt prefixes across requests."""
-    max_queue_delay_microseconds: int = Field(0, ge=0)
+    max_queue_delay_microseconds: int = Field(0, ge=0, le=INT32_MAX)
     """How long Triton may hold a request to batch it with others."""
     host: str = "127.0.0.1"
     """Address the server binds; 127.0.0.1 unless it must be reached from other hosts."""
+    http: bool = False
+    """Triton's HTTP/REST endpoint. Off by default: tritonserver 2.51 dies with SIGSEGV on any HTTP
+    body of ~4 MB sent with ``Expect: 100-continue`` (triton-inference-server/server#5840), so one
+    request could kill the server; it has no body-size limit to set. gRPC (what specdeploy's clients
+    use) takes such requests fine. ``true`` only behind a proxy that bounds request bodies."""
     grpc_port: int = Field(8001, ge=1, le=65535)
     """Triton gRPC port."""
     http_port: int = Field(8000, ge=1, le=65535)
@@ -327,6 +334,9 @@ def load_spec(path: Path) -> Spec:
         raw_variants = [(None, {"name": header.name})]
     elif not header.variants:
         raise InputError(f"{document.position(('variants',))} variants: the list is empty; remove it or add a variant")
+    elif len(header.variants) > MAX_VARIANTS:
+        raise InputError(f"{document.position(('variants',))} variants: {len(header.variants)} variants, more "
+                         f"than the {MAX_VARIANTS} a spec may hold; split the spec")
     else:
         raw_variants = list(enumerate(header.variants))
 

@@ -8,7 +8,6 @@ that is not plain tensors/containers instead of running its code.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 from dataclasses import dataclass, field, replace
@@ -20,6 +19,7 @@ from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint, LlamaSpec, parse_ll
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorRef, TensorSource
 from pipeline.checkpoint.sharding import Src
 from pipeline.errors import InputError
+from pipeline.files import read_json, require_regular_file
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class EagleDrafter:
 
 def load_pickle_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A flat name->tensor dict from a .pt/.bin file, never executing pickled code."""
+    require_regular_file(path, "weights file")
     try:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -143,10 +144,9 @@ def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) 
     cfg_path = folder / "config.json"
     cfg: dict = {}
     if cfg_path.exists():
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{cfg_path}: not valid JSON: {exc}") from None
+        cfg = read_json(cfg_path, "Medusa head config")
+        if not isinstance(cfg, dict):
+            raise InputError(f"{cfg_path}: Medusa head config must be a JSON object")
     else:
         warnings.append(f"{cfg_path}: missing; head count taken from the weights")
     return _MedusaInput({n: TensorRef(source, n) for n in source.names()}, "", str(path),
@@ -247,12 +247,11 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     if not folder.is_dir():
         raise InputError(f"{folder}: EAGLE drafter folder does not exist")
     cfg_path = folder / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{cfg_path}: missing (EAGLE drafter LlamaConfig)") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{cfg_path}: not valid JSON: {exc}") from None
+    if not cfg_path.exists() and not cfg_path.is_symlink():
+        raise InputError(f"{cfg_path}: missing (EAGLE drafter LlamaConfig)")
+    cfg = read_json(cfg_path, "EAGLE drafter LlamaConfig")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: EAGLE drafter LlamaConfig must be a JSON object")
     spec = parse_llama_config(cfg, str(cfg_path), require_architecture=False)
     path = next((p for p in (folder / "model.safetensors", folder / "pytorch_model.bin", folder / "pytorch_model.pt")
                  if p.exists()), None)

@@ -11,7 +11,8 @@ import argparse
 from pathlib import Path
 
 from pipeline.errors import InputError
-from pipeline.plan import OutputRoots, Plan, make_plan
+from pipeline.plan import OutputRoots, Plan
+from pipeline.preflight import checked_plan
 from pipeline.spec import load_spec
 
 # The project's example specs, beside the pipeline package.
@@ -52,5 +53,6 @@ def spec_path(value: str, specs_dir: Path = SPECS_DIR) -> Path:
 
 
 def load_plan(args: argparse.Namespace) -> Plan:
-    """The plan of ``args.spec``; InputError (exit 2) listing every problem of a bad spec."""
-    return make_plan(load_spec(spec_path(args.spec)), output_roots(args))
+    """The plan of ``args.spec``, with everything ``validate`` checks in the input files short of the
+    weights' values (:mod:`pipeline.preflight`); InputError (exit 2) listing every problem."""
+    return checked_plan(load_spec(spec_path(args.spec)), output_roots(args))

@@ -76,7 +76,7 @@ def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
 
     s = variant.serving
     config = CpuServerConfig(repositories=(repo,), cache_dir=Path(args.cache_dir), host=s.host,
-                             http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port,
+                             http_port=s.http_port, http=s.http, grpc_port=s.grpc_port, metrics_port=s.metrics_port,
                              ready_timeout=args.ready_timeout, models=(s.model_name,),
                              backend_model=Path(args.backend_model) if args.backend_model else None,
                              log_file=Path(args.log_file) if args.log_file else None)
@@ -87,7 +87,8 @@ def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
     try:
         server.start()
         console.print(f"[green]ready[/green]: model '{s.model_name}' on grpc {server.grpc_url}, "
-                      f"http {server.http_url}, metrics {s.host}:{s.metrics_port}. Ctrl-C stops.", highlight=False)
+                      f"{f'http {server.http_url}' if s.http else 'http off (serving.http)'}, "
+                      f"metrics {s.host}:{s.metrics_port}. Ctrl-C stops.", highlight=False)
         console.print(f'try: specdeploy query "Hello" --url {server.grpc_url} --model {s.model_name} --perf',
                       highlight=False)
         while server.is_alive():

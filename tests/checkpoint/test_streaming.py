@@ -66,12 +66,12 @@ def test_peak_rss_is_bounded_by_a_chunk(synthetic_bf16, tmp_path, dtype, tp):
     mem = json.loads(proc.stdout.strip().splitlines()[-1])
     grew = mem["peak"] - mem["base"]
     largest_out = model.vocab_size * model.hidden_size * (4 if dtype == "float32" else 2)
-    # bf16 -> bf16 is a kernel copy; bf16 -> fp32 holds a read chunk, its column slice and its fp32
-    # copy; 24 MiB covers the write buffers and interpreter noise.
-    budget = 24 * MiB if dtype == "bfloat16" else 24 * MiB + 3 * writer_mod.CHUNK_BYTES
+    # bf16 -> bf16 holds one bf16 read chunk (half a work chunk; read to check it is finite); bf16 -> fp32
+    # holds a read chunk, its column slice and its fp32 copy; 24 MiB covers write buffers and interpreter noise.
+    budget = 24 * MiB + (writer_mod.CHUNK_BYTES // 2 if dtype == "bfloat16" else 3 * writer_mod.CHUNK_BYTES)
     print(f"{dtype} tp={tp}: RSS grew {grew / MiB:.1f} MiB, budget {budget / MiB:.0f} MiB")
     assert grew < budget, f"conversion grew RSS by {grew / MiB:.1f} MiB (model {size / MiB:.0f} MiB)"
-    assert largest_out > 2.5 * budget and size > 3.5 * budget  # the bound is far below one tensor
+    assert largest_out > 2 * budget and size > 3.5 * budget  # the bound is far below one tensor
     total = sum((out / f"rank{r}.safetensors").stat().st_size for r in range(tp))
     assert total > size * (2 if dtype == "float32" else 1) * 0.99
 

@@ -40,7 +40,7 @@ def test_print_command_for_a_gpu_variant_has_one_rank_per_gpu_and_the_cli_ports(
     assert rc == 0, err
     argv = shlex.split(out.strip())
     assert argv[:2] == ["mpirun", "--allow-run-as-root"] and argv.count("-n") == 2
-    assert "--grpc-port=9101" in argv and "--http-port=9100" in argv
+    assert "--grpc-port=9101" in argv and "--allow-http=false" in argv  # HTTP needs serving.http: true
 
 
 def test_gpu_variant_on_a_host_without_gpus_prints_the_command_and_exits_3(cli, gpu_spec, tmp_path, monkeypatch):

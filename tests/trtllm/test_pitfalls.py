@@ -98,8 +98,9 @@ def test_eagle_fp8_is_flagged_experimental(plan_text):  # NVIDIA/TensorRT-LLM#32
 
 
 def test_eagle_needs_a_llama_base(problems, hf_config_dir):  # #2673, #10396
-    model = hf_config_dir(architectures=["MistralForCausalLM"])
-    assert "LLaMA bases only" in problems(f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
+    model = hf_config_dir(architectures=["MistralForCausalLM"])  # refused as a base for any method
+    assert "unsupported architecture MistralForCausalLM" in problems(
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
 
 
 def test_eagle_limits(problems, plan_text):
