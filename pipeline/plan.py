@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import gpus, presets, resources, trees
-from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
-from pipeline.presets import ModelArch
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
+from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
 from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
@@ -85,7 +85,7 @@ class StagePlan:
 class VariantPlan:
     name: str
     target: str
-    arch: ModelArch
+    arch: ModelGeometry
     model_dir: Path | None  # None only when planning from a preset without weights
     builtin: str | None
     weights_present: bool
@@ -229,7 +229,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     )
 
 
-def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+def _resources(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
                memory: MemoryEstimate,
                gpu: gpus.GpuType | None, stages: tuple[StagePlan, ...],
                problems: _Problems) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
@@ -256,17 +256,17 @@ def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeCo
 
 
 def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
-                   problems: _Problems) -> tuple[ModelArch | None, Path | None, bool]:
+                   problems: _Problems) -> tuple[ModelGeometry | None, Path | None, bool]:
     model = variant.model
     if model.builtin:
         folder = roots.cache / model.builtin
         present = (folder / "config.json").exists()
-        arch = presets.arch_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
+        arch = presets.geometry_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
         return arch, folder, present
     folder = spec.resolve_path(model.path) if model.path else None
     if folder is not None and (folder / "config.json").exists():
         try:
-            arch = presets.arch_from_hf_config(folder / "config.json")
+            arch = presets.geometry_from_hf_config(folder / "config.json")
         except InputError as exc:
             problems.error(("model", "path"), str(exc))
             return None, folder, True
@@ -283,7 +283,7 @@ def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
     return None, folder, False
 
 
-def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
+def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
                    problems: _Problems) -> tuple[SpeculativeConfig | None, Path | None]:
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
@@ -312,7 +312,7 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
     return SpeculativeConfig("none", reason), None
 
 
-def _check_parallelism(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig,
+def _check_parallelism(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig,
                        problems: _Problems) -> None:
     tp, pp = variant.parallel.tp, variant.parallel.pp
     legal = [t for t in range(1, arch.num_heads + 1) if tp_problem(arch, t) is None]
@@ -352,7 +352,7 @@ def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weight
                      q.calibration.size, q.calibration.max_seq_len, q.offload)
 
 
-def _build_config(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+def _build_config(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
                   gpu: gpus.GpuType | None, problems: _Problems) -> BuildConfig:
     b = variant.build
     if b.max_input_len >= b.max_seq_len:

@@ -56,9 +56,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.geometry import ModelGeometry
 from pipeline.gpus import GpuType
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RUNTIME_OVERHEAD_BYTES, MemoryEstimate
-from pipeline.presets import ModelArch
 from pipeline.speculative import SpeculativeConfig
 
 QUANTIZE_HOST_BASE_GIB = 4.0
@@ -103,7 +103,7 @@ def _round(value: float) -> float:
 class Sizing:
     """What the estimates read from the plan."""
 
-    arch: ModelArch
+    arch: ModelGeometry
     dtype: str  # model.dtype
     speculative: SpeculativeConfig
     memory: MemoryEstimate  # the serving estimate (pipeline.memory)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint, LlamaSpec, parse_llama_config
+from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorRef, TensorSource
 from pipeline.checkpoint.sharding import Src
 from pipeline.errors import InputError
 from pipeline.files import read_json, require_regular_file
+from pipeline.geometry import ModelGeometry
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class MedusaHeads:
 
 @dataclass
 class EagleDrafter:
-    spec: LlamaSpec  # the drafter's own LlamaConfig (heads, intermediate size, rope)
+    spec: ModelGeometry  # the drafter's own LlamaConfig (heads, intermediate size, rope)
     fc_weight: Src  # (H, 2H): concat[embedding; feature] -> H
     fc_bias: Src | None  # None: synthesized zeros (NVIDIA/TensorRT-LLM#2588)
     embedding: Src  # the drafter's embed_tokens, or the base embedding when absent
@@ -252,7 +253,7 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     cfg = read_json(cfg_path, "EAGLE drafter LlamaConfig")
     if not isinstance(cfg, dict):
         raise InputError(f"{cfg_path}: EAGLE drafter LlamaConfig must be a JSON object")
-    spec = parse_llama_config(cfg, str(cfg_path), require_architecture=False)
+    spec = ModelGeometry.from_hf(cfg, str(cfg_path), name=cfg_path.parent.name, require_architecture=False)
     path = next((p for p in (folder / "model.safetensors", folder / "pytorch_model.bin", folder / "pytorch_model.pt")
                  if p.exists()), None)
     if path is None:

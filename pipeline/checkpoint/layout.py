@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.checkpoint.heads import EagleDrafter, MedusaHeads
-from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint, LlamaSpec
+from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint
 from pipeline.checkpoint.sharding import (
     Const,
     OutTensor,
@@ -30,6 +30,7 @@ from pipeline.checkpoint.sharding import (
     vocab_rows,
 )
 from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
 
 # Tensors some exporters leave in HF checkpoints that carry no weights TRT-LLM needs.
 _IGNORABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -150,7 +151,7 @@ class _Builder:
 
     # -- model pieces ------------------------------------------------------------------------------
 
-    def decoder_layer(self, hf: str, trt: str, spec: LlamaSpec, tp_rank: int, *, input_norm: bool,
+    def decoder_layer(self, hf: str, trt: str, spec: ModelGeometry, tp_rank: int, *, input_norm: bool,
                       srcs: dict[str, Src] | None = None, kv_scale: float | None = None) -> list[OutTensor]:
         """One Llama decoder layer; ``srcs`` supplies EAGLE drafter tensors instead of base-checkpoint names."""
         tp = self.s.tp
