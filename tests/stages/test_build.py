@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "trtllm"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "trtllm"))
 from trtllm_helpers import write_checkpoint  # noqa: E402
 
 from pipeline.errors import StageError  # noqa: E402
@@ -239,7 +239,7 @@ def test_max_num_tokens_clamp_matches_plan_with_fake_trtllm_build(variant_of, fa
 # --- the CLI -------------------------------------------------------------------------------------------
 
 def test_cli_build_dry_run_prints_commands_and_runs_nothing(cli, tmp_path):
-    spec = Path(__file__).resolve().parents[1] / "specs" / "llama8b-fleet.yaml"
+    spec = Path(__file__).resolve().parents[2] / "specs" / "llama8b-fleet.yaml"
     rc, out, _ = cli("build", str(spec), "--dry-run", "--variant", "code-ft")
     assert rc == 0
     assert "trtllm-build --checkpoint_dir" in out and "--max_draft_len 55" in out and "--workers 2" in out
