@@ -112,7 +112,7 @@ def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, 
     legacy = cfg.get("rope_scaling")
     if isinstance(params, dict) and "rope_theta" in params:
         theta = _float(params, "rope_theta", f"{where} rope_parameters", 10000.0)
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        scaling: dict[str, Any] | None = {k: v for k, v in params.items() if k != "rope_theta"}
     else:
         theta = _float(cfg, "rope_theta", where, 10000.0)
         if legacy is not None and not isinstance(legacy, dict):

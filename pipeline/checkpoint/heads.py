@@ -130,9 +130,10 @@ def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) 
         if not lookup:
             raise InputError(f"{base.path}: no medusa_heads.* tensors; pass the Medusa head folder "
                              "(FasterDecoding layout) instead")
-        cfg = base.config.get("medusa") if isinstance(base.config.get("medusa"), dict) else {}
+        medusa = base.config.get("medusa")
+        combined: dict = medusa if isinstance(medusa, dict) else {}
         return _MedusaInput(lookup, prefix, f"{base.path} (medusa_heads.*)",
-                            (cfg.get("num_medusa_heads"), cfg.get("num_medusa_layers")),
+                            (combined.get("num_medusa_heads"), combined.get("num_medusa_layers")),
                             f"{base.path / 'config.json'} medusa")
     folder = Path(opts.dir)
     if not folder.is_dir():
@@ -197,16 +198,16 @@ def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
         lb.append([])
         for layer in range(num_layers):
             for kind in ("weight", "bias"):
-                key = linear.get((h, layer, kind))
-                if key is None:
+                found = linear.get((h, layer, kind))
+                if found is None:
                     raise InputError(f"{label}: tensor {prefix}{h}.{layer}.linear.{kind} is missing")
-                _expect_shape(lookup[key], (H, H) if kind == "weight" else (H,), f"Medusa linear {kind}")
-                (lw if kind == "weight" else lb)[-1].append(_src(key, lookup, scales))
-        key = lm.get((h, num_layers))
-        if key is None:
+                _expect_shape(lookup[found], (H, H) if kind == "weight" else (H,), f"Medusa linear {kind}")
+                (lw if kind == "weight" else lb)[-1].append(_src(found, lookup, scales))
+        head = lm.get((h, num_layers))
+        if head is None:
             raise InputError(f"{label}: tensor {prefix}{h}.{num_layers}.weight (head {h} LM layer) is missing")
-        _expect_shape(lookup[key], (V, H), "Medusa lm_head")
-        lmh.append(_src(key, lookup, scales))
+        _expect_shape(lookup[head], (V, H), "Medusa lm_head")
+        lmh.append(_src(head, lookup, scales))
     stray = set(lm) - {(h, num_layers) for h in heads}
     if stray:
         h, layer = sorted(stray)[0]
