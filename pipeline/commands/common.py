@@ -51,6 +51,8 @@ def spec_path(value: str, specs_dir: Path = SPECS_DIR) -> Path:
                      "give a path or one of those names")
 
 
-def load_plan(args: argparse.Namespace) -> Plan:
-    """The plan of ``args.spec``; InputError (exit 2) listing every problem of a bad spec."""
-    return make_plan(load_spec(spec_path(args.spec)), output_roots(args))
+def load_plan(args: argparse.Namespace, *, resolve: bool = False) -> Plan:
+    """The plan of ``args.spec``; InputError (exit 2) listing every problem of a bad spec.
+    ``resolve``: the spec file as an absolute path, so that its relative paths resolve absolute."""
+    path = spec_path(args.spec)
+    return make_plan(load_spec(path.resolve() if resolve else path), output_roots(args))

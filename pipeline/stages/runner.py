@@ -25,6 +25,7 @@ from typing import Any
 
 import pipeline
 from pipeline.atomic import exclusive_lock, replace_folder
+from pipeline.hashing import HashCache
 from pipeline.plan import StagePlan
 
 FINGERPRINT_FILE = ".specdeploy-stage.json"
@@ -68,8 +69,10 @@ def _is_content(path: Path) -> bool:
     return not path.name.startswith(".") or path.name == FINGERPRINT_FILE
 
 
-def fingerprint(stage: StagePlan) -> dict[str, Any]:
-    inputs = {name: {"path": str(path), "identity": _identity(path)} for name, path in sorted(stage.inputs.items())}
+def fingerprint(stage: StagePlan, hashes: HashCache | None = None) -> dict[str, Any]:
+    """``hashes`` given (``--hash-inputs``): inputs are identified by content, not size and mtime."""
+    identity = _identity if hashes is None else hashes.tree
+    inputs = {name: {"path": str(path), "identity": identity(path)} for name, path in sorted(stage.inputs.items())}
     body = {"stage": stage.name, "params": stage.params, "inputs": inputs, "tools": tool_versions()}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, **body}
@@ -101,12 +104,13 @@ def run_stage(
     force: bool = False,
     lock_timeout: float = 3600.0,
     on_wait: Callable[[str], None] = print,
+    hashes: HashCache | None = None,
 ) -> StageResult:
     """Run ``body(tmp_dir)`` unless the output is up to date, then rename tmp_dir into place."""
     start = time.monotonic()
     output = stage.output
     with output_lock(output, lock_timeout, on_wait):
-        wanted = fingerprint(stage)
+        wanted = fingerprint(stage, hashes)
         recorded = recorded_fingerprint(output)
         if not force and recorded is not None and recorded.get("digest") == wanted["digest"]:
             return StageResult(stage.name, "skipped", output, time.monotonic() - start)
