@@ -135,6 +135,7 @@ parallel: {{tp: 2}}
 variants:
   - name: retried
   - name: broken
+  - name: lost
 """)
     clean = run_fleet(build_graph(plan, only={"retried"}), roots=(roots.engines, roots.triton_repo))
     assert clean.exit_code == 0
@@ -150,6 +151,8 @@ variants:
         if variant.name == "retried" and not marker.exists():  # the first attempt dies half-way
             marker.write_text(str(os.getpid()))
             (out / "rank0.safetensors").write_bytes(b"half a file")
+            os._exit(1)
+        if variant.name == "lost":  # every attempt dies
             os._exit(1)
         real_convert(variant, stage, out)
 
@@ -169,6 +172,9 @@ variants:
     # The failing variant stops with its stage's exit code once the other one has finished.
     assert result.stage_states("broken")["package"] == FAILED
     assert "fails on purpose" in result.stopped("broken").message
+    lost = result.stopped("lost")
+    assert lost.state == FAILED and lost.exit_code == 1 and "worker was lost 2 time(s)" in lost.message
+    assert result.stage_states("lost") == {"convert": FAILED, "build": BLOCKED, "package": BLOCKED}
     assert result.exit_code == 1
 
 
