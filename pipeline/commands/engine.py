@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeline.commands.common import add_spec_argument, add_variant_filter, load_plan, output_roots
+from pipeline.errors import InputError
 from pipeline.hashing import HashCache
 
 
@@ -54,6 +55,9 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
     from pipeline.fleet.ray_runner import require_ray, run_fleet
 
     require_ray()  # before planning: a clear line when the extra is not installed
+    if args.ray.endswith((".yaml", ".yml")):  # `engine --ray SPEC`: argparse gave SPEC to --ray
+        raise InputError(f"--ray took {args.ray} as the Ray cluster's address; write the spec first "
+                         f"(specdeploy engine {args.ray} --ray) or give an address (--ray auto)")
     # Workers run in another folder: every path absolute (the spec's relative paths too).
     args.engines_dir, args.triton_repo, args.cache_dir = (
         str(Path(p).resolve()) for p in (args.engines_dir, args.triton_repo, args.cache_dir))

@@ -127,3 +127,9 @@ def test_the_storage_probe_names_what_a_node_cannot_see(tmp_path):
     assert "shared storage" in str(error) and storage.storage_error({"n": []}) is None
     storage.remove_tokens(tokens)
     assert not list(seen.iterdir())
+
+
+def test_engine_ray_given_the_spec_as_its_address_says_so(cli, write_spec):
+    spec = write_spec("name: x\nmodel: {preset: llama-3.1-8b}\n")
+    rc, out, err = cli("engine", "--ray", str(spec))
+    assert rc == 2 and f"--ray took {spec} as the Ray cluster's address" in err
