@@ -35,11 +35,12 @@ from pipeline.errors import InputError, StageError
 from pipeline.fleet import storage
 from pipeline.fleet.graph import GIB, FleetGraph, FleetTask, TaskRequest
 from pipeline.fleet.task import BLOCKED, FAILED, UNAVAILABLE, TaskReport, run_task
-from pipeline.fleet.view import Board
+from pipeline.fleet.view import WAITING, Board
 from pipeline.hashing import HashCache
 
 DEFAULT_RETRIES = 3
 POLL_SECONDS = 0.25
+RAY_LOGS = "/tmp/ray/session_latest/logs"  # Ray's default temp dir (ray start --temp-dir moves it)
 # Not shipped to the workers with the project folder: outputs, caches, environments, weights.
 WORKING_DIR_EXCLUDES = [".git", ".venv", ".cache", "engines", "triton_repo", "tests", "heads", "bench",
                         "*.safetensors", "*.gguf", "*.bin", "*.pt", "__pycache__"]
@@ -196,7 +197,7 @@ class _Driver:
 
     def _submit_ready(self) -> None:
         for key, task in self.graph.tasks.items():
-            if key in self.reports or self.board.cells[key].state != "waiting":
+            if key in self.reports or self.board.cells[key].state != WAITING:
                 continue
             deps = [self.reports.get(dep) for dep in task.deps]
             if any(dep is not None and not dep.ok for dep in deps):
@@ -236,7 +237,7 @@ class _Driver:
             except self.ray.exceptions.RayError as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 report = TaskReport(key, FAILED, 1, f"the Ray worker was lost {self.max_retries + 1} time(s) "
-                                                    f"running it ({first}); see the worker logs (`ray logs`)")
+                                                    f"running it ({first}); see the worker logs ({RAY_LOGS} on its node)")
             self._release(key)
             self._finish(report)
 
