@@ -237,7 +237,8 @@ class _Driver:
             except self.ray.exceptions.RayError as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 report = TaskReport(key, FAILED, 1, f"the Ray worker was lost {self.max_retries + 1} time(s) "
-                                                    f"running it ({first}); see the worker logs ({RAY_LOGS} on its node)")
+                                                    f"running it ({first}); see the worker logs "
+                                                    f"({RAY_LOGS} on its node)")
             self._release(key)
             self._finish(report)
 
