@@ -33,9 +33,11 @@ def sha256_file(path: Path) -> str:
 
 def content_files(folder: Path) -> Iterator[Path]:
     """Files under ``folder`` in a stable order, without dot files (locks, temp markers,
-    fingerprints: bookkeeping that changes without the content changing)."""
+    fingerprints: bookkeeping that changes without the content changing) and Python's bytecode
+    caches (written whenever a source is imported)."""
     for path in sorted(folder.rglob("*")):
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts):
+        parts = path.relative_to(folder).parts
+        if path.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in parts):
             yield path
 
 

@@ -96,3 +96,12 @@ def test_hash_inputs_skips_a_restored_input_that_a_size_and_mtime_fingerprint_re
     rc, out, err = cli("engine", str(spec), "--hash-inputs")
     assert rc == 0, err
     assert "[tiny] convert: done" in out
+
+
+def test_bytecode_caches_and_dot_files_are_not_content(tmp_path):
+    (tmp_path / "models" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "models" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "models" / ".lock").write_text("")
+    (tmp_path / "models" / "model.py").write_text("x = 1\n")
+    assert [p.name for p in hashing.content_files(tmp_path / "models")] == ["model.py"]
+    assert HashCache(None).tree(tmp_path / "models") == {"model.py": sha(tmp_path / "models" / "model.py")}

@@ -68,8 +68,9 @@ def run_task(task: FleetTask, produced: tuple[str, ...], *, bodies: dict | None,
             from pipeline.embedded import prepare_embedded_model
 
             assert task.variant.model_dir is not None and task.variant.builtin is not None
+            ready = (task.variant.model_dir / "config.json").is_file()  # prepared folders appear whole
             prepare_embedded_model(task.variant.model_dir.parent, name=task.variant.builtin)
-            state = RAN
+            state = SKIPPED if ready else RAN
         else:
             variant, stage = task.variant, task.stage
             assert stage is not None

@@ -90,9 +90,10 @@ variants:
     graph = build_graph(plan)
     result = run_fleet(graph, roots=(roots.engines, roots.triton_repo, roots.cache))
     states = {variant: result.stage_states(variant) for variant in graph.variants}
-    assert states["ref-tp1"] == {"prepare": RAN, "convert": RAN, "build": RAN, "package": RAN}
+    # smollm2_dir prepared the embedded model already: its task finds it and skips.
+    assert states["ref-tp1"] == {"prepare": SKIPPED, "convert": RAN, "build": RAN, "package": RAN}
     for name in ("ref-tp3", "trt-tp2", "trt-tp2-one-worker"):
-        assert set(states[name].values()) == {RAN}, (name, states[name])
+        assert {s for column, s in states[name].items() if column != "prepare"} == {RAN}, (name, states[name])
     # The variants on the embedded model share one task that prepares it.
     assert len({graph.cells[(v, "prepare")] for v in ("ref-tp1", "ref-tp3", "trt-tp3-pp2")}) == 1
 
