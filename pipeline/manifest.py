@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
+from pipeline.atomic import exclusive_lock
 from pipeline.errors import InputError
 from pipeline.hashing import HashCache, content_files
 from pipeline.plan import Plan, VariantPlan
@@ -101,20 +102,27 @@ def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, s
     """Write (atomically) the manifest of the variants in ``states`` ({variant: {stage: state}});
     variants of an earlier run that this one did not touch are kept."""
     path = manifest_path(plan, engines_root)
-    previous = _read(path) if path.exists() else {}
-    variants = dict(previous.get("variants", {})) if previous.get("spec") == str(plan.spec_file) else {}
-    for variant in plan.variants:
-        if variant.name in states:
-            variants[variant.name] = variant_entry(variant, states[variant.name], hashes)
+    entries = {v.name: variant_entry(v, states[v.name], hashes) for v in plan.variants if v.name in states}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs of one spec (say --variant a and --variant b) each keep the other's entries.
+    with exclusive_lock(path.parent / f".{path.name}.lock", timeout=600, what=str(path), on_wait=lambda _: None):
+        try:
+            previous = _read(path) if path.exists() else {}
+        except InputError:  # unreadable: this run writes it anew
+            previous = {}
+        variants = dict(previous.get("variants", {})) if previous.get("name") == plan.spec_name else {}
+        _write(path, plan, variants | entries, hashes)
+    return path
+
+
+def _write(path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache) -> None:
     body = {"format": FORMAT, "spec": str(plan.spec_file), "name": plan.spec_name,
             "spec_sha256": hashes.sha256(plan.spec_file) if Path(plan.spec_file).is_file() else None,
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "tools": tool_versions(), "variants": variants}
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
-    return path
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -105,3 +105,22 @@ def test_bytecode_caches_and_dot_files_are_not_content(tmp_path):
     (tmp_path / "models" / "model.py").write_text("x = 1\n")
     assert [p.name for p in hashing.content_files(tmp_path / "models")] == ["model.py"]
     assert HashCache(None).tree(tmp_path / "models") == {"model.py": sha(tmp_path / "models" / "model.py")}
+
+
+def test_runs_of_some_variants_keep_the_others_entries(write_spec, tmp_path):
+    from pipeline.manifest import write_manifest
+    from pipeline.plan import OutputRoots, make_plan
+    from pipeline.spec import load_spec
+
+    spec = write_spec("name: two\nmodel: {preset: llama-3.1-8b}\nvariants:\n  - name: a\n  - name: b\n")
+    plan = make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "t", tmp_path / "c"))
+    path = write_manifest(plan, tmp_path / "engines", {"a": {"convert": "unavailable"}}, HashCache(None))
+    path.write_text(path.read_text())
+    write_manifest(plan, tmp_path / "engines", {"b": {}}, HashCache(None))
+    variants = json.loads(path.read_text())["variants"]
+    assert variants["a"]["outputs"]["convert"] == {"path": str(tmp_path / "engines" / "a" / "checkpoint"),
+                                                   "state": "unavailable", "files": {}}
+    assert variants["b"]["outputs"]["build"]["state"] == "not run"
+    path.write_text("{not json")
+    write_manifest(plan, tmp_path / "engines", {"b": {}}, HashCache(None))
+    assert list(json.loads(path.read_text())["variants"]) == ["b"]
