@@ -70,6 +70,7 @@ class BuildConfig:
     multiple_profiles: bool = True
     tokens_per_block: int = 32
     extra_flags: dict[str, Any] = field(default_factory=dict)
+    workers: int | None = None  # build.workers: ranks built at once (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ def _resources(variant: VariantSpec, arch: ModelGeometry, speculative: Speculati
         world_size=variant.parallel.tp * variant.parallel.pp, target=variant.target, gpu=on_gpus,
         gpu_count=variant.gpu.count if variant.gpu else None,
         calibration_max_seq_len=quant.calibration_max_seq_len, offload=quant.offload,
+        build_workers=variant.build.workers,
     )
     stages = tuple(dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing))
                    for stage in stages)
@@ -384,6 +386,7 @@ def _build_config(variant: VariantSpec, arch: ModelGeometry, speculative: Specul
         engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
         engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
+        workers=_workers(variant, problems),
     )
 
 
@@ -399,6 +402,14 @@ def _check_int32(build: BuildConfig, problems: _Problems) -> None:
     for path, (what, value) in derived.items():
         if value > INT32_MAX:
             problems.error(path, f"{what} is {value}, more than TensorRT-LLM's int32 sizes hold ({INT32_MAX})")
+
+
+def _workers(variant: VariantSpec, problems: _Problems) -> int | None:
+    world_size = variant.parallel.tp * variant.parallel.pp
+    if variant.build.workers is not None and variant.build.workers > world_size:
+        problems.error(("build", "workers"), f"{variant.build.workers} is more than the {world_size} rank(s) "
+                                             "(tp x pp) there are to build; give at most that many")
+    return variant.build.workers
 
 
 def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,
