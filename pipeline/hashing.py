@@ -18,7 +18,7 @@ from contextlib import closing
 from pathlib import Path
 
 CHUNK_BYTES = 8 * 1024 * 1024
-CACHE_FILE = "sha256-cache.sqlite"
+CACHE_FILE = "sha256-cache-v2.sqlite"  # v2: the key has the ctime; a new name, not a migration
 
 
 def sha256_file(path: Path) -> str:
@@ -41,7 +41,7 @@ def content_files(folder: Path) -> Iterator[Path]:
 
 
 class HashCache:
-    """sha256 by file identity, kept in ``folder/sha256-cache.sqlite`` (None: no cache)."""
+    """sha256 by file identity, kept in ``folder/CACHE_FILE`` (None: no cache)."""
 
     def __init__(self, folder: Path | None) -> None:
         self.path = Path(folder) / CACHE_FILE if folder is not None else None
