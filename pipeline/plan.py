@@ -14,24 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import adapters, gpus, inputs, presets, trees
-from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
+from pipeline import adapters, gpus, presets, resources, trees
 from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
-from pipeline.presets import ModelArch
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
-from pipeline.spec import ServingSpec, Spec, VariantSpec
-from pipeline.speculative import (
-    EAGLE_MAX_BATCH_SIZE,
-    EAGLE_MAX_DRAFT_LEN,
-    EagleConfig,
-    LookaheadConfig,
-    MedusaConfig,
-    SpeculativeConfig,
-    eagle_dynamic_tree_size,
-    lookahead_max_draft_len,
-    lookahead_problem,
-)
+from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
+from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
+from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
 
 # The pre/postprocessing model.py sources copied into every repository: a change re-packages.
@@ -47,6 +37,7 @@ class QuantPlan:
     calibration_data: Path
     calibration_size: int
     calibration_max_seq_len: int
+    offload: str = "none"  # where the quantize stage may put weights that do not fit the GPUs
 
     @property
     def quant_algo(self) -> str | None:
@@ -79,6 +70,7 @@ class BuildConfig:
     multiple_profiles: bool = True
     tokens_per_block: int = 32
     extra_flags: dict[str, Any] = field(default_factory=dict)
+    workers: int | None = None  # build.workers: ranks built at once (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -87,13 +79,14 @@ class StagePlan:
     output: Path
     inputs: dict[str, Path]  # files/folders whose identity is fingerprinted
     params: dict[str, Any]  # the spec-derived values the stage reads (fingerprinted)
+    resources: resources.StageResources | None = None  # what the stage needs of a machine (not fingerprinted)
 
 
 @dataclass(frozen=True)
 class VariantPlan:
     name: str
     target: str
-    arch: ModelArch
+    arch: ModelGeometry
     model_dir: Path | None  # None only when planning from a preset without weights
     builtin: str | None
     weights_present: bool
@@ -109,6 +102,7 @@ class VariantPlan:
     memory: MemoryEstimate
     stages: tuple[StagePlan, ...]
     notes: tuple[str, ...]
+    serve_resources: resources.StageResources | None = None  # the server's needs (serving is not a stage)
 
     @property
     def world_size(self) -> int:
@@ -213,36 +207,69 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         max_batch_size=build.max_batch_size, engine_max_seq_len=build.engine_max_seq_len,
         max_num_tokens=build.engine_max_num_tokens, gpu_gib=gpu.memory_gib if gpu else None,
     )
-    if variant.target == "tensorrt":
-        if memory.fits is False:
-            problems.error(("build", "max_batch_size"),
-                           f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
-                           "lower max_batch_size or max_seq_len, raise tp, or use FP8")
-        elif gpu is None:
-            problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
+    largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
+    if variant.target == "tensorrt" and memory.fits is False:
+        problems.error(("build", "max_batch_size"),
+                       f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
+                       "lower max_batch_size or max_seq_len, raise tp, or use FP8")
+    elif memory.total_gib > largest.memory_gib:  # the reference backend serves what ships to GPUs
+        problems.error(("build", "max_batch_size"),
+                       f"does not fit on any GPU ({largest.name} has {largest.memory_gib:.0f} GiB): "
+                       f"{memory.describe()}; lower max_batch_size, max_seq_len or the draft length, or raise tp")
+    elif variant.target == "tensorrt" and gpu is None:
+        problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
+    _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
     stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge)
+    stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
         name=variant.name, target=variant.target, arch=arch, model_dir=model_dir,
         builtin=variant.model.builtin, weights_present=weights_present, heads_dir=heads_dir,
         speculative=speculative, tp=tp, pp=pp, gpu=gpu, gpu_count=variant.gpu.count if variant.gpu else None,
         quant=quant, build=build, serving=variant.serving, memory=memory, stages=stages,
-        notes=tuple(problems.notes),
+        notes=tuple(problems.notes), serve_resources=serve_resources,
     )
 
 
+def _resources(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
+               memory: MemoryEstimate,
+               gpu: gpus.GpuType | None, stages: tuple[StagePlan, ...],
+               problems: _Problems) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
+    """Each stage's machine needs; on the spec's GPUs, a stage that cannot fit is an error."""
+    on_gpus = gpu if variant.target == "tensorrt" else None
+    sizing = resources.Sizing(
+        arch=arch, dtype=variant.model.dtype, speculative=speculative, memory=memory, tp=variant.parallel.tp,
+        world_size=variant.parallel.tp * variant.parallel.pp, target=variant.target, gpu=on_gpus,
+        gpu_count=variant.gpu.count if variant.gpu else None,
+        calibration_max_seq_len=quant.calibration_max_seq_len, offload=quant.offload,
+        build_workers=variant.build.workers,
+    )
+    stages = tuple(dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing))
+                   for stage in stages)
+    if on_gpus is not None and variant.gpu is not None:
+        where = {"quantize": ("quantization", "weights"), "build": ("gpu", "type")}
+        for stage in stages:
+            problem = resources.gpu_shortfall(stage.resources, on_gpus, variant.gpu.count)
+            if problem and stage.name in where:
+                fix = ("raise gpu.count or use larger GPUs, or set quantization.offload: cpu or disk (slow)"
+                       if stage.name == "quantize" else "raise tp or use larger GPUs")
+                problems.error(where[stage.name], f"the {stage.name} stage does not fit {variant.gpu.count} x "
+                                                  f"{on_gpus.name}: {problem}; {fix}")
+    return stages, resources.serve_resources(sizing).rounded()
+
+
 def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
-                   problems: _Problems) -> tuple[ModelArch | None, Path | None, bool]:
+                   problems: _Problems) -> tuple[ModelGeometry | None, Path | None, bool]:
     model = variant.model
     if model.builtin:
         folder = roots.cache / model.builtin
         present = (folder / "config.json").exists()
-        arch = presets.arch_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
+        arch = presets.geometry_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
         return arch, folder, present
     folder = spec.resolve_path(model.path) if model.path else None
     if folder is not None and (folder / "config.json").exists():
         try:
-            arch = presets.arch_from_hf_config(folder / "config.json")
+            arch = presets.geometry_from_hf_config(folder / "config.json")
         except InputError as exc:
             problems.error(("model", "path"), str(exc))
             return None, folder, True
@@ -259,7 +286,7 @@ def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
     return None, folder, False
 
 
-def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
+def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
                    problems: _Problems) -> tuple[SpeculativeConfig | None, Path | None]:
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
@@ -275,136 +302,24 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
                                                   "method: lookahead (no extra weights)")
         return None, None
     if method == "medusa":
-        config, heads_dir = _medusa(spec, variant, arch, problems)
-        return (SpeculativeConfig(method, reason, medusa=config) if config else None), heads_dir
+        heads_dir = spec.resolve_path(heads.medusa.path)
+        medusa = MedusaConfig.check(variant, arch, heads_dir, problems)
+        return (SpeculativeConfig(method, reason, medusa=medusa) if medusa else None), heads_dir
     if method == "eagle":
-        config, heads_dir = _eagle(spec, variant, arch, problems)
-        return (SpeculativeConfig(method, reason, eagle=config) if config else None), heads_dir
+        heads_dir = spec.resolve_path(heads.eagle.path)
+        eagle = EagleConfig.check(variant, arch, heads_dir, problems)
+        return SpeculativeConfig(method, reason, eagle=eagle), heads_dir
     if method == "lookahead":
-        config = _lookahead(variant, problems)
-        return (SpeculativeConfig(method, reason, lookahead=config) if config else None), None
+        lookahead = LookaheadConfig.check(variant, problems)
+        return (SpeculativeConfig(method, reason, lookahead=lookahead) if lookahead else None), None
     return SpeculativeConfig("none", reason), None
 
 
-def _medusa(spec: Spec, variant: VariantSpec, arch: ModelArch,
-            problems: _Problems) -> tuple[MedusaConfig | None, Path | None]:
-    head_spec, settings = variant.heads.medusa, variant.speculative.medusa
-    heads_dir = spec.resolve_path(head_spec.path)
-    if heads_dir.exists():
-        layout = inputs.inspect_medusa(heads_dir)
-        num_heads, num_layers = layout.num_heads, layout.num_layers
-        if layout.config_num_heads not in (None, num_heads):
-            problems.note(f"{heads_dir}/config.json says {layout.config_num_heads} Medusa heads but the weights "
-                          f"hold {num_heads}; using {num_heads} (TensorRT-LLM's default of 4 would be wrong too)")
-        if head_spec.num_heads not in (None, num_heads):
-            problems.error(("heads", "medusa", "num_heads"), f"the weights in {heads_dir} hold {num_heads} heads, "
-                                                            f"not {head_spec.num_heads}; fix or remove num_heads")
-    elif head_spec.num_heads is not None:
-        num_heads, num_layers = head_spec.num_heads, head_spec.num_layers
-        problems.note(f"Medusa heads not found at {heads_dir}: planned with num_heads {num_heads} from the spec")
-    else:
-        problems.error(("heads", "medusa", "path"), f"{heads_dir}: not found; add heads.medusa.num_heads "
-                                                    "to plan without the weights")
-        return None, heads_dir
-    tree = trees.resolve_tree(settings.choices)
-    max_draft_len = settings.max_draft_len or len(tree)
-    if trees.tree_depth(tree) > num_heads:
-        problems.error(("speculative", "medusa", "choices"),
-                       f"tree depth {trees.tree_depth(tree)} exceeds the {num_heads} Medusa heads; "
-                       "use a shallower tree (e.g. chain_3) or more heads")
-    if len(tree) > max_draft_len:
-        problems.error(("speculative", "medusa", "max_draft_len"),
-                       f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}")
-    if arch.vocab_size % variant.parallel.tp:
-        problems.error(("parallel", "tp"), f"Medusa needs vocab_size {arch.vocab_size} divisible by tp "
-                                           f"{variant.parallel.tp} (TensorRT-LLM does not pad Medusa lm_heads)")
-    if variant.quantization.quantize_heads:
-        problems.error(("quantization", "quantize_heads"),
-                       "FP8 Medusa heads fail to build in TensorRT-LLM 1.2 (NVIDIA/TensorRT-LLM#2115); "
-                       "keep quantize_heads: false (FP8 base, 16-bit heads)")
-    return MedusaConfig(num_heads, num_layers, tree, max_draft_len), heads_dir
-
-
-def _eagle(spec: Spec, variant: VariantSpec, arch: ModelArch,
-           problems: _Problems) -> tuple[EagleConfig | None, Path | None]:
-    head_spec, settings = variant.heads.eagle, variant.speculative.eagle
-    heads_dir = spec.resolve_path(head_spec.path)
-    if heads_dir.exists():
-        layout = inputs.inspect_eagle(heads_dir)
-        if not layout.has_fc_bias:
-            problems.note(f"{heads_dir}: no fc.bias (NVIDIA/TensorRT-LLM#2588); the converter writes zeros")
-        if layout.hidden_size not in (None, arch.hidden_size):
-            problems.error(("heads", "eagle", "path"), f"EAGLE hidden size {layout.hidden_size} does not match "
-                                                       f"the base model's {arch.hidden_size}")
-        if layout.num_layers != 1:
-            problems.error(("heads", "eagle", "path"), f"{heads_dir} has {layout.num_layers} drafter layers; the "
-                                                       "TensorRT-LLM EAGLE-1 engine supports exactly one")
-    else:
-        problems.note(f"EAGLE heads not found at {heads_dir}: planned without reading them")
-    if arch.architecture != "LlamaForCausalLM":
-        problems.error(("model",), f"EAGLE in the TensorRT engine flow supports LLaMA bases only, "
-                                   f"not {arch.architecture} (NVIDIA/TensorRT-LLM#10396)")
-    if variant.parallel.pp != 1:
-        problems.error(("parallel", "pp"), "EAGLE does not support pipeline parallelism in TensorRT-LLM 1.2; "
-                                           "use pp: 1 (raise tp instead)")
-    if variant.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
-        problems.error(("build", "max_batch_size"), f"EAGLE engines allow max_batch_size <= {EAGLE_MAX_BATCH_SIZE}")
-    if variant.quantization.weights == "fp8":
-        problems.note("FP8 with EAGLE is experimental in TensorRT-LLM 1.2 (not in its support matrix); "
-                      "check acceptance on the reference backend and on a GPU before release")
-    if settings.dynamic_tree:
-        layers = settings.num_eagle_layers or 4
-        size = eagle_dynamic_tree_size(settings.dynamic_tree_max_top_k, layers)
-        max_draft_len = settings.max_draft_len or min(size, EAGLE_MAX_DRAFT_LEN)
-        if variant.target == "tensorrt":
-            problems.note("EAGLE-2 dynamic trees are not exposed by the Triton TensorRT-LLM backend (only "
-                          "eagle_choices); Triton will serve the static default tree")
-        config = EagleConfig(None, layers, settings.max_non_leaves_per_layer, max_draft_len, True,
-                             settings.dynamic_tree_max_top_k)
-    else:
-        tree = trees.resolve_tree(settings.choices)
-        depth = trees.tree_depth(tree)
-        layers = settings.num_eagle_layers or depth
-        if depth != layers:
-            problems.error(("speculative", "eagle", "num_eagle_layers"),
-                           f"must equal the eagle_choices tree depth {depth} (got {layers})")
-        widest = max(trees.non_leaves_per_level(tree))
-        if widest > settings.max_non_leaves_per_layer:
-            problems.error(("speculative", "eagle", "choices"),
-                           f"a tree level has {widest} non-leaf nodes, more than max_non_leaves_per_layer "
-                           f"{settings.max_non_leaves_per_layer}")
-        max_draft_len = settings.max_draft_len or len(tree)
-        if len(tree) > max_draft_len:
-            problems.error(("speculative", "eagle", "max_draft_len"),
-                           f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}")
-        config = EagleConfig(tree, layers, settings.max_non_leaves_per_layer, max_draft_len, False,
-                             settings.dynamic_tree_max_top_k)
-    if config.max_draft_len > EAGLE_MAX_DRAFT_LEN:
-        problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
-    return config, heads_dir
-
-
-def _lookahead(variant: VariantSpec, problems: _Problems) -> LookaheadConfig | None:
-    settings = variant.speculative.lookahead
-    problem = lookahead_problem(settings.window, settings.ngram, settings.verification_set)
-    if problem:
-        problems.error(("speculative", "lookahead"), f"(W={settings.window}, N={settings.ngram}, "
-                                                     f"G={settings.verification_set}) is not legal: {problem}")
-        return None
-    expected = lookahead_max_draft_len(settings.window, settings.ngram, settings.verification_set)
-    if settings.max_draft_len is not None and settings.max_draft_len != expected:
-        problems.error(("speculative", "lookahead", "max_draft_len"),
-                       f"{settings.max_draft_len} does not match (W={settings.window}, N={settings.ngram}, "
-                       f"G={settings.verification_set}), which needs {expected}; the engine and the server must "
-                       "agree (tensorrtllm_backend#710); remove max_draft_len or fix it")
-    return LookaheadConfig(settings.window, settings.ngram, settings.verification_set)
-
-
-def _check_parallelism(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig,
+def _check_parallelism(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig,
                        problems: _Problems) -> None:
     tp, pp = variant.parallel.tp, variant.parallel.pp
-    legal = [t for t in range(1, arch.num_heads + 1) if _tp_problem(arch, t) is None]
-    problem = _tp_problem(arch, tp)
+    legal = [t for t in range(1, arch.num_heads + 1) if tp_problem(arch, t) is None]
+    problem = tp_problem(arch, tp)
     if problem:
         problems.error(("parallel", "tp"), f"{problem}; legal tp for this model: {legal}")
     if pp > arch.num_layers:
@@ -422,17 +337,6 @@ def _check_parallelism(variant: VariantSpec, arch: ModelArch, speculative: Specu
         problems.error(("serving",), f"grpc_port, http_port and metrics_port must differ (got {ports})")
 
 
-def _tp_problem(arch: ModelArch, tp: int) -> str | None:
-    if arch.num_heads % tp:
-        return f"tp {tp} does not divide the {arch.num_heads} attention heads"
-    kv = arch.num_kv_heads
-    if kv % tp and not (kv < tp and tp % kv == 0):
-        return f"tp {tp} does not divide the {kv} KV heads (and cannot replicate them: tp % kv_heads != 0)"
-    if arch.intermediate_size % tp:
-        return f"tp {tp} does not divide intermediate_size {arch.intermediate_size}"
-    return None
-
-
 def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weights_present: bool,
                 speculative: SpeculativeConfig, gpu: gpus.GpuType | None, problems: _Problems) -> QuantPlan:
     q = variant.quantization
@@ -448,10 +352,10 @@ def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weight
     if weights_fp8 and not prequantized and q.calibration.data and not calibration.is_file():
         problems.error(("quantization", "calibration", "data"), f"{calibration}: calibration file not found")
     return QuantPlan(weights_fp8, q.kv_cache == "fp8", prequantized, q.quantize_heads, calibration,
-                     q.calibration.size, q.calibration.max_seq_len)
+                     q.calibration.size, q.calibration.max_seq_len, q.offload)
 
 
-def _build_config(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+def _build_config(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
                   gpu: gpus.GpuType | None, problems: _Problems) -> BuildConfig:
     b = variant.build
     if b.max_input_len >= b.max_seq_len:
@@ -483,7 +387,30 @@ def _build_config(variant: VariantSpec, arch: ModelArch, speculative: Speculativ
         engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
         engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
+        workers=_workers(variant, problems),
     )
+
+
+def _check_int32(build: BuildConfig, problems: _Problems) -> None:
+    """Derived sizes TensorRT-LLM keeps in SizeType32 (int32) must not overflow."""
+    derived = {
+        ("build", "max_seq_len"): ("the engine's max_seq_len (max_seq_len + draft tokens)", build.engine_max_seq_len),
+        ("build", "max_num_tokens"): ("the engine's max_num_tokens (max_batch_size x (draft tokens + 1))",
+                                      build.engine_max_num_tokens),
+        ("build", "max_batch_size"): ("max_batch_size x the engine's max_seq_len (KV-cache tokens)",
+                                      build.max_batch_size * build.engine_max_seq_len),
+    }
+    for path, (what, value) in derived.items():
+        if value > INT32_MAX:
+            problems.error(path, f"{what} is {value}, more than TensorRT-LLM's int32 sizes hold ({INT32_MAX})")
+
+
+def _workers(variant: VariantSpec, problems: _Problems) -> int | None:
+    world_size = variant.parallel.tp * variant.parallel.pp
+    if variant.build.workers is not None and variant.build.workers > world_size:
+        problems.error(("build", "workers"), f"{variant.build.workers} is more than the {world_size} rank(s) "
+                                             "(tp x pp) there are to build; give at most that many")
+    return variant.build.workers
 
 
 def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,

@@ -6,19 +6,31 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.plan import Plan, VariantPlan
+from pipeline.resources import StageResources
 
 
 def _speculative_line(variant: VariantPlan) -> str:
     spec = variant.speculative
     if spec.medusa:
-        return f"medusa: {spec.medusa.num_heads} heads, {len(spec.medusa.tree)}-node tree"
+        return f"medusa: {spec.medusa.num_heads} heads, {len(spec.medusa.tree or ())}-node tree"
     if spec.eagle:
-        tree = "dynamic (EAGLE-2)" if spec.eagle.dynamic_tree else f"{len(spec.eagle.tree)}-node tree"
+        tree = "dynamic (EAGLE-2)" if spec.eagle.dynamic_tree else f"{len(spec.eagle.tree or ())}-node tree"
         return f"eagle: {spec.eagle.num_eagle_layers} layers, {tree}"
     if spec.lookahead:
         la = spec.lookahead
         return f"lookahead: W={la.window} N={la.ngram} G={la.verification_set}"
     return "none"
+
+
+def _needs(resources: StageResources | None) -> str:
+    if resources is None:
+        return ""
+    gpus = (f"{resources.gpus} GPU x {resources.gpu_memory_gib_per_gpu:.1f} GiB" if resources.gpus
+            else "no GPU")
+    text = f"needs {gpus}, host RAM {resources.host_memory_gib:.1f} GiB, disk {resources.disk_gib:.1f} GiB"
+    if resources.one_worker is not None:
+        text += f" (one worker: host RAM {resources.one_worker.host_memory_gib:.1f} GiB)"
+    return text
 
 
 def print_plan(plan: Plan, console: Console) -> None:
@@ -39,10 +51,12 @@ def print_plan(plan: Plan, console: Console) -> None:
                                f"max_seq_len={build.max_seq_len}->{build.engine_max_seq_len} "
                                f"max_num_tokens={build.max_num_tokens}->{build.engine_max_num_tokens} "
                                f"max_draft_len={build.max_draft_len}")
-        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]", None: "no GPU given"}[variant.memory.fits]
+        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]",
+                None: "no GPU given"}[variant.memory.fits]
         table.add_row("memory", f"{variant.memory.describe()}  {fits}")
         for stage in variant.stages:
-            table.add_row(f"stage {stage.name}", str(stage.output))
+            table.add_row(f"stage {stage.name}", f"{stage.output}  {_needs(stage.resources)}")
+        table.add_row("serve", _needs(variant.serve_resources))
         for note in variant.notes:
             table.add_row("note", note)
         console.print(table)

@@ -21,12 +21,16 @@ from pipeline.errors import InputError
 from pipeline.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
 
 VARIANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+INT32_MAX = 2**31 - 1  # TensorRT-LLM sizes are SizeType32: a larger value overflows inside the engine
+MAX_VARIANTS = 256  # each variant is a set of engines; a longer list is a generated mistake
 Dtype = Literal["float32", "float16", "bfloat16"]
 TreeChoices = str | list[list[int]]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # use_attribute_docstrings: the docstring under each field is its description, in pydantic
+    # and in the JSON schema (`specdeploy schema`).
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
 class ModelSpec(_Strict):
@@ -37,6 +41,7 @@ class ModelSpec(_Strict):
     preset: str | None = None
     """Architecture preset used to plan when ``path`` does not exist (yet) on this host."""
     dtype: Dtype = "bfloat16"
+    """Precision of the unquantized weights, activations and the KV cache (unless FP8)."""
     adapter: str | list[str] | None = None
     """PEFT LoRA folder(s) merged into the model before quantize/convert, in the order listed."""
 
@@ -66,25 +71,32 @@ BUILTIN_MODELS = tuple(EMBEDDED_MODELS)
 
 class MedusaHeadsSpec(_Strict):
     path: str
+    """Medusa heads folder (FasterDecoding layout or the compact ResBlocks-only one); relative to the spec."""
     num_heads: int | None = Field(None, ge=1, le=16)
     """Expected head count; used only to plan while the weights are absent, else checked."""
     num_layers: int = Field(1, ge=1, le=8)
+    """ResBlocks per Medusa head; used only to plan while the weights are absent."""
 
 
 class EagleHeadsSpec(_Strict):
     path: str
+    """EAGLE-1 drafter folder (config.json + weights); relative paths are relative to the spec file."""
     num_layers: int = Field(1, ge=1, le=1)
     """Drafter decoder layers; TensorRT-LLM's EAGLE-1 engine supports exactly one."""
 
 
 class HeadsSpec(_Strict):
     medusa: MedusaHeadsSpec | None = None
+    """Medusa heads for the base model (method medusa, or auto without EAGLE heads)."""
     eagle: EagleHeadsSpec | None = None
+    """EAGLE-1 drafter for the base model (method eagle, or auto)."""
 
 
 class _TreeSettings(_Strict):
     choices: TreeChoices = "mc_sim_7b_63"
+    """The draft tree: a named tree (e.g. mc_sim_7b_63, chain_3) or a list of paths of child indices."""
     max_draft_len: int | None = Field(None, ge=1, le=256)
+    """Draft tokens per step the engine is built for; the number of tree nodes when unset."""
 
     @field_validator("choices")
     @classmethod
@@ -99,39 +111,58 @@ class MedusaSettings(_TreeSettings):
 
 class EagleSettings(_TreeSettings):
     num_eagle_layers: int | None = Field(None, ge=1, le=16)
-    max_non_leaves_per_layer: int = Field(10, ge=1)
+    """Drafting steps (tree depth); the depth of ``choices`` when unset, 4 for dynamic trees."""
+    max_non_leaves_per_layer: int = Field(10, ge=1, le=256)
+    """Most nodes of one tree level that get children (TensorRT-LLM's max_non_leaves_per_layer)."""
     dynamic_tree: bool = False
     """EAGLE-2: expand by draft confidence instead of a fixed tree (reference backend/LLM API)."""
     dynamic_tree_max_top_k: int = Field(10, ge=1, le=64)
+    """EAGLE-2: candidates expanded per node of a dynamic tree."""
 
 
 class LookaheadSettings(_Strict):
-    window: int = Field(4, ge=1)
-    ngram: int = Field(3, ge=1)
-    verification_set: int = Field(4, ge=0)
-    max_draft_len: int | None = Field(None, ge=1)
+    window: int = Field(4, ge=1, le=INT32_MAX)
+    """W: the lookahead window, how many future positions the Jacobi iteration guesses per step."""
+    ngram: int = Field(3, ge=1, le=INT32_MAX)
+    """N: the n-gram size; each window position carries N - 1 levels of guesses."""
+    verification_set: int = Field(4, ge=0, le=INT32_MAX)
+    """G: the most cached n-grams verified per step."""
+    max_draft_len: int | None = Field(None, ge=1, le=INT32_MAX)
     """Optional; when given it must equal the value (W, N, G) implies."""
 
 
 class SpeculativeSpec(_Strict):
     method: Literal["auto", "medusa", "eagle", "lookahead", "none"] = "auto"
+    """auto: EAGLE if EAGLE heads are given, else Medusa if Medusa heads are, else Lookahead."""
     medusa: MedusaSettings = MedusaSettings()
+    """Medusa tree settings (used when the method is medusa)."""
     eagle: EagleSettings = EagleSettings()
+    """EAGLE tree settings (used when the method is eagle)."""
     lookahead: LookaheadSettings = LookaheadSettings()
+    """Lookahead (W, N, G) settings (used when the method is lookahead)."""
 
 
 class CalibrationSpec(_Strict):
     data: str | None = None
     """Text or JSONL file; the shipped default set when unset."""
-    size: int = Field(512, ge=1)
-    max_seq_len: int = Field(512, ge=8)
+    size: int = Field(512, ge=1, le=INT32_MAX)
+    """Calibration samples used (the first ``size`` of the file)."""
+    max_seq_len: int = Field(512, ge=8, le=INT32_MAX)
+    """Tokens per calibration sample; longer samples are cut."""
 
 
 class QuantizationSpec(_Strict):
     weights: Literal["none", "fp8"] = "none"
+    """fp8: ModelOpt FP8 post-training quantization of the base model's linear layers."""
     kv_cache: Literal["auto", "fp8"] = "auto"
+    """fp8: an FP8 KV cache (needs weights: fp8); auto: the model dtype."""
     quantize_heads: bool = False
+    """Quantize the speculative heads too (not supported for Medusa by TensorRT-LLM 1.2)."""
     calibration: CalibrationSpec = CalibrationSpec()
+    """The calibration text for FP8."""
+    offload: Literal["none", "cpu", "disk"] = "none"
+    """Where the quantize stage may put weights that do not fit the GPUs: none (the plan says it does not
+    fit), cpu (host RAM) or disk (read from the checkpoint files as needed); both are much slower."""
 
     @model_validator(mode="after")
     def _kv_needs_weights(self) -> QuantizationSpec:
@@ -142,38 +173,68 @@ class QuantizationSpec(_Strict):
 
 class ParallelSpec(_Strict):
     tp: int = Field(1, ge=1, le=64)
+    """Tensor parallelism: ranks each layer is split over."""
     pp: int = Field(1, ge=1, le=64)
+    """Pipeline parallelism: stages the layers are split into."""
 
 
 class BuildSpec(_Strict):
-    max_batch_size: int = Field(16, ge=1)
-    max_input_len: int = Field(1024, ge=1)
-    max_seq_len: int = Field(2048, ge=2)
-    max_num_tokens: int = Field(8192, ge=1)
+    max_batch_size: int = Field(16, ge=1, le=INT32_MAX)
+    """Most sequences the engine runs at once."""
+    max_input_len: int = Field(1024, ge=1, le=INT32_MAX)
+    """Longest prompt, in tokens."""
+    max_seq_len: int = Field(2048, ge=2, le=INT32_MAX)
+    """Longest prompt + generated tokens; the engine adds room for the draft tokens."""
+    max_num_tokens: int = Field(8192, ge=1, le=INT32_MAX)
+    """Most tokens in one forward pass of the whole batch (after padding removal)."""
     extra_flags: dict[str, str | int | float | bool] = {}
     """trtllm-build flags passed through (checked against the 1.2 flag table)."""
+    workers: int | None = Field(None, ge=1, le=64)
+    """Ranks trtllm-build builds at once (``--workers``), each on its own GPU; default tp x pp.
+    Fewer builds the ranks in turn on fewer GPUs (a distributed build then asks for that many)."""
 
 
 class ServingSpec(_Strict):
     model_name: str = Field("ensemble", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    """Name clients send requests to (the Triton ensemble)."""
     decoupled: bool = True
+    """Streaming responses (Triton decoupled mode)."""
     preprocessing_instances: int = Field(1, ge=1, le=64)
+    """Tokenizer model instances."""
     postprocessing_instances: int = Field(1, ge=1, le=64)
+    """Detokenizer model instances."""
     batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    """In-flight batching policy of the tensorrtllm model."""
     kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1)
+    """Share of the GPU memory left after loading the engine that the KV cache may take."""
     enable_kv_cache_reuse: bool = False
-    max_queue_delay_microseconds: int = Field(0, ge=0)
+    """Reuse the KV cache of shared prompt prefixes across requests."""
+    max_queue_delay_microseconds: int = Field(0, ge=0, le=INT32_MAX)
+    """How long Triton may hold a request to batch it with others."""
     host: str = "127.0.0.1"
+    """Address the server binds; 127.0.0.1 unless it must be reached from other hosts."""
+    http: bool = False
+    """Triton's HTTP/REST endpoint. Off by default: tritonserver 2.51 dies with SIGSEGV on any HTTP
+    body of ~4 MB sent with ``Expect: 100-continue`` (triton-inference-server/server#5840), so one
+    request could kill the server; it has no body-size limit to set. gRPC (what specdeploy's clients
+    use) takes such requests fine. ``true`` only behind a proxy that bounds request bodies."""
     grpc_port: int = Field(8001, ge=1, le=65535)
+    """Triton gRPC port."""
     http_port: int = Field(8000, ge=1, le=65535)
+    """Triton HTTP port."""
     metrics_port: int = Field(8002, ge=1, le=65535)
+    """Triton Prometheus metrics port."""
     gpu_device_ids: list[int] | None = None
+    """GPUs the ranks run on, one per rank (tp*pp); all visible GPUs in order when unset."""
 
 
 class GpuSpec(_Strict):
     type: str
+    """GPU type the engine is planned and built for (e.g. h100-sxm-80gb); sets memory and FP8 support."""
     count: int = Field(1, ge=1, le=1024)
+    """GPUs available to the variant (at least tp*pp)."""
     gpus_per_node: int | None = Field(None, ge=1, le=64)
+    """GPUs per machine when the variant spans several."""
 
     @field_validator("type")
     @classmethod
@@ -186,15 +247,25 @@ class VariantSpec(_Strict):
     """One fully resolved variant: the base spec with the variant's overrides applied."""
 
     name: str = Field(pattern=VARIANT_NAME_PATTERN)
+    """Variant name; also its folder name under the engines and Triton repository roots."""
     model: ModelSpec
+    """The base model."""
     heads: HeadsSpec = HeadsSpec()
+    """Speculative-decoding heads (Medusa, EAGLE), when the method needs them."""
     speculative: SpeculativeSpec = SpeculativeSpec()
+    """The speculative-decoding method and its settings."""
     quantization: QuantizationSpec = QuantizationSpec()
+    """FP8 weights and KV cache."""
     parallel: ParallelSpec = ParallelSpec()
+    """Tensor and pipeline parallelism."""
     build: BuildSpec = BuildSpec()
+    """The trtllm-build limits."""
     serving: ServingSpec = ServingSpec()
+    """The Triton model repository and server."""
     target: Literal["tensorrt", "reference"] = "tensorrt"
+    """tensorrt: a TensorRT-LLM engine for GPUs; reference: the CPU reference backend."""
     gpu: GpuSpec | None = None
+    """The GPUs planned for (memory and FP8 checks); unchecked when unset."""
 
     @field_validator("name")
     @classmethod
@@ -208,8 +279,11 @@ class _TopLevel(_Strict):
     """Keys allowed at the top of a spec file (validated before merging variants)."""
 
     name: str = Field(pattern=VARIANT_NAME_PATTERN)
+    """The spec's name; also the variant name when the spec has no variants."""
     description: str = ""
+    """Free text."""
     variants: list[dict[str, Any]] | None = None
+    """Variants, each a name plus overrides of the keys above; mappings merge, null resets a key."""
 
 
 BASE_KEYS = tuple(k for k in VariantSpec.model_fields if k != "name")
@@ -273,6 +347,9 @@ def load_spec(path: Path) -> Spec:
         raw_variants = [(None, {"name": header.name})]
     elif not header.variants:
         raise InputError(f"{document.position(('variants',))} variants: the list is empty; remove it or add a variant")
+    elif len(header.variants) > MAX_VARIANTS:
+        raise InputError(f"{document.position(('variants',))} variants: {len(header.variants)} variants, more "
+                         f"than the {MAX_VARIANTS} a spec may hold; split the spec")
     else:
         raw_variants = list(enumerate(header.variants))
 

@@ -4,7 +4,10 @@
 # For each SmolLM2 spec (lookahead, medusa, eagle) it builds the TensorRT engine at tp 1
 # (target: tensorrt, through a generated copy of the spec), serves it with Triton's C++
 # tensorrtllm backend, serves the same spec on the CPU reference backend, and checks that
-# greedy outputs for the same prompts are equal. Exit 0: all equal; 1: a mismatch or failure.
+# greedy outputs for the same prompts are equal. On a host with two or more GPUs it first
+# quantizes SmolLM2 to FP8 dispatched over all visible GPUs (accelerate device_map, as the
+# quantize stage does for models larger than one GPU) and checks the FP8 codes and scales equal
+# those of the same quantization on one GPU. Exit 0: all equal; 1: a mismatch or failure.
 #
 # Run it INSIDE the Triton TensorRT-LLM 1.2.1 container; the TensorRT engine flow exists
 # only in TensorRT-LLM 1.2.x (it was removed after 1.2):
@@ -19,7 +22,8 @@
 # `--no-deps` keeps the container's CUDA torch (pyproject pins the CPU wheel's version).
 #
 # Environment: SMOKE_METHODS ("lookahead medusa eagle"), SMOKE_MAX_TOKENS (48),
-# SMOKE_WORK (a fresh temp folder), SPECDEPLOY (specdeploy), SMOKE_READY_TIMEOUT (600 s).
+# SMOKE_WORK (a fresh temp folder), SPECDEPLOY (specdeploy), SMOKE_READY_TIMEOUT (600 s),
+# SMOKE_DISPATCH (auto: the dispatched-quantize step when two or more GPUs are visible; 0 skips it).
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -200,8 +204,72 @@ smoke_method() {
   fi
 }
 
+visible_gpus() {
+  nvidia-smi --query-gpu=index --format=csv,noheader | grep -c .
+}
+
+# FP8 PTQ of the embedded SmolLM2 dispatched over every visible GPU (layers spread evenly, inputs
+# moved by accelerate's hooks) against the same PTQ on GPU 0: the exported FP8 codes and scales
+# must agree (bit for bit, up to 0.1 % of codes one step apart from GEMM rounding on other GPUs).
+smoke_dispatched_quantize() {
+  local count
+  count=$(visible_gpus)
+  if [[ "${SMOKE_DISPATCH:-auto}" == 0 ]] || ((count < 2)); then
+    say "dispatched quantize: skipped ($count GPU(s) visible, needs two or more)"
+    return 0
+  fi
+  say "dispatched quantize: SmolLM2 FP8 over $count GPUs against one GPU"
+  python3 - "$CACHE" "$WORK/dispatch" <<'PY' || fail "dispatched FP8 quantization differs from one GPU's ($WORK/dispatch)"
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from pipeline.embedded import prepare_embedded_model
+from pipeline.quantize import quantize_fp8
+from pipeline.quantize.placement import Placement
+
+cache, work = Path(sys.argv[1]), Path(sys.argv[2])
+model = prepare_embedded_model(cache)
+layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+gpus = torch.cuda.device_count()
+spread = {"model.embed_tokens": 0, "model.rotary_emb": 0, "lm_head": 0, "model.norm": gpus - 1}
+spread.update({f"model.layers.{i}": i * gpus // layers for i in range(layers)})
+common = dict(kv_cache_fp8=True, calib_path=None, calib_size=64, calib_max_len=256)
+one = quantize_fp8(model, work / "one", placement=Placement(device_map={"": 0}, calib_batch=1), **common)
+multi = quantize_fp8(model, work / "multi", placement=Placement(device_map=spread, calib_batch=1), **common)
+
+
+def tensors(folder):
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+a, b = tensors(work / "one"), tensors(work / "multi")
+assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())[:5]
+codes = differ = 0
+worst_scale = 0.0
+for name, x in a.items():
+    y = b[name]
+    if x.dtype == torch.float8_e4m3fn:
+        codes += x.numel()
+        differ += int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+    elif name.endswith("_scale"):
+        worst_scale = max(worst_scale, float(((x - y).abs() / x.abs().clamp_min(1e-30)).max()))
+print(f"[gpu-smoke] dispatched quantize on {multi.device}: {differ}/{codes} FP8 codes differ, "
+      f"largest scale difference {worst_scale:.2e} (relative), {one.num_quantized_linears} linears")
+sys.exit(0 if differ <= codes * 1e-3 and worst_scale <= 1e-3 else 1)
+PY
+  say "dispatched quantize: PASS"
+}
+
 main() {
   preflight
+  smoke_dispatched_quantize
   local method
   for method in "${METHODS[@]}"; do
     # Called plainly (not in an `if`), so `set -e` stays in force inside.

@@ -183,9 +183,11 @@ def test_eagle_max_draft_len_cap(problems_of, plan_of):
     assert dynamic.variants[0].build.max_draft_len == 256  # 10 + 100 * 3 nodes, capped
 
 
-def test_eagle_llama_only(problems_of, hf_config_dir):
+def test_non_llama_bases_are_refused_by_the_planner(problems_of, hf_config_dir):
+    # The converter takes LlamaForCausalLM only, so the planner refuses the rest up front (EAGLE too).
     model = hf_config_dir(architectures=["MistralForCausalLM"])
-    assert "LLaMA bases only" in problems_of(f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
+    message = problems_of(f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
+    assert "model.path" in message and "unsupported architecture MistralForCausalLM" in message
 
 
 def test_eagle_missing_fc_bias_is_repaired_with_a_note(plan_of, tmp_path, hf_config_dir):

@@ -101,7 +101,7 @@ def test_unreadable_and_missing_files(tmp_path):
         load_spec(tmp_path / "missing.yaml")
     folder = tmp_path / "dir.yaml"
     folder.mkdir()
-    with pytest.raises(InputError, match="cannot read spec file"):
+    with pytest.raises(InputError, match="spec file is a folder, not a regular file"):
         load_spec(folder)
 
 

@@ -8,7 +8,6 @@ that is not plain tensors/containers instead of running its code.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 from dataclasses import dataclass, field, replace
@@ -16,10 +15,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint, LlamaSpec, parse_llama_config
+from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorRef, TensorSource
 from pipeline.checkpoint.sharding import Src
 from pipeline.errors import InputError
+from pipeline.files import read_json, require_regular_file
+from pipeline.geometry import ModelGeometry
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class MedusaHeads:
 
 @dataclass
 class EagleDrafter:
-    spec: LlamaSpec  # the drafter's own LlamaConfig (heads, intermediate size, rope)
+    spec: ModelGeometry  # the drafter's own LlamaConfig (heads, intermediate size, rope)
     fc_weight: Src  # (H, 2H): concat[embedding; feature] -> H
     fc_bias: Src | None  # None: synthesized zeros (NVIDIA/TensorRT-LLM#2588)
     embedding: Src  # the drafter's embed_tokens, or the base embedding when absent
@@ -61,6 +62,7 @@ class EagleDrafter:
 
 def load_pickle_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """A flat name->tensor dict from a .pt/.bin file, never executing pickled code."""
+    require_regular_file(path, "weights file")
     try:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -128,9 +130,10 @@ def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) 
         if not lookup:
             raise InputError(f"{base.path}: no medusa_heads.* tensors; pass the Medusa head folder "
                              "(FasterDecoding layout) instead")
-        cfg = base.config.get("medusa") if isinstance(base.config.get("medusa"), dict) else {}
+        medusa = base.config.get("medusa")
+        combined: dict = medusa if isinstance(medusa, dict) else {}
         return _MedusaInput(lookup, prefix, f"{base.path} (medusa_heads.*)",
-                            (cfg.get("num_medusa_heads"), cfg.get("num_medusa_layers")),
+                            (combined.get("num_medusa_heads"), combined.get("num_medusa_layers")),
                             f"{base.path / 'config.json'} medusa")
     folder = Path(opts.dir)
     if not folder.is_dir():
@@ -143,10 +146,9 @@ def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) 
     cfg_path = folder / "config.json"
     cfg: dict = {}
     if cfg_path.exists():
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{cfg_path}: not valid JSON: {exc}") from None
+        cfg = read_json(cfg_path, "Medusa head config")
+        if not isinstance(cfg, dict):
+            raise InputError(f"{cfg_path}: Medusa head config must be a JSON object")
     else:
         warnings.append(f"{cfg_path}: missing; head count taken from the weights")
     return _MedusaInput({n: TensorRef(source, n) for n in source.names()}, "", str(path),
@@ -196,16 +198,16 @@ def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
         lb.append([])
         for layer in range(num_layers):
             for kind in ("weight", "bias"):
-                key = linear.get((h, layer, kind))
-                if key is None:
+                found = linear.get((h, layer, kind))
+                if found is None:
                     raise InputError(f"{label}: tensor {prefix}{h}.{layer}.linear.{kind} is missing")
-                _expect_shape(lookup[key], (H, H) if kind == "weight" else (H,), f"Medusa linear {kind}")
-                (lw if kind == "weight" else lb)[-1].append(_src(key, lookup, scales))
-        key = lm.get((h, num_layers))
-        if key is None:
+                _expect_shape(lookup[found], (H, H) if kind == "weight" else (H,), f"Medusa linear {kind}")
+                (lw if kind == "weight" else lb)[-1].append(_src(found, lookup, scales))
+        head = lm.get((h, num_layers))
+        if head is None:
             raise InputError(f"{label}: tensor {prefix}{h}.{num_layers}.weight (head {h} LM layer) is missing")
-        _expect_shape(lookup[key], (V, H), "Medusa lm_head")
-        lmh.append(_src(key, lookup, scales))
+        _expect_shape(lookup[head], (V, H), "Medusa lm_head")
+        lmh.append(_src(head, lookup, scales))
     stray = set(lm) - {(h, num_layers) for h in heads}
     if stray:
         h, layer = sorted(stray)[0]
@@ -247,13 +249,12 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     if not folder.is_dir():
         raise InputError(f"{folder}: EAGLE drafter folder does not exist")
     cfg_path = folder / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{cfg_path}: missing (EAGLE drafter LlamaConfig)") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{cfg_path}: not valid JSON: {exc}") from None
-    spec = parse_llama_config(cfg, str(cfg_path), require_architecture=False)
+    if not cfg_path.exists() and not cfg_path.is_symlink():
+        raise InputError(f"{cfg_path}: missing (EAGLE drafter LlamaConfig)")
+    cfg = read_json(cfg_path, "EAGLE drafter LlamaConfig")
+    if not isinstance(cfg, dict):
+        raise InputError(f"{cfg_path}: EAGLE drafter LlamaConfig must be a JSON object")
+    spec = ModelGeometry.from_hf(cfg, str(cfg_path), name=cfg_path.parent.name, require_architecture=False)
     path = next((p for p in (folder / "model.safetensors", folder / "pytorch_model.bin", folder / "pytorch_model.pt")
                  if p.exists()), None)
     if path is None:

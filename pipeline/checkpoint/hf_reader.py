@@ -7,7 +7,6 @@ dtypes, FP8 layout) fails here, before the first output byte is written.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,34 +16,13 @@ import torch
 
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, TensorMeta, TensorRef
 from pipeline.errors import InputError
+from pipeline.files import read_json
+from pipeline.geometry import ModelGeometry
 
-SUPPORTED_ARCHITECTURE = "LlamaForCausalLM"
-# ModelOpt's Medusa wrapper exports a Llama base plus ``medusa_heads.*`` under this name.
-_ARCHITECTURE_ALIASES = ("MedusaLlamaForCausalLM",)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+__all__ = ["FP8", "FP8Info", "HFCheckpoint", "open_hf_checkpoint"]
+
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn
-
-
-@dataclass(frozen=True)
-class LlamaSpec:
-    """The hyper-parameters the conversion and the reference forward need."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    hidden_act: str
-    rope_theta: float
-    # None for plain RoPE; otherwise the HF dict minus rope_theta, kept whole (llama3 needs
-    # factor, low/high_freq_factor and original_max_position_embeddings).
-    rope_scaling: dict[str, Any] | None
-    tie_word_embeddings: bool
 
 
 @dataclass(frozen=True)
@@ -57,89 +35,9 @@ class FP8Info:
 
 
 def _load_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing ({what})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({what}): {exc}") from None
-
-
-def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, Any] | None]:
-    """(theta, scaling) from transformers-5 ``rope_parameters`` or the older ``rope_theta``/``rope_scaling``."""
-    params = cfg.get("rope_parameters")
-    legacy = cfg.get("rope_scaling")
-    if isinstance(params, dict) and "rope_theta" in params:
-        theta = float(params["rope_theta"])
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    else:
-        theta = float(cfg.get("rope_theta", 10000.0))
-        scaling = dict(legacy) if isinstance(legacy, dict) else None
-    if scaling is not None:
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise InputError(f"{where}: rope type {rope_type!r} is not supported by the converter "
-                             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
-        if rope_type == "default":
-            return theta, None
-        scaling.pop("type", None)
-        scaling["rope_type"] = rope_type
-        needed = ("factor",) if rope_type == "linear" else (
-            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        missing = [k for k in needed if k not in scaling]
-        if missing:
-            raise InputError(f"{where}: {rope_type} rope scaling lacks {', '.join(missing)}")
-    if not (theta > 0 and math.isfinite(theta)):
-        raise InputError(f"{where}: rope_theta must be a positive number, got {theta}")
-    return theta, scaling
-
-
-def parse_llama_config(cfg: dict[str, Any], where: str, *, require_architecture: bool = True) -> LlamaSpec:
-    """Validate a HF LlamaConfig dict; ``where`` names the file in error messages."""
-    if require_architecture:
-        archs = cfg.get("architectures") or []
-        model_type = cfg.get("model_type")
-        if len(archs) != 1 or archs[0] not in (SUPPORTED_ARCHITECTURE, *_ARCHITECTURE_ALIASES) \
-                or model_type not in (None, "llama"):
-            got = ", ".join(archs) if archs else f"model_type {model_type!r}"
-            raise InputError(f"{where}: unsupported architecture {got}; this converter supports "
-                             f"{SUPPORTED_ARCHITECTURE} (model_type llama) only")
-    theta, scaling = rope_from_config(cfg, where)
-    try:
-        hidden = int(cfg["hidden_size"])
-        heads = int(cfg["num_attention_heads"])
-        spec = LlamaSpec(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            hidden_act=str(cfg.get("hidden_act", "silu")),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
-    except KeyError as exc:
-        raise InputError(f"{where}: missing field {exc.args[0]}") from None
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{where}: bad field value: {exc}") from None
-    if spec.hidden_act != "silu":
-        raise InputError(f"{where}: hidden_act {spec.hidden_act!r} is not supported (Llama uses silu)")
-    for flag in ("attention_bias", "mlp_bias"):
-        if cfg.get(flag):
-            raise InputError(f"{where}: {flag}=true is not supported by this converter (Llama has no biases)")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "num_kv_heads", "head_dim"):
-        if getattr(spec, name) <= 0:
-            raise InputError(f"{where}: {name} must be positive, got {getattr(spec, name)}")
-    if spec.num_heads % spec.num_kv_heads:
-        raise InputError(f"{where}: num_attention_heads {spec.num_heads} is not a multiple of "
-                         f"num_key_value_heads {spec.num_kv_heads}")
-    return spec
+    if not path.exists() and not path.is_symlink():
+        raise InputError(f"{path}: missing ({what})")
+    return read_json(path, what)
 
 
 def _detect_fp8(folder: Path, cfg: dict[str, Any]) -> FP8Info | None:
@@ -201,7 +99,7 @@ def _weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
 class HFCheckpoint:
     path: Path
     config: dict[str, Any]
-    spec: LlamaSpec
+    spec: ModelGeometry
     fp8: FP8Info | None
     files: list[SafetensorsFile]
     tensors: dict[str, TensorRef] = field(default_factory=dict)
@@ -248,13 +146,13 @@ def open_hf_checkpoint(folder: Path) -> HFCheckpoint:
     cfg = _load_json(folder / "config.json", "Hugging Face model config")
     if not isinstance(cfg, dict):
         raise InputError(f"{folder / 'config.json'}: not a JSON object")
-    spec = parse_llama_config(cfg, str(folder / "config.json"))
+    spec = ModelGeometry.from_hf(cfg, str(folder / "config.json"), name=folder.name)
     fp8 = _detect_fp8(folder, cfg)
     paths, weight_map = _weight_files(folder)
     files: list[SafetensorsFile] = []
     tensors: dict[str, TensorRef] = {}
     for path in paths:
-        if not path.exists():
+        if weight_map is not None and not path.exists() and not path.is_symlink():
             raise InputError(f"{path}: listed in model.safetensors.index.json but missing")
         sf = SafetensorsFile(path)
         files.append(sf)

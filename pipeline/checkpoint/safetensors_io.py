@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 
 from pipeline.errors import InputError
+from pipeline.files import require_regular_file
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -131,8 +132,8 @@ class SafetensorsFile:
 
     def _parse(self) -> dict[str, TensorMeta]:
         where = self.label
+        size = require_regular_file(self.path, "safetensors file").st_size
         try:
-            size = self.path.stat().st_size
             with open(self.path, "rb") as f:
                 head = f.read(8)
                 if len(head) < 8:
@@ -147,7 +148,7 @@ class SafetensorsFile:
             raise InputError(f"{where}: cannot read safetensors file: {exc.strerror or exc}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             raise InputError(f"{where}: corrupt safetensors header (not valid JSON); "
                              "re-download or re-export it") from None
         if not isinstance(header, dict):
@@ -332,9 +333,9 @@ class StreamWriter:
         self._written += data.nbytes
         if data.nbytes >= self.DIRECT:
             self._flush()
-            self._raw_write(data)
+            self._raw_write(data.data)
             return
-        self._buf += memoryview(data)
+        self._buf += data.data
         if len(self._buf) >= self.BUFFER:
             self._flush()
 

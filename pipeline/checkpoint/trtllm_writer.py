@@ -1,7 +1,8 @@
 """Write a TRT-LLM checkpoint: ``config.json`` and ``rank{r}.safetensors`` streamed part by part.
 
-Memory stays at one chunk per tensor: byte ranges that need no conversion are copied by the
-kernel, everything else is read ``CHUNK_BYTES`` at a time. The tp ranks of a pipeline stage are
+Memory stays at one chunk per tensor: every tensor is read ``CHUNK_BYTES`` at a time, converted,
+checked to be finite (NaN/Inf in a weight is refused naming the tensor, since it is read anyway)
+and written. The tp ranks of a pipeline stage are
 written side by side (same tensor order in every file) so a row chunk of a row-parallel weight
 is read once and its column slices go to each rank.
 
@@ -12,6 +13,7 @@ Crash safety: rank files are written as ``*.partial`` and renamed when complete,
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,11 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.checkpoint.hf_reader import FP8, LlamaSpec
+from pipeline.checkpoint.hf_reader import FP8
 from pipeline.checkpoint.layout import Plan, RankPlan
 from pipeline.checkpoint.safetensors_io import HeaderEntry, StreamWriter, itemsize
 from pipeline.checkpoint.sharding import Const, OutTensor, Slice, Zeros
-from pipeline.errors import StageError
+from pipeline.errors import InputError, host_error
+from pipeline.geometry import ModelGeometry
 
 # Bytes of float32 work per conversion chunk; the peak RSS of a conversion is a small multiple.
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -36,7 +39,7 @@ Progress = Callable[[int, int], None]
 _DONE = object()
 
 
-def llama_config_dict(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int) -> dict[str, Any]:
+def llama_config_dict(spec: ModelGeometry, dtype: torch.dtype, tp: int, pp: int) -> dict[str, Any]:
     rotary_scaling = None
     if spec.rope_scaling is not None:
         # Passed through whole (TRT-LLM's own converters keep only the type, which breaks llama3);
@@ -54,8 +57,8 @@ def llama_config_dict(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int) -> 
         "head_size": spec.head_dim,
         "head_dim": spec.head_dim,
         "intermediate_size": spec.intermediate_size,
-        "hidden_act": spec.hidden_act,
-        "norm_epsilon": spec.rms_norm_eps,
+        "hidden_act": "silu",
+        "norm_epsilon": spec.norm_epsilon,
         "position_embedding_type": "rope_gpt_neox",
         "max_position_embeddings": spec.max_position_embeddings,
         "rotary_base": spec.rope_theta,
@@ -74,11 +77,11 @@ def llama_config_dict(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int) -> 
 @dataclass(frozen=True)
 class HeadsConfig:
     medusa: tuple[int, int, int] | None = None  # (num_heads, num_layers, max_draft_len)
-    eagle_spec: LlamaSpec | None = None
+    eagle_spec: ModelGeometry | None = None
     eagle: tuple[int, int, int] | None = None  # (num_eagle_layers, max_non_leaves_per_layer, max_draft_len)
 
 
-def build_config(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int, plan: Plan, heads: HeadsConfig
+def build_config(spec: ModelGeometry, dtype: torch.dtype, tp: int, pp: int, plan: Plan, heads: HeadsConfig
                  ) -> dict[str, Any]:
     cfg = llama_config_dict(spec, dtype, tp, pp)
     exclude = ["lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding"]
@@ -155,21 +158,33 @@ def _emit(t: OutTensor, writer: StreamWriter, cache: _RowCache) -> Iterator[None
                 yield
             continue
         meta = part.src.ref.meta
-        raw = part.cols is None and part.requant is None and meta.dtype == t.dtype
-        span = part.src.ref.source.byte_span(part.src.ref.name, *part.rows) if raw else None
-        if span is not None:
-            writer.copy_range(*span, part.src.ref.where)
-            yield
-            continue
         step = max(1, CHUNK_BYTES // (meta.row_width * 4))
         for a in range(part.rows[0], part.rows[1], step):
             b = min(a + step, part.rows[1])
             x = cache.read(part, a, b).reshape(b - a, meta.row_width)
             if part.cols is not None:
                 x = _take_columns(x, *part.cols)
-            writer.write_tensor_bytes(_convert(x, part, t.dtype))
-            del x
+            y = _convert(x, part, t.dtype)
+            _check_finite(y, part, a, t)
+            writer.write_tensor_bytes(y)
+            del x, y
             yield
+
+
+def _check_finite(y: torch.Tensor, part: Slice, first_row: int, t: OutTensor) -> None:
+    """Refuse NaN/Inf on the way out: corrupt weights, or a value too large for the target dtype."""
+    values = y.float() if y.dtype == FP8 else y
+    # Any NaN or Inf makes the sum non-finite; it needs no per-element temporary (peak memory).
+    if math.isfinite(float(values.sum(dtype=torch.float64))):
+        return
+    finite = torch.isfinite(values)
+    row = first_row + int((~finite).any(dim=1).nonzero()[0, 0])
+    ref = part.src.ref
+    source_row = ref.source.read_rows(ref.name, row, row + 1)
+    source_finite = bool(torch.isfinite(source_row.float()).all())
+    cause = f"overflows {DTYPE_STR.get(t.dtype, t.dtype)}" if source_finite else "holds NaN or Inf"
+    fix = "convert in a wider dtype (model.dtype)" if source_finite else "the weights are corrupt; re-export them"
+    raise InputError(f"{ref.where} {cause} at row {row} (for {t.name}); {fix}")
 
 
 def _write_stage(out: Path, ranks: list[RankPlan], done: list[int], total: int, progress: Progress | None,
@@ -222,8 +237,7 @@ def write_checkpoint(out: Path, plan: Plan, config: dict[str, Any], progress: Pr
         _fsync_dir(out)
     except OSError as exc:
         _remove(created)
-        raise StageError(f"{exc.filename or out}: writing the TRT-LLM checkpoint failed: "
-                         f"{exc.strerror or exc}") from None
+        raise host_error(exc, "writing the TRT-LLM checkpoint") from None
     except BaseException:
         _remove(created)
         raise

@@ -11,22 +11,24 @@ import argparse
 
 from rich.console import Console
 
+from pipeline.commands.common import add_spec_argument, add_variant_filter
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     parser = commands.add_parser("build", help="run (or --dry-run: print) the trtllm-build step of each variant")
-    parser.add_argument("spec")
-    parser.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    add_spec_argument(parser, required=True)
+    add_variant_filter(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the trtllm-build and serving commands only")
     parser.add_argument("--force", action="store_true", help="rebuild even if the engine is up to date")
     parser.set_defaults(handler=cmd_build)
 
 
 def cmd_build(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.cli import _load_plan
+    from pipeline.commands.common import load_plan
     from pipeline.errors import InputError
 
-    plan = _load_plan(args)
+    plan = load_plan(args)
     wanted = set(args.variant or ())
     unknown = wanted - {variant.name for variant in plan.variants}
     if unknown:
@@ -54,8 +56,9 @@ def _print_commands(variant, console: Console) -> None:
 
 
 def _build(variant, force: bool, console: Console) -> int:
+    from pipeline.errors import StageUnavailable
     from pipeline.stages import build
-    from pipeline.stages.execute import StageUnavailable
+    from pipeline.stages.execute import require_inputs
     from pipeline.stages.runner import run_stage
 
     stage = variant.stage("build")
@@ -63,6 +66,7 @@ def _build(variant, force: bool, console: Console) -> int:
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     say(f"[{variant.name}] build -> {stage.output}")
     try:
+        require_inputs(variant, stage, produced=set())
         result = run_stage(stage, lambda out: build.run(variant, stage, out), force=force, on_wait=say)
     except StageUnavailable as exc:
         say(f"[{variant.name}] build: {exc}")

@@ -25,10 +25,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.cli import _load_plan
+    from pipeline.commands.common import load_plan
     from pipeline.doctor import assess_variant, host_checks, probe_host, to_json
 
-    plan = _load_plan(args) if args.spec else None  # bad specs fail first, with exit 2
+    plan = load_plan(args) if args.spec else None  # bad specs fail first, with exit 2
     report = probe_host(Path(args.engines_dir))
     checks = host_checks(report)
     verdicts = [assess_variant(variant, report) for variant in plan.variants] if plan else []
@@ -43,7 +43,7 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
         for check in checks:
             table.add_row(check.name, STATUS_STYLE[check.status], escape(check.detail))
         console.print(table)
-        if verdicts:
+        if plan is not None and verdicts:
             table = Table(title=f"spec {plan.spec_name}", title_justify="left")
             for column in ("variant", "target", "method", "world", "builds here"):
                 table.add_column(column)
@@ -54,4 +54,18 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
                 table.add_row(escape(verdict.variant), verdict.target, verdict.method, str(verdict.world_size), mark,
                               escape(why))
             console.print(table)
+            for verdict in verdicts:
+                _print_stages(verdict, console)
     return 0 if result["ok"] else 3
+
+
+def _print_stages(verdict, console: Console) -> None:
+    """Each stage's needs (pipeline.resources) against this host."""
+    table = Table(title=f"{verdict.variant}: what each stage needs", title_justify="left")
+    for column in ("stage", "GPUs", "GiB per GPU", "host RAM GiB", "disk GiB", "here"):
+        table.add_column(column, justify="right" if "GiB" in column or column == "GPUs" else "left")
+    for fit in verdict.stages:
+        here = "[green]ok[/green]" if fit.fits else f"[red]no[/red]: {escape(fit.why)}"
+        table.add_row(fit.stage, str(fit.gpus), f"{fit.gpu_memory_gib_per_gpu:.1f}" if fit.gpus else "-",
+                      f"{fit.host_memory_gib:.1f}", f"{fit.disk_gib:.1f}", here)
+    console.print(table)

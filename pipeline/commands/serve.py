@@ -18,15 +18,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from pipeline.commands.common import DEFAULT_SPEC, add_spec_argument, load_plan
 from pipeline.errors import InputError, StageError
-from pipeline.plan import OutputRoots, VariantPlan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan import VariantPlan
 
 
 def resolve_variant(args: argparse.Namespace) -> VariantPlan:
     """The variant named by --variant, or the spec's only one."""
-    plan = make_plan(load_spec(Path(args.spec)),
-                     OutputRoots(Path(args.engines_dir), Path(args.triton_repo), Path(args.cache_dir)))
+    plan = load_plan(args)
     names = [variant.name for variant in plan.variants]
     if args.variant is None:
         if len(names) > 1:
@@ -77,7 +76,7 @@ def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
 
     s = variant.serving
     config = CpuServerConfig(repositories=(repo,), cache_dir=Path(args.cache_dir), host=s.host,
-                             http_port=s.http_port, grpc_port=s.grpc_port, metrics_port=s.metrics_port,
+                             http_port=s.http_port, http=s.http, grpc_port=s.grpc_port, metrics_port=s.metrics_port,
                              ready_timeout=args.ready_timeout, models=(s.model_name,),
                              backend_model=Path(args.backend_model) if args.backend_model else None,
                              log_file=Path(args.log_file) if args.log_file else None)
@@ -88,7 +87,8 @@ def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
     try:
         server.start()
         console.print(f"[green]ready[/green]: model '{s.model_name}' on grpc {server.grpc_url}, "
-                      f"http {server.http_url}, metrics {s.host}:{s.metrics_port}. Ctrl-C stops.", highlight=False)
+                      f"{f'http {server.http_url}' if s.http else 'http off (serving.http)'}, "
+                      f"metrics {s.host}:{s.metrics_port}. Ctrl-C stops.", highlight=False)
         console.print(f'try: specdeploy query "Hello" --url {server.grpc_url} --model {s.model_name} --perf',
                       highlight=False)
         while server.is_alive():
@@ -144,10 +144,8 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser, spec_positional: bool = True) -> None:
-    from pipeline.cli import DEFAULT_SPEC
-
     if spec_positional:
-        parser.add_argument("spec", nargs="?", default=str(DEFAULT_SPEC))
+        add_spec_argument(parser)
     else:
         parser.add_argument("--spec", default=str(DEFAULT_SPEC), help="the spec whose repository to use")
     parser.add_argument("--variant", help="the variant to use (needed when the spec has several)")

@@ -22,7 +22,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from pipeline.heads.chat_templates import stable_rank
 from pipeline.heads.data import encode_prompt, greedy_answers, stop_ids
 from pipeline.heads.prompts import CODE_EXTRA_MODULES, PROMPTS_DIR, load_prompts

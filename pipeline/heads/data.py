@@ -235,7 +235,7 @@ def build_split(model, tokenizer, records: list[tuple[str, dict]], settings: Dat
 
 
 def _records(shard: str, settings: DataSettings) -> list[tuple[str, dict]]:
-    out = []
+    out: list[tuple[str, dict]] = []
     for kind, part in SHARDS[shard]:
         records = load_prompts(kind, part)
         if shard in TRAIN_SHARDS and settings.max_train_per_kind is not None:

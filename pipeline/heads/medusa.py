@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,15 +61,18 @@ class MedusaResBlocks(nn.Module):
 
     def fasterdecoding_state(self) -> dict[str, torch.Tensor]:
         """``{h}.{l}.linear.weight|bias`` (FasterDecoding names, without the lm_heads)."""
-        return {f"{h}.{l}.linear.{kind}": getattr(block.linear, kind).detach().clone()
-                for h, head in enumerate(self.heads) for l, block in enumerate(head)
-                for kind in ("weight", "bias")}
+        return {f"{h}.{layer}.linear.{kind}": getattr(block.linear, kind).detach().clone()
+                for h, layer, block in self._blocks() for kind in ("weight", "bias")}
 
     def load_fasterdecoding_state(self, state: dict[str, torch.Tensor]) -> None:
-        for h, head in enumerate(self.heads):
-            for l, block in enumerate(head):
-                for kind in ("weight", "bias"):
-                    getattr(block.linear, kind).data.copy_(state[f"{h}.{l}.linear.{kind}"].float())
+        for h, layer, block in self._blocks():
+            for kind in ("weight", "bias"):
+                getattr(block.linear, kind).data.copy_(state[f"{h}.{layer}.linear.{kind}"].float())
+
+    def _blocks(self) -> list[tuple[int, int, nn.Module]]:
+        """(head, layer, ResBlock) for every block."""
+        heads: list[nn.Sequential] = list(self.heads)  # type: ignore[arg-type]
+        return [(h, layer, block) for h, head in enumerate(heads) for layer, block in enumerate(head)]
 
 
 def medusa_targets(tokens: torch.Tensor, start: int, num_heads: int) -> torch.Tensor:
@@ -123,7 +127,7 @@ class MedusaTrainConfig:
 
 
 def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
-                 say: Progress = print, validate: Callable[[nn.Module], float] | None = None
+                 say: Progress = print, validate: Callable[[MedusaResBlocks], float] | None = None
                  ) -> tuple[MedusaResBlocks, list[dict]]:
     """Adam on the ResBlocks with cosine decay; returns the blocks and a per-epoch log.
 
@@ -167,7 +171,8 @@ def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
     return blocks.eval(), log
 
 
-def keep_best(model: nn.Module, validate, entry: dict, best: tuple | None) -> tuple | None:
+def keep_best(model: Any, validate: Callable[[Any], float] | None, entry: dict, best: tuple | None
+              ) -> tuple | None:
     """Scores ``model`` into ``entry['valid_score']``; returns (score, state) of the best epoch so far."""
     if validate is None:
         return best

@@ -87,7 +87,8 @@ def split(records: list[dict], eval_size: int = EVAL_SIZE) -> tuple[list[dict], 
 
 
 def chat_records(source: Path = CHAT_SOURCE, prefix: str = "chat") -> list[dict]:
-    records, category = [], "misc"
+    records: list[dict] = []
+    category = "misc"
     for line in source.read_text().splitlines():
         line = line.strip()
         if not line:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import DataSettings, SeqData, prepare_data
-from pipeline.heads.eagle import DrafterConfig, EagleTrainConfig, train_eagle
+from pipeline.heads.eagle import EagleTrainConfig, train_eagle
 from pipeline.heads.evaluate import evaluate_eagle, evaluate_medusa
 from pipeline.heads.expand import base_lm_head
 from pipeline.heads.export import export_eagle, export_medusa, load_eagle_folder
@@ -141,14 +142,15 @@ def train_heads(method: str, base_dir: Path, out_dir: Path, cache_dir: Path, *, 
     say(f"training data: {len(train)} sequences, validation {len(valid)} (every {VALID_EVERY}th)")
     lm_head = base_lm_head(base_dir).float()
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
-    info = {"name": Path(out_dir).name, "method": method, "base_model": _base_identity(base_dir), "seed": seed,
+    base_identity = _base_identity(base_dir)
+    info = {"name": Path(out_dir).name, "method": method, "base_model": base_identity, "seed": seed,
             "command": command or f"specdeploy train-heads --method {method} --out {out_dir}",
             "data": {**data_meta, "settings": asdict(settings), "validation_sequences": len(valid),
                      "fit_sequences": len(train)},
             "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()}
     t0 = time.monotonic()
     if method == "medusa":
-        cfg = MedusaTrainConfig(seed=seed, **({"epochs": epochs} if epochs else {}))
+        cfg = MedusaTrainConfig(seed=seed, epochs=epochs or MedusaTrainConfig.epochs)
         blocks, log = train_medusa(
             train, lm_head, cfg, say,
             validate=lambda m: validation_score(evaluate_medusa(m, lm_head, valid, MEDUSA_TREES)))
@@ -157,19 +159,21 @@ def train_heads(method: str, base_dir: Path, out_dir: Path, cache_dir: Path, *, 
         info.update(train_config=asdict(cfg), train_log=log, eval=metrics, best_epoch=best_epoch(log),
                     seconds={"data": round(data_seconds, 1), "train": round(train_seconds, 1)})
         manifest = export_medusa(blocks, Path(out_dir), hidden_size=lm_head.shape[1], vocab_size=lm_head.shape[0],
-                                 base_model=info["base_model"].get("name") or "", info=info,
+                                 base_model=base_identity.get("name") or "", info=info,
                                  readme=_readme(method, info))
     else:
-        cfg = EagleTrainConfig(seed=seed, **({"epochs": epochs} if epochs else {}))
+        eagle_cfg = EagleTrainConfig(seed=seed, epochs=epochs or EagleTrainConfig.epochs)
         embed = base_embedding(base_dir).float()
         drafter, log = train_eagle(
-            train, embed, lm_head, DrafterConfig.from_base(base_config), cfg, say,
+            train, embed, lm_head,
+            ModelGeometry.from_hf(base_config, str(Path(base_dir) / "config.json"), require_architecture=False),
+            eagle_cfg, say,
             validate=lambda m: validation_score(evaluate_eagle(m, embed, lm_head, valid, EAGLE_TREES)))
         train_seconds = time.monotonic() - t0
         # Evaluate what ships (float16 weights), so the numbers describe the artifact.
         export_eagle(drafter, Path(out_dir), info={}, readme="")
         metrics = evaluate_eagle(load_eagle_folder(Path(out_dir)), embed, lm_head, held, EAGLE_TREES)
-        info.update(train_config=asdict(cfg), train_log=log, eval=metrics, best_epoch=best_epoch(log),
+        info.update(train_config=asdict(eagle_cfg), train_log=log, eval=metrics, best_epoch=best_epoch(log),
                     seconds={"data": round(data_seconds, 1), "train": round(train_seconds, 1)})
         manifest = export_eagle(drafter, Path(out_dir), info=info, readme=_readme(method, info))
     say(f"{method}: wrote {out_dir} in {time.monotonic() - start:.0f} s")

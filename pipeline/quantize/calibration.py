@@ -11,8 +11,8 @@ File formats:
 
 Samples are used in file order; the first ``calib_size`` are taken (all of them when
 the file has fewer). Each sample is tokenized on its own and cut to ``calib_max_len``
-tokens; calibration runs them one at a time, so no padding tokens ever reach the
-activation ranges (amax).
+tokens; calibration runs them one at a time, or batches samples of equal length
+(``batch_equal_lengths``), so no padding tokens ever reach the activation ranges (amax).
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def _parse_txt(path: Path, content: str) -> list[CalibrationSample]:
     # Blank lines before the first or after the last text do not make it a paragraph file.
     if all(line.strip() for line in lines[filled[0]:filled[-1] + 1]):
         return [CalibrationSample(f"{path}:{i + 1}", text=lines[i].strip()) for i in filled]
-    samples, block, start = [], [], 0
+    samples: list[CalibrationSample] = []
+    block: list[str] = []
+    start = 0
     for n, line in enumerate([*lines, ""], 1):
         if line.strip():
             if not block:
@@ -151,3 +153,20 @@ def tokenize_samples(samples: list[CalibrationSample], tokenizer: Any, max_len: 
             truncated += 1
         batches.append(torch.tensor([ids], dtype=torch.long))
     return TokenizedCalibration(batches, sum(int(b.shape[1]) for b in batches), truncated)
+
+
+def batch_equal_lengths(batches: list[torch.Tensor], size: int) -> list[torch.Tensor]:
+    """Stack up to ``size`` samples of the same length into one [b, n] forward (no padding);
+    samples keep their order within a length. ``size`` 1 returns the samples as they are."""
+    if size <= 1:
+        return list(batches)
+    import torch
+
+    by_length: dict[int, list[torch.Tensor]] = {}
+    for ids in batches:
+        by_length.setdefault(int(ids.shape[1]), []).append(ids)
+    stacked = []
+    for group in by_length.values():
+        for start in range(0, len(group), size):
+            stacked.append(torch.cat(group[start:start + size], dim=0))
+    return stacked

@@ -4,6 +4,11 @@ HF folder in -> ModelOpt HF FP8 folder out (``*.safetensors`` with F8_E4M3 weigh
 ``weight_scale``/``input_scale``, ``k_scale``/``v_scale`` with an FP8 KV cache,
 ``hf_quant_config.json``, tokenizer files, config and generation config).
 
+Placement (``pipeline.quantize.placement``): on the CPU the model is one module in host RAM; on
+CUDA hosts it is dispatched over the GPUs with accelerate (meta-device init, shards streamed to
+their GPU at the calibration dtype), with CPU or disk offload only when asked. Dispatch changes
+where tensors live, not the numbers: the export equals the undispatched one (tested).
+
 Precision choices:
 
 * Calibration runs in float32 on CPU (exact activation ranges, no bf16 rounding of the
@@ -24,10 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, StageError
-from pipeline.quantize import calibration as calib
+import pipeline.quantize.calibration as calib
+import pipeline.quantize.placement as place
+from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.quantize.checks import require_plain_checkpoint, verify_fp8_export
 from pipeline.quantize.hf import copy_tokenizer_files, fix_config_file, hf_offline, make_readable, read_json
+from pipeline.resources import EXPORT_SHARD, calibration_bytes
 
 Progress = Callable[[str], None]
 
@@ -48,7 +55,7 @@ class AmaxStats:
 @dataclass(frozen=True)
 class QuantizeSummary:
     output: Path
-    device: str
+    device: str  # "cpu", "cuda", or the devices of a dispatched model ("cuda:0+cuda:1", "cpu+disk")
     calib_dtype: str
     export_dtype: str
     kv_cache_fp8: bool
@@ -65,6 +72,8 @@ class QuantizeSummary:
     elapsed_s: float
     amax_stats: dict[str, AmaxStats]  # by quantizer kind: weight, input, k_bmm, v_bmm
     amax: dict[str, float] = field(repr=False)  # quantizer name -> calibrated amax
+    calib_batch: int = 1  # samples per calibration forward (equal-length samples only, no padding)
+    device_map: dict[str, str] | None = None  # module -> device of a dispatched model
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -95,10 +104,11 @@ def fp8_quant_config(*, kv_cache_fp8: bool, exclude: Sequence[str] = ()) -> dict
 
 def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path: Path | None, calib_size: int,
                  calib_max_len: int, dtype: str = "bfloat16", exclude: Sequence[str] = (),
-                 progress: Progress | None = None) -> QuantizeSummary:
+                 placement: place.Placement | None = None, progress: Progress | None = None) -> QuantizeSummary:
     """Calibrate ``hf_dir`` with ModelOpt FP8 PTQ and export the FP8 checkpoint into ``out_dir``.
 
     ``out_dir`` may exist (the stage runner passes an empty temp folder) but must hold no weights.
+    ``placement`` says where the model goes (default: the CPU, or every GPU of a CUDA host).
     Raises InputError for bad inputs (before any heavy import) and StageError when ModelOpt fails
     or the export misses a tensor.
     """
@@ -130,16 +140,28 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
         raise StageError(f"FP8 quantization needs torch, transformers and nvidia-modelopt==0.47.0 ({exc}); "
                          f"run `make setup`") from None
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    placement = placement or place.Placement()
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
     export_dtype = getattr(torch, dtype)
-    calib_dtype = export_dtype if device == "cuda" else torch.float32
+    calib_dtype = export_dtype if cuda else torch.float32
+    load_kwargs = placement.load_kwargs(cuda)
 
-    say(f"loading {hf_dir} ({_dtype_name(calib_dtype)} on {device})")
+    target = "an accelerate dispatch" if load_kwargs else device
+    say(f"loading {hf_dir} ({_dtype_name(calib_dtype)} on {target})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-        model, loading = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=calib_dtype, local_files_only=True,
-                                                              output_loading_info=True)
-    except (OSError, ValueError, KeyError) as exc:
+        model: Any
+        loading: dict[str, Any]
+        model, loading = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
+            hf_dir, dtype=calib_dtype, local_files_only=True, output_loading_info=True, **load_kwargs)
+    except ValueError as exc:
+        if load_kwargs and "offload" in str(exc):  # the dispatch needs a folder it was not given
+            raise StageUnavailable(f"{hf_dir} does not fit the GPU memory given to the quantize stage "
+                                   f"({placement.max_memory_gib or 'all visible GPUs'}); run on a host with "
+                                   "more GPU memory, or set quantization.offload: cpu or disk") from None
+        raise InputError(f"{hf_dir}: transformers cannot load this model ({_first_line(exc)})") from None
+    except (OSError, KeyError) as exc:
         raise InputError(f"{hf_dir}: transformers cannot load this model ({_first_line(exc)})") from None
     dropped = sorted(loading.get("unexpected_keys") or ())
     if dropped:
@@ -151,17 +173,29 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     missing = sorted(loading.get("missing_keys") or ())
     if missing:  # randomly initialised weights would be quantized and exported as if real
         raise InputError(f"{hf_dir}: {len(missing)} weights missing from the checkpoint (e.g. '{missing[0]}')")
-    model = model.to(device).eval()
+    mapped = place.check_device_map(model, placement, cuda)
+    if mapped is None:
+        model = model.to(device)
+    model = model.eval()
+    where = place.describe(mapped, device)
+    inputs_on = place.input_device(mapped, device)
     tokens = calib.tokenize_samples(samples, tokenizer, calib_max_len, hf_dir)
-    say(f"calibrating on {len(tokens.batches)} samples / {tokens.num_tokens} tokens from {calib_file}")
+    config = model.config
+    per_sample = calibration_bytes(config.hidden_size, config.intermediate_size, config.vocab_size,
+                                   config.num_attention_heads, calib_max_len, calib_dtype.itemsize)
+    batch = place.calibration_batch(placement, mapped, cuda=cuda, bytes_per_sample=per_sample,
+                                    samples=len(tokens.batches))
+    forwards = calib.batch_equal_lengths(tokens.batches, batch)
+    say(f"calibrating on {where}: {len(tokens.batches)} samples / {tokens.num_tokens} tokens from {calib_file}, "
+        f"{len(forwards)} forward passes of up to {batch}")
 
     def forward_loop(m: torch.nn.Module) -> None:
         with torch.no_grad():
-            for i, ids in enumerate(tokens.batches, 1):
+            for i, ids in enumerate(forwards, 1):
                 # use_cache=False: no KV cache to allocate; the k/v quantizers still see every key/value.
-                m(input_ids=ids.to(device), use_cache=False)
-                if i % 16 == 0 or i == len(tokens.batches):
-                    say(f"calibration {i}/{len(tokens.batches)}")
+                m(input_ids=ids.to(inputs_on), use_cache=False)
+                if i % 16 == 0 or i == len(forwards):
+                    say(f"calibration {i}/{len(forwards)}")
 
     t0 = time.monotonic()
     try:
@@ -185,7 +219,7 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     try:
         # No deepcopy: exports mutate the model (weights become FP8), but nothing uses it after
         # this call and a copy would double peak memory on large models. float32 = single rounding.
-        mte.export_hf_checkpoint(model, dtype=torch.float32, export_dir=out_dir)
+        mte.export_hf_checkpoint(model, dtype=torch.float32, export_dir=out_dir, max_shard_size=EXPORT_SHARD)
     except Exception as exc:
         raise StageError(f"ModelOpt export_hf_checkpoint to {out_dir} failed: {_first_line(exc)}") from exc
     del model
@@ -197,19 +231,20 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     excluded = tuple((read_json(out_dir / "hf_quant_config.json").get("quantization") or {})
                      .get("exclude_modules") or ())
     summary = QuantizeSummary(
-        output=out_dir, device=device, calib_dtype=_dtype_name(calib_dtype), export_dtype=dtype,
+        output=out_dir, device=where, calib_dtype=_dtype_name(calib_dtype), export_dtype=dtype,
         kv_cache_fp8=kv_cache_fp8, num_quantizers=len(amax), num_quantized_linears=len(linears),
         excluded_modules=excluded, unmatched_exclude=unmatched, calib_file=calib_file,
         calib_samples=len(tokens.batches), calib_tokens=tokens.num_tokens, calib_truncated=tokens.num_truncated,
         calibrate_s=calibrate_s, export_s=export_s, elapsed_s=time.monotonic() - start,
-        amax_stats=_amax_stats(amax), amax=amax,
+        amax_stats=_amax_stats(amax), amax=amax, calib_batch=batch,
+        device_map={name: str(d) for name, d in mapped.items()} if mapped else None,
     )
     say(f"quantized {len(linears)} linears ({len(amax)} quantizers), cast {cast} other tensors to {dtype}, "
         f"in {summary.elapsed_s:.1f} s")
     return summary
 
 
-def _calibrated_quantizers(model: Any, quantizer_type: type) -> tuple[dict[str, float], list[str], list[str]]:
+def _calibrated_quantizers(model: Any, quantizer_type: Any) -> tuple[dict[str, float], list[str], list[str]]:
     """amax of every enabled quantizer, the quantized Linear names, the KV-quantized attention names."""
     amax: dict[str, float] = {}
     for name, module in model.named_modules():

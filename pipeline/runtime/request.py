@@ -27,13 +27,26 @@ class SamplingParams:
     * top_k > 0 with top_p = 0 means top-k only (top_p = 1);
     * top_k is clipped to [0, 1024], top_p to [0, 1];
     * seed defaults to 0, so unseeded sampling is reproducible, as on the GPU backend.
-    temperature <= 0 is taken as greedy (a division by zero otherwise).
+    temperature 0 is taken as greedy (a division by zero otherwise).
+
+    Out-of-range values are refused per request, as the executor's ``SamplingConfig`` checks
+    (samplingConfig.cpp): temperature >= 0, top_k >= 0, top_p <= 1 (0 stands for "not given",
+    which the Triton backend sends as its default), and NaN nowhere.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 0.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = (("temperature", self.temperature, self.temperature >= 0.0, ">= 0 (0 is greedy)"),
+                  ("runtime_top_k", self.top_k, self.top_k >= 0, ">= 0 (0 means not set)"),
+                  ("runtime_top_p", self.top_p, 0.0 <= self.top_p <= 1.0, "in (0, 1] (0 means not set)"))
+        for name, value, ok, allowed in checks:
+            if not ok:  # NaN fails every comparison
+                raise InputError(f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor "
+                                 "requires")
 
     def regularized(self) -> tuple[int, float]:
         """(top_k, top_p) after TensorRT-LLM's clipping and defaulting."""

@@ -23,9 +23,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pipeline.errors import StageError
+from pipeline.errors import StageError, StageUnavailable
 from pipeline.plan import StagePlan, VariantPlan
-from pipeline.stages.execute import StageUnavailable
 from pipeline.trtllm import container_hint, host
 from pipeline.trtllm.build_command import display, trtllm_build_argv
 from pipeline.trtllm.engine_config import check_checkpoint_config, check_engine_config, predict_engine_config

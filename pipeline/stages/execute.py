@@ -1,33 +1,36 @@
 """Runs a plan: prepares the embedded model if needed, then each variant's stages in order.
 
 Stage bodies live in one module each (``pipeline.stages.<name>``) exposing
-``run(variant: VariantPlan, stage: StagePlan, out: Path) -> None``; they read everything
-they need from the plan and write only into ``out`` (a temp folder the runner renames).
+``run(variant: VariantPlan, stage: StagePlan, out: Path) -> None``, listed in ``STAGE_BODIES``;
+they read everything they need from the plan and write only into ``out`` (a temp folder the
+runner renames).
 A body that cannot run on this host raises ``StageUnavailable``: the variant's later
 stages are skipped and the reason is reported.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import StageError
-from pipeline.plan import Plan, VariantPlan
+from pipeline.errors import StageUnavailable
+from pipeline.hashing import HashCache
+from pipeline.plan import Plan, StagePlan, VariantPlan
+from pipeline.stages import build, convert, merge, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
 
+StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 
-class StageUnavailable(StageError):
-    """The stage cannot run on this host (e.g. trtllm-build without TensorRT-LLM).
+STAGE_BODIES: dict[str, StageBody] = {
+    "merge": merge.run,
+    "quantize": quantize.run,
+    "convert": convert.run,
+    "build": build.run,
+    "package": package.run,
+}
 
-    ``exit_code`` 3 says "not done here"; 0 marks a stage this version does not have yet.
-    """
-
-    def __init__(self, message: str, exit_code: int = 3) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+__all__ = ["STAGE_BODIES", "StageUnavailable", "VariantOutcome", "execute_plan", "stage_body"]
 
 
 @dataclass(frozen=True)
@@ -39,41 +42,65 @@ class VariantOutcome:
     exit_code: int = 0
 
 
-def stage_body(name: str) -> Callable[[VariantPlan, object, Path], None]:
-    module = importlib.import_module(f"pipeline.stages.{name}")
-    return module.run
+def stage_body(name: str) -> StageBody:
+    return STAGE_BODIES[name]
 
 
 def execute_plan(plan: Plan, *, only: set[str] | None = None, force: bool = False,
-                 say: Callable[[str], None] = print) -> list[VariantOutcome]:
+                 say: Callable[[str], None] = print, hashes: HashCache | None = None) -> list[VariantOutcome]:
     outcomes = []
     for variant in plan.variants:
         if only and variant.name not in only:
             continue
-        outcomes.append(_execute_variant(variant, force=force, say=say))
+        outcomes.append(_execute_variant(variant, force=force, say=say, hashes=hashes))
     return outcomes
 
 
-def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], None]) -> VariantOutcome:
+def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], None],
+                     hashes: HashCache | None = None) -> VariantOutcome:
     if variant.builtin and variant.model_dir is not None:
         from pipeline.embedded import prepare_embedded_model
 
         say(f"[{variant.name}] embedded model {variant.builtin}: preparing {variant.model_dir}")
         prepare_embedded_model(variant.model_dir.parent)
-    elif not variant.weights_present:
-        raise StageError(f"[{variant.name}] the model weights are not on this host ({variant.model_dir}); "
-                         "plan/validate work from the preset, but quantize/convert need the checkpoint")
     results: list[StageResult] = []
+    produced: set[Path] = set()
     for stage in variant.stages:
         say(f"[{variant.name}] {stage.name} -> {stage.output}")
         body = stage_body(stage.name)
         try:
+            require_inputs(variant, stage, produced)
             result = run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out),
-                               force=force, on_wait=say)
+                               force=force, on_wait=say, hashes=hashes)
         except StageUnavailable as exc:
             say(f"[{variant.name}] {stage.name}: {exc}")
             return VariantOutcome(variant.name, tuple(results), stage.name, str(exc), exc.exit_code)
         say(f"[{variant.name}] {stage.name}: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
             f" ({result.seconds:.1f} s)")
         results.append(result)
+        produced.add(stage.output)
     return VariantOutcome(variant.name, tuple(results))
+
+
+# What each stage input is, for the line that says what to do when it is not on this host.
+_INPUT_HINTS = {
+    "model": ("model weights", "put the Hugging Face checkpoint there (model.path)"),
+    "tokenizer": ("tokenizer files", "put the Hugging Face checkpoint there (model.path)"),
+    "heads": ("speculative heads", "put the heads there (heads.<method>.path)"),
+    "checkpoint": ("converted checkpoint files", "run the convert stage first (specdeploy engine SPEC)"),
+    "engine": ("engine files", "run the build stage first (specdeploy engine SPEC)"),
+}
+
+
+def require_inputs(variant: VariantPlan, stage: StagePlan, produced: set[Path]) -> None:
+    """StageUnavailable (exit 3) when an input the spec points at, not an earlier stage's
+    output, is absent: a plan made from a preset runs until the weights are needed."""
+    for name, path in stage.inputs.items():
+        if path in produced or path.exists():
+            continue
+        what, fix = _INPUT_HINTS.get(name, (f"{name} files", "provide them"))
+        where = str(path)
+        if variant.model_dir is None and name in ("model", "tokenizer"):
+            where, fix = "no model.path in the spec", "give model.path, a Hugging Face checkpoint folder"
+        raise StageUnavailable(f"the {what} are not on this host ({where}): {fix}, or run on a host that has "
+                               f"them; plan/validate work without them")

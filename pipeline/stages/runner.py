@@ -4,10 +4,14 @@
   folder is renamed into place only when the stage body returned; a failed or killed
   stage never leaves an output folder that looks complete.
 * Fingerprints: each output folder records ``.specdeploy-stage.json`` with a hash of the
-  stage's parameters (the spec fields it reads), the identity (path, size, mtime) of every
-  input file, and tool versions. A re-run with an equal fingerprint skips the stage.
+  stage's parameters (the spec fields it reads), the identity (path, size, mtime, inode,
+  ctime; or, with ``SPECDEPLOY_FINGERPRINT=content``, a sha256) of every input file, and tool
+  versions. A re-run with an equal fingerprint skips the stage.
 * Locks: ``.<name>.lock`` (fcntl) beside the output; a second run on the same output waits,
-  saying for whom, and fails clearly after ``lock_timeout`` seconds.
+  saying for whom, and fails clearly after ``lock_timeout`` seconds. Whoever holds the lock
+  first removes the work folders of killed runs and says how much that freed.
+* Host faults (read-only or full filesystem, permissions, a file where a folder must be)
+  become one-line errors with exit codes 4 and 5 (:func:`pipeline.errors.host_error`).
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.atomic import exclusive_lock, replace_folder
+from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
+from pipeline.errors import InputError, host_error
+from pipeline.hashing import HashCache
 from pipeline.plan import StagePlan
 
 FINGERPRINT_FILE = ".specdeploy-stage.json"
+FINGERPRINT_ENV = "SPECDEPLOY_FINGERPRINT"
 TOOLS = ("torch", "transformers", "nvidia-modelopt", "safetensors", "tensorrt_llm")
 
 
@@ -49,17 +56,34 @@ def tool_versions() -> dict[str, str | None]:
     return versions
 
 
+def fingerprint_mode() -> str:
+    """``stat`` (default) or ``content`` (``SPECDEPLOY_FINGERPRINT=content``: hash every input byte)."""
+    mode = os.environ.get(FINGERPRINT_ENV, "stat")
+    if mode not in ("stat", "content"):
+        raise InputError(f"{FINGERPRINT_ENV}={mode!r}: use 'stat' (size, mtime, inode, ctime) or 'content' "
+                         "(sha256 of every input file)")
+    return mode
+
+
+def _file_identity(path: Path, *, ctime: bool) -> list[Any]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino] + ([stat.st_ctime_ns] if ctime else [])
+
+
 def _identity(path: Path) -> Any:
-    """Cheap identity of an input: sizes and mtimes, not contents (checkpoints are huge)."""
+    """Cheap identity of an input: size, mtime, inode and ctime, not contents (checkpoints are huge).
+
+    An edit that restores size and mtime still changes the ctime (the kernel sets it on every
+    write and on utime), and a file replaced by another has a new inode. Another stage's output
+    (a folder with a fingerprint) is only ever replaced whole, so its files go without ctime: the
+    reference build hard-links the checkpoint's files, which changes their ctime, not their content.
+    """
     if path.is_file():
-        stat = path.stat()
-        return [stat.st_size, stat.st_mtime_ns]
+        return _file_identity(path, ctime=True)
     if path.is_dir():
-        entries = []
-        for file in sorted(p for p in path.rglob("*") if p.is_file() and _is_content(p)):
-            stat = file.stat()
-            entries.append([str(file.relative_to(path)), stat.st_size, stat.st_mtime_ns])
-        return entries
+        owned = (path / FINGERPRINT_FILE).is_file()
+        return [[str(file.relative_to(path)), *_file_identity(file, ctime=not owned)]
+                for file in sorted(p for p in path.rglob("*") if p.is_file() and _is_content(p))]
     return None
 
 
@@ -68,8 +92,13 @@ def _is_content(path: Path) -> bool:
     return not path.name.startswith(".") or path.name == FINGERPRINT_FILE
 
 
-def fingerprint(stage: StagePlan) -> dict[str, Any]:
-    inputs = {name: {"path": str(path), "identity": _identity(path)} for name, path in sorted(stage.inputs.items())}
+def fingerprint(stage: StagePlan, hashes: HashCache | None = None) -> dict[str, Any]:
+    """Inputs identified by size, mtime, inode and ctime; by content (sha256) with ``hashes``
+    (``--hash-inputs``) or ``SPECDEPLOY_FINGERPRINT=content``."""
+    if hashes is None and fingerprint_mode() == "content":
+        hashes = HashCache(None)
+    identity = _identity if hashes is None else hashes.tree
+    inputs = {name: {"path": str(path), "identity": identity(path)} for name, path in sorted(stage.inputs.items())}
     body = {"stage": stage.name, "params": stage.params, "inputs": inputs, "tools": tool_versions()}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, **body}
@@ -86,14 +115,6 @@ def output_lock(output: Path, timeout: float, on_wait: Callable[[str], None]):
     return exclusive_lock(output.parent / f".{output.name}.lock", timeout=timeout, what=str(output), on_wait=on_wait)
 
 
-def _remove_leftovers(output: Path) -> None:
-    """Temp/old folders of runs that died; safe because we hold the lock."""
-    for stale in output.parent.glob(f".{output.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for stale in output.parent.glob(f".{output.name}.old-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-
-
 def run_stage(
     stage: StagePlan,
     body: Callable[[Path], None],
@@ -101,23 +122,29 @@ def run_stage(
     force: bool = False,
     lock_timeout: float = 3600.0,
     on_wait: Callable[[str], None] = print,
+    hashes: HashCache | None = None,
 ) -> StageResult:
     """Run ``body(tmp_dir)`` unless the output is up to date, then rename tmp_dir into place."""
     start = time.monotonic()
     output = stage.output
-    with output_lock(output, lock_timeout, on_wait):
-        wanted = fingerprint(stage)
-        recorded = recorded_fingerprint(output)
-        if not force and recorded is not None and recorded.get("digest") == wanted["digest"]:
-            return StageResult(stage.name, "skipped", output, time.monotonic() - start)
-        _remove_leftovers(output)
-        tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            body(tmp)
-            (tmp / FINGERPRINT_FILE).write_text(json.dumps(wanted, indent=2, sort_keys=True, default=str))
-            replace_folder(tmp, output)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    try:
+        with output_lock(output, lock_timeout, on_wait):
+            removed, freed = remove_dead_leftovers(output.parent, output.name)
+            if removed:
+                on_wait(f"{output}: {describe_freed(removed, freed)}")
+            wanted = fingerprint(stage, hashes)
+            recorded = recorded_fingerprint(output)
+            if not force and recorded is not None and recorded.get("digest") == wanted["digest"]:
+                return StageResult(stage.name, "skipped", output, time.monotonic() - start)
+            tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+            tmp.mkdir()
+            try:
+                body(tmp)
+                (tmp / FINGERPRINT_FILE).write_text(json.dumps(wanted, indent=2, sort_keys=True, default=str))
+                replace_folder(tmp, output)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+    except OSError as exc:
+        raise host_error(exc, f"writing the {stage.name} stage's output {output}") from None
     return StageResult(stage.name, "ran", output, time.monotonic() - start)

@@ -28,8 +28,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -57,7 +55,6 @@ _EXEC_WITH_PARENT_DEATH_SIGNAL = (
 )
 LOG_TAIL_LINES = 30
 EXIT_TIMEOUT_SECONDS = 30  # Triton's own drain-and-unload limit on SIGTERM
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via an http_proxy
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,7 @@ class CpuServerConfig:
     cache_dir: Path
     host: str = "127.0.0.1"
     http_port: int = 8000
+    http: bool = False  # serving.http: off by default (a ~4 MB HTTP body crashes tritonserver 2.51)
     grpc_port: int = 8001
     metrics_port: int = 8002
     # A Python file installed as the tensorrtllm backend; None means the reference backend.
@@ -180,7 +178,7 @@ class CpuTritonServer:
         argv += [f"--model-repository={repo.resolve()}" for repo in c.repositories]
         argv += [
             f"--backend-directory={backend_dir}", f"--cache-directory={runtime / 'caches'}",
-            f"--http-address={c.host}", f"--http-port={c.http_port}",
+            *([f"--http-address={c.host}", f"--http-port={c.http_port}"] if c.http else ["--allow-http=false"]),
             f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
             "--allow-metrics=true", "--allow-gpu-metrics=false", "--allow-cpu-metrics=true",
             f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",
@@ -216,7 +214,7 @@ class CpuTritonServer:
     def start(self) -> CpuTritonServer:
         c = self.config
         _check_repositories(c.repositories)
-        for port in (c.http_port, c.grpc_port, c.metrics_port):
+        for port in ((c.http_port,) if c.http else ()) + (c.grpc_port, c.metrics_port):
             check_port_free(c.host, port)
         runtime = prepare_runtime(c.cache_dir)
         backend_dir = self._backend_dir(runtime)
@@ -237,31 +235,36 @@ class CpuTritonServer:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout
-        paths = ["/v2/health/ready"] + [f"/v2/models/{name}/ready" for name in self.config.models]
         while True:
             code = self.process.poll() if self.process else -1
             if code is not None:
                 raise StageError(f"tritonserver exited with code {code} while starting: {self.failure_reason()} "
                                  f"(full log: {self.log_file})")
-            if all(self._http_ok(path) for path in paths):
+            if self._ready(self.config.models):
                 return
             if time.monotonic() > deadline:
                 raise StageError(f"tritonserver not ready after {self.config.ready_timeout:.0f} s: "
                                  f"{self.failure_reason()} (full log: {self.log_file})")
             time.sleep(0.25)
 
-    def _http_ok(self, path: str) -> bool:
+    def _ready(self, models: Sequence[str] = ()) -> bool:
+        """Server and ``models`` ready, asked over gRPC (HTTP is off unless serving.http)."""
+        from tritonclient.utils import InferenceServerException
+
+        from pipeline.client.stream import grpc_client
+
         try:
-            with _DIRECT.open(self.http_url + path, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
+            with grpc_client(self.grpc_url) as client:
+                return bool(client.is_server_ready(client_timeout=2)) and all(
+                    client.is_model_ready(name, client_timeout=2) for name in models)
+        except (InferenceServerException, OSError):
             return False
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def is_ready(self) -> bool:
-        return self.is_alive() and self._http_ok("/v2/health/ready")
+        return self.is_alive() and self._ready()
 
     def failure_reason(self) -> str:
         """One line: the first real error in the log (usually the cause), else its last line."""

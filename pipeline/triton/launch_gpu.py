@@ -47,11 +47,12 @@ def gpu_launch_argv(variant: VariantPlan, repo_dir: Path, *, world_size: int, ho
     for rank in range(world_size):
         if rank:
             argv.append(":")
+        # HTTP only with serving.http: a ~4 MB HTTP body can crash tritonserver (server#5840).
+        http = [f"--http-port={serving.http_port}"] if serving.http else ["--allow-http=false"]
         argv += ["-n", "1", tritonserver, f"--model-repository={repo_dir}",
-                 f"--grpc-port={serving.grpc_port}", f"--http-port={serving.http_port}",
-                 f"--metrics-port={serving.metrics_port}"]
+                 f"--grpc-port={serving.grpc_port}", *http, f"--metrics-port={serving.metrics_port}"]
         if rank == 0:
-            argv += [f"--http-address={serving.host}", f"--grpc-address={serving.host}",
+            argv += [*([f"--http-address={serving.host}"] if serving.http else []), f"--grpc-address={serving.host}",
                      f"--metrics-address={serving.host}"]
         else:
             argv += ["--model-control-mode=explicit", f"--load-model={TENSORRT_LLM_MODEL}"]

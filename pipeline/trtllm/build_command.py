@@ -70,7 +70,7 @@ def trtllm_build_argv(variant: VariantPlan, checkpoint_dir: Path, output_dir: Pa
         # Always explicit: 0 would make trtllm-build read the checkpoint's value, and Lookahead
         # checkpoints have none (tensorrtllm_backend#473: "maximum number of draft tokens (0)").
         argv += ["--speculative_decoding_mode", b.speculative_decoding_mode, "--max_draft_len", str(b.max_draft_len)]
-    argv += ["--workers", str(workers(variant.world_size, visible_gpus))]
+    argv += ["--workers", str(workers(variant.build.workers or variant.world_size, visible_gpus))]
     # trtllm-build's default timing cache path is relative, i.e. it lands in the CWD.
     argv += ["--output_timing_cache", str(output_dir / TIMING_CACHE)]
     return argv + extra_flag_args(variant)
@@ -78,26 +78,35 @@ def trtllm_build_argv(variant: VariantPlan, checkpoint_dir: Path, output_dir: Pa
 
 def extra_flag_args(variant: VariantPlan) -> list[str]:
     """build.extra_flags as argv, or InputError listing every flag that is not allowed."""
-    problems, args, seen = [], [], set()
+    problems = [f"build.extra_flags.{key.lstrip('-')}: {problem} [variant {variant.name}]"
+                for key, problem in extra_flag_problems(variant)]
+    if problems:
+        raise InputError("\n".join(problems))
+    args = []
     for key in sorted(variant.build.extra_flags):
         value = variant.build.extra_flags[key]
-        name = key.lstrip("-")
-        entry = load_flags().get("--" + name)
-        problem = extra_flag_problem(variant, name, value)
-        if entry is not None and entry.name in seen:
-            problem = f"{entry.name} is given twice (as a name, an alias or with dashes)"
-        if problem:
-            problems.append(f"build.extra_flags.{name}: {problem} [variant {variant.name}]")
-            continue
-        assert entry is not None
-        seen.add(entry.name)
+        entry = load_flags()["--" + key.lstrip("-")]
         if entry.type == "store_true":
             args += [entry.name] if value else []
         else:
             args += [entry.name, str(value)]
-    if problems:
-        raise InputError("\n".join(problems))
     return args
+
+
+def extra_flag_problems(variant: VariantPlan) -> list[tuple[str, str]]:
+    """(key as written in build.extra_flags, why trtllm-build 1.2 would refuse or ignore it), for each bad one."""
+    problems, seen = [], set()
+    for key in sorted(variant.build.extra_flags):
+        name = key.lstrip("-")
+        entry = load_flags().get("--" + name)
+        problem = extra_flag_problem(variant, name, variant.build.extra_flags[key])
+        if entry is not None and entry.name in seen:
+            problem = f"{entry.name} is given twice (as a name, an alias or with dashes)"
+        if entry is not None:
+            seen.add(entry.name)
+        if problem:
+            problems.append((key, problem))
+    return problems
 
 
 def extra_flag_problem(variant: VariantPlan, name: str, value: Any) -> str | None:

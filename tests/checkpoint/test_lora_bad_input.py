@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.checkpoint.merge import merge_adapters
 from pipeline.errors import InputError
 from tests.checkpoint.test_lora_merge import make_adapter
+from tests.quantize.conftest import build_tiny_llama
 
 peft = pytest.importorskip("peft")
 
@@ -160,10 +161,14 @@ def test_bad_adapter_config(setup, content, needle):
     refused(merge, str(path), needle)
 
 
-def test_bad_adapter_fails_the_engine_with_exit_2_and_no_output(setup, write_spec, cli, tmp_path):
-    base, folder, _ = setup
+def test_bad_adapter_fails_the_engine_with_exit_2_and_no_output(write_spec, cli, tmp_path):
+    from transformers import LlamaForCausalLM
+
+    base = build_tiny_llama(tmp_path / "tiny")  # with a tokenizer: planning checks it
+    folder = tmp_path / "adapter"
+    make_adapter(LlamaForCausalLM.from_pretrained(base).eval(), folder)
     edit_config(folder, r=2)
-    spec = write_spec(f"name: t\nmodel: {{path: {base.path}, adapter: {folder}}}\ntarget: reference\n")
+    spec = write_spec(f"name: t\nmodel: {{path: {base}, adapter: {folder}}}\ntarget: reference\n")
     rc, _, err = cli("engine", str(spec))
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert rc == 2 and len(errors) == 1 and "lora_A.weight" in errors[0] and "r=2" in errors[0], err

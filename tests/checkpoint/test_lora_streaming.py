@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.checkpoint.synthetic import SyntheticLlama, write_synthetic_llama
+from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, write_synthetic_llama
+from pipeline.geometry import ModelGeometry
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
@@ -34,14 +36,14 @@ print(json.dumps({"base": base, "peak": status("VmHWM")}))
 """
 
 
-def _hand_written_adapter(folder: Path, model: SyntheticLlama, rank: int = 8) -> None:
+def _hand_written_adapter(folder: Path, model: ModelGeometry, rank: int = 8) -> None:
     """A PEFT-format LoRA folder for every down_proj and q_proj (written directly, as PEFT names them)."""
     folder.mkdir()
     gen = torch.Generator().manual_seed(0)
     tensors = {}
     shapes = {"mlp.down_proj": (model.hidden_size, model.intermediate_size),
               "self_attn.q_proj": (model.hidden_size, model.hidden_size)}
-    for layer in range(model.num_hidden_layers):
+    for layer in range(model.num_layers):
         for module, (out, inp) in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) * 0.01
@@ -55,8 +57,7 @@ def _hand_written_adapter(folder: Path, model: SyntheticLlama, rank: int = 8) ->
 @pytest.mark.slow  # writes ~400 MB
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_merge_peak_rss_is_bounded_by_a_tensor(tmp_path):
-    model = SyntheticLlama(hidden_size=1024, intermediate_size=2816, num_hidden_layers=3, num_attention_heads=16,
-                           num_key_value_heads=4, vocab_size=32000)
+    model = dataclasses.replace(DEFAULT_SYNTHETIC, num_layers=3)  # embedding and lm_head: 62.5 MiB each in bf16
     size = write_synthetic_llama(tmp_path / "hf", model, torch.bfloat16)
     _hand_written_adapter(tmp_path / "adapter", model)
     (tmp_path / "out").mkdir()

@@ -5,6 +5,7 @@ No timing assertions: memory is measured (peak RSS of a child process, live byte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import torch
 import pipeline.checkpoint.trtllm_writer as writer_mod
 from pipeline.checkpoint import forward_logits
 from pipeline.checkpoint.safetensors_io import SafetensorsFile
-from pipeline.checkpoint.synthetic import SyntheticLlama, write_synthetic_llama
+from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, write_synthetic_llama
+from pipeline.geometry import ModelGeometry
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
@@ -44,10 +46,9 @@ print(json.dumps({"base": base, "peak": status("VmHWM")}))
 
 
 @pytest.fixture(scope="module")
-def synthetic_bf16(tmp_path_factory) -> tuple[Path, SyntheticLlama, int]:
+def synthetic_bf16(tmp_path_factory) -> tuple[Path, ModelGeometry, int]:
     # 3 layers, vocab 32000 x 1024: the embedding and lm_head are 62.5 MiB each in bf16 (125 MiB as fp32).
-    model = SyntheticLlama(hidden_size=1024, intermediate_size=2816, num_hidden_layers=3, num_attention_heads=16,
-                           num_key_value_heads=4, vocab_size=32000)
+    model = dataclasses.replace(DEFAULT_SYNTHETIC, num_layers=3)
     folder = tmp_path_factory.mktemp("synthetic") / "hf"
     size = write_synthetic_llama(folder, model, torch.bfloat16)
     return folder, model, size
@@ -66,12 +67,12 @@ def test_peak_rss_is_bounded_by_a_chunk(synthetic_bf16, tmp_path, dtype, tp):
     mem = json.loads(proc.stdout.strip().splitlines()[-1])
     grew = mem["peak"] - mem["base"]
     largest_out = model.vocab_size * model.hidden_size * (4 if dtype == "float32" else 2)
-    # bf16 -> bf16 is a kernel copy; bf16 -> fp32 holds a read chunk, its column slice and its fp32
-    # copy; 24 MiB covers the write buffers and interpreter noise.
-    budget = 24 * MiB if dtype == "bfloat16" else 24 * MiB + 3 * writer_mod.CHUNK_BYTES
+    # bf16 -> bf16 holds one bf16 read chunk (half a work chunk; read to check it is finite); bf16 -> fp32
+    # holds a read chunk, its column slice and its fp32 copy; 24 MiB covers write buffers and interpreter noise.
+    budget = 24 * MiB + (writer_mod.CHUNK_BYTES // 2 if dtype == "bfloat16" else 3 * writer_mod.CHUNK_BYTES)
     print(f"{dtype} tp={tp}: RSS grew {grew / MiB:.1f} MiB, budget {budget / MiB:.0f} MiB")
     assert grew < budget, f"conversion grew RSS by {grew / MiB:.1f} MiB (model {size / MiB:.0f} MiB)"
-    assert largest_out > 2.5 * budget and size > 3.5 * budget  # the bound is far below one tensor
+    assert largest_out > 2 * budget and size > 3.5 * budget  # the bound is far below one tensor
     total = sum((out / f"rank{r}.safetensors").stat().st_size for r in range(tp))
     assert total > size * (2 if dtype == "float32" else 1) * 0.99
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from triton_fixtures import fake_engine, make_model_dir, plan_spec
 
 from pipeline.client import GenerationRequest, GenerationResult, Piece, build_inputs
 from pipeline.client.load import LoadRun, RequestRecord, inter_token_latencies, load_prompts, summarize
 from pipeline.commands import serve as serve_command
 from pipeline.errors import InputError
 from pipeline.triton.repository import emit_repository
-from triton_fixtures import fake_engine, make_model_dir, plan_spec
 
 TP2_SPEC = """
 name: gpu
@@ -40,7 +40,7 @@ def test_print_command_for_a_gpu_variant_has_one_rank_per_gpu_and_the_cli_ports(
     assert rc == 0, err
     argv = shlex.split(out.strip())
     assert argv[:2] == ["mpirun", "--allow-run-as-root"] and argv.count("-n") == 2
-    assert "--grpc-port=9101" in argv and "--http-port=9100" in argv
+    assert "--grpc-port=9101" in argv and "--allow-http=false" in argv  # HTTP needs serving.http: true
 
 
 def test_gpu_variant_on_a_host_without_gpus_prints_the_command_and_exits_3(cli, gpu_spec, tmp_path, monkeypatch):

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from trtllm_helpers import REPO
 
 from pipeline.plan import OutputRoots, make_plan
 from pipeline.spec import load_spec
-from trtllm_helpers import REPO
 
 SCRIPT = REPO / "scripts" / "gpu-smoke.sh"
 
@@ -45,3 +45,17 @@ def test_derived_gpu_spec_is_tensorrt_tp1_with_absolute_paths(tmp_path):
 def test_script_refuses_a_host_without_gpu(tmp_path):
     result = bash(f"{SCRIPT}", tmp_path)
     assert result.returncode == 1 and "FAIL:" in result.stderr
+
+
+def test_embedded_python_compiles_and_the_dispatch_step_runs_first():
+    import re
+
+    text = SCRIPT.read_text()
+    blocks = re.findall(r"<<'PY'[^\n]*\n(.*?)\nPY\n", text, flags=re.S)
+    assert len(blocks) >= 4
+    for block in blocks:
+        compile(block, "gpu-smoke.sh", "exec")
+    dispatch = next(block for block in blocks if "Placement(device_map=spread" in block)
+    assert "quantize_fp8" in dispatch and "device_map={\"\": 0}" in dispatch
+    main = text[text.index("main() {"):]
+    assert main.index("smoke_dispatched_quantize") < main.index("smoke_method")

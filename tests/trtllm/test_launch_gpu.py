@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trtllm_helpers import EXAMPLE_SPECS, PRESET_8B
 
 from pipeline.errors import InputError
 from pipeline.triton.launch_gpu import gpu_launch_argv
-from trtllm_helpers import EXAMPLE_SPECS, PRESET_8B
 
 REPO = Path("/repo/v")
 
@@ -43,7 +43,7 @@ def test_one_tritonserver_per_rank_for_every_example(spec_file, plan_example):
 
 
 def test_rank0_serves_on_the_spec_ports_and_host(plan_text):
-    variant = plan_text(PRESET_8B + "parallel: {tp: 2, pp: 2}\nserving: {host: 0.0.0.0, grpc_port: 9001, "
+    variant = plan_text(PRESET_8B + "parallel: {tp: 2, pp: 2}\nserving: {host: 0.0.0.0, grpc_port: 9001, http: true, "
                                     "http_port: 9000, metrics_port: 9002, gpu_device_ids: [0, 1, 2, 3]}\n")[0]
     rank0, *others = ranks(gpu_launch_argv(variant, REPO, world_size=4))
     for flag in ("--grpc-port=9001", "--http-port=9000", "--metrics-port=9002", "--http-address=0.0.0.0",
@@ -51,6 +51,13 @@ def test_rank0_serves_on_the_spec_ports_and_host(plan_text):
         assert flag in rank0
     assert len(others) == 3 and all("--http-address=0.0.0.0" not in command for command in others)
     assert len(variant.serving.gpu_device_ids) == variant.world_size
+
+
+def test_http_is_off_unless_the_spec_turns_it_on(plan_text):  # triton-inference-server/server#5840
+    variant = plan_text(PRESET_8B + "parallel: {tp: 2}\nserving: {http_port: 9000}\n")[0]
+    for command in ranks(gpu_launch_argv(variant, REPO, world_size=2)):
+        assert "--allow-http=false" in command
+        assert not [arg for arg in command if arg.startswith(("--http-port", "--http-address"))]
 
 
 def test_world_size_must_be_tp_times_pp(plan_text):

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
 from pipeline.errors import InputError, StageError
 from pipeline.stages.build import read_checkpoint
 from pipeline.trtllm.build_command import trtllm_build_argv
 from pipeline.trtllm.engine_config import check_checkpoint_config, check_engine_config, predict_engine_config
-from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
 CKPT, ENGINE = Path("/ckpt"), Path("/engine")
 
@@ -98,8 +98,9 @@ def test_eagle_fp8_is_flagged_experimental(plan_text):  # NVIDIA/TensorRT-LLM#32
 
 
 def test_eagle_needs_a_llama_base(problems, hf_config_dir):  # #2673, #10396
-    model = hf_config_dir(architectures=["MistralForCausalLM"])
-    assert "LLaMA bases only" in problems(f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
+    model = hf_config_dir(architectures=["MistralForCausalLM"])  # refused as a base for any method
+    assert "unsupported architecture MistralForCausalLM" in problems(
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
 
 
 def test_eagle_limits(problems, plan_text):

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline.plan import VariantPlan
+from pipeline.stages.runner import FINGERPRINT_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -48,9 +49,11 @@ def checkpoint_config(variant: VariantPlan) -> dict[str, Any]:
 
 
 def write_checkpoint(variant: VariantPlan, folder: Path | None = None, **overrides: Any) -> Path:
-    """A convert-stage output folder: config.json + one tiny rank{r}.safetensors per rank."""
+    """A convert-stage output folder: config.json + one tiny rank{r}.safetensors per rank, and the
+    stage fingerprint every runner-written output has."""
     folder = folder or variant.stage("convert").output
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / FINGERPRINT_FILE).write_text(json.dumps({"stage": "convert", "digest": "written by a test"}))
     config = checkpoint_config(variant) | overrides
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     for rank in range(variant.world_size):

@@ -133,6 +133,12 @@ _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "return_log_probs": bool, "return_context_logits": bool, "return_generation_logits": bool,
     "num_return_sequences": lambda v: v > 1, "beam_width": lambda v: v > 1,
 }
+# What TensorRT-LLM's executor refuses outright (SamplingConfig's checks), whatever the backend.
+_IN_RANGE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "beam_width": (lambda v: v >= 1, ">= 1"), "num_return_sequences": (lambda v: v >= 1, ">= 1"),
+    "min_tokens": (lambda v: v >= 0, ">= 0"), "repetition_penalty": (lambda v: v > 0, "> 0"),
+    "len_penalty": (lambda v: v >= 0, ">= 0"),
+}
 _UNSUPPORTED_TENSORS = ("draft_input_ids", "prompt_embedding_table", "lora_weights", "lora_config",
                         "encoder_input_features", "guided_decoding_guide")
 
@@ -153,6 +159,11 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
     output_len = _scalar(get, "request_output_len", None)
     if output_len is None:
         raise InputError("input request_output_len is missing")
+    for name, (legal, allowed) in _IN_RANGE.items():
+        value = _scalar(get, name, None)
+        if value is not None and not legal(value):  # NaN is never legal
+            raise InputError(f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor "
+                             "requires")
     for name, refuses in _UNSUPPORTED.items():
         value = _scalar(get, name, None)
         if value is not None and refuses(value):

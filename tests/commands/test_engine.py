@@ -38,6 +38,21 @@ def test_fp8_tp2_engine_runs_every_stage_then_skips(cli, write_spec, tmp_path):
 
 
 def test_engine_without_weights_says_what_is_missing(cli, write_spec):
+    # Not a failed stage (1) but "cannot run on this host" (3), at the first stage that needs them.
     spec = write_spec("name: big\nmodel: {path: /nonexistent/llama, preset: llama-3.1-8b}\n")
-    rc, _, err = cli("engine", str(spec))
-    assert rc == 1 and "weights are not on this host" in err and err.count("\n") == 1
+    rc, out, err = cli("engine", str(spec))
+    assert rc == 3, err
+    line = next(line for line in out.splitlines() if "weights are not on this host" in line)
+    assert line.startswith("[big] convert: the model weights are not on this host (/nonexistent/llama): put the "
+                           "Hugging Face checkpoint there (model.path)")
+
+
+def test_engine_without_heads_stops_at_convert_with_exit_3(cli, write_spec, hf_config_dir, tmp_path):
+    model = hf_config_dir()
+    spec = write_spec(f"name: h\nmodel: {{path: {model}}}\nheads: {{eagle: {{path: {tmp_path}/no-heads}}}}\n"
+                      "target: reference\n")
+    rc, out, err = cli("engine", str(spec))
+    assert rc == 3, err
+    assert f"[h] convert: the speculative heads are not on this host ({tmp_path}/no-heads): put the heads " \
+           "there (heads.<method>.path)" in out
+    assert not (tmp_path / "engines" / "h" / "checkpoint").exists()
