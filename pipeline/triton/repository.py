@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.client.chat import template_parameter
 from pipeline.errors import InputError, StageError
 from pipeline.plan import VariantPlan
 from pipeline.triton import pbtxt
@@ -126,14 +128,21 @@ def emit_repository(variant: VariantPlan, out: Path, *, engine_dir: Path, tokeni
     if check_engine_config:
         check_engine(variant, engine_dir)
     settings = settings_from_plan(variant, engine_dir)
+    files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
+    _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
+    # The chat template travels in the served config: `specdeploy query` asks the server for it.
+    add_special = settings.preprocessing_parameters["add_special_tokens"] == "true"
+    try:
+        template = template_parameter(out / PREPROCESSING / TOKENIZER_SUBDIR, add_special)
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{tokenizer_dir}: the tokenizer does not load ({' '.join(str(exc).split())})") from None
+    settings = replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
     configs = all_configs(settings)
     for name, config in configs.items():
         pbtxt.write(config, out / name / "config.pbtxt")
         (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
     for name in PYTHON_MODELS:
         shutil.copyfile(MODELS_SOURCE / f"{name}.py", out / name / "1" / "model.py")
-    files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
-    _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
     manifest = {
         "variant": variant.name, "method": variant.method, "target": variant.target,
         "ensemble": settings.ensemble_name, "engine_dir": str(Path(engine_dir).resolve()),

@@ -261,6 +261,23 @@ def test_query_command_streams_text_and_acceptance(server, capsys):
     assert rc == 0 and capsys.readouterr().out.startswith(expected(PROMPT, 3))
 
 
+def test_query_takes_the_chat_template_from_the_server_in_any_directory(server, capsys, tmp_path, monkeypatch):
+    """No spec, no repository in the working directory (and a decoy one that would change the
+    answer): the template comes from the served preprocessing config."""
+    decoy = tmp_path / "triton_repo" / "smollm2-lookahead"
+    decoy.mkdir(parents=True)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "smollm2-lookahead.yaml").write_text("name: decoy\nmodel: {path: nowhere}\n")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "3", "--chat", "--system", "dog"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith(" dog fox jumps")  # the tiny template: each message's content, then a space
+    rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "2", "--model", "tensorrt_llm_bls",
+               "--chat", "--system", "dog"])
+    assert rc == 0 and capsys.readouterr().out.startswith(" dog fox")
+
+
 def test_query_chat_template_uses_the_repository_tokenizer(server, capsys):
     repo = Path(server.config.repositories[0])
     rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "2", "--chat", "--repo", str(repo)])
