@@ -38,12 +38,17 @@ import pipeline
 from pipeline.errors import InputError, StageError
 
 REFERENCE_BACKEND_MODULE = "pipeline.runtime.triton.backend"
-# Installed as <backend-dir>/tensorrtllm/model.py: a re-export, so the server always runs the
-# checked-out reference backend instead of a stale copy.
-BACKEND_SHIM = f'''"""specdeploy: the CPU reference backend, loaded by Triton as backend "tensorrtllm"."""
-from {REFERENCE_BACKEND_MODULE} import TritonPythonModel  # noqa: F401
-'''
 PROJECT_ROOT = Path(pipeline.__file__).resolve().parent.parent
+# Installed as <backend-dir>/tensorrtllm/model.py: a re-export, so the server always runs the
+# reference backend of the checkout that started it, not a stale copy. The Python backend's stub
+# ignores PYTHONPATH (its sys.path is the interpreter's and site-packages'), so an editable install
+# of another checkout would win: the shim puts this checkout first itself.
+BACKEND_SHIM = f'''"""specdeploy: the CPU reference backend, loaded by Triton as backend "tensorrtllm"."""
+import sys
+
+sys.path.insert(0, {str(PROJECT_ROOT)!r})
+from {REFERENCE_BACKEND_MODULE} import TritonPythonModel  # noqa: E402,F401
+'''
 # Started through this one-liner so the server gets SIGTERM if we die without stopping it (a
 # SIGKILL, a crash): Linux's parent-death signal survives the exec. Not preexec_fn, which can
 # deadlock in a process that already runs threads (gRPC clients do).
@@ -127,7 +132,7 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p and Path(p).is_dir()] + ([old] if old else []))
     env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])
-    # The stub must import `pipeline` even without the editable install (e.g. a plain checkout).
+    # For processes that honour it; the Python backend's stub does not (BACKEND_SHIM sets its path).
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["HF_HUB_OFFLINE"] = "1"  # pre/postprocessing load tokenizers; never reach a model hub
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ inside the (packaged, maybe read-only) repository
