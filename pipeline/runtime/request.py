@@ -102,6 +102,10 @@ class RequestMetrics:
     forward_steps: int = 0  # forward passes that produced tokens: the one ending prefill, then verification steps
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
+    # KV-cache blocks of tokens_per_block tokens (TensorRT-LLM's kv_cache_alloc_* outputs): newly
+    # allocated for this request, and reused from other requests (no prefix reuse here: 0).
+    kv_cache_alloc_new_blocks: int = 0
+    kv_cache_reused_blocks: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -56,10 +56,6 @@ target: reference
 """
 
 MISSING = {  # flag -> what the reference backend lacks (the GPU's TensorRT-LLM has it)
-    "perf": "the reference backend does not send kv_cache_alloc_new_blocks / kv_cache_reused_blocks / "
-            "kv_cache_alloc_total_blocks, and the client indexes them in every response",
-    "num-return-sequences": "the reference backend refuses num_return_sequences > 1 (no sequence_index)",
-    "batch-inputs": "the reference backend refuses a request with several sequences (no batch_index split)",
     "log-probs": "the reference backend refuses return_log_probs (no cum_log_probs / output_log_probs)",
 }
 
@@ -166,20 +162,17 @@ def test_end_to_end_beam_width_2_is_refused_on_a_speculative_engine(server, tmp_
     assert re.search(r"Received an error from server:\n.*beam", done.stdout), done.stdout
 
 
-@pytest.mark.xfail(reason=MISSING["perf"], strict=True)
 def test_end_to_end_return_perf_metrics(server, tmp_path):
     out = _end_to_end(server, tmp_path, "--return-perf-metrics", "--streaming")
     assert re.search(r"kv_cache_alloc_total_blocks: [1-9]", out) and "acceptance_rate: " in out
 
 
-@pytest.mark.xfail(reason=MISSING["num-return-sequences"], strict=True)
 def test_end_to_end_num_return_sequences_2(server, tmp_path):
     whole = answer(server, stream=False, exclude_input_in_output=False)
     out = _end_to_end(server, tmp_path, "--num-return-sequences", "2")
     assert f"0 [0]: {whole}\n" in out and f"0 [1]: {whole}\n" in out  # greedy: both the same
 
 
-@pytest.mark.xfail(reason=MISSING["batch-inputs"], strict=True)
 def test_end_to_end_batch_inputs(server, tmp_path):
     first, second = (answer(server, p, stream=False, exclude_input_in_output=False) for p in (PROMPT, OTHER_PROMPT))
     out = _end_to_end(server, tmp_path, "--batch-inputs", prompt=json.dumps([PROMPT, OTHER_PROMPT]))
@@ -243,7 +236,6 @@ def test_inflight_stop_after_ms_with_request_id_stops_early(server, repositories
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.xfail(reason=MISSING["perf"], strict=True)
 def test_inflight_return_perf_metrics(server, repositories, tmp_path):
     done = _inflight(server, repositories[True], tmp_path, "--streaming", "--return-perf-metrics")
     assert done.returncode == 0 and re.search(r"kv_cache_alloc_total_blocks: [1-9]", done.stdout), done.stdout

@@ -239,6 +239,7 @@ class Scheduler:
             if len(seq.generated) >= request.max_new_tokens:
                 reason = FinishReason.LENGTH
                 break
+        m.kv_cache_alloc_new_blocks = seq.cache.blocks
         now = time.time_ns()
         if kept:
             m.first_token_time_ns = m.first_token_time_ns or now

@@ -26,11 +26,11 @@ import torch
 
 from pipeline.errors import SpecdeployError
 from pipeline.runtime.model.engine import Engine
-from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
+from pipeline.runtime.request import FinishReason, StepOutput
 from pipeline.runtime.serving.metrics import BackendMetrics
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.factory import make_method
-from pipeline.runtime.triton.io import BackendParams, StopRequest, parse_parameters, parse_request, response_arrays
+from pipeline.runtime.triton.io import BackendParams, Part, StopRequest, parse_parameters, parse_parts, response_arrays
 
 try:  # present inside the Python backend's stub process only
     import triton_python_backend_utils as pb_utils
@@ -95,7 +95,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         get = _getter(request)
         try:
-            parsed = parse_request(get, request.request_id(), self.params)
+            parsed = parse_parts(get, request.request_id(), self.params)
         except SpecdeployError as exc:
             sender.send(_error(str(exc)), flags=final)
             return
@@ -107,37 +107,48 @@ class TritonPythonModel:
             sender.send(flags=final)
             return
         counts = (bool(_flag(get, "return_num_input_tokens")), bool(_flag(get, "return_num_output_tokens")))
-        self.scheduler.submit(parsed, self._sink(parsed, sender, counts), getattr(sender, "is_cancelled", None))
+        # A request of several sequences shares one sender: only its last finished sequence is final.
+        remaining = _Countdown(len(parsed))
+        for part in parsed:
+            self.scheduler.submit(part.request, self._sink(part, sender, counts, remaining),
+                                  getattr(sender, "is_cancelled", None))
 
-    def _sink(self, request: GenerationRequest, sender: Any, counts: tuple[bool, bool]) -> Callable[[StepOutput], None]:
+    def _sink(self, part: Part, sender: Any, counts: tuple[bool, bool],
+              remaining: _Countdown) -> Callable[[StepOutput], None]:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def sink(out: StepOutput) -> None:
+            last = False
             if out.finished:
                 self.metrics.on_finished()
+                last = remaining.done_one()
+            flags = final if last else 0
             if out.reason is FinishReason.CANCELLED and getattr(sender, "is_cancelled", lambda: False)():
-                sender.send(flags=final)  # the client is gone: only release the request
+                if last:
+                    sender.send(flags=final)  # the client is gone: only release the request
                 return
-            sender.send(self._response(out, request, counts), flags=final if out.finished else 0)
+            sender.send(self._response(out, part, counts), flags=flags)
 
         return sink
 
-    def _response(self, out: StepOutput, request: GenerationRequest, counts: tuple[bool, bool]) -> Any:
+    def _response(self, out: StepOutput, part: Part, counts: tuple[bool, bool]) -> Any:
         if out.error is not None:
             return _error(out.error)
-        arrays = response_arrays(out, request, self.params.outputs, *counts)
+        arrays = response_arrays(out, part.request, self.params.outputs, *counts, part=part)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     # -- non-decoupled ----------------------------------------------------------------------------
 
     def _execute_blocking(self, requests: list[Any]) -> list[Any]:
-        pending: list[tuple[GenerationRequest | None, dict[str, Any], threading.Event, tuple[bool, bool]]] = []
+        pending: list[tuple[Part | None, dict[str, Any], threading.Event, tuple[bool, bool]]] = []
         for request in requests:
             box: dict[str, Any] = {}
             done = threading.Event()
             get = _getter(request)
+            parsed: Part | StopRequest | None
             try:
-                parsed = parse_request(get, request.request_id(), self.params)
+                parts = parse_parts(get, request.request_id(), self.params)
+                parsed = parts if isinstance(parts, StopRequest) else parts[0]  # one: not decoupled
             except SpecdeployError as exc:
                 box["response"] = _error(str(exc))
                 parsed = None
@@ -152,7 +163,7 @@ class TritonPythonModel:
                     box["out"] = out
                     done.set()
 
-                self.scheduler.submit(parsed, sink)
+                self.scheduler.submit(parsed.request, sink)
             pending.append((parsed, box, done, counts))
         responses = []
         for parsed, box, done, counts in pending:
@@ -162,6 +173,19 @@ class TritonPythonModel:
                 box["response"] = self._response(box["out"], parsed, counts)
             responses.append(box["response"])
         return responses
+
+
+class _Countdown:
+    """Sequences of one request still running (their sinks run on the scheduler's thread)."""
+
+    def __init__(self, count: int) -> None:
+        self.count, self._lock = count, threading.Lock()
+
+    def done_one(self) -> bool:
+        """Count one finished sequence; True for the last."""
+        with self._lock:
+            self.count -= 1
+            return self.count == 0
 
 
 def _getter(request: Any) -> Callable[[str], np.ndarray | None]:
