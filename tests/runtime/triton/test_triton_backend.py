@@ -118,7 +118,8 @@ def test_non_decoupled_config_answers_from_execute(monkeypatch, engine_dir):
     model.initialize({"model_config": json.dumps(model_config(engine_dir, decoupled=False))})
     try:
         two_rows = {"input_ids": np.array([PROMPTS[0][:2], PROMPTS[2][:2]], np.int32),
-                    "input_lengths": np.array([[2], [2]], np.int32), "request_output_len": np.array([[2], [2]], np.int32)}
+                    "input_lengths": np.array([[2], [2]], np.int32),
+                    "request_output_len": np.array([[2], [2]], np.int32)}
         out = model.execute([FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
                              FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True]))),
                              FakeRequest("d", **two_rows)])
