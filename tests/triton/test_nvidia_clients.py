@@ -9,8 +9,6 @@ plain, unary mode needs that: Triton refuses ModelInfer on a decoupled model).
 
 Correct answers are the ones specdeploy's own client gets for the same request (greedy
 decoding is deterministic): the NVIDIA clients must print exactly that text or those ids.
-Flags the reference backend does not implement yet are strict xfails naming what is missing,
-so they turn into failures the day they start to pass.
 """
 
 from __future__ import annotations
@@ -22,9 +20,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
-from pipeline.client import GenerationRequest, TritonClient
+from pipeline.client import GenerationRequest, TritonClient, build_inputs
 from pipeline.plan import OutputRoots, make_plan
 from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan
@@ -54,10 +54,6 @@ build: {max_batch_size: 4, max_input_len: 128, max_seq_len: 256, max_num_tokens:
 serving: {decoupled: DECOUPLED}
 target: reference
 """
-
-MISSING = {  # flag -> what the reference backend lacks (the GPU's TensorRT-LLM has it)
-    "log-probs": "the reference backend refuses return_log_probs (no cum_log_probs / output_log_probs)",
-}
 
 
 def _plan(folder: Path, decoupled: bool):
@@ -116,6 +112,12 @@ def run_client(script: Path, url: str, *args: str, cwd: Path) -> subprocess.Comp
                           timeout=600)
     print(done.stdout[-4000:], done.stderr[-4000:])
     return done
+
+
+def _raw(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+    tensor.set_data_from_numpy(value)
+    return tensor
 
 
 def answer(server, prompt: str = PROMPT, **options) -> str:
@@ -179,10 +181,25 @@ def test_end_to_end_batch_inputs(server, tmp_path):
     assert f"0: {first}\n" in out and f"1: {second}\n" in out
 
 
-@pytest.mark.xfail(reason=MISSING["log-probs"], strict=True)
 def test_end_to_end_return_log_probs(server, tmp_path):
     out = _end_to_end(server, tmp_path, "--return-log-probs")
     assert f"output_log_probs.shape: (1, 1, {TOKENS})" in out
+
+
+def test_end_to_end_penalties_and_bad_words_change_the_answer_like_our_client(server, tmp_path):
+    completion = answer(server, stream=False)
+    banned = " " + completion.split()[0]  # the first word the model would say
+    flags = ("--exclude-input-in-output", "--repetition-penalty", "1.5", "--presence-penalty", "0.5",
+             "--frequency-penalty", "0.3", "--bad-words", banned)
+    out = _end_to_end(server, tmp_path, *flags)
+    with TritonClient(server.grpc_url) as client:
+        extra = [_raw("repetition_penalty", np.array([[1.5]], np.float32), "FP32"),
+                 _raw("presence_penalty", np.array([[0.5]], np.float32), "FP32"),
+                 _raw("frequency_penalty", np.array([[0.3]], np.float32), "FP32")]
+        request = GenerationRequest(PROMPT, max_tokens=TOKENS, stream=False, bad_words=(banned,))
+        want = client.generate_raw(build_inputs(request) + extra, timeout=300).text
+    assert want != completion and not want.startswith(banned)
+    assert f"0: {want}\n" in out
 
 
 # -- inflight_batcher_llm_client.py: token ids straight to tensorrt_llm ----------------------------------

@@ -177,6 +177,8 @@ class Scheduler:
         bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"input token id {bad} is outside the vocabulary [0, {vocab})"
+        if len(request.sampling.embedding_bias) > vocab:
+            return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return self.method.problem(request)
 
     def _admit(self) -> None:
@@ -225,14 +227,18 @@ class Scheduler:
         m.forward_steps += 1
         m.total_draft_tokens += accepted.draft_tokens
         m.total_accepted_draft_tokens += accepted.accepted_draft_tokens
+        log_probs = seq.chosen_log_probs
+        seq.chosen, seq.chosen_log_probs = [], []  # this step's choices become generated tokens below
         kept: list[int] = []
         reason = None
-        for token in accepted.tokens:
+        for index, token in enumerate(accepted.tokens):
             if request.end_id is not None and token == request.end_id:
                 reason = FinishReason.END_ID  # the end token itself is not returned (as TensorRT-LLM)
                 break
             seq.generated.append(token)
             kept.append(token)
+            if request.return_log_probs:
+                seq.log_probs.append(log_probs[index])
             if request.stop_words and _ends_with_stop_word(seq, request.stop_words):
                 reason = FinishReason.STOP_WORDS  # the stop word stays in the output (as TensorRT-LLM)
                 break
@@ -247,17 +253,20 @@ class Scheduler:
         if reason is not None:
             self._finish(entry, reason, kept)
         elif request.streaming:
-            _deliver(entry.sink, StepOutput(request.request_id, kept, False, None, None, m), entry)
+            _deliver(entry.sink, StepOutput(request.request_id, kept, False, None, None, m,
+                                            *_log_probs(seq, len(kept))), entry)
         return len(kept)
 
     def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
         seq, request = entry.seq, entry.seq.request
         if request.streaming:
-            tokens = last_tokens
+            tokens, generated = last_tokens, len(last_tokens)
         else:
             tokens = seq.generated if request.exclude_input_in_output else seq.tokens
+            generated = len(seq.generated)
         entry.finished = True
-        _deliver(entry.sink, StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics))
+        _deliver(entry.sink, StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics,
+                                        *_log_probs(seq, generated)))
 
     def _fail_running(self, message: str) -> None:
         for entry in self._running:
@@ -266,6 +275,13 @@ class Scheduler:
                 _deliver(entry.sink, StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR,
                                                 message, entry.seq.metrics))
         self._running = []
+
+
+def _log_probs(seq: Sequence, last: int) -> tuple[list[float], float]:
+    """(log-probs of the last ``last`` generated tokens, their sum over all generated tokens)."""
+    if not seq.request.return_log_probs:
+        return [], 0.0
+    return seq.log_probs[len(seq.log_probs) - last:], float(sum(seq.log_probs))
 
 
 def _cancelled(entry: _Entry, period_ns: int) -> bool:

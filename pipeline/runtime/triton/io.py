@@ -130,10 +130,9 @@ def _scalar(get: GetInput, name: str, default: Any) -> Any:
 
 # Inputs whose non-default values change what TensorRT-LLM generates; the reference backend
 # refuses them rather than answer differently from the GPU.
+# (len_penalty only changes beam search: with beam width 1 it has no effect, on the GPU too.)
 _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "repetition_penalty": lambda v: v != 1.0, "presence_penalty": lambda v: v != 0.0,
-    "frequency_penalty": lambda v: v != 0.0, "min_tokens": lambda v: v > 1, "len_penalty": lambda v: v != 1.0,
-    "return_log_probs": bool, "return_context_logits": bool, "return_generation_logits": bool,
+    "return_context_logits": bool, "return_generation_logits": bool,
 }
 # What TensorRT-LLM's executor refuses outright (SamplingConfig's checks), whatever the backend.
 _IN_RANGE: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -177,11 +176,9 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
         if value is not None and value.size:
             raise InputError(f"input {name} is not supported by the reference backend")
     bad = get("bad_words_list")
-    if bad is not None and bad.size and parse_words_list(bad.reshape(2, -1), "bad_words_list"):
-        raise InputError("bad_words_list is not supported by the reference backend")
+    bad_words = parse_words_list(bad.reshape(2, -1), "bad_words_list") if bad is not None and bad.size else ()
     bias = get("embedding_bias")
-    if bias is not None and bias.size and np.any(bias != 0):
-        raise InputError("embedding_bias is not supported by the reference backend")
+    embedding_bias = tuple(float(b) for b in bias.reshape(-1)) if bias is not None and np.any(bias != 0) else ()
     stop_words = get("stop_words_list")
     lookahead = _lookahead_inputs(get, params)
     streaming = bool(_scalar(get, "streaming", False))
@@ -199,7 +196,14 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
             top_k=int(_scalar(get, "runtime_top_k", 0)),
             top_p=float(_scalar(get, "runtime_top_p", 0.0)),
             seed=int(_scalar(get, "seed", 0)),
+            repetition_penalty=float(_scalar(get, "repetition_penalty", 1.0)),
+            presence_penalty=float(_scalar(get, "presence_penalty", 0.0)),
+            frequency_penalty=float(_scalar(get, "frequency_penalty", 0.0)),
+            min_tokens=int(_scalar(get, "min_tokens", 0)),
+            bad_words=bad_words,
+            embedding_bias=embedding_bias,
         ),
+        return_log_probs=bool(_scalar(get, "return_log_probs", False)),
         streaming=streaming,
         exclude_input_in_output=bool(_scalar(get, "exclude_input_in_output", params.exclude_input_in_output)),
         return_perf_metrics=bool(_scalar(get, "return_perf_metrics", False)),
@@ -297,6 +301,9 @@ def response_arrays(out: StepOutput, request: GenerationRequest, declared: froze
         "batch_index": np.array([[part.batch_index if part else 0]], dtype=np.int32),
         "sequence_index": np.array([[part.sequence_index if part else 0]], dtype=np.int32),
     }
+    if request.return_log_probs:  # [1, beam, tokens] and [1, beam], generated tokens only
+        arrays["output_log_probs"] = np.array(out.log_probs, dtype=np.float32).reshape(1, 1, -1)
+        arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], dtype=np.float32)
     if request.return_perf_metrics:
         m = out.metrics
         arrays.update({

@@ -56,12 +56,12 @@ def test_streaming_and_final_responses(backend, engine):
 
 def test_bad_request_gets_an_error_and_others_continue(backend):
     long = FakeRequest("long", **inputs(list(range(70)), 4))
-    penalty = FakeRequest("pen", **inputs(PROMPTS[0], 4, repetition_penalty=np.array([1.3], np.float32)))
+    penalty = FakeRequest("pen", **inputs(PROMPTS[0], 4, return_context_logits=np.array([True])))
     beam = FakeRequest("beam", **inputs(PROMPTS[0], 4, beam_width=np.array([2], np.int32)))
     fine = FakeRequest("ok", **inputs(PROMPTS[1], 3))
     backend.execute([long, penalty, beam, fine])
     assert "max_input_len 64" in long.sender.responses()[0].error
-    assert penalty.sender.responses()[0].error == "repetition_penalty=1.3 is not supported by the reference backend"
+    assert penalty.sender.responses()[0].error == "return_context_logits=True is not supported by the reference backend"
     assert "beam_width 2 is outside [1, max_beam_width 1]" in beam.sender.responses()[0].error
     assert fine.sender.responses()[0].tensors["output_ids"].shape == (1, 1, 3)
 
