@@ -148,3 +148,19 @@ def test_packaged_chat_template_renders_like_the_tokenizer(tmp_path):
         served_template({"parameters": {PARAMETER: {"string_value": "{not json"}}}, "server")
     assert preprocessing_model({"ensemble_scheduling": {"step": [{"model_name": "pre"}]}}) == "pre"
     assert preprocessing_model({"parameters": {"specdeploy_steps": {"string_value": '[{"model": "p2"}]'}}}) == "p2"
+
+
+def test_shutdown_log_with_only_ensembles_in_flight_is_a_leak():
+    from pipeline.triton.launch_cpu import only_leaked_ensembles
+
+    def tick(n: int, *models: str) -> str:
+        lines = [f'I0 server.cc:321] "Timeout {n}: Found {len(models)} model versions that have in-flight inferences"']
+        lines += [f'I0 server.cc:325] "Model \'{m}\' (version 1) has 1 in-flight inferences"' for m in models]
+        return "\n".join(lines) + "\n"
+
+    leaked = tick(30, "ensemble") + tick(29, "ensemble") + tick(28, "ensemble") + tick(27, "ensemble")
+    assert only_leaked_ensembles(leaked, {"ensemble"})
+    assert not only_leaked_ensembles(leaked, {"chat"})  # another model: a real request is draining
+    draining = tick(30, "ensemble", "tensorrt_llm") + tick(29, "ensemble") + tick(28, "ensemble") + tick(27)
+    assert not only_leaked_ensembles(draining, {"ensemble"})  # tensorrt_llm was still working 3 ticks ago
+    assert not only_leaked_ensembles(tick(30, "ensemble") + tick(29, "ensemble"), {"ensemble"})  # too soon

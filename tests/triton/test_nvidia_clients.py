@@ -14,10 +14,12 @@ decoding is deterministic): the NVIDIA clients must print exactly that text or t
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +258,30 @@ def test_inflight_stop_after_ms_with_request_id_stops_early(server, repositories
 def test_inflight_return_perf_metrics(server, repositories, tmp_path):
     done = _inflight(server, repositories[True], tmp_path, "--streaming", "--return-perf-metrics")
     assert done.returncode == 0 and re.search(r"kv_cache_alloc_total_blocks: [1-9]", done.stdout), done.stdout
+
+
+def test_a_stream_cancelled_by_the_client_does_not_hold_the_shutdown(server, caplog):
+    """What NVIDIA's clients do on Ctrl-C or --stop-via-request-cancel: cancel the gRPC stream with
+    the request running. Triton 2.51 then counts the ensemble request in flight for good; the
+    launcher sees that only ensembles are left and ends the server instead of waiting 30 s."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    responses: list = []
+    three = threading.Event()
+
+    def callback(result, error):
+        responses.append(error or result)
+        if len(responses) >= 3:
+            three.set()
+
+    client.start_stream(callback=callback)
+    client.async_stream_infer("ensemble", build_inputs(GenerationRequest(PROMPT, max_tokens=200)),
+                              request_id="cancelled-1")
+    assert three.wait(120)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    with caplog.at_level(logging.WARNING, logger="pipeline.triton.launch_cpu"):
+        server.stop()
+    assert "only cancelled ensemble requests are left in flight" in caplog.text, server.log_tail()
 
 
 def test_inflight_plain_on_the_non_decoupled_repository(offline_server, repositories, tmp_path):
