@@ -298,6 +298,16 @@ def test_inflight_plain_on_the_non_decoupled_repository(offline_server, reposito
     assert f"0: {text}\n" in e2e.stdout, e2e.stdout
 
 
+def test_inflight_stop_after_ms_on_the_non_decoupled_repository(offline_server, repositories, tmp_path):
+    """Unary mode: the stop request is a second ModelInfer call; it must end the running one early
+    (the client itself asserts fewer than --request-output-len tokens)."""
+    done = run_client(INFLIGHT, offline_server.grpc_url, "--tokenizer-dir",
+                      str(repositories[False] / "preprocessing" / "tokenizer"), "--text", PROMPT,
+                      "--request-output-len", "200", "--stop-after-ms", "300", "--request-id", "offline-stop-1",
+                      cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_data_files_are_unchanged_copies():
     """The README names the source; the license header is kept (BSD-3-Clause)."""
     readme = (CLIENTS / "README.md").read_text()

@@ -112,7 +112,9 @@ def test_client_disconnect_releases_the_request(backend):
     assert slow.sender.sent[-1] == (None, FINAL)
 
 
-def test_non_decoupled_config_answers_from_execute(monkeypatch, engine_dir):
+def test_non_decoupled_config_answers_once_and_stop_cancels_mid_generation(monkeypatch, engine_dir):
+    """One response per request, through the sender; execute does not block, so a stop request
+    reaches a generation still running (the C++ backend's behaviour)."""
     monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
     model = triton_backend.TritonPythonModel()
     model.initialize({"model_config": json.dumps(model_config(engine_dir, decoupled=False))})
@@ -120,14 +122,21 @@ def test_non_decoupled_config_answers_from_execute(monkeypatch, engine_dir):
         two_rows = {"input_ids": np.array([PROMPTS[0][:2], PROMPTS[2][:2]], np.int32),
                     "input_lengths": np.array([[2], [2]], np.int32),
                     "request_output_len": np.array([[2], [2]], np.int32)}
-        out = model.execute([FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
-                             FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True]))),
-                             FakeRequest("d", **two_rows)])
+        requests = [FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
+                    FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True]))),
+                    FakeRequest("d", **two_rows), FakeRequest("long", **inputs(PROMPTS[0], 55))]
+        stop = FakeRequest("long", **inputs([0], 1, stop=np.array([True])))
+        assert model.execute(requests + [stop]) is None  # the stop is read while "long" runs
+        out = [r.sender.responses() for r in requests]
+        (stopped,) = stop.sender.responses()
     finally:
         model.finalize()
-    assert [r.tensors["output_ids"].shape for r in out[:2]] == [(1, 1, 3), (1, 1, 2)]
-    assert "decoupled mode" in out[2].error
-    assert out[3].error == "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+    assert [len(r) for r in out] == [1] * 5
+    assert [r[0].tensors["output_ids"].shape for r in out[:2]] == [(1, 1, 3), (1, 1, 2)]
+    assert "decoupled mode" in out[2][0].error
+    assert out[3][0].error == "Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy"
+    assert out[4][0].error is None and out[4][0].tensors["output_ids"].shape[-1] < 55
+    assert stopped.error is None and stopped.tensors == {}  # the stop request's own (empty) response
 
 
 def test_parameters(tmp_path):
