@@ -88,6 +88,8 @@ class GenerationRequest:
     exclude_input_in_output: bool = False
     return_perf_metrics: bool = False
     return_log_probs: bool = False  # output_log_probs / cum_log_probs of the generated tokens
+    return_generation_logits: bool = False  # the target's logits row behind each generated token
+    return_context_logits: bool = False  # the prompt's logits (needs gather_context_logits engines)
     # Triton's optional lookahead_window_size / _ngram_size / _verification_set_size inputs:
     # this request's (w, n, g), each at most the server's (W, N, G).
     lookahead: LookaheadConfig | None = None
@@ -147,6 +149,7 @@ class StepOutput:
     # and their sum over every token generated so far (TensorRT-LLM's cum_log_probs).
     log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
+    generation_logits: list[np.ndarray] = field(default_factory=list)  # [vocab] each, with log_probs' tokens
 
 
 def parse_words_list(rows: Sequence[Sequence[int]] | np.ndarray, what: str = "stop_words_list"

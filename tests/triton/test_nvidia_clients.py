@@ -183,9 +183,14 @@ def test_end_to_end_batch_inputs(server, tmp_path):
     assert f"0: {first}\n" in out and f"1: {second}\n" in out
 
 
-def test_end_to_end_return_log_probs(server, tmp_path):
-    out = _end_to_end(server, tmp_path, "--return-log-probs")
+def test_end_to_end_return_log_probs_and_generation_logits(server, tmp_path):
+    out = _end_to_end(server, tmp_path, "--return-log-probs", "--return-generation-logits")
     assert f"output_log_probs.shape: (1, 1, {TOKENS})" in out
+    assert re.search(rf"generation_logits.shape: \(1, 1, {TOKENS}, 49[0-9]{{3}}\)", out), out  # SmolLM2's vocabulary
+    # Context logits need an engine built with gather_context_logits, which speculative engines cannot be.
+    done = run_client(END_TO_END, server.grpc_url, "-p", PROMPT, "-o", str(TOKENS), "--return-context-logits",
+                      cwd=tmp_path)
+    assert "Received an error from server" in done.stdout and "gather_context_logits" in done.stdout
 
 
 def test_end_to_end_penalties_and_bad_words_change_the_answer_like_our_client(server, tmp_path):

@@ -177,6 +177,11 @@ class Scheduler:
         bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"input token id {bad} is outside the vocabulary [0, {vocab})"
+        if request.return_context_logits:
+            if not (self.engine.config.raw.get("build_config") or {}).get("gather_context_logits"):
+                return ("return_context_logits needs an engine built with gather_context_logits (trtllm-build "
+                        "--gather_context_logits; not possible with speculative decoding)")
+            return "return_context_logits is not implemented by the reference backend"
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return self.method.problem(request)
@@ -227,8 +232,8 @@ class Scheduler:
         m.forward_steps += 1
         m.total_draft_tokens += accepted.draft_tokens
         m.total_accepted_draft_tokens += accepted.accepted_draft_tokens
-        log_probs = seq.chosen_log_probs
-        seq.chosen, seq.chosen_log_probs = [], []  # this step's choices become generated tokens below
+        log_probs, logits = seq.chosen_log_probs, seq.chosen_logits
+        seq.chosen, seq.chosen_log_probs, seq.chosen_logits = [], [], []  # now generated tokens (below)
         kept: list[int] = []
         reason = None
         for index, token in enumerate(accepted.tokens):
@@ -239,6 +244,8 @@ class Scheduler:
             kept.append(token)
             if request.return_log_probs:
                 seq.log_probs.append(log_probs[index])
+            if request.return_generation_logits:
+                seq.generation_logits.append(logits[index])
             if request.stop_words and _ends_with_stop_word(seq, request.stop_words):
                 reason = FinishReason.STOP_WORDS  # the stop word stays in the output (as TensorRT-LLM)
                 break
@@ -277,11 +284,13 @@ class Scheduler:
         self._running = []
 
 
-def _log_probs(seq: Sequence, last: int) -> tuple[list[float], float]:
-    """(log-probs of the last ``last`` generated tokens, their sum over all generated tokens)."""
+def _log_probs(seq: Sequence, last: int) -> tuple[list[float], float, list]:
+    """(log-probs of the last ``last`` generated tokens, their sum over all generated tokens,
+    the logits rows of those tokens): the StepOutput fields after ``metrics``."""
+    logits = seq.generation_logits[len(seq.generation_logits) - last:] if seq.request.return_generation_logits else []
     if not seq.request.return_log_probs:
-        return [], 0.0
-    return seq.log_probs[len(seq.log_probs) - last:], float(sum(seq.log_probs))
+        return [], 0.0, logits
+    return seq.log_probs[len(seq.log_probs) - last:], float(sum(seq.log_probs)), logits
 
 
 def _cancelled(entry: _Entry, period_ns: int) -> bool:

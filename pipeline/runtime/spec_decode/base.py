@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pipeline.runtime.model.engine import Logits, StepInput, StepRows
@@ -36,7 +37,9 @@ class Sequence:
     # position): the penalties of a later position see the earlier ones. The scheduler takes them.
     chosen: list[int] = field(default_factory=list)
     chosen_log_probs: list[float] = field(default_factory=list)
+    chosen_logits: list[np.ndarray] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)  # of ``generated`` (return_log_probs)
+    generation_logits: list[np.ndarray] = field(default_factory=list)  # of ``generated``
 
     @classmethod
     def create(cls, key: int, request: GenerationRequest, cache: KVCache, metrics: RequestMetrics) -> Sequence:
@@ -53,6 +56,8 @@ class Sequence:
     def sample(self, logits: torch.Tensor) -> int:
         """The target model's choice at the next position: every emitted token comes from here."""
         request, params = self.request, self.request.sampling
+        if request.return_generation_logits:  # the model's own logits, before any adjustment
+            self.chosen_logits.append(logits.detach().float().numpy().copy())
         if params.adjusts_logits:
             context = [*self.request.input_ids, *self.generated, *self.chosen]
             logits = adjust_logits(logits, params, context, len(self.generated) + len(self.chosen), request.end_id)

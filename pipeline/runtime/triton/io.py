@@ -131,9 +131,6 @@ def _scalar(get: GetInput, name: str, default: Any) -> Any:
 # Inputs whose non-default values change what TensorRT-LLM generates; the reference backend
 # refuses them rather than answer differently from the GPU.
 # (len_penalty only changes beam search: with beam width 1 it has no effect, on the GPU too.)
-_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "return_context_logits": bool, "return_generation_logits": bool,
-}
 # What TensorRT-LLM's executor refuses outright (SamplingConfig's checks), whatever the backend.
 _IN_RANGE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "beam_width": (lambda v: v >= 1, ">= 1"), "num_return_sequences": (lambda v: v >= 1, ">= 1"),
@@ -166,11 +163,6 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
         if value is not None and not legal(value):  # NaN is never legal
             raise InputError(f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor "
                              "requires")
-    for name, refuses in _UNSUPPORTED.items():
-        value = _scalar(get, name, None)
-        if value is not None and refuses(value):
-            shown = f"{value:.6g}" if isinstance(value, float) else value
-            raise InputError(f"{name}={shown} is not supported by the reference backend")
     for name in _UNSUPPORTED_TENSORS:
         value = get(name)
         if value is not None and value.size:
@@ -204,6 +196,8 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
             embedding_bias=embedding_bias,
         ),
         return_log_probs=bool(_scalar(get, "return_log_probs", False)),
+        return_generation_logits=bool(_scalar(get, "return_generation_logits", False)),
+        return_context_logits=bool(_scalar(get, "return_context_logits", False)),
         streaming=streaming,
         exclude_input_in_output=bool(_scalar(get, "exclude_input_in_output", params.exclude_input_in_output)),
         return_perf_metrics=bool(_scalar(get, "return_perf_metrics", False)),
@@ -304,6 +298,9 @@ def response_arrays(out: StepOutput, request: GenerationRequest, declared: froze
     if request.return_log_probs:  # [1, beam, tokens] and [1, beam], generated tokens only
         arrays["output_log_probs"] = np.array(out.log_probs, dtype=np.float32).reshape(1, 1, -1)
         arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], dtype=np.float32)
+    if request.return_generation_logits:  # [1, beam, tokens, vocab]
+        rows = np.stack(out.generation_logits) if out.generation_logits else np.zeros((0, 0), np.float32)
+        arrays["generation_logits"] = rows.astype(np.float32).reshape(1, 1, *rows.shape)
     if request.return_perf_metrics:
         m = out.metrics
         arrays.update({

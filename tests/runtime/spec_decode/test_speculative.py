@@ -265,7 +265,7 @@ def test_penalties_and_bans_apply_to_the_target_and_stay_lossless(spec_engines, 
     speculative output equals plain decoding with the same adjustments (and differs from none)."""
     engine, method = method_for(spec_engines, name)
     sampling = SamplingParams(**PENALTIES, embedding_bias=tuple(0.5 * (i % 3) for i in range(40)))
-    adjusted = requests(sampling=sampling, end_id=3, return_log_probs=True)
+    adjusted = requests(sampling=sampling, end_id=3, return_log_probs=True, return_generation_logits=True)
     want = decode(engine, PlainDecoding(), adjusted, in_flight=1)
     got = decode(engine, method, adjusted, in_flight=4)
     assert {r: o.tokens for r, o in got.items()} == {r: o.tokens for r, o in want.items()}
@@ -275,5 +275,9 @@ def test_penalties_and_bans_apply_to_the_target_and_stay_lossless(spec_engines, 
         assert out.log_probs == pytest.approx(want[rid].log_probs, abs=1e-4)
         assert len(out.log_probs) == len(out.tokens) and all(lp <= 0 for lp in out.log_probs)
         assert out.cum_log_prob == pytest.approx(sum(out.log_probs), abs=1e-4)
+        # The target's own rows, from the verified positions: the same as plain decoding's.
+        assert len(out.generation_logits) == len(out.tokens)
+        assert all(torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=1e-4)
+                   for a, b in zip(out.generation_logits, want[rid].generation_logits))
     stats = totals(got)
     assert stats.draft_tokens > stats.accepted_tokens > 0, stats.summary()

@@ -61,7 +61,8 @@ def test_bad_request_gets_an_error_and_others_continue(backend):
     fine = FakeRequest("ok", **inputs(PROMPTS[1], 3))
     backend.execute([long, penalty, beam, fine])
     assert "max_input_len 64" in long.sender.responses()[0].error
-    assert penalty.sender.responses()[0].error == "return_context_logits=True is not supported by the reference backend"
+    assert penalty.sender.responses()[0].error.startswith("return_context_logits needs an engine built with "
+                                                          "gather_context_logits")
     assert "beam_width 2 is outside [1, max_beam_width 1]" in beam.sender.responses()[0].error
     assert fine.sender.responses()[0].tensors["output_ids"].shape == (1, 1, 3)
 
@@ -90,6 +91,26 @@ def test_batch_and_num_return_sequences_split_into_tagged_sequences(backend, eng
     assert blocks == [-(-(len(prompts[row]) + 3 - 1) // tokens_per_block) for row in rows]
     assert all(int(r.tensors["kv_cache_alloc_total_blocks"][0, 0]) == b for r, b in zip(responses, blocks))
     assert all(int(r.tensors["kv_cache_reused_blocks"][0, 0]) == 0 for r in responses)
+
+
+def test_generation_logits_and_log_probs_come_with_their_tokens(backend, engine):
+    import torch
+
+    stream = FakeRequest("s", **inputs(PROMPTS[0], 3, streaming=np.array([True]),
+                                       return_generation_logits=np.array([True]), return_log_probs=np.array([True])))
+    whole = FakeRequest("w", **inputs(PROMPTS[0], 3, return_generation_logits=np.array([True]),
+                                      return_log_probs=np.array([True])))
+    backend.execute([stream, whole])
+    (full,) = whole.sender.responses()
+    logits = full.tensors["generation_logits"]
+    tokens = full.tensors["output_ids"][0, 0].tolist()
+    assert logits.shape == (1, 1, 3, engine.config.model.vocab_size) and logits.dtype == np.float32
+    assert logits[0, 0].argmax(-1).tolist() == tokens  # greedy: each token is its row's argmax
+    want = torch.log_softmax(torch.from_numpy(logits[0, 0]), -1)[range(3), tokens]
+    assert full.tensors["output_log_probs"][0, 0] == pytest.approx(want.tolist(), abs=1e-5)
+    assert full.tensors["cum_log_probs"][0, 0] == pytest.approx(float(want.sum()), abs=1e-4)
+    pieces = stream.sender.responses()
+    assert np.concatenate([p.tensors["generation_logits"] for p in pieces], axis=2) == pytest.approx(logits)
 
 
 def test_stop_input_cancels_the_request_with_that_id(backend):
