@@ -313,6 +313,56 @@ def test_inflight_stop_after_ms_on_the_non_decoupled_repository(offline_server, 
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+# -- Medusa and EAGLE repositories: the main flags once more ------------------------------------------
+
+HEADS_SPEC = {
+    "medusa": "heads: {{medusa: {{path: {heads}/smollm2-medusa, num_heads: 3}}}}\n"
+              "speculative: {{method: medusa, medusa: {{choices: smollm2_medusa_10}}}}\n",
+    "eagle": "heads: {{eagle: {{path: {heads}/smollm2-eagle}}}}\n"
+             "speculative: {{method: eagle, eagle: {{choices: cpu_small_10_depth_3}}}}\n",
+}
+
+
+@pytest.fixture(scope="module", params=list(HEADS_SPEC))
+def heads_server(request, tmp_path_factory, offline_server):
+    offline_server.stop()  # one server at a time
+    method = request.param
+    folder = tmp_path_factory.mktemp(method)
+    spec = (f"name: nvidia-{method}\nmodel: {{builtin: smollm2-135m-instruct, dtype: float32}}\n"
+            + HEADS_SPEC[method].format(heads=REPO_ROOT / "heads")
+            + "build: {max_batch_size: 4, max_input_len: 128, max_seq_len: 256, max_num_tokens: 512}\n"
+              "target: reference\n")
+    (folder / "spec.yaml").write_text(spec)
+    plan = make_plan(load_spec(folder / "spec.yaml"), OutputRoots(folder / "engines", folder / "triton_repo",
+                                                                 embedded_cache_dir()))
+    (outcome,) = execute_plan(plan, say=lambda _: None)
+    assert outcome.exit_code == 0 and outcome.stopped_at is None, outcome
+    repo = plan.variants[0].stage("package").output
+    running = _server(repo, folder / "tritonserver.log")
+    try:
+        yield method, repo, running
+    finally:
+        running.stop()
+
+
+def test_speculative_repositories_answer_nvidias_clients(heads_server, tmp_path):
+    method, repo, server = heads_server
+    whole = answer(server, stream=False, exclude_input_in_output=False)
+    assert f"0: {whole}\n" in _end_to_end(server, tmp_path)
+    streamed = answer(server)
+    out = _end_to_end(server, tmp_path, "--streaming", "--return-perf-metrics")
+    assert f"\n{streamed}\n" in out and re.search(r"total_draft_tokens: [1-9]", out), out
+    out = _end_to_end(server, tmp_path, "--model-name", "tensorrt_llm_bls", "--batch-inputs",
+                      prompt=json.dumps([PROMPT, OTHER_PROMPT]))
+    assert f"0: {whole}\n" in out and "1: " in out
+    streaming = _inflight(server, repo, tmp_path, "--streaming")
+    assert streaming.returncode == 0, streaming.stdout
+    assert _decode(repo, _ids(streaming.stdout)[len(_prompt_ids(repo)):]).strip() == streamed.strip()
+    # Per-request Lookahead settings on a Medusa / EAGLE model: TensorRT-LLM's refusal.
+    refused = _inflight(server, repo, tmp_path, "--streaming", "--lookahead_config", "[3,2,3]")
+    assert refused.returncode != 0 and "lookahead" in refused.stdout, (method, refused.stdout)
+
+
 def test_data_files_are_unchanged_copies():
     """The README names the source; the license header is kept (BSD-3-Clause)."""
     readme = (CLIENTS / "README.md").read_text()
