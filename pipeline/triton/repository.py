@@ -181,7 +181,8 @@ def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
         if not (path.parent / "1").is_dir():
             raise StageError(f"{path.parent}: no version folder 1/")
         configs[config.name] = config
-    missing = {PREPROCESSING, TENSORRT_LLM, POSTPROCESSING, BLS} - set(configs)
+    # tensorrt_llm_bls is not required: a repository packaged before it existed is reported stale instead.
+    missing = {PREPROCESSING, TENSORRT_LLM, POSTPROCESSING} - set(configs)
     if missing:
         raise StageError(f"{repo}: models missing: {', '.join(sorted(missing))}")
     check_parameter_keys(pbtxt.parameters(configs[TENSORRT_LLM]))
