@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.embedded import hf_offline
 from pipeline.errors import InputError
@@ -31,9 +32,10 @@ class ChatTemplate:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=self.template,
-                                            add_generation_prompt=True, **self.special_tokens)
-        text = rendered[0]
+        specials: dict[str, Any] = dict(self.special_tokens)  # bos_token etc., as the tokenizer passes them
+        result: Any = render_jinja_template(conversations=[messages], chat_template=self.template,
+                                            add_generation_prompt=True, **specials)
+        text = result[0][0]  # (rendered conversations, generation indices)
         if self.strip_prefix and text.startswith(self.strip_prefix):
             text = text[len(self.strip_prefix):]
         return text

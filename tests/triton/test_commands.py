@@ -127,10 +127,9 @@ def test_packaged_chat_template_renders_like_the_tokenizer(tmp_path):
     """The template the package stage stores in preprocessing's config renders what HF renders,
     less a BOS that preprocessing adds itself."""
     from transformers import AutoTokenizer
-
-    from pipeline.client.chat import PARAMETER, ChatTemplate, preprocessing_model, served_template, \
-        template_parameter
     from triton_fixtures import make_tokenizer
+
+    from pipeline.client.chat import PARAMETER, ChatTemplate, preprocessing_model, served_template, template_parameter
 
     folder = make_tokenizer(tmp_path / "tok")
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from triton_fixtures import fake_engine, plan_spec, tiny_plan
 from tritonclient.grpc import model_config_pb2 as mc
 
-from triton_fixtures import fake_engine, plan_spec, tiny_plan
 from pipeline.triton import contract
 from pipeline.triton.configs import BLS, BLS_STEPS_PARAMETER
 from pipeline.triton.pbtxt import DTYPES

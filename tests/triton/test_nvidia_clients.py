@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from triton_fixtures import start_server
 
 from pipeline.client import GenerationRequest, TritonClient, build_inputs
 from pipeline.plan import OutputRoots, make_plan
@@ -33,7 +34,6 @@ from pipeline.stages.execute import execute_plan
 from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
 from pipeline.triton.repository import emit_repository
 from tests.conftest import embedded_cache_dir
-from triton_fixtures import start_server
 
 pytestmark = [
     pytest.mark.tritonserver, pytest.mark.slow,

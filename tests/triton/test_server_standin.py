@@ -194,27 +194,37 @@ def _nvidia_inputs(prompt: str, max_tokens: int, stream: bool) -> list[grpcclien
             _raw("return_generation_logits", np.array([[False]], dtype=bool), "BOOL")]
 
 
+def _nvidia_stream(server, model: str, stream: bool) -> tuple[list, list[str]]:
+    """(text_output shapes, texts) of one request in NVIDIA's format; errors fail the test."""
+    shapes, texts, errors = [], [], []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    done = threading.Event()
+
+    def callback(result, error):
+        if error is not None:
+            errors.append(error)
+            done.set()
+            return
+        if result.as_numpy("text_output") is not None:
+            shapes.append(result.as_numpy("text_output").shape)
+            texts.append(result.as_numpy("text_output")[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client.start_stream(callback=callback)
+    client.async_stream_infer(model, _nvidia_inputs(PROMPT, 5, stream), enable_empty_final_response=True)
+    assert done.wait(60)
+    client.stop_stream()
+    client.close()
+    assert not errors, errors
+    return shapes, texts
+
+
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_nvidia_request_format_gets_one_string_per_response(server, model):
     """The inputs NVIDIA's clients always send are accepted, and text_output is [num_beams] = [1]."""
     for stream in (True, False):
-        shapes, texts = [], []
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        done = threading.Event()
-
-        def callback(result, error):
-            assert error is None, error
-            if result.as_numpy("text_output") is not None:
-                shapes.append(result.as_numpy("text_output").shape)
-                texts.append(result.as_numpy("text_output")[0].decode())
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                done.set()
-
-        client.start_stream(callback=callback)
-        client.async_stream_infer(model, _nvidia_inputs(PROMPT, 5, stream), enable_empty_final_response=True)
-        assert done.wait(60)
-        client.stop_stream()
-        client.close()
+        shapes, texts = _nvidia_stream(server, model, stream)
         assert set(shapes) == {(1,)} and "".join(texts) == expected(PROMPT, 5), (model, stream)
         assert len(texts) == (3 if stream else 1)
 
