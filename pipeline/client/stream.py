@@ -254,6 +254,13 @@ class TritonClient:
             client.stop_stream(cancel_requests=True)
             client.close()
 
+    def model_config(self, name: str) -> dict:
+        """The config the server serves for ``name`` (JSON form, as Triton returns it)."""
+        try:
+            return self._client.get_model_config(name, as_json=True).get("config", {})
+        except InferenceServerException as exc:
+            raise ClientError(f"{self.url}: {one_line(exc)}") from None
+
     def close(self) -> None:
         self._client.close()
 

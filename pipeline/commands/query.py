@@ -1,8 +1,9 @@
 """`specdeploy query "PROMPT"`: one request to a running server, text printed as it streams.
 
-The prompt is wrapped in the model's chat template, using the tokenizer packaged in the
-repository (``--repo``, or the package output of ``--spec``/``--variant``), when that tokenizer
-has one; ``--no-chat`` sends the raw text, exactly as any other client of the ensemble would.
+The prompt is wrapped in the chat template of the model the server serves: the package stage
+stores it in the preprocessing model's config, which the server returns on request, so the
+command works the same from any directory. ``--repo`` takes the template from a repository on
+disk instead; ``--no-chat`` sends the raw text, exactly as any other client of the ensemble would.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeline.client import GenerationRequest, GenerationResult, Piece, TritonClient
+from pipeline.client.chat import ChatTemplate
 
 
-def _tokenizer_repo(args: argparse.Namespace) -> Path:
+def chat_template(args: argparse.Namespace, client: TritonClient) -> ChatTemplate | None:
+    from pipeline.client.chat import preprocessing_model, repo_template, served_template
+
     if args.repo:
-        return Path(args.repo)
-    from pipeline.commands.serve import resolve_variant
-
-    return resolve_variant(args).stage("package").output
+        return repo_template(Path(args.repo))
+    name = preprocessing_model(client.model_config(args.model))
+    return served_template(client.model_config(name), f"{args.url} model {name}")
 
 
 def request_from_args(args: argparse.Namespace, prompt: str, *, perf: bool) -> GenerationRequest:
@@ -48,24 +51,24 @@ def perf_lines(result: GenerationResult) -> list[str]:
 
 
 def cmd_query(args: argparse.Namespace, console: Console) -> int:
-    prompt = args.prompt
-    if args.chat is not False:
-        from pipeline.client.chat import chat_prompt, repo_tokenizer
-        from pipeline.errors import InputError
-
-        try:
-            prompt = chat_prompt(repo_tokenizer(_tokenizer_repo(args)), prompt, args.system)
-        except InputError:
-            if args.chat:  # asked for explicitly: say why it cannot be done
-                raise
-            # Default: chat models answer chat-formatted prompts; without a packaged chat
-            # template there is nothing to format with, so the text goes as it is.
+    from pipeline.errors import InputError
 
     def show(piece: Piece) -> None:
         sys.stdout.write(piece.text)
         sys.stdout.flush()
 
     with TritonClient(args.url, args.model, timeout=args.timeout) as client:
+        prompt = args.prompt
+        if args.chat is not False:
+            template = chat_template(args, client)
+            if template is not None:
+                prompt = template.render(prompt, args.system)
+            elif args.chat:  # asked for explicitly: say why it cannot be done
+                source = args.repo or f"the server at {args.url}"
+                raise InputError(f"{source}: the served model has no chat template (a tokenizer without one, or "
+                                 "packaged by an older specdeploy: re-run `specdeploy engine`); send raw text "
+                                 "(--no-chat)")
+            # Default: without a chat template there is nothing to format with; the text goes as it is.
         result = client.generate(request_from_args(args, prompt, perf=args.perf), on_piece=show)
     sys.stdout.write("\n")
     if args.perf:
@@ -87,8 +90,6 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
-    from pipeline.commands.serve import add_variant_arguments
-
     query = commands.add_parser("query", help="send a prompt to a running server and stream the answer")
     query.add_argument("prompt")
     add_sampling_arguments(query)
@@ -96,9 +97,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="one response at the end (still over the streaming RPC)")
     query.add_argument("--perf", action="store_true", help="print speed and speculative acceptance")
     query.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                       help="wrap the prompt in the model's chat template (default: when the served "
-                            "repository's tokenizer has one; --no-chat sends raw text)")
+                       help="wrap the prompt in the served model's chat template (default: when it has "
+                            "one; --no-chat sends raw text)")
     query.add_argument("--system", help="system message for --chat")
-    query.add_argument("--repo", help="--chat: the served repository, whose tokenizer formats the prompt")
-    add_variant_arguments(query, spec_positional=False)
+    query.add_argument("--repo", help="take the chat template from this repository on disk instead of the server")
     query.set_defaults(handler=cmd_query)

@@ -38,6 +38,19 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 0.0
     seed: int = 0
+    # Applied to the target model's logits before the choice (sampling.adjust_logits), so
+    # speculative verification compares drafts with the adjusted choice and stays lossless.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0  # end_id is banned until this many tokens were generated
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    embedding_bias: tuple[float, ...] = ()  # added to the logits of ids 0..len-1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.min_tokens > 0 or bool(self.bad_words) or bool(self.embedding_bias))
 
     def __post_init__(self) -> None:
         checks = (("temperature", self.temperature, self.temperature >= 0.0, ">= 0 (0 is greedy)"),
@@ -74,6 +87,9 @@ class GenerationRequest:
     streaming: bool = False
     exclude_input_in_output: bool = False
     return_perf_metrics: bool = False
+    return_log_probs: bool = False  # output_log_probs / cum_log_probs of the generated tokens
+    return_generation_logits: bool = False  # the target's logits row behind each generated token
+    return_context_logits: bool = False  # the prompt's logits (needs gather_context_logits engines)
     # Triton's optional lookahead_window_size / _ngram_size / _verification_set_size inputs:
     # this request's (w, n, g), each at most the server's (W, N, G).
     lookahead: LookaheadConfig | None = None
@@ -102,6 +118,10 @@ class RequestMetrics:
     forward_steps: int = 0  # forward passes that produced tokens: the one ending prefill, then verification steps
     total_draft_tokens: int = 0
     total_accepted_draft_tokens: int = 0
+    # KV-cache blocks of tokens_per_block tokens (TensorRT-LLM's kv_cache_alloc_* outputs): newly
+    # allocated for this request, and reused from other requests (no prefix reuse here: 0).
+    kv_cache_alloc_new_blocks: int = 0
+    kv_cache_reused_blocks: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -125,6 +145,11 @@ class StepOutput:
     reason: FinishReason | None = None
     error: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    # With return_log_probs: the log-probabilities of the generated tokens this response carries,
+    # and their sum over every token generated so far (TensorRT-LLM's cum_log_probs).
+    log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    generation_logits: list[np.ndarray] = field(default_factory=list)  # [vocab] each, with log_probs' tokens
 
 
 def parse_words_list(rows: Sequence[Sequence[int]] | np.ndarray, what: str = "stop_words_list"

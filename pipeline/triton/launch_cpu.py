@@ -19,7 +19,9 @@ model repository is byte-for-byte the one a GPU server loads.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,13 +39,20 @@ from types import TracebackType
 import pipeline
 from pipeline.errors import InputError, StageError
 
+log = logging.getLogger(__name__)
+
 REFERENCE_BACKEND_MODULE = "pipeline.runtime.triton.backend"
-# Installed as <backend-dir>/tensorrtllm/model.py: a re-export, so the server always runs the
-# checked-out reference backend instead of a stale copy.
-BACKEND_SHIM = f'''"""specdeploy: the CPU reference backend, loaded by Triton as backend "tensorrtllm"."""
-from {REFERENCE_BACKEND_MODULE} import TritonPythonModel  # noqa: F401
-'''
 PROJECT_ROOT = Path(pipeline.__file__).resolve().parent.parent
+# Installed as <backend-dir>/tensorrtllm/model.py: a re-export, so the server always runs the
+# reference backend of the checkout that started it, not a stale copy. The Python backend's stub
+# ignores PYTHONPATH (its sys.path is the interpreter's and site-packages'), so an editable install
+# of another checkout would win: the shim puts this checkout first itself.
+BACKEND_SHIM = f'''"""specdeploy: the CPU reference backend, loaded by Triton as backend "tensorrtllm"."""
+import sys
+
+sys.path.insert(0, {str(PROJECT_ROOT)!r})
+from {REFERENCE_BACKEND_MODULE} import TritonPythonModel  # noqa: E402,F401
+'''
 # Started through this one-liner so the server gets SIGTERM if we die without stopping it (a
 # SIGKILL, a crash): Linux's parent-death signal survives the exec. Not preexec_fn, which can
 # deadlock in a process that already runs threads (gRPC clients do).
@@ -127,7 +136,7 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p and Path(p).is_dir()] + ([old] if old else []))
     env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env.get("PATH", "")])
-    # The stub must import `pipeline` even without the editable install (e.g. a plain checkout).
+    # For processes that honour it; the Python backend's stub does not (BACKEND_SHIM sets its path).
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["HF_HUB_OFFLINE"] = "1"  # pre/postprocessing load tokenizers; never reach a model hub
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ inside the (packaged, maybe read-only) repository
@@ -287,16 +296,21 @@ class CpuTritonServer:
         return "\n".join(errors[-lines:] + text[-lines:])
 
     def stop(self, timeout: float = EXIT_TIMEOUT_SECONDS + 15) -> int | None:
-        """SIGTERM (Triton drains in-flight requests), wait, then SIGKILL the server's process group."""
+        """SIGTERM (Triton drains in-flight requests), wait, then SIGKILL the server's process group.
+
+        Triton 2.51 keeps an ensemble request whose client cancelled it mid-stream (gRPC
+        ``stop_stream(cancel_requests=True)``) counted in flight for good, though its composing
+        models finished it: the drain then waits out the whole exit timeout (cancellation reaches
+        only the ensemble steps scheduled after it, triton-inference-server/core#263). When the
+        log shows, for LEAK_TICKS drain ticks in a row, only ensembles in flight and none of the
+        models they are made of, nothing is left to drain and the server is ended now.
+        """
         process, self.process = self.process, None
         code = None
         if process is not None:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                code = None
+            code = self._wait_draining(process, timeout)
             # Python stubs are the server's children in its session; take any straggler with it.
             try:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -306,6 +320,27 @@ class CpuTritonServer:
                 code = process.wait()
         self._cleanup()
         return code
+
+    def _wait_draining(self, process: subprocess.Popen[bytes], timeout: float) -> int | None:
+        ensembles = ensemble_names(self.config.repositories)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return process.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+            if ensembles and only_leaked_ensembles(self._log_text(), ensembles):
+                log.warning("tritonserver: only cancelled ensemble requests are left in flight (a Triton 2.51 "
+                            "leak, triton-inference-server/core#263); ending the server instead of waiting %d s",
+                            EXIT_TIMEOUT_SECONDS)
+                return None
+        return None
+
+    def _log_text(self) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
 
     def _cleanup(self) -> None:
         if self._workdir is not None:
@@ -320,6 +355,36 @@ class CpuTritonServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+LEAK_TICKS = 3  # consecutive one-second drain ticks with only ensembles in flight
+_DRAIN_TICK = re.compile(r'"Timeout \d+: Found \d+ model versions that have in-flight inferences"')
+_IN_FLIGHT = re.compile(r'"Model \'([^\']+)\' \(version \d+\) has \d+ in-flight inferences"')
+
+
+def only_leaked_ensembles(log_text: str, ensembles: set[str]) -> bool:
+    """True when the last LEAK_TICKS drain ticks of Triton's shutdown log name ensembles only."""
+    ticks = _DRAIN_TICK.split(log_text)[1:]  # the text after each tick line
+    if len(ticks) < LEAK_TICKS + 1:  # the last tick may still be being written
+        return False
+    for tick in ticks[-LEAK_TICKS - 1:-1]:
+        models = set(_IN_FLIGHT.findall(tick))
+        if not models or not models <= ensembles:
+            return False
+    return True
+
+
+def ensemble_names(repositories: tuple[Path, ...]) -> set[str]:
+    """Models with ``platform: "ensemble"`` in these repositories."""
+    names = set()
+    for repo in repositories:
+        for path in Path(repo).glob("*/config.pbtxt"):
+            try:
+                if re.search(r'^platform:\s*"ensemble"', path.read_text(errors="replace"), re.MULTILINE):
+                    names.add(path.parent.name)
+            except OSError:
+                continue
+    return names
 
 
 def _remove_stale_workdirs(folder: Path) -> None:

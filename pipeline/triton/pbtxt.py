@@ -9,7 +9,7 @@ checked by the same schema the server uses. ``tritonclient`` 2.73 ships the sche
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -24,20 +24,6 @@ DTYPES: dict[str, int] = {
     "UINT64": mc.TYPE_UINT64, "FP16": mc.TYPE_FP16, "FP32": mc.TYPE_FP32, "BF16": mc.TYPE_BF16,
     "STRING": mc.TYPE_STRING,
 }
-
-
-def model_input(name: str, dtype: str, dims: Iterable[int], *, optional: bool = False, scalar: bool = False,
-                ragged: bool = False) -> mc.ModelInput:
-    """One input. ``scalar``: sent as [batch, 1] but the model sees [batch] (the backend's convention)."""
-    tensor = mc.ModelInput(name=name, data_type=DTYPES[dtype], dims=list(dims), optional=optional,
-                           allow_ragged_batch=ragged)
-    if scalar:
-        tensor.reshape.SetInParent()  # an empty shape: [1] -> []
-    return tensor
-
-
-def model_output(name: str, dtype: str, dims: Iterable[int]) -> mc.ModelOutput:
-    return mc.ModelOutput(name=name, data_type=DTYPES[dtype], dims=list(dims))
 
 
 def set_parameters(config: mc.ModelConfig, parameters: Mapping[str, str]) -> None:

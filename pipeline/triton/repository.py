@@ -6,6 +6,7 @@ Layout (identical for the CPU reference backend and a GPU server)::
     <out>/preprocessing/config.pbtxt, 1/model.py, tokenizer/
     <out>/tensorrt_llm/config.pbtxt, 1/        backend "tensorrtllm", gpt_model_path = the engine
     <out>/postprocessing/config.pbtxt, 1/model.py, tokenizer/
+    <out>/tensorrt_llm_bls/config.pbtxt, 1/model.py  the ensemble's API as one Python (BLS) model
     <out>/specdeploy-repository.json           what was packaged (for `serve` and humans)
 
 The tokenizer is copied into each Python model's folder and referenced as ``tokenizer``
@@ -20,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.client.chat import template_parameter
 from pipeline.errors import InputError, StageError
 from pipeline.plan import VariantPlan
 from pipeline.triton import pbtxt
@@ -33,6 +36,7 @@ from pipeline.triton.backend_params import (
     tensorrt_llm_parameters,
 )
 from pipeline.triton.configs import (
+    BLS,
     POSTPROCESSING,
     PREPROCESSING,
     TENSORRT_LLM,
@@ -43,6 +47,7 @@ from pipeline.triton.configs import (
 MODELS_SOURCE = Path(__file__).parent / "models"
 TOKENIZER_SUBDIR = "tokenizer"
 MANIFEST = "specdeploy-repository.json"
+PYTHON_MODELS = (PREPROCESSING, POSTPROCESSING, BLS)  # model.py copied from pipeline/triton/models/
 # Files a Hugging Face tokenizer may need; never weights. config.json lets AutoTokenizer pick
 # the class when tokenizer_config.json does not name one.
 TOKENIZER_FILES = (
@@ -54,7 +59,7 @@ TOKENIZER_FILES = (
 
 def settings_from_plan(variant: VariantPlan, engine_dir: Path) -> RepositorySettings:
     serving, build, look = variant.serving, variant.build, variant.speculative.lookahead
-    if serving.model_name in (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING):
+    if serving.model_name in (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING, BLS):
         raise InputError(f"[{variant.name}] serving.model_name '{serving.model_name}' collides with a model of the "
                          "repository; pick another name (default: ensemble)")
     pre = {"tokenizer_dir": TOKENIZER_SUBDIR, "add_special_tokens": "true",
@@ -123,14 +128,21 @@ def emit_repository(variant: VariantPlan, out: Path, *, engine_dir: Path, tokeni
     if check_engine_config:
         check_engine(variant, engine_dir)
     settings = settings_from_plan(variant, engine_dir)
+    files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
+    _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
+    # The chat template travels in the served config: `specdeploy query` asks the server for it.
+    add_special = settings.preprocessing_parameters["add_special_tokens"] == "true"
+    try:
+        template = template_parameter(out / PREPROCESSING / TOKENIZER_SUBDIR, add_special)
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{tokenizer_dir}: the tokenizer does not load ({' '.join(str(exc).split())})") from None
+    settings = replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
     configs = all_configs(settings)
     for name, config in configs.items():
         pbtxt.write(config, out / name / "config.pbtxt")
         (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
-    for name in (PREPROCESSING, POSTPROCESSING):
+    for name in PYTHON_MODELS:
         shutil.copyfile(MODELS_SOURCE / f"{name}.py", out / name / "1" / "model.py")
-    files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
-    _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
     manifest = {
         "variant": variant.name, "method": variant.method, "target": variant.target,
         "ensemble": settings.ensemble_name, "engine_dir": str(Path(engine_dir).resolve()),
@@ -150,7 +162,7 @@ def stale_models(repo: Path) -> list[str]:
     """Python models whose model.py differs from this specdeploy's (packaged by another version).
 
     The stage fingerprint covers the plan and the inputs, not this package's own code."""
-    return [name for name in (PREPROCESSING, POSTPROCESSING)
+    return [name for name in PYTHON_MODELS
             if not (Path(repo) / name / "1" / "model.py").is_file()
             or (Path(repo) / name / "1" / "model.py").read_bytes() != (MODELS_SOURCE / f"{name}.py").read_bytes()]
 
@@ -169,6 +181,7 @@ def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
         if not (path.parent / "1").is_dir():
             raise StageError(f"{path.parent}: no version folder 1/")
         configs[config.name] = config
+    # tensorrt_llm_bls is not required: a repository packaged before it existed is reported stale instead.
     missing = {PREPROCESSING, TENSORRT_LLM, POSTPROCESSING} - set(configs)
     if missing:
         raise StageError(f"{repo}: models missing: {', '.join(sorted(missing))}")

@@ -121,3 +121,45 @@ def test_summary_spreads_a_multi_token_step_over_its_tokens():
     assert summary["acceptance"]["mean_acceptance_length"] == pytest.approx(3 / 2)
     json.dumps(summary)  # JSON-ready
     assert np.isfinite(summary["latency_ms"]["mean"])
+
+
+def test_packaged_chat_template_renders_like_the_tokenizer(tmp_path):
+    """The template the package stage stores in preprocessing's config renders what HF renders,
+    less a BOS that preprocessing adds itself."""
+    from transformers import AutoTokenizer
+    from triton_fixtures import make_tokenizer
+
+    from pipeline.client.chat import PARAMETER, ChatTemplate, preprocessing_model, served_template, template_parameter
+
+    folder = make_tokenizer(tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(folder)
+    value = template_parameter(folder, add_special_tokens=True)[PARAMETER]
+    template = served_template({"parameters": {PARAMETER: {"string_value": value}}}, "test")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    want = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert template.render("hello", "be brief") == want  # this tokenizer adds no BOS: nothing stripped
+    with_bos = ChatTemplate(template.template, {"bos_token": "<s>"}, strip_prefix="<s>")
+    assert with_bos.render("hello") == "[user] hello "
+    assert served_template({"parameters": {}}, "test") is None
+    with pytest.raises(InputError, match=PARAMETER):
+        served_template({"parameters": {PARAMETER: {"string_value": "{not json"}}}, "server")
+    assert preprocessing_model({"ensemble_scheduling": {"step": [{"model_name": "pre"}]}}) == "pre"
+    assert preprocessing_model({"parameters": {"specdeploy_steps": {"string_value": '[{"model": "p2"}]'}}}) == "p2"
+
+
+def test_shutdown_log_with_only_ensembles_in_flight_is_a_leak():
+    from pipeline.triton.launch_cpu import only_leaked_ensembles
+
+    def tick(n: int, *models: str) -> str:
+        lines = [f'I0 server.cc:321] "Timeout {n}: Found {len(models)} model versions that have in-flight inferences"']
+        lines += [f'I0 server.cc:325] "Model \'{m}\' (version 1) has 1 in-flight inferences"' for m in models]
+        return "\n".join(lines) + "\n"
+
+    leaked = tick(30, "ensemble") + tick(29, "ensemble") + tick(28, "ensemble") + tick(27, "ensemble")
+    assert only_leaked_ensembles(leaked, {"ensemble"})
+    assert not only_leaked_ensembles(leaked, {"chat"})  # another model: a real request is draining
+    draining = tick(30, "ensemble", "tensorrt_llm") + tick(29, "ensemble") + tick(28, "ensemble") + tick(27)
+    assert not only_leaked_ensembles(draining, {"ensemble"})  # tensorrt_llm was still working 3 ticks ago
+    assert not only_leaked_ensembles(tick(30, "ensemble") + tick(29, "ensemble"), {"ensemble"})  # too soon

@@ -22,7 +22,7 @@ from pipeline.triton.repository import MANIFEST, emit_repository, validate_repos
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
-MODELS = ("preprocessing", "tensorrt_llm", "postprocessing")
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 
 
 def _parse_all(repo: Path) -> dict[str, model_config_pb2.ModelConfig]:
@@ -66,6 +66,7 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     else:
         assert not lookahead_keys & set(params)
         assert not lookahead_keys & {t.name for t in ensemble.input}
+    assert lookahead_keys <= {t.name for t in llm.input}  # declared for every mode, as NVIDIA's template does
     for method in ("medusa", "eagle"):
         config = getattr(variant.speculative, method)
         if config is not None and config.tree is not None:
@@ -179,5 +180,21 @@ def test_broken_ensemble_wiring_is_caught(tmp_path):
 
 
 def test_python_models_compile():
-    for name in ("preprocessing", "postprocessing"):
+    for name in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         py_compile.compile(str(REPO / "pipeline" / "triton" / "models" / f"{name}.py"), doraise=True)
+
+
+def test_repository_packaged_before_the_bls_model_is_stale_not_broken(tmp_path):
+    """The package stage's fingerprint does not cover specdeploy's code: an older repository has no
+    tensorrt_llm_bls. It still validates, and `serve` warns to re-package (stale_models)."""
+    import shutil
+
+    from pipeline.triton.repository import stale_models
+
+    variant = tiny_plan(tmp_path)
+    out = tmp_path / "repo"
+    emit_repository(variant, out, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)
+    assert stale_models(out) == []
+    shutil.rmtree(out / "tensorrt_llm_bls")
+    validate_repository(out)
+    assert stale_models(out) == ["tensorrt_llm_bls"]

@@ -180,6 +180,87 @@ def test_bad_requests_get_errors_and_the_next_request_succeeds(server):
         assert ok.text == expected(PROMPT, 3)
 
 
+def _nvidia_inputs(prompt: str, max_tokens: int, stream: bool) -> list[grpcclient.InferInput]:
+    """What NVIDIA's end_to_end_grpc_client.py always sends, with its shapes and types."""
+    return [_raw("text_input", np.array([[prompt]], dtype=object), "BYTES"),
+            _raw("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+            _raw("stream", np.array([[stream]], dtype=bool), "BOOL"),
+            _raw("beam_width", np.array([[1]], dtype=np.int32), "INT32"),
+            _raw("temperature", np.array([[1.0]], dtype=np.float32), "FP32"),
+            _raw("num_return_sequences", np.array([[1]], dtype=np.int32), "INT32"),
+            _raw("exclude_input_in_output", np.array([[True]], dtype=bool), "BOOL"),
+            _raw("return_num_input_tokens", np.array([[False]], dtype=bool), "BOOL"),
+            _raw("return_context_logits", np.array([[False]], dtype=bool), "BOOL"),
+            _raw("return_generation_logits", np.array([[False]], dtype=bool), "BOOL")]
+
+
+def _nvidia_stream(server, model: str, stream: bool) -> tuple[list, list[str]]:
+    """(text_output shapes, texts) of one request in NVIDIA's format; errors fail the test."""
+    shapes, texts, errors = [], [], []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    done = threading.Event()
+
+    def callback(result, error):
+        if error is not None:
+            errors.append(error)
+            done.set()
+            return
+        if result.as_numpy("text_output") is not None:
+            shapes.append(result.as_numpy("text_output").shape)
+            texts.append(result.as_numpy("text_output")[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client.start_stream(callback=callback)
+    client.async_stream_infer(model, _nvidia_inputs(PROMPT, 5, stream), enable_empty_final_response=True)
+    assert done.wait(60)
+    client.stop_stream()
+    client.close()
+    assert not errors, errors
+    return shapes, texts
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_nvidia_request_format_gets_one_string_per_response(server, model):
+    """The inputs NVIDIA's clients always send are accepted, and text_output is [num_beams] = [1]."""
+    for stream in (True, False):
+        shapes, texts = _nvidia_stream(server, model, stream)
+        assert set(shapes) == {(1,)} and "".join(texts) == expected(PROMPT, 5), (model, stream)
+        assert len(texts) == (3 if stream else 1)
+
+
+def test_bls_model_answers_like_the_ensemble(server):
+    with TritonClient(server.grpc_url) as ensemble, TritonClient(server.grpc_url, model="tensorrt_llm_bls") as bls:
+        for request in (GenerationRequest(PROMPT, max_tokens=6, return_perf_metrics=True),
+                        GenerationRequest(PROMPT, max_tokens=3, stream=False, stop_words=["fox"])):
+            want, got = ensemble.generate(request, timeout=60), bls.generate(request, timeout=60)
+            assert got.text == want.text and got.tokens == want.tokens and got.perf == want.perf
+        with pytest.raises(ClientError, match="draft-target speculative decoding needs a draft model"):
+            bls.generate_raw(build_inputs(GenerationRequest(PROMPT, max_tokens=3)) +
+                             [_raw("num_draft_tokens", np.array([[2]], dtype=np.int32), "INT32")], timeout=30)
+
+
+def test_preprocessing_returns_nvidias_outputs(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = [_raw("QUERY", np.array([[PROMPT]], dtype=object), "BYTES"),
+              _raw("REQUEST_OUTPUT_LEN", np.array([[4]], dtype=np.int32), "INT32")]
+    plain = client.infer("preprocessing", inputs)
+    assert plain.as_numpy("DECODER_INPUT_ID").tolist() == [[1]]  # the tiny tokenizer's pad id
+    assert plain.as_numpy("REQUEST_DECODER_INPUT_LEN").tolist() == [[1]]
+    assert plain.as_numpy("EMBEDDING_BIAS").shape == (1, 0)
+    assert plain.as_numpy("OUT_PROMPT_TABLE_EXTRA_IDS") is None
+    biased = client.infer("preprocessing", inputs + [
+        _raw("EMBEDDING_BIAS_WORDS", np.array([["fox", "dog"]], dtype=object), "BYTES"),
+        _raw("EMBEDDING_BIAS_WEIGHTS", np.array([[2.5, -1.0]], dtype=np.float32), "FP32"),
+        _raw("PROMPT_TABLE_EXTRA_ID", np.array([[7]], dtype=np.uint64), "UINT64")])
+    bias = biased.as_numpy("EMBEDDING_BIAS")
+    assert bias.shape == (1, 3 + len(WORDS))
+    assert bias[0, 3 + WORDS.index("fox")] == 2.5 and bias[0, 3 + WORDS.index("dog")] == -1.0
+    assert np.count_nonzero(bias) == 2
+    assert biased.as_numpy("OUT_PROMPT_TABLE_EXTRA_IDS").shape == plain.as_numpy("INPUT_ID").shape
+    client.close()
+
+
 def test_query_command_streams_text_and_acceptance(server, capsys):
     rc = main(["query", PROMPT, "--url", server.grpc_url, "--max-tokens", "5", "--perf"])
     out = capsys.readouterr().out
@@ -188,6 +269,23 @@ def test_query_command_streams_text_and_acceptance(server, capsys):
     assert "acceptance rate 0.33" in out and "mean acceptance length 2.00" in out
     rc = main(["query", PROMPT, "--url", server.grpc_url, "--max-tokens", "3", "--no-stream"])
     assert rc == 0 and capsys.readouterr().out.startswith(expected(PROMPT, 3))
+
+
+def test_query_takes_the_chat_template_from_the_server_in_any_directory(server, capsys, tmp_path, monkeypatch):
+    """No spec, no repository in the working directory (and a decoy one that would change the
+    answer): the template comes from the served preprocessing config."""
+    decoy = tmp_path / "triton_repo" / "smollm2-lookahead"
+    decoy.mkdir(parents=True)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "smollm2-lookahead.yaml").write_text("name: decoy\nmodel: {path: nowhere}\n")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "3", "--chat", "--system", "dog"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith(" dog fox jumps")  # the tiny template: each message's content, then a space
+    rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "2", "--model", "tensorrt_llm_bls",
+               "--chat", "--system", "dog"])
+    assert rc == 0 and capsys.readouterr().out.startswith(" dog fox")
 
 
 def test_query_chat_template_uses_the_repository_tokenizer(server, capsys):

@@ -176,7 +176,7 @@ class Engine:
     def new_cache(self, limit: int) -> KVCache:
         """An empty cache for one request that will never hold more than ``limit`` tokens."""
         return KVCache([self.geo.kv_heads] * self.tp, self.config.model.num_layers, self.geo.head_size,
-                       torch.float32, limit)
+                       torch.float32, limit, tokens_per_block=self.config.limits.tokens_per_block)
 
     @torch.no_grad()
     def forward(self, items: Sequence[StepInput]) -> list[StepRows]:

@@ -4,7 +4,9 @@ Why contiguous and not paged: on a CPU there is no allocator pressure to fight, 
 slice ``k[:, :length]`` goes straight into ``scaled_dot_product_attention`` without a gather.
 Capacity grows by doubling (amortised O(1) per token) up to the request's own bound
 (prompt + max_new_tokens + draft room), so a short request never holds max_seq_len of memory.
-``tokens_per_block`` of the engine is therefore not used here.
+``tokens_per_block`` is used for accounting only: :attr:`KVCache.blocks` counts the blocks
+TensorRT-LLM's paged cache allocates for the same request (one per ``tokens_per_block`` tokens
+reserved, drafts included), which the ``kv_cache_alloc_*`` perf outputs report.
 
 Speculative methods write draft tokens past ``length`` and then keep only the accepted ones:
 :meth:`keep` compacts the chosen slots and :meth:`truncate` drops the rest.
@@ -28,6 +30,8 @@ class KVCache:
     limit: int  # most tokens this request can ever hold
     length: int = 0  # tokens committed
     capacity: int = 0
+    tokens_per_block: int = 32
+    blocks: int = 0  # paged-cache blocks a GPU would have allocated so far (never freed mid-request)
     # keys[rank][layer] / values[rank][layer]: [kv_heads_r, capacity, head_size]
     keys: list[list[torch.Tensor]] = field(default_factory=list)
     values: list[list[torch.Tensor]] = field(default_factory=list)
@@ -35,6 +39,7 @@ class KVCache:
     def reserve(self, extra: int) -> None:
         """Make room for ``extra`` tokens after ``length`` (call once per step, before writing)."""
         need = self.length + extra
+        self.blocks = max(self.blocks, -(-need // self.tokens_per_block))
         if need <= self.capacity:
             return
         if need > self.limit:

@@ -177,6 +177,13 @@ class Scheduler:
         bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"input token id {bad} is outside the vocabulary [0, {vocab})"
+        if request.return_context_logits:
+            if not (self.engine.config.raw.get("build_config") or {}).get("gather_context_logits"):
+                return ("return_context_logits needs an engine built with gather_context_logits (trtllm-build "
+                        "--gather_context_logits; not possible with speculative decoding)")
+            return "return_context_logits is not implemented by the reference backend"
+        if len(request.sampling.embedding_bias) > vocab:
+            return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return self.method.problem(request)
 
     def _admit(self) -> None:
@@ -225,20 +232,27 @@ class Scheduler:
         m.forward_steps += 1
         m.total_draft_tokens += accepted.draft_tokens
         m.total_accepted_draft_tokens += accepted.accepted_draft_tokens
+        log_probs, logits = seq.chosen_log_probs, seq.chosen_logits
+        seq.chosen, seq.chosen_log_probs, seq.chosen_logits = [], [], []  # now generated tokens (below)
         kept: list[int] = []
         reason = None
-        for token in accepted.tokens:
+        for index, token in enumerate(accepted.tokens):
             if request.end_id is not None and token == request.end_id:
                 reason = FinishReason.END_ID  # the end token itself is not returned (as TensorRT-LLM)
                 break
             seq.generated.append(token)
             kept.append(token)
+            if request.return_log_probs:
+                seq.log_probs.append(log_probs[index])
+            if request.return_generation_logits:
+                seq.generation_logits.append(logits[index])
             if request.stop_words and _ends_with_stop_word(seq, request.stop_words):
                 reason = FinishReason.STOP_WORDS  # the stop word stays in the output (as TensorRT-LLM)
                 break
             if len(seq.generated) >= request.max_new_tokens:
                 reason = FinishReason.LENGTH
                 break
+        m.kv_cache_alloc_new_blocks = seq.cache.blocks
         now = time.time_ns()
         if kept:
             m.first_token_time_ns = m.first_token_time_ns or now
@@ -246,17 +260,20 @@ class Scheduler:
         if reason is not None:
             self._finish(entry, reason, kept)
         elif request.streaming:
-            _deliver(entry.sink, StepOutput(request.request_id, kept, False, None, None, m), entry)
+            _deliver(entry.sink, StepOutput(request.request_id, kept, False, None, None, m,
+                                            *_log_probs(seq, len(kept))), entry)
         return len(kept)
 
     def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
         seq, request = entry.seq, entry.seq.request
         if request.streaming:
-            tokens = last_tokens
+            tokens, generated = last_tokens, len(last_tokens)
         else:
             tokens = seq.generated if request.exclude_input_in_output else seq.tokens
+            generated = len(seq.generated)
         entry.finished = True
-        _deliver(entry.sink, StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics))
+        _deliver(entry.sink, StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics,
+                                        *_log_probs(seq, generated)))
 
     def _fail_running(self, message: str) -> None:
         for entry in self._running:
@@ -265,6 +282,15 @@ class Scheduler:
                 _deliver(entry.sink, StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR,
                                                 message, entry.seq.metrics))
         self._running = []
+
+
+def _log_probs(seq: Sequence, last: int) -> tuple[list[float], float, list]:
+    """(log-probs of the last ``last`` generated tokens, their sum over all generated tokens,
+    the logits rows of those tokens): the StepOutput fields after ``metrics``."""
+    logits = seq.generation_logits[len(seq.generation_logits) - last:] if seq.request.return_generation_logits else []
+    if not seq.request.return_log_probs:
+        return [], 0.0, logits
+    return seq.log_probs[len(seq.log_probs) - last:], float(sum(seq.log_probs)), logits
 
 
 def _cancelled(entry: _Entry, period_ns: int) -> bool:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from pipeline.runtime.model.engine import Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import GenerationRequest, RequestMetrics
-from pipeline.runtime.sampling import make_generator, sample_one
+from pipeline.runtime.sampling import adjust_logits, log_prob, make_generator, sample_one
 
 
 @dataclass
@@ -32,6 +33,13 @@ class Sequence:
     prefilled: int = 0  # prompt tokens already in the cache
     generated: list[int] = field(default_factory=list)
     state: dict[str, object] = field(default_factory=dict)  # a method's own per-request data
+    # Tokens chosen by ``sample`` this step, in order (a speculative step chooses one per accepted
+    # position): the penalties of a later position see the earlier ones. The scheduler takes them.
+    chosen: list[int] = field(default_factory=list)
+    chosen_log_probs: list[float] = field(default_factory=list)
+    chosen_logits: list[np.ndarray] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)  # of ``generated`` (return_log_probs)
+    generation_logits: list[np.ndarray] = field(default_factory=list)  # of ``generated``
 
     @classmethod
     def create(cls, key: int, request: GenerationRequest, cache: KVCache, metrics: RequestMetrics) -> Sequence:
@@ -46,7 +54,18 @@ class Sequence:
         return [*self.request.input_ids, *self.generated]
 
     def sample(self, logits: torch.Tensor) -> int:
-        return sample_one(logits, self.request.sampling, self.generator)
+        """The target model's choice at the next position: every emitted token comes from here."""
+        request, params = self.request, self.request.sampling
+        if request.return_generation_logits:  # the model's own logits, before any adjustment
+            self.chosen_logits.append(logits.detach().float().numpy().copy())
+        if params.adjusts_logits:
+            context = [*self.request.input_ids, *self.generated, *self.chosen]
+            logits = adjust_logits(logits, params, context, len(self.generated) + len(self.chosen), request.end_id)
+        token = sample_one(logits, params, self.generator)
+        if request.return_log_probs:
+            self.chosen_log_probs.append(log_prob(logits, token, params))
+        self.chosen.append(token)
+        return token
 
 
 @dataclass(frozen=True)

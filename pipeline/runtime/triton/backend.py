@@ -4,11 +4,14 @@ Triton loads it for every model whose config says ``backend: "tensorrtllm"``
 (``<backend-dir>/tensorrtllm/model.py`` re-exports this class; pipeline/triton/launch_cpu.py
 installs that shim). The model config is the one shipped to GPUs, unchanged.
 
-Decoupled (the shipped configuration): ``execute`` only parses and enqueues, and returns None;
-a background thread runs the scheduler and answers through each request's response sender:
-one response per step when ``streaming`` is true, else one response with all tokens, the last
-one flagged TRITONSERVER_RESPONSE_COMPLETE_FINAL. Non-decoupled configs are served too
-(``execute`` waits for its requests, which are still batched together), without streaming.
+``execute`` only parses and enqueues, and returns None; a background thread runs the scheduler
+and answers through each request's response sender: one response per step when ``streaming``
+is true, else one response with all tokens, the last one flagged
+TRITONSERVER_RESPONSE_COMPLETE_FINAL. Non-decoupled configs are answered the same way (the Python
+backend lets a non-decoupled model send its one response later through the sender), so
+``execute`` never blocks: a ``stop`` request reaches the scheduler while the request it stops is
+still generating, and cancels it mid-generation, as the C++ backend does. Streaming needs the
+decoupled policy (TensorRT-LLM's rule).
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ import torch
 
 from pipeline.errors import SpecdeployError
 from pipeline.runtime.model.engine import Engine
-from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
+from pipeline.runtime.request import FinishReason, StepOutput
 from pipeline.runtime.serving.metrics import BackendMetrics
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.factory import make_method
-from pipeline.runtime.triton.io import BackendParams, StopRequest, parse_parameters, parse_request, response_arrays
+from pipeline.runtime.triton.io import BackendParams, Part, StopRequest, parse_parameters, parse_parts, response_arrays
 
 try:  # present inside the Python backend's stub process only
     import triton_python_backend_utils as pb_utils
@@ -79,23 +82,19 @@ class TritonPythonModel:
                      f"max_batch_size={limits.max_batch_size} max_num_tokens={limits.max_num_tokens} "
                      f"decoding={method.name} threads={torch.get_num_threads()}")
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        if self.params.decoupled:
-            for request in requests:
-                self._submit(request, request.get_response_sender())
-            return None
-        return self._execute_blocking(requests)
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self._submit(request, request.get_response_sender())
+        return None
 
     def finalize(self) -> None:
         self.scheduler.stop()
-
-    # -- decoupled ------------------------------------------------------------------------------
 
     def _submit(self, request: Any, sender: Any) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         get = _getter(request)
         try:
-            parsed = parse_request(get, request.request_id(), self.params)
+            parsed = parse_parts(get, request.request_id(), self.params)
         except SpecdeployError as exc:
             sender.send(_error(str(exc)), flags=final)
             return
@@ -104,64 +103,60 @@ class TritonPythonModel:
                 sender.send(_error("stop=true needs the request id of the request to cancel"), flags=final)
                 return
             self.scheduler.cancel(parsed.request_id)
-            sender.send(flags=final)
+            self._release(sender)
             return
         counts = (bool(_flag(get, "return_num_input_tokens")), bool(_flag(get, "return_num_output_tokens")))
-        self.scheduler.submit(parsed, self._sink(parsed, sender, counts), getattr(sender, "is_cancelled", None))
+        # A request of several sequences shares one sender: only its last finished sequence is final.
+        remaining = _Countdown(len(parsed))
+        for part in parsed:
+            self.scheduler.submit(part.request, self._sink(part, sender, counts, remaining),
+                                  getattr(sender, "is_cancelled", None))
 
-    def _sink(self, request: GenerationRequest, sender: Any, counts: tuple[bool, bool]) -> Callable[[StepOutput], None]:
+    def _sink(self, part: Part, sender: Any, counts: tuple[bool, bool],
+              remaining: _Countdown) -> Callable[[StepOutput], None]:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def sink(out: StepOutput) -> None:
+            last = False
             if out.finished:
                 self.metrics.on_finished()
+                last = remaining.done_one()
+            flags = final if last else 0
             if out.reason is FinishReason.CANCELLED and getattr(sender, "is_cancelled", lambda: False)():
-                sender.send(flags=final)  # the client is gone: only release the request
+                if last:
+                    self._release(sender)  # the client is gone: only end the request
                 return
-            sender.send(self._response(out, request, counts), flags=final if out.finished else 0)
+            sender.send(self._response(out, part, counts), flags=flags)
 
         return sink
 
-    def _response(self, out: StepOutput, request: GenerationRequest, counts: tuple[bool, bool]) -> Any:
+    def _release(self, sender: Any) -> None:
+        """End a request with no result: a bare final flag, or (non-decoupled, which must send
+        exactly one response) an empty response."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self.params.decoupled:
+            sender.send(flags=final)
+        else:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=final)
+
+    def _response(self, out: StepOutput, part: Part, counts: tuple[bool, bool]) -> Any:
         if out.error is not None:
             return _error(out.error)
-        arrays = response_arrays(out, request, self.params.outputs, *counts)
+        arrays = response_arrays(out, part.request, self.params.outputs, *counts, part=part)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
-    # -- non-decoupled ----------------------------------------------------------------------------
 
-    def _execute_blocking(self, requests: list[Any]) -> list[Any]:
-        pending: list[tuple[GenerationRequest | None, dict[str, Any], threading.Event, tuple[bool, bool]]] = []
-        for request in requests:
-            box: dict[str, Any] = {}
-            done = threading.Event()
-            get = _getter(request)
-            try:
-                parsed = parse_request(get, request.request_id(), self.params)
-            except SpecdeployError as exc:
-                box["response"] = _error(str(exc))
-                parsed = None
-            if isinstance(parsed, StopRequest):
-                self.scheduler.cancel(parsed.request_id)
-                box["response"], parsed = pb_utils.InferenceResponse(output_tensors=[]), None
-            counts = (bool(_flag(get, "return_num_input_tokens")), bool(_flag(get, "return_num_output_tokens")))
-            if parsed is None:
-                done.set()
-            else:
-                def sink(out: StepOutput, box: dict[str, Any] = box, done: threading.Event = done) -> None:
-                    box["out"] = out
-                    done.set()
+class _Countdown:
+    """Sequences of one request still running (their sinks run on the scheduler's thread)."""
 
-                self.scheduler.submit(parsed, sink)
-            pending.append((parsed, box, done, counts))
-        responses = []
-        for parsed, box, done, counts in pending:
-            done.wait()
-            if parsed is not None:
-                self.metrics.on_finished()
-                box["response"] = self._response(box["out"], parsed, counts)
-            responses.append(box["response"])
-        return responses
+    def __init__(self, count: int) -> None:
+        self.count, self._lock = count, threading.Lock()
+
+    def done_one(self) -> bool:
+        """Count one finished sequence; True for the last."""
+        with self._lock:
+            self.count -= 1
+            return self.count == 0
 
 
 def _getter(request: Any) -> Callable[[str], np.ndarray | None]:

@@ -3,7 +3,10 @@
 * :func:`parse_parameters`: the model config's ``parameters`` -> :class:`BackendParams`;
   every TensorRT-LLM key is accepted, unknown ones ignored, leftover ``${x}`` means unset
   (what the C++ backend does).
-* :func:`parse_request`: the request's input tensors -> :class:`GenerationRequest`, or a
+* :func:`parse_parts`: a request's sequences (batch rows x ``num_return_sequences``), each a
+  :class:`Part` whose responses carry ``batch_index`` / ``sequence_index``, as TensorRT-LLM
+  splits them; :func:`parse_request` parses one sequence's tensors.
+* :func:`parse_request`: one sequence's input tensors -> :class:`GenerationRequest`, or a
   :class:`StopRequest` (the ``stop`` input cancels the in-flight request with the same id).
 * :func:`response_arrays`: a :class:`StepOutput` -> output arrays shaped as the config declares
   them with the leading batch dim of 1 (``max_batch_size`` > 0): ``output_ids`` [1, beam=1, len],
@@ -13,7 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +130,7 @@ def _scalar(get: GetInput, name: str, default: Any) -> Any:
 
 # Inputs whose non-default values change what TensorRT-LLM generates; the reference backend
 # refuses them rather than answer differently from the GPU.
-_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "repetition_penalty": lambda v: v != 1.0, "presence_penalty": lambda v: v != 0.0,
-    "frequency_penalty": lambda v: v != 0.0, "min_tokens": lambda v: v > 1, "len_penalty": lambda v: v != 1.0,
-    "return_log_probs": bool, "return_context_logits": bool, "return_generation_logits": bool,
-    "num_return_sequences": lambda v: v > 1, "beam_width": lambda v: v > 1,
-}
+# (len_penalty only changes beam search: with beam width 1 it has no effect, on the GPU too.)
 # What TensorRT-LLM's executor refuses outright (SamplingConfig's checks), whatever the backend.
 _IN_RANGE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "beam_width": (lambda v: v >= 1, ">= 1"), "num_return_sequences": (lambda v: v >= 1, ">= 1"),
@@ -151,7 +149,8 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
     if ids is None:
         raise InputError("input input_ids is missing")
     if ids.ndim == 2 and ids.shape[0] != 1:
-        raise InputError(f"batch size {ids.shape[0]} in one request is not supported; send one sequence per request")
+        raise InputError(f"batch size {ids.shape[0]}: parse_parts splits a request into its sequences first")
+    _check_beam_width(get, params)
     ids = ids.reshape(-1)
     length = int(_scalar(get, "input_lengths", ids.size))
     if not 0 <= length <= ids.size:
@@ -164,21 +163,14 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
         if value is not None and not legal(value):  # NaN is never legal
             raise InputError(f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor "
                              "requires")
-    for name, refuses in _UNSUPPORTED.items():
-        value = _scalar(get, name, None)
-        if value is not None and refuses(value):
-            shown = f"{value:.6g}" if isinstance(value, float) else value
-            raise InputError(f"{name}={shown} is not supported by the reference backend")
     for name in _UNSUPPORTED_TENSORS:
         value = get(name)
         if value is not None and value.size:
             raise InputError(f"input {name} is not supported by the reference backend")
     bad = get("bad_words_list")
-    if bad is not None and bad.size and parse_words_list(bad.reshape(2, -1), "bad_words_list"):
-        raise InputError("bad_words_list is not supported by the reference backend")
+    bad_words = parse_words_list(bad.reshape(2, -1), "bad_words_list") if bad is not None and bad.size else ()
     bias = get("embedding_bias")
-    if bias is not None and bias.size and np.any(bias != 0):
-        raise InputError("embedding_bias is not supported by the reference backend")
+    embedding_bias = tuple(float(b) for b in bias.reshape(-1)) if bias is not None and np.any(bias != 0) else ()
     stop_words = get("stop_words_list")
     lookahead = _lookahead_inputs(get, params)
     streaming = bool(_scalar(get, "streaming", False))
@@ -196,12 +188,82 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
             top_k=int(_scalar(get, "runtime_top_k", 0)),
             top_p=float(_scalar(get, "runtime_top_p", 0.0)),
             seed=int(_scalar(get, "seed", 0)),
+            repetition_penalty=float(_scalar(get, "repetition_penalty", 1.0)),
+            presence_penalty=float(_scalar(get, "presence_penalty", 0.0)),
+            frequency_penalty=float(_scalar(get, "frequency_penalty", 0.0)),
+            min_tokens=int(_scalar(get, "min_tokens", 0)),
+            bad_words=bad_words,
+            embedding_bias=embedding_bias,
         ),
+        return_log_probs=bool(_scalar(get, "return_log_probs", False)),
+        return_generation_logits=bool(_scalar(get, "return_generation_logits", False)),
+        return_context_logits=bool(_scalar(get, "return_context_logits", False)),
         streaming=streaming,
         exclude_input_in_output=bool(_scalar(get, "exclude_input_in_output", params.exclude_input_in_output)),
         return_perf_metrics=bool(_scalar(get, "return_perf_metrics", False)),
         lookahead=lookahead,
     )
+
+
+@dataclass(frozen=True)
+class Part:
+    """One sequence of a Triton request: TensorRT-LLM serves a request of batch size B with
+    num_return_sequences N as B x N sequences, each response tagged with its indices."""
+
+    request: GenerationRequest
+    batch_index: int = 0
+    sequence_index: int = 0
+
+
+def parse_parts(get: GetInput, request_id: str, params: BackendParams) -> list[Part] | StopRequest:
+    """The request's sequences (rows x num_return_sequences); InputError for one it cannot serve."""
+    if _scalar(get, "stop", False):
+        return StopRequest(request_id)
+    ids = get("input_ids")
+    rows = ids.shape[0] if ids is not None and ids.ndim == 2 else 1
+    if rows > 1 and not params.decoupled:  # TensorRT-LLM's own rule (inflight_batcher_llm/src/utils.cc)
+        raise InputError("Batch size > 1 requires the tensorrt_llm backend to be using decoupled transaction policy")
+    parts: list[Part] = []
+    for row in range(rows):
+        row_get = _row_getter(get, row, rows)
+        request = parse_request(row_get, request_id, params)
+        assert isinstance(request, GenerationRequest)
+        count = int(_scalar(row_get, "num_return_sequences", 1) or 1)
+        if count < 1:
+            raise InputError(f"num_return_sequences must be at least 1, got {count}")
+        if count > 1 and not params.decoupled:
+            raise InputError("num_return_sequences > 1 needs the decoupled transaction policy: each sequence is "
+                             "its own response")
+        # Sequence i samples from seed + i: the sequences differ unless decoding is greedy.
+        parts.extend(Part(request if i == 0 else replace(request, sampling=replace(
+            request.sampling, seed=request.sampling.seed + i)), row, i) for i in range(count))
+    return parts
+
+
+def _row_getter(get: GetInput, row: int, rows: int) -> GetInput:
+    """Inputs of one row: Triton delivers every input with the batch dimension first."""
+    if rows == 1:
+        return get
+
+    def row_get(name: str) -> np.ndarray | None:
+        value = get(name)
+        if value is None or value.ndim == 0 or value.shape[0] != rows:
+            return value
+        return value[row:row + 1]
+
+    return row_get
+
+
+def _check_beam_width(get: GetInput, params: BackendParams) -> None:
+    beam = int(_scalar(get, "beam_width", 1) or 1)
+    if beam == 1:
+        return
+    if beam < 1 or beam > params.max_beam_width:
+        raise InputError(f"beam_width {beam} is outside [1, max_beam_width {params.max_beam_width}] of this engine"
+                         + (" (speculative decoding serves beam width 1 only)" if params.decoding_mode in
+                            ("medusa", "eagle", "lookahead") else ""))
+    raise InputError(f"beam_width {beam}: beam search is not implemented by the reference backend "
+                     "(the GPU serves it on this engine)")
 
 
 _LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
@@ -223,13 +285,22 @@ def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig |
 
 
 def response_arrays(out: StepOutput, request: GenerationRequest, declared: frozenset[str],
-                    num_input_tokens: bool = False, num_output_tokens: bool = False) -> dict[str, np.ndarray]:
+                    num_input_tokens: bool = False, num_output_tokens: bool = False,
+                    part: Part | None = None) -> dict[str, np.ndarray]:
     """Output tensors of one response, restricted to the outputs the model config declares."""
     n = len(out.tokens)
     arrays: dict[str, np.ndarray] = {
         "output_ids": np.array(out.tokens, dtype=np.int32).reshape(1, 1, n),
         "sequence_length": np.array([[n]], dtype=np.int32),
+        "batch_index": np.array([[part.batch_index if part else 0]], dtype=np.int32),
+        "sequence_index": np.array([[part.sequence_index if part else 0]], dtype=np.int32),
     }
+    if request.return_log_probs:  # [1, beam, tokens] and [1, beam], generated tokens only
+        arrays["output_log_probs"] = np.array(out.log_probs, dtype=np.float32).reshape(1, 1, -1)
+        arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], dtype=np.float32)
+    if request.return_generation_logits:  # [1, beam, tokens, vocab]
+        rows = np.stack(out.generation_logits) if out.generation_logits else np.zeros((0, 0), np.float32)
+        arrays["generation_logits"] = rows.astype(np.float32).reshape(1, 1, *rows.shape)
     if request.return_perf_metrics:
         m = out.metrics
         arrays.update({
@@ -237,6 +308,10 @@ def response_arrays(out: StepOutput, request: GenerationRequest, declared: froze
             "acceptance_rate": np.array([[m.acceptance_rate]], dtype=np.float32),
             "total_accepted_draft_tokens": np.array([[m.total_accepted_draft_tokens]], dtype=np.int32),
             "total_draft_tokens": np.array([[m.total_draft_tokens]], dtype=np.int32),
+            "kv_cache_alloc_new_blocks": np.array([[m.kv_cache_alloc_new_blocks]], dtype=np.int32),
+            "kv_cache_reused_blocks": np.array([[m.kv_cache_reused_blocks]], dtype=np.int32),
+            "kv_cache_alloc_total_blocks": np.array([[m.kv_cache_alloc_new_blocks + m.kv_cache_reused_blocks]],
+                                                    dtype=np.int32),
             "arrival_time_ns": np.array([[m.arrival_time_ns]], dtype=np.int64),
             "first_scheduled_time_ns": np.array([[m.first_scheduled_time_ns]], dtype=np.int64),
             "first_token_time_ns": np.array([[m.first_token_time_ns]], dtype=np.int64),

@@ -76,6 +76,9 @@ class TritonPythonModel:
                     count = int(min(max(lengths[row, beam], 0), tokens.shape[-1]))
                     texts[row, beam] = self.decode_piece(tokens[row, beam, :count].tolist()).encode("utf-8")
                     counts[row, beam] = count
+            # One string per sequence of the request, flat ([num_beams] for one prompt), as NVIDIA's
+            # postprocessing returns it: clients read text_output[0], not text_output[0][0].
             responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUTPUT", texts), pb_utils.Tensor("OUTPUT_TOKEN_COUNT", counts)]))
+                pb_utils.Tensor("OUTPUT", texts.reshape(-1)),
+                pb_utils.Tensor("OUTPUT_TOKEN_COUNT", counts.reshape(-1))]))
         return responses

@@ -14,6 +14,12 @@ stock Triton + TensorRT-LLM container. Parameters (config.pbtxt):
 
 Stop/bad words use TensorRT-LLM's ``[batch, 2, L]`` layout: row 0 the concatenated token ids,
 row 1 the end offset of each word, padded with 0 / -1 (no words: ``[[0], [-1]]``).
+
+Outputs as NVIDIA's preprocessing returns them, so manual pipelines written for it work:
+``DECODER_INPUT_ID`` / ``REQUEST_DECODER_INPUT_LEN`` always (the tokenized ``DECODER_QUERY``, else
+one pad id with length 1), ``EMBEDDING_BIAS`` always ([batch, 0] without bias words, else one
+vocabulary-sized row per request: each word's tokens get its weight), ``OUT_PROMPT_TABLE_EXTRA_IDS``
+when ``PROMPT_TABLE_EXTRA_ID`` is sent. Multimodal inputs are refused: the engine is a text model.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+MULTIMODAL_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")
 LOOKAHEAD = (("LOOKAHEAD_WINDOW_SIZE", "lookahead_window_size"), ("LOOKAHEAD_NGRAM_SIZE", "lookahead_ngram_size"),
              ("LOOKAHEAD_VERIFICATION_SET_SIZE", "lookahead_verification_set_size"))
 
@@ -99,6 +106,9 @@ class TritonPythonModel:
         return responses
 
     def _process(self, request) -> list:
+        for name in MULTIMODAL_INPUTS:
+            if pb_utils.get_input_tensor_by_name(request, name) is not None:
+                raise RequestError(f"input {name}: multimodal requests are not supported, the engine is a text model")
         queries = _input(request, "QUERY")
         batch = queries.shape[0]
         prompts = [_text(item) for item in queries.reshape(batch, -1)[:, 0]]
@@ -114,23 +124,49 @@ class TritonPythonModel:
                                    f"{self.max_input_len}")
         end_id = _optional_ids(request, "END_ID", batch, self.end_id)
         pad_id = _optional_ids(request, "PAD_ID", batch, self.pad_id)
-        width = max(len(row) for row in ids)
-        input_ids = np.zeros((batch, width), dtype=np.int32)
-        for row, tokens in enumerate(ids):
-            input_ids[row, :] = pad_id[row, 0]
-            input_ids[row, :len(tokens)] = tokens
+        input_ids = _padded(ids, pad_id)
+        decoder = pb_utils.get_input_tensor_by_name(request, "DECODER_QUERY")
+        if decoder is not None:
+            decoder_ids = [self.tokenizer.encode(_text(item), add_special_tokens=self.add_special_tokens)
+                           for item in decoder.as_numpy().reshape(batch, -1)[:, 0]]
+        else:  # NVIDIA's convention for a request without one: a single pad id
+            decoder_ids = [[int(pad_id[row, 0])] for row in range(batch)]
         tensors = [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(row)] for row in ids], dtype=np.int32)),
+            pb_utils.Tensor("DECODER_INPUT_ID", _padded(decoder_ids, pad_id)),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.array([[len(row)] for row in decoder_ids], np.int32)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len),
             pb_utils.Tensor("BAD_WORDS_IDS", word_list(self.tokenizer, _words(request, "BAD_WORDS_DICT", batch))),
             pb_utils.Tensor("STOP_WORDS_IDS", word_list(self.tokenizer, _words(request, "STOP_WORDS_DICT", batch))),
+            pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(request, batch)),
             pb_utils.Tensor("OUT_END_ID", end_id),
             pb_utils.Tensor("OUT_PAD_ID", pad_id),
         ]
+        extra = pb_utils.get_input_tensor_by_name(request, "PROMPT_TABLE_EXTRA_ID")
+        if extra is not None:  # a text model has no prompt-table ids (ids >= vocabulary size): all 0
+            tensors.append(pb_utils.Tensor("OUT_PROMPT_TABLE_EXTRA_IDS", np.zeros(input_ids.shape, np.uint64)))
         if self.lookahead is not None:
             tensors.extend(self._lookahead(request, batch))
         return tensors
+
+    def _embedding_bias(self, request, batch: int) -> np.ndarray:
+        words = pb_utils.get_input_tensor_by_name(request, "EMBEDDING_BIAS_WORDS")
+        weights = pb_utils.get_input_tensor_by_name(request, "EMBEDDING_BIAS_WEIGHTS")
+        if words is None and weights is None:
+            return np.empty((batch, 0), dtype=np.float32)
+        if words is None or weights is None:
+            raise RequestError("send both embedding_bias_words and embedding_bias_weights, or neither")
+        words, weights = words.as_numpy().reshape(batch, -1), weights.as_numpy().reshape(batch, -1)
+        if words.shape != weights.shape:
+            raise RequestError(f"embedding_bias_words has {words.shape[1]} words but embedding_bias_weights "
+                               f"{weights.shape[1]} weights")
+        bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
+        for row in range(batch):
+            for word, weight in zip(words[row], weights[row]):
+                for token in self.tokenizer.encode(_text(word), add_special_tokens=False):
+                    bias[row, token] += float(weight)
+        return bias
 
     def _lookahead(self, request, batch: int) -> list:
         tensors = []
@@ -140,6 +176,15 @@ class TritonPythonModel:
                 raise RequestError(f"{key} must be between 1 and the server's {limit} (got {values.ravel().tolist()})")
             tensors.append(pb_utils.Tensor(f"OUT_{name}", values))
         return tensors
+
+
+def _padded(rows: list[list[int]], pad_id: np.ndarray) -> np.ndarray:
+    """[batch, longest]: each row's ids, then its pad id."""
+    out = np.zeros((len(rows), max(len(row) for row in rows)), dtype=np.int32)
+    for index, tokens in enumerate(rows):
+        out[index, :] = pad_id[index, 0]
+        out[index, :len(tokens)] = tokens
+    return out
 
 
 def _input(request, name: str) -> np.ndarray:

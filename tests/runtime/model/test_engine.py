@@ -152,3 +152,22 @@ def test_fp8_engine_matches_the_reference_forward(tmp_path, hf_model, tp):
             expected = reference.forward(torch.tensor(s))[-1]
             torch.testing.assert_close(r.logits[-1], expected, atol=1e-4, rtol=1e-4)
             s.append(int(r.logits[-1].argmax()))
+
+
+def test_cache_counts_the_blocks_a_paged_cache_allocates():
+    """kv_cache_alloc_new_blocks: one block per tokens_per_block tokens ever reserved, drafts included;
+    truncating rejected drafts frees no block (TensorRT-LLM keeps them for the request's lifetime)."""
+    import torch
+
+    from pipeline.runtime.model.kv_cache import KVCache
+
+    cache = KVCache([1], 1, 2, torch.float32, limit=64, tokens_per_block=4)
+    cache.reserve(6)  # a 6-token prompt: 2 blocks
+    assert cache.blocks == 2
+    cache.advance(6)
+    cache.reserve(1 + 3)  # one token + 3 drafts: 10 tokens, 3 blocks
+    assert cache.blocks == 3
+    cache.advance(4)
+    cache.truncate(8)  # two drafts rejected
+    cache.reserve(1)
+    assert cache.blocks == 3

@@ -17,7 +17,7 @@ import torch
 from pipeline.checkpoint.reference_forward import ReferenceModel
 from pipeline.errors import InputError
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
-from pipeline.runtime.request import FinishReason, GenerationRequest
+from pipeline.runtime.request import FinishReason, GenerationRequest, SamplingParams
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding, Sequence
@@ -253,3 +253,31 @@ def test_load_time_errors(spec_engines):
     method, warnings = make_method(medusa, MethodSettings("top_k_top_p", medusa_choices=CHAIN_3))
     assert method.name == "medusa" and "overwriting decoding_mode to medusa" in warnings[0]
     assert make_method(plain, MethodSettings("top_k_top_p"))[0].name == "plain"
+
+
+PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.2, "min_tokens": 6,
+             "bad_words": ((5,), (7, 9))}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_penalties_and_bans_apply_to_the_target_and_stay_lossless(spec_engines, name):
+    """TensorRT-LLM applies penalties, bans and bias to the target's logits before acceptance, so the
+    speculative output equals plain decoding with the same adjustments (and differs from none)."""
+    engine, method = method_for(spec_engines, name)
+    sampling = SamplingParams(**PENALTIES, embedding_bias=tuple(0.5 * (i % 3) for i in range(40)))
+    adjusted = requests(sampling=sampling, end_id=3, return_log_probs=True, return_generation_logits=True)
+    want = decode(engine, PlainDecoding(), adjusted, in_flight=1)
+    got = decode(engine, method, adjusted, in_flight=4)
+    assert {r: o.tokens for r, o in got.items()} == {r: o.tokens for r, o in want.items()}
+    assert {r: o.tokens for r, o in want.items()} != plain_tokens(engine)
+    for rid, out in got.items():
+        assert not any(t == 5 for t in out.tokens)
+        assert out.log_probs == pytest.approx(want[rid].log_probs, abs=1e-4)
+        assert len(out.log_probs) == len(out.tokens) and all(lp <= 0 for lp in out.log_probs)
+        assert out.cum_log_prob == pytest.approx(sum(out.log_probs), abs=1e-4)
+        # The target's own rows, from the verified positions: the same as plain decoding's.
+        assert len(out.generation_logits) == len(out.tokens)
+        assert all(torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=1e-4)
+                   for a, b in zip(out.generation_logits, want[rid].generation_logits))
+    stats = totals(got)
+    assert stats.draft_tokens > stats.accepted_tokens > 0, stats.summary()

@@ -56,14 +56,61 @@ def test_streaming_and_final_responses(backend, engine):
 
 def test_bad_request_gets_an_error_and_others_continue(backend):
     long = FakeRequest("long", **inputs(list(range(70)), 4))
-    penalty = FakeRequest("pen", **inputs(PROMPTS[0], 4, repetition_penalty=np.array([1.3], np.float32)))
-    batch = FakeRequest("b2", **{**inputs(PROMPTS[0], 4), "input_ids": np.array([[1, 2], [3, 4]], np.int32)})
+    penalty = FakeRequest("pen", **inputs(PROMPTS[0], 4, return_context_logits=np.array([True])))
+    beam = FakeRequest("beam", **inputs(PROMPTS[0], 4, beam_width=np.array([2], np.int32)))
     fine = FakeRequest("ok", **inputs(PROMPTS[1], 3))
-    backend.execute([long, penalty, batch, fine])
+    backend.execute([long, penalty, beam, fine])
     assert "max_input_len 64" in long.sender.responses()[0].error
-    assert penalty.sender.responses()[0].error == "repetition_penalty=1.3 is not supported by the reference backend"
-    assert "batch size 2 in one request" in batch.sender.responses()[0].error
+    assert penalty.sender.responses()[0].error.startswith("return_context_logits needs an engine built with "
+                                                          "gather_context_logits")
+    assert "beam_width 2 is outside [1, max_beam_width 1]" in beam.sender.responses()[0].error
     assert fine.sender.responses()[0].tensors["output_ids"].shape == (1, 1, 3)
+
+
+def test_batch_and_num_return_sequences_split_into_tagged_sequences(backend, engine):
+    """TensorRT-LLM's split: B rows x N sequences, each response tagged; one final flag for all."""
+    from tests.runtime.fixtures import engine_greedy
+
+    prompts = [PROMPTS[0], PROMPTS[3]]  # 6 and 3 tokens: one [2, 6] input_ids tensor, padded
+    padded = [PROMPTS[0], PROMPTS[3] + [0, 0, 0]]
+    request = FakeRequest("b", input_ids=np.array(padded, np.int32), input_lengths=np.array([[6], [3]], np.int32),
+                          request_output_len=np.array([[3], [3]], np.int32),
+                          num_return_sequences=np.array([[2], [2]], np.int32),
+                          return_perf_metrics=np.array([[True], [True]]))
+    backend.execute([request])
+    responses = request.sender.responses()
+    got = {(int(r.tensors["batch_index"][0, 0]), int(r.tensors["sequence_index"][0, 0])):
+           r.tensors["output_ids"][0, 0].tolist() for r in responses}
+    assert set(got) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    for (row, _), tokens in got.items():  # greedy: every sequence of a row is the same
+        assert tokens == engine_greedy(engine, prompts[row], 3)
+    blocks = [int(r.tensors["kv_cache_alloc_new_blocks"][0, 0]) for r in responses]
+    tokens_per_block = engine.config.limits.tokens_per_block
+    # The cache holds the prompt and every generated token but the last (never fed back), in blocks.
+    rows = [int(r.tensors["batch_index"][0, 0]) for r in responses]
+    assert blocks == [-(-(len(prompts[row]) + 3 - 1) // tokens_per_block) for row in rows]
+    assert all(int(r.tensors["kv_cache_alloc_total_blocks"][0, 0]) == b for r, b in zip(responses, blocks))
+    assert all(int(r.tensors["kv_cache_reused_blocks"][0, 0]) == 0 for r in responses)
+
+
+def test_generation_logits_and_log_probs_come_with_their_tokens(backend, engine):
+    import torch
+
+    stream = FakeRequest("s", **inputs(PROMPTS[0], 3, streaming=np.array([True]),
+                                       return_generation_logits=np.array([True]), return_log_probs=np.array([True])))
+    whole = FakeRequest("w", **inputs(PROMPTS[0], 3, return_generation_logits=np.array([True]),
+                                      return_log_probs=np.array([True])))
+    backend.execute([stream, whole])
+    (full,) = whole.sender.responses()
+    logits = full.tensors["generation_logits"]
+    tokens = full.tensors["output_ids"][0, 0].tolist()
+    assert logits.shape == (1, 1, 3, engine.config.model.vocab_size) and logits.dtype == np.float32
+    assert logits[0, 0].argmax(-1).tolist() == tokens  # greedy: each token is its row's argmax
+    want = torch.log_softmax(torch.from_numpy(logits[0, 0]), -1)[range(3), tokens]
+    assert full.tensors["output_log_probs"][0, 0] == pytest.approx(want.tolist(), abs=1e-5)
+    assert full.tensors["cum_log_probs"][0, 0] == pytest.approx(float(want.sum()), abs=1e-4)
+    pieces = stream.sender.responses()
+    assert np.concatenate([p.tensors["generation_logits"] for p in pieces], axis=2) == pytest.approx(logits)
 
 
 def test_stop_input_cancels_the_request_with_that_id(backend):
@@ -86,17 +133,31 @@ def test_client_disconnect_releases_the_request(backend):
     assert slow.sender.sent[-1] == (None, FINAL)
 
 
-def test_non_decoupled_config_answers_from_execute(monkeypatch, engine_dir):
+def test_non_decoupled_config_answers_once_and_stop_cancels_mid_generation(monkeypatch, engine_dir):
+    """One response per request, through the sender; execute does not block, so a stop request
+    reaches a generation still running (the C++ backend's behaviour)."""
     monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
     model = triton_backend.TritonPythonModel()
     model.initialize({"model_config": json.dumps(model_config(engine_dir, decoupled=False))})
     try:
-        out = model.execute([FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
-                             FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True])))])
+        two_rows = {"input_ids": np.array([PROMPTS[0][:2], PROMPTS[2][:2]], np.int32),
+                    "input_lengths": np.array([[2], [2]], np.int32),
+                    "request_output_len": np.array([[2], [2]], np.int32)}
+        requests = [FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
+                    FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True]))),
+                    FakeRequest("d", **two_rows), FakeRequest("long", **inputs(PROMPTS[0], 55))]
+        stop = FakeRequest("long", **inputs([0], 1, stop=np.array([True])))
+        assert model.execute(requests + [stop]) is None  # the stop is read while "long" runs
+        out = [r.sender.responses() for r in requests]
+        (stopped,) = stop.sender.responses()
     finally:
         model.finalize()
-    assert [r.tensors["output_ids"].shape for r in out[:2]] == [(1, 1, 3), (1, 1, 2)]
-    assert "decoupled mode" in out[2].error
+    assert [len(r) for r in out] == [1] * 5
+    assert [r[0].tensors["output_ids"].shape for r in out[:2]] == [(1, 1, 3), (1, 1, 2)]
+    assert "decoupled mode" in out[2][0].error
+    assert out[3][0].error.startswith("Batch size > 1 requires the tensorrt_llm backend to be using decoupled")
+    assert out[4][0].error is None and out[4][0].tensors["output_ids"].shape[-1] < 55
+    assert stopped.error is None and stopped.tensors == {}  # the stop request's own (empty) response
 
 
 def test_parameters(tmp_path):

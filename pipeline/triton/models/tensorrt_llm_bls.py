@@ -1,0 +1,143 @@
+"""specdeploy tensorrt_llm_bls: the ensemble's API served by one Python model (Triton's BLS).
+
+Copied into ``<repo>/tensorrt_llm_bls/1/model.py``; imports only numpy and Triton's utilities.
+It runs the ensemble's three steps itself, as the ``specdeploy_steps`` parameter lists them (the
+same wiring the ensemble's config has, generated from one table): preprocessing once, then
+``tensorrt_llm``, then postprocessing on every response ``tensorrt_llm`` sends. NVIDIA's
+repository ships a model of this name with the same inputs and outputs; clients select it with
+``--model-name tensorrt_llm_bls``.
+
+What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
+draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
+multimodal inputs. Both get a one-line error instead of an answer that ignores them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+UNSUPPORTED = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
+
+
+class RequestError(ValueError):
+    """A problem with one request; it becomes that request's error response."""
+
+
+def parameter(config: dict, key: str, default: str = "") -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value is None or value.startswith("${") else value
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        self.steps = json.loads(parameter(config, "specdeploy_steps", "[]"))
+        if [step["model"] for step in self.steps][1:2] != [parameter(config, "tensorrt_llm_model_name")]:
+            raise ValueError("tensorrt_llm_bls: specdeploy_steps must be preprocessing, tensorrt_llm_model_name, "
+                             "postprocessing")
+        self.outputs = [output["name"] for output in config.get("output", [])]
+        self.threads: list[threading.Thread] = []
+
+    def execute(self, requests: list) -> list | None:
+        if not self.decoupled:
+            return [self._single(request) for request in requests]
+        for request in requests:
+            thread = threading.Thread(target=self._stream, args=(request, request.get_response_sender()), daemon=True)
+            thread.start()
+            self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        return None
+
+    def finalize(self) -> None:
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    # -- one request --------------------------------------------------------------------------------------
+
+    def _single(self, request):
+        try:
+            responses = list(self._run(request))
+        except RequestError as exc:
+            return _error(str(exc))
+        if len(responses) != 1:
+            return _error(f"tensorrt_llm sent {len(responses)} responses to a non-decoupled request")
+        return responses[0]
+
+    def _stream(self, request, sender) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            for response in self._run(request, cancelled=sender.is_cancelled):
+                sender.send(response)
+        except RequestError as exc:
+            sender.send(_error(str(exc)))
+        except Exception as exc:  # noqa: BLE001 - a failed request must still end its stream
+            sender.send(_error(f"tensorrt_llm_bls: {type(exc).__name__}: {exc}"))
+        sender.send(flags=final)
+
+    def _run(self, request, cancelled=lambda: False):
+        """The request's responses: one per ``tensorrt_llm`` response, post-processed."""
+        tensors = {tensor.name(): _batched(tensor.as_numpy()) for tensor in request.inputs()}
+        self._refuse(tensors)
+        pre, llm, post = self.steps
+        tensors.update(_call(pre, tensors))
+        stream = _flag(tensors.get("stream"))
+        if stream and not self.decoupled:
+            raise RequestError("Streaming is only supported if model is deployed using decoupled mode.")
+        inference = _request(llm, tensors, request.request_id())
+        replies = inference.exec(decoupled=True) if self.decoupled else [inference.exec()]
+        for reply in replies:
+            if cancelled():
+                cancel = getattr(replies, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                return
+            if reply.has_error():
+                raise RequestError(reply.error().message())
+            produced = {tensor.name(): tensor.as_numpy() for tensor in reply.output_tensors()}
+            if not produced:  # the empty final response of a decoupled model
+                continue
+            step = {llm["outputs"][name]: value for name, value in produced.items() if name in llm["outputs"]}
+            step.update(_call(post, {**tensors, **step}))
+            yield pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(name, step[name]) for name in self.outputs if name in step])
+
+    @staticmethod
+    def _refuse(tensors: dict) -> None:
+        for name in UNSUPPORTED:
+            if name in tensors and tensors[name].size:
+                raise RequestError(f"input {name}: multimodal requests are not supported by this repository")
+        drafts = tensors.get("num_draft_tokens")
+        if drafts is not None and drafts.size and int(drafts.reshape(-1)[0]) > 0:
+            raise RequestError("num_draft_tokens: draft-target speculative decoding needs a draft model "
+                               "(tensorrt_llm_draft_model_name), and this repository has none")
+
+
+def _batched(array: np.ndarray) -> np.ndarray:
+    """Inputs with ``reshape: []`` arrive as [batch]; the other models take them as [batch, 1]."""
+    return array.reshape(-1, 1) if array.ndim == 1 else array
+
+
+def _flag(array) -> bool:
+    return bool(array is not None and array.size and array.reshape(-1)[0])
+
+
+def _request(step: dict, tensors: dict, request_id: str = ""):
+    inputs = [pb_utils.Tensor(inner, tensors[outer]) for inner, outer in step["inputs"].items() if outer in tensors]
+    return pb_utils.InferenceRequest(model_name=step["model"], inputs=inputs, request_id=request_id,
+                                     requested_output_names=list(step["outputs"]))
+
+
+def _call(step: dict, tensors: dict) -> dict:
+    """Run a non-decoupled step; its outputs by their ensemble names."""
+    reply = _request(step, tensors).exec()
+    if reply.has_error():
+        raise RequestError(reply.error().message())
+    return {step["outputs"][t.name()]: t.as_numpy() for t in reply.output_tensors() if t.name() in step["outputs"]}
+
+
+def _error(message: str):
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
