@@ -251,6 +251,12 @@ class EagleConfig:
         return config
 
 
+# Triton's spelling of (W, N, G): the tensorrt_llm model's parameters and its optional per-request
+# inputs use the same three names (the preprocessing model, which imports nothing of the project,
+# has its own copy).
+LOOKAHEAD_TRITON_KEYS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+
+
 @dataclass(frozen=True)
 class LookaheadConfig:
     """Lookahead's (W, N, G), one type from the spec to the runtime (a request's (w, n, g) too)."""
@@ -262,6 +268,10 @@ class LookaheadConfig:
     def __iter__(self) -> Iterator[int]:
         """``w, n, g = config``."""
         return iter((self.window, self.ngram, self.verification_set))
+
+    def triton_parameters(self) -> dict[str, str]:
+        """``{"lookahead_window_size": "W", ...}``: the model-config parameters of these values."""
+        return dict(zip(LOOKAHEAD_TRITON_KEYS, map(str, self)))
 
     @property
     def max_draft_len(self) -> int:

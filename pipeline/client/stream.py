@@ -28,6 +28,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from pipeline.errors import SpecdeployError
+from pipeline.speculative import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 BACKEND_MODEL = "tensorrt_llm"  # the composing model that generates (see pipeline.triton.configs)
@@ -54,7 +55,7 @@ class GenerationRequest:
     end_id: int | None = None
     return_perf_metrics: bool = False
     exclude_input_in_output: bool | None = None
-    lookahead: tuple[int, int, int] | None = None  # per-request (W, N, G), Lookahead models only
+    lookahead: LookaheadConfig | None = None  # per-request (w, n, g), Lookahead models only
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,8 @@ def build_inputs(request: GenerationRequest) -> list[grpcclient.InferInput]:
     if request.return_perf_metrics:
         optional.append(("return_perf_metrics", True, bool, "BOOL"))
     if request.lookahead is not None:
-        names = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-        optional.extend((name, value, np.int32, "INT32") for name, value in zip(names, request.lookahead))
+        optional.extend((name, value, np.int32, "INT32")
+                        for name, value in zip(LOOKAHEAD_TRITON_KEYS, request.lookahead))
     for name, value, np_type, dtype in optional:
         if value is not None:
             inputs.append(_tensor(name, np.array([[value]], dtype=np_type), dtype))

@@ -31,7 +31,6 @@ TENSORRT_LLM_PARAMETER_KEYS: frozenset[str] = frozenset({
     "xgrammar_tokenizer_info_path", "recv_poll_period_ms",
 })
 
-LOOKAHEAD_KEYS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 
 
 def _bool(value: bool) -> str:
@@ -72,7 +71,7 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
     if spec.lookahead is not None:
         # All three or the backend throws; equal to the engine's build or it asserts at load (#710).
         look = spec.lookahead
-        params.update(zip(LOOKAHEAD_KEYS, (str(look.window), str(look.ngram), str(look.verification_set))))
+        params.update(look.triton_parameters())
     check_parameter_keys(params)
     return params
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.speculative import LOOKAHEAD_TRITON_KEYS
+
 # Template variable -> the data type specdeploy emits for it.
 VARIABLE_TYPES: dict[str, str] = {
     "${logits_datatype}": "FP32",  # the reference engines and SmolLM2's engines produce fp32 logits
@@ -302,7 +304,7 @@ POSTPROCESSING_STEP_OUTPUTS: dict[str, str] = {"OUTPUT": "text_output"}
 
 # -- specdeploy's additions ----------------------------------------------------------------------------
 
-LOOKAHEAD_CLIENT_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+LOOKAHEAD_CLIENT_INPUTS = LOOKAHEAD_TRITON_KEYS
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from pipeline.errors import InputError, StageError
 from pipeline.plan import VariantPlan
 from pipeline.triton import pbtxt
 from pipeline.triton.backend_params import (
-    LOOKAHEAD_KEYS,
     check_parameter_keys,
     gpu_device_ids,
     tensorrt_llm_parameters,
@@ -65,7 +64,7 @@ def settings_from_plan(variant: VariantPlan, engine_dir: Path) -> RepositorySett
     pre = {"tokenizer_dir": TOKENIZER_SUBDIR, "add_special_tokens": "true",
            "max_input_len": str(build.max_input_len)}
     if look is not None:  # preprocessing fills and bounds the per-request (W, N, G)
-        pre.update(zip(LOOKAHEAD_KEYS, (str(look.window), str(look.ngram), str(look.verification_set))))
+        pre.update(look.triton_parameters())
     return RepositorySettings(
         ensemble_name=serving.model_name, max_batch_size=build.max_batch_size, decoupled=serving.decoupled,
         lookahead=look is not None, preprocessing_instances=serving.preprocessing_instances,

@@ -15,6 +15,7 @@ from pipeline.client import GenerationRequest, GenerationResult, Piece, build_in
 from pipeline.client.load import LoadRun, RequestRecord, inter_token_latencies, load_prompts, summarize
 from pipeline.commands import serve as serve_command
 from pipeline.errors import InputError
+from pipeline.speculative import LookaheadConfig
 from pipeline.triton.repository import emit_repository
 
 TP2_SPEC = """
@@ -90,7 +91,7 @@ def test_prompt_files(tmp_path):
 
 def test_request_tensors_have_a_batch_of_one_and_triton_dtypes():
     inputs = build_inputs(GenerationRequest("hi", max_tokens=5, temperature=0.5, seed=3, stop_words=("x", "y"),
-                                            return_perf_metrics=True, lookahead=(2, 2, 1)))
+                                            return_perf_metrics=True, lookahead=LookaheadConfig(2, 2, 1)))
     by_name = {tensor.name(): tensor for tensor in inputs}
     assert by_name["text_input"].shape() == [1, 1] and by_name["text_input"].datatype() == "BYTES"
     assert by_name["max_tokens"].datatype() == "INT32" and by_name["seed"].datatype() == "UINT64"

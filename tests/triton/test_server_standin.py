@@ -26,6 +26,7 @@ from triton_fixtures import WORDS, fake_engine, free_ports, start_server, tiny_p
 
 from pipeline.cli import main
 from pipeline.client import ClientError, GenerationRequest, TritonClient, build_inputs
+from pipeline.speculative import LookaheadConfig
 from pipeline.triton.launch_cpu import CpuServerConfig, check_port_free
 from pipeline.triton.repository import emit_repository
 
@@ -167,7 +168,7 @@ def test_bad_requests_get_errors_and_the_next_request_succeeds(server):
         "prompt too long": (build_inputs(GenerationRequest(" ".join(["w1"] * 40), max_tokens=4)),
                             "prompt too long: 40 tokens"),
         "zero max_tokens": (build_inputs(GenerationRequest(PROMPT, max_tokens=0)), "max_tokens must be >= 1"),
-        "lookahead too big": (build_inputs(GenerationRequest(PROMPT, max_tokens=4, lookahead=(9, 2, 2))),
+        "lookahead too big": (build_inputs(GenerationRequest(PROMPT, max_tokens=4, lookahead=LookaheadConfig(9, 2, 2))),
                               "lookahead_window_size must be between 1 and the server's 3"),
     }
     with TritonClient(server.grpc_url) as client:
@@ -176,7 +177,7 @@ def test_bad_requests_get_errors_and_the_next_request_succeeds(server):
                 client.generate_raw(inputs, timeout=30)
             assert client.generate(GenerationRequest(PROMPT, max_tokens=3), timeout=30).text == \
                 expected(PROMPT, 3), case
-        ok = client.generate(GenerationRequest(PROMPT, max_tokens=3, lookahead=(2, 2, 1)), timeout=30)
+        ok = client.generate(GenerationRequest(PROMPT, max_tokens=3, lookahead=LookaheadConfig(2, 2, 1)), timeout=30)
         assert ok.text == expected(PROMPT, 3)
 
 

@@ -26,7 +26,7 @@ from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.runtime.request import GenerationRequest, SamplingParams, StepOutput, parse_words_list
 from pipeline.runtime.spec_decode.factory import MethodSettings
-from pipeline.speculative import LookaheadConfig
+from pipeline.speculative import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 
 GetInput = Callable[[str], "np.ndarray | None"]  # input tensor by name, None when not sent
 
@@ -85,8 +85,7 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
     if not engine_dir.is_absolute() and model_dir is not None:
         engine_dir = model_dir / engine_dir
     mode = values.get("decoding_mode")
-    look = [integer(k, None) for k in ("lookahead_window_size", "lookahead_ngram_size",
-                                         "lookahead_verification_set_size")]
+    look = [integer(k, None) for k in LOOKAHEAD_TRITON_KEYS]
     if mode == "lookahead" and None in look:
         raise InputError("decoding_mode is lookahead but lookahead_window_size, lookahead_ngram_size and "
                          "lookahead_verification_set_size are not all set")
@@ -266,13 +265,10 @@ def _check_beam_width(get: GetInput, params: BackendParams) -> None:
                      "(the GPU serves it on this engine)")
 
 
-_LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
-
-
 def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig | None:
     """Per-request (w, n, g). Whether they fit the server's (W, N, G) is the Lookahead method's
     check (LookaheadDecoding.problem), answered as this request's error."""
-    values = [_scalar(get, name, None) for name in _LOOKAHEAD_INPUTS]
+    values = [_scalar(get, name, None) for name in LOOKAHEAD_TRITON_KEYS]
     if all(v is None for v in values):
         return None
     if params.lookahead is None:
