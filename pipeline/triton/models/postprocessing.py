@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import overload
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -28,7 +29,12 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 
+@overload
+def parameter(config: dict, key: str, default: str) -> str: ...
+@overload
+def parameter(config: dict, key: str, default: None = None) -> str | None: ...
 def parameter(config: dict, key: str, default: str | None = None) -> str | None:
+    """A model-config parameter; a leftover ``${...}`` template value counts as unset."""
     value = config.get("parameters", {}).get(key, {}).get("string_value")
     return default if value is None or value.startswith("${") else value
 

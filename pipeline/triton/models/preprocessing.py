@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import overload
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub from a server
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -44,7 +45,12 @@ class RequestError(ValueError):
     """A problem with one request; it becomes that request's error response."""
 
 
+@overload
+def parameter(config: dict, key: str, default: str) -> str: ...
+@overload
+def parameter(config: dict, key: str, default: None = None) -> str | None: ...
 def parameter(config: dict, key: str, default: str | None = None) -> str | None:
+    """A model-config parameter; a leftover ``${...}`` template value counts as unset."""
     value = config.get("parameters", {}).get(key, {}).get("string_value")
     return default if value is None or value.startswith("${") else value
 
@@ -93,7 +99,7 @@ class TritonPythonModel:
         self.end_id = -1 if eos is None else int(eos)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else max(self.end_id, 0)
-        values = [parameter(config, key) for _, key in LOOKAHEAD]
+        values = [parameter(config, key) or "" for _, key in LOOKAHEAD]
         self.lookahead = tuple(int(v) for v in values) if all(values) else None
 
     def execute(self, requests: list) -> list:
@@ -169,6 +175,7 @@ class TritonPythonModel:
         return bias
 
     def _lookahead(self, request, batch: int) -> list:
+        assert self.lookahead is not None  # called for Lookahead models only
         tensors = []
         for (name, key), limit in zip(LOOKAHEAD, self.lookahead):
             values = _optional_ids(request, name, batch, limit)
