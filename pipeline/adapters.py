@@ -61,7 +61,7 @@ class AdapterConfig:
 def _number(data: dict[str, Any], key: str, where: Path, *, integer: bool) -> Any:
     value = data.get(key)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value <= 0:
+    if isinstance(value, bool) or not ok or value <= 0:  # type: ignore[operator]
         kind = "a positive integer" if integer else "a positive number"
         raise InputError(f"{where}: {key} must be {kind}, got {value!r}; re-save the adapter with PEFT")
     return value
