@@ -177,8 +177,9 @@ def train_adapter(base_dir: Path, out: Path, cache: Path, settings: TrainSetting
     torch.manual_seed(settings.seed)
     layers = model.config.num_hidden_layers
     chosen = None if settings.last_layers is None else list(range(max(0, layers - settings.last_layers), layers))
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha,  # type: ignore[arg-type] target_modules=list(settings.targets),
-                             layers_to_transform=chosen, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha,  # type: ignore[arg-type]  # a float works
+                             target_modules=list(settings.targets), layers_to_transform=chosen, lora_dropout=0.0,
+                             bias="none", task_type="CAUSAL_LM")
     peft_model = peft.get_peft_model(model, config)
     training = _train(peft_model, data, settings, pad_id, say)
 
