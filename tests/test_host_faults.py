@@ -16,7 +16,7 @@ from pipeline import atomic
 from pipeline.errors import DiskFullError, HostFilesystemError, host_error
 from pipeline.plan import StagePlan
 from pipeline.stages.runner import run_stage
-from tests.test_preflight import model, spec_for  # noqa: F401  (fixture)
+from tests.preflight_fixtures import model, spec_for  # noqa: F401  (model: a fixture)
 
 ROOT = os.geteuid() == 0
 

@@ -15,31 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.checkpoint.conftest import random_llama
-from tests.checkpoint.test_bad_input import _eagle_dir
-
-VOCAB = 96
-
-
-def write_tokenizer(folder: Path, size: int = VOCAB) -> None:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, size)}}
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
-
-
-@pytest.fixture
-def model(tmp_path) -> Path:
-    """A tiny Llama checkpoint with its tokenizer: what a user's model folder looks like."""
-    folder = tmp_path / "model"
-    random_llama(0).save_pretrained(folder)
-    write_tokenizer(folder)
-    return folder
+from tests.checkpoint.conftest import eagle_drafter_dir, random_llama
+from tests.preflight_fixtures import VOCAB, model, spec_for, write_tokenizer  # noqa: F401  (model: a fixture)
 
 
 @pytest.fixture
@@ -51,11 +28,6 @@ def validate(cli, write_spec, tmp_path):
         return rc, err
 
     return run
-
-
-def spec_for(model: Path, extra: str = "", method: str = "lookahead") -> str:
-    return (f"name: tiny\nmodel:\n  path: {model}\n  dtype: float32\nspeculative:\n  method: {method}\n"
-            f"target: reference\n{extra}")
 
 
 def refused(validate, text: str, *patterns: str) -> str:
@@ -201,7 +173,7 @@ def test_medusa_heads_of_another_base_fail_validate(validate, model, tmp_path):
 
 
 def test_eagle_drafter_of_another_base_fails_validate(validate, model, tmp_path):
-    heads = _eagle_dir(tmp_path, fc_shape=(64, 64))
+    heads = eagle_drafter_dir(tmp_path, fc_shape=(64, 64))
     text = spec_for(model, "heads:\n  eagle: {path: " + str(heads) + "}\n", method="eagle")
     text = text.replace("  method: eagle\n", "  method: eagle\n  eagle: {choices: chain_3}\n")
     assert "heads.eagle.path:" in refused(validate, text, "fc.weight: shape [64, 64]")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from pipeline.checkpoint import CheckpointSummary, convert_checkpoint
 
@@ -134,3 +136,37 @@ def modelopt_fp8(tmp_path_factory) -> ModelOptFP8:
     trt_base = {tp: _modelopt_trt_export(mte, base, root / f"trt_base_tp{tp}", tp) for tp in (1, 2)}
     return ModelOptFP8(base, root / "base", quant, root / "hf_fp8", trt_fp8, trt_base)
 
+
+def eagle_drafter_dir(tmp_path: Path, hidden: int = 64, vocab: int = 96, fc_shape=(64, 128)) -> Path:
+    """An EAGLE-1 drafter folder (config.json + zero weights) of the tiny test shapes."""
+    heads = tmp_path / "eagle"
+    heads.mkdir()
+    (heads / "config.json").write_text(json.dumps({
+        "hidden_size": hidden, "intermediate_size": 96, "vocab_size": vocab, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}))
+    sd = {"fc.weight": torch.zeros(*fc_shape), "fc.bias": torch.zeros(64)}
+    p = "layers.0."
+    sd.update({p + "self_attn.q_proj.weight": torch.zeros(64, 64), p + "self_attn.k_proj.weight": torch.zeros(32, 64),
+               p + "self_attn.v_proj.weight": torch.zeros(32, 64), p + "self_attn.o_proj.weight": torch.zeros(64, 64),
+               p + "mlp.gate_proj.weight": torch.zeros(96, 64), p + "mlp.up_proj.weight": torch.zeros(96, 64),
+               p + "mlp.down_proj.weight": torch.zeros(64, 96), p + "post_attention_layernorm.weight": torch.ones(64)})
+    save_file(sd, str(heads / "model.safetensors"))
+    return heads
+
+
+def make_adapter(model, folder, seed: int = 1, **config):
+    """A random LoRA adapter made by PEFT on a copy of ``model``; returns the PEFT model."""
+    import peft
+
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"],
+              "init_lora_weights": False, **config}
+    torch.manual_seed(seed)
+    peft_model = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**config)).eval()
+    with torch.no_grad():  # PEFT's own init leaves B small; make the update large enough to matter
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                param.normal_(0, 0.2)
+            if "lora_magnitude_vector" in name:
+                param.mul_(1.0 + 0.1 * torch.rand_like(param))
+    peft_model.save_pretrained(folder)
+    return peft_model

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.checkpoint import EagleOptions, MedusaOptions, convert_checkpoint
 from pipeline.errors import InputError
+from tests.checkpoint.conftest import eagle_drafter_dir
 
 
 def expect_error(src: Path, out: Path, *patterns: str, **kw) -> str:
@@ -154,25 +155,9 @@ def test_medusa_incomplete_head(tmp_path, tiny_llama, out):
     expect_error(tiny.path, out, "1.0.linear.bias is missing", medusa=MedusaOptions(heads))
 
 
-def _eagle_dir(tmp_path: Path, hidden: int = 64, vocab: int = 96, fc_shape=(64, 128)) -> Path:
-    heads = tmp_path / "eagle"
-    heads.mkdir()
-    (heads / "config.json").write_text(json.dumps({
-        "hidden_size": hidden, "intermediate_size": 96, "vocab_size": vocab, "num_hidden_layers": 1,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}))
-    sd = {"fc.weight": torch.zeros(*fc_shape), "fc.bias": torch.zeros(64)}
-    p = "layers.0."
-    sd.update({p + "self_attn.q_proj.weight": torch.zeros(64, 64), p + "self_attn.k_proj.weight": torch.zeros(32, 64),
-               p + "self_attn.v_proj.weight": torch.zeros(32, 64), p + "self_attn.o_proj.weight": torch.zeros(64, 64),
-               p + "mlp.gate_proj.weight": torch.zeros(96, 64), p + "mlp.up_proj.weight": torch.zeros(96, 64),
-               p + "mlp.down_proj.weight": torch.zeros(64, 96), p + "post_attention_layernorm.weight": torch.ones(64)})
-    save_file(sd, str(heads / "model.safetensors"))
-    return heads
-
-
 def test_eagle_shape_mismatches(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
-    heads = _eagle_dir(tmp_path, fc_shape=(64, 64))
+    heads = eagle_drafter_dir(tmp_path, fc_shape=(64, 64))
     expect_error(tiny.path, out, "fc.weight: shape [64, 64]", "[64, 128]", eagle=EagleOptions(heads))
     cfg = json.loads((heads / "config.json").read_text())
     cfg["vocab_size"] = 1000
@@ -182,13 +167,13 @@ def test_eagle_shape_mismatches(tmp_path, tiny_llama, out):
 
 def test_eagle_needs_pp1_and_no_fp8_kv(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
-    heads = _eagle_dir(tmp_path)
+    heads = eagle_drafter_dir(tmp_path)
     expect_error(tiny.path, out, "EAGLE needs pp=1", eagle=EagleOptions(heads), pp=2)
 
 
 def test_eagle_unexpected_tensor(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
-    heads = _eagle_dir(tmp_path)
+    heads = eagle_drafter_dir(tmp_path)
     _rewrite(heads / "model.safetensors", lambda w: w.__setitem__("layers.0.input_layernorm.weight", torch.ones(64)))
     expect_error(tiny.path, out, "unexpected tensor layers.0.input_layernorm.weight", eagle=EagleOptions(heads))
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.checkpoint import EagleOptions, MedusaOptions, convert_checkpoint
 from pipeline.errors import InputError
-from tests.checkpoint.test_bad_input import _eagle_dir
+from tests.checkpoint.conftest import eagle_drafter_dir
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_fifo_as_medusa_head_file(tmp_path, tiny_llama, out, name):
 
 def test_fifo_as_eagle_weights_and_config(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
-    heads = _eagle_dir(tmp_path)
+    heads = eagle_drafter_dir(tmp_path)
     (heads / "model.safetensors").unlink()
     os.mkfifo(heads / "model.safetensors")
     refused(tiny.path, out, "model.safetensors", "FIFO", eagle=EagleOptions(heads))
@@ -189,7 +189,7 @@ def test_non_finite_pickled_medusa_head_is_refused(tmp_path, tiny_llama, out):
 @pytest.mark.parametrize("tensor", ["fc.weight", "layers.0.mlp.down_proj.weight", "fc.bias"])
 def test_non_finite_eagle_drafter_is_refused(tmp_path, tiny_llama, out, tensor):
     tiny = tiny_llama()
-    heads = _eagle_dir(tmp_path)
+    heads = eagle_drafter_dir(tmp_path)
     poke(heads / "model.safetensors", tensor, float("nan"), (0,) if tensor == "fc.bias" else (0, 0))
     refused(tiny.path, out, tensor, "NaN or Inf", eagle=EagleOptions(heads))
 

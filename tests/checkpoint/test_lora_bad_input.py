@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.checkpoint.merge import merge_adapters
 from pipeline.errors import InputError
-from tests.checkpoint.test_lora_merge import make_adapter
+from tests.checkpoint.conftest import make_adapter
 from tests.quantize.conftest import build_tiny_llama
 
 peft = pytest.importorskip("peft")

@@ -13,23 +13,9 @@ from pipeline.checkpoint.merge import PROVENANCE_FILE, merge_adapters
 
 peft = pytest.importorskip("peft")
 
+from tests.checkpoint.conftest import make_adapter  # noqa: E402
+
 IDS = torch.tensor([[1, 5, 9, 33, 2, 71, 14, 60, 8, 3]])
-
-
-def make_adapter(model, folder, seed: int = 1, **config):
-    """A random LoRA adapter made by PEFT on a copy of ``model``; returns the PEFT model."""
-    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"],
-              "init_lora_weights": False, **config}
-    torch.manual_seed(seed)
-    peft_model = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**config)).eval()
-    with torch.no_grad():  # PEFT's own init leaves B small; make the update large enough to matter
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name or "lora_embedding_B" in name:
-                param.normal_(0, 0.2)
-            if "lora_magnitude_vector" in name:
-                param.mul_(1.0 + 0.1 * torch.rand_like(param))
-    peft_model.save_pretrained(folder)
-    return peft_model
 
 
 def merged_reference(peft_model) -> dict[str, torch.Tensor]:
