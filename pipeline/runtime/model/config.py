@@ -9,13 +9,12 @@ tensors where a GPU build has ``rank{r}.engine``). Only keys the C++ runtime als
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.geometry import ModelGeometry
+from pipeline.geometry import ModelGeometry, config_value
 
 ARCHITECTURES = ("LlamaForCausalLM", "MedusaForCausalLM", "EagleForCausalLM")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -73,22 +72,6 @@ class EngineConfig:
         return self.folder / f"rank{rank}.safetensors"
 
 
-def _get(section: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
-    """section[key] converted to kind; a missing or null key takes default (required if none)."""
-    value = section.get(key)
-    if value is None:
-        if default is ...:
-            raise InputError(f"{where}: missing {key}; rebuild the engine")
-        return default
-    try:
-        converted = kind(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: {key} must be {kind.__name__}, got {value!r}") from None
-    if kind is float and not math.isfinite(converted):
-        raise InputError(f"{where}: {key} must be a finite number, got {value!r}")
-    return converted
-
-
 def load_engine_config(folder: Path) -> EngineConfig:
     folder = Path(folder)
     path = folder / "config.json"
@@ -117,9 +100,9 @@ def load_engine_config(folder: Path) -> EngineConfig:
     pcw = f"{where} pretrained_config"
     model = ModelGeometry.from_trtllm(pc, pcw)
     mapping = pc.get("mapping") or {}
-    tp = _get(mapping, "tp_size", f"{pcw}.mapping", int, 1)
-    pp = _get(mapping, "pp_size", f"{pcw}.mapping", int, 1)
-    world = _get(mapping, "world_size", f"{pcw}.mapping", int, tp * pp)
+    tp = config_value(mapping, "tp_size", f"{pcw}.mapping", int, 1)
+    pp = config_value(mapping, "pp_size", f"{pcw}.mapping", int, 1)
+    world = config_value(mapping, "world_size", f"{pcw}.mapping", int, tp * pp)
     if tp < 1 or pp < 1 or world != tp * pp:
         raise InputError(f"{pcw}.mapping: world_size {world} must equal tp_size {tp} * pp_size {pp}")
     if int(mapping.get("cp_size", 1) or 1) != 1:
@@ -132,16 +115,16 @@ def load_engine_config(folder: Path) -> EngineConfig:
         raise InputError(f"{pcw}.quantization: kv_cache_quant_algo {quant.kv_cache_quant_algo!r} is not "
                          "supported (FP8 or null)")
     bcw = f"{where} build_config"
-    max_seq_len = _get(bc, "max_seq_len", bcw, int)
-    max_batch = _get(bc, "max_batch_size", bcw, int)
+    max_seq_len = config_value(bc, "max_seq_len", bcw, int)
+    max_batch = config_value(bc, "max_batch_size", bcw, int)
     limits = Limits(
         max_batch_size=max_batch,
-        max_input_len=_get(bc, "max_input_len", bcw, int, max_seq_len),
+        max_input_len=config_value(bc, "max_input_len", bcw, int, max_seq_len),
         max_seq_len=max_seq_len,
-        max_num_tokens=_get(bc, "max_num_tokens", bcw, int, max_batch * max_seq_len),
-        max_draft_len=_get(bc, "max_draft_len", bcw, int, 0),
+        max_num_tokens=config_value(bc, "max_num_tokens", bcw, int, max_batch * max_seq_len),
+        max_draft_len=config_value(bc, "max_draft_len", bcw, int, 0),
         speculative_decoding_mode=bc.get("speculative_decoding_mode"),
-        tokens_per_block=_get(bc.get("plugin_config") or {}, "tokens_per_block", bcw, int, 32),
+        tokens_per_block=config_value(bc.get("plugin_config") or {}, "tokens_per_block", bcw, int, 32),
     )
     for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
         if getattr(limits, name) <= 0:

@@ -81,6 +81,19 @@ class StepRows:
 Span = tuple[int, int]  # an item's rows [a, b) in a step's packed rows
 
 
+def decoder_layer(shards: Sequence[LayerShard], h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                  geo: Geometry, caches: Sequence[KVCache], spans: Sequence[Span],
+                  masks: Sequence[torch.Tensor | None], layer: int) -> torch.Tensor:
+    """One decoder layer over the tp shards (the engine's and the EAGLE drafter's): residual +
+    all-reduced attention, residual + all-reduced MLP. ``h`` [T, H] is every request's new rows;
+    a shard without input_layernorm (EAGLE's first drafter layer) feeds attention ``h`` itself."""
+    norm = shards[0].input_layernorm
+    x = h if norm is None else rms_norm(h, norm, geo.eps)
+    h = h + all_reduce([attention(w, x, rope, geo, caches, spans, masks, t, layer) for t, w in enumerate(shards)])
+    x = rms_norm(h, shards[0].post_layernorm, geo.eps)
+    return h + all_reduce([mlp(w, x) for w in shards])
+
+
 def attention(w: LayerShard, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], geo: Geometry,
               caches: Sequence[KVCache], spans: Sequence[Span], masks: Sequence[torch.Tensor | None],
               tp_rank: int, layer: int) -> torch.Tensor:
@@ -202,12 +215,7 @@ class Engine:
         for pp_rank, layer_ids in enumerate(self.layer_ids):
             stage = self.stage(pp_rank)
             for layer in layer_ids:
-                shards = [r.layers[layer] for r in stage]
-                x = rms_norm(h, shards[0].input_layernorm, self.geo.eps)  # type: ignore[arg-type]
-                h = h + all_reduce([attention(w, x, rope, self.geo, caches, spans, masks, t, layer)
-                                    for t, w in enumerate(shards)])
-                x = rms_norm(h, shards[0].post_layernorm, self.geo.eps)
-                h = h + all_reduce([mlp(w, x) for w in shards])
+                h = decoder_layer([r.layers[layer] for r in stage], h, rope, self.geo, caches, spans, masks, layer)
         for item in items:
             item.cache.advance(len(item.token_ids))
         return self._logits(h, items, spans)

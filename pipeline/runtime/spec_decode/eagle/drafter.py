@@ -20,16 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import InputError
-from pipeline.runtime.model.engine import Engine, Span, attention
+from pipeline.runtime.model.engine import Engine, Span, decoder_layer
 from pipeline.runtime.model.gemm import Gemm
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.model.layers import (
     Geometry,
     LayerShard,
-    all_reduce,
-    mlp,
     prepare_linear,
-    rms_norm,
     rope_inv_freq,
     rope_tables,
 )
@@ -123,13 +120,8 @@ class Drafter:
         masks = [item.visible if item.visible is not None else
                  torch.ones(len(item.tokens), item.cache.length + len(item.tokens), dtype=torch.bool)
                  .tril(item.cache.length) for item in items]
-        for j, shards in enumerate(self.layers):
-            norm = shards[0].input_layernorm  # None for the first drafter layer
-            x = h if norm is None else rms_norm(h, norm, self.geo.eps)
-            h = h + all_reduce([attention(w, x, rope, self.geo, caches, spans, masks, t, j)
-                                for t, w in enumerate(shards)])
-            x = rms_norm(h, shards[0].post_layernorm, self.geo.eps)
-            h = h + all_reduce([mlp(w, x) for w in shards])
+        for j, shards in enumerate(self.layers):  # the first has no input_layernorm
+            h = decoder_layer(shards, h, rope, self.geo, caches, spans, masks, j)
         for item in items:
             item.cache.advance(len(item.tokens))
         return [h[a:b] for a, b in spans]
