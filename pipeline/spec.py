@@ -230,6 +230,26 @@ class GpuSpec(_Strict):
         return value
 
 
+class EvaluationSpec(_Strict):
+    """The evaluate stage: every candidate method measured on these prompts by the reference runtime."""
+
+    prompts: str | None = None
+    """JSONL ("prompt": raw text, or "messages": chat turns through the chat template) or plain text,
+    one prompt per line; default: the repository's held-out chat and code prompts."""
+    count: int = Field(32, ge=1, le=10000)
+    max_new_tokens: int = Field(64, ge=1, le=4096)
+    batch_sizes: list[int] = Field([1, 8, 32], min_length=1)
+    """Concurrencies to predict GPU speedups for; the first is the expected one."""
+    device: Literal["cpu", "cuda"] = "cpu"
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value):
+            raise ValueError("batch sizes must be >= 1")
+        return value
+
+
 class VariantSpec(_Strict):
     """One fully resolved variant: the base spec with the variant's overrides applied."""
 
@@ -253,6 +273,8 @@ class VariantSpec(_Strict):
     """tensorrt: a TensorRT-LLM engine for GPUs; reference: the CPU reference backend."""
     gpu: GpuSpec | None = None
     """The GPUs planned for (memory and FP8 checks); unchecked when unset."""
+    evaluation: EvaluationSpec | None = None
+    """The evaluate stage: every candidate method measured before the build; unset: no evaluation."""
 
     @field_validator("name")
     @classmethod

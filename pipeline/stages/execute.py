@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.errors import StageUnavailable
 from pipeline.plan import Plan, StagePlan, VariantPlan
-from pipeline.stages import build, convert, package, quantize
+from pipeline.stages import build, convert, evaluate, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
 
 StageBody = Callable[[VariantPlan, StagePlan, Path], None]
@@ -24,6 +24,7 @@ StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 STAGE_BODIES: dict[str, StageBody] = {
     "quantize": quantize.run,
     "convert": convert.run,
+    "evaluate": evaluate.run,
     "build": build.run,
     "package": package.run,
 }
@@ -86,6 +87,7 @@ _INPUT_HINTS = {
     "heads": ("speculative heads", "put the heads there (heads.<method>.path)"),
     "checkpoint": ("converted checkpoint files", "run the convert stage first (specdeploy engine SPEC)"),
     "engine": ("engine files", "run the build stage first (specdeploy engine SPEC)"),
+    "prompts0": ("evaluation prompts", "fix evaluation.prompts in the spec"),
 }
 
 
