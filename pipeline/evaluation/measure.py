@@ -53,11 +53,21 @@ def clone_cache(cache: KVCache, limit: int) -> KVCache:
                                values=[[t.clone() for t in rank] for rank in cache.values])
 
 
+Clock = Callable[[], float]
+
+
+def step_clock(engine: Engine) -> Clock:
+    """This thread's CPU time on a CPU engine (other processes' load does not count); wall time on a GPU,
+    where the step is the GPU's work."""
+    return time.thread_time if engine.device.type == "cpu" else time.perf_counter
+
+
 def prefill(engine: Engine, prompt: list[int]) -> Prefill:
-    start = time.thread_time()
+    clock = step_clock(engine)
+    start = clock()
     cache = engine.new_cache(len(prompt))
     (rows,) = engine.forward([StepInput(cache, list(prompt), Logits.LAST, all_hidden=True)])
-    return Prefill(cache, rows, time.thread_time() - start)
+    return Prefill(cache, rows, clock() - start)
 
 
 def decode(loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: int, end_id: int | None,
@@ -67,10 +77,11 @@ def decode(loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: i
     request = GenerationRequest("0", tuple(prompt), max_new_tokens, end_id=end_id, exclude_input_in_output=True,
                                 lookahead=candidate.lookahead)
     limits = dataclasses.replace(loaded.engine.config.limits, max_batch_size=1)
+    now_s = step_clock(loaded.engine)
     clock = [0.0]
 
     def count(step: StepStats) -> None:
-        now = time.thread_time()
+        now = now_s()
         tally.decode_steps += 1
         tally.decode_tokens += step.generated_tokens
         tally.decode_cpu_s += now - clock[0]
@@ -81,7 +92,7 @@ def decode(loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: i
     sched = Scheduler(loaded.engine, method, limits=limits, on_step=count)
     cache = clone_cache(shared.cache, len(prompt) + max_new_tokens + method.max_draft_len)
     sched.submit_prefilled(request, lambda out: done.append(out) if out.finished else None, cache, shared.rows)
-    clock[0] = time.thread_time()
+    clock[0] = now_s()
     sched.run_until_idle()
     (out,) = done
     if out.reason == FinishReason.ERROR:

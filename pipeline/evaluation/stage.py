@@ -1,6 +1,10 @@
 """The evaluate stage's body: the variant's checkpoint served by the reference runtime, every candidate
 measured on the evaluation prompts, each one's GPU speedup predicted by the cost model.
 
+``evaluation.device: cuda`` runs the same runtime with the weights and KV caches on the GPU (plain
+torch matmuls), for models too large to rehearse on a CPU; the CPU step costs are then GPU step times
+of the reference runtime (not TensorRT-LLM's).
+
 Writes ``evaluation.json`` into the stage's output folder (the runner renames it into place):
 settings, prompts, timings (wall, shared-prefill CPU time and the CPU time it saved), and per
 candidate the measured record (measure.summarize), output identity against plain decoding and the
@@ -48,7 +52,7 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path) -> Engine:
+def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path, device: str = "cpu") -> Engine:
     """The reference engine of this checkpoint: the build config trtllm-build would write, the checkpoint's
     rank files linked beside it in ``scratch`` (as the reference build stage places them)."""
     try:
@@ -65,19 +69,18 @@ def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path) -> Engine
             shutil.copy2(checkpoint / name, folder / name)
     config = predict_engine_config(variant, checkpoint_config, output_dir=folder)
     (folder / "config.json").write_text(json.dumps(config))
-    return Engine.load(folder)
+    return Engine.load(folder, device=device)
 
 
 def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Callable[[str], None] = print) -> dict:
     params = stage.params
     settings = params["evaluation"]
-    if settings["device"] != "cpu":
+    device = settings["device"]
+    if device == "cuda" and not torch.cuda.is_available():
         from pipeline.stages.execute import StageUnavailable
 
-        if not torch.cuda.is_available():
-            raise StageUnavailable("evaluation.device cuda: this host has no CUDA device (torch.cuda.is_available() "
-                                   "is false); use device: cpu or run on a GPU host")
-        raise StageUnavailable("evaluation.device cuda is not supported by this version; use device: cpu")
+        raise StageUnavailable("evaluation.device cuda: this host has no CUDA device (torch.cuda.is_available() "
+                               "is false); use device: cpu, or run the evaluation on a GPU host")
     started = time.perf_counter()
     prompt_path = stage.inputs["prompts0"] if settings["prompts"] else None  # resolved against the spec file
     prompts_read = read_prompts(prompt_path, settings["count"])
@@ -95,8 +98,9 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     prompts = encode(prompts_read, tokenizer, variant.arch.vocab_size)
     look = LookaheadConfig(*params["lookahead"])
     spec = variant.speculative
-    with tempfile.TemporaryDirectory(prefix=".evaluate-engine-", dir=out.parent) as scratch, one_thread():
-        engine = load_engine(variant, stage.inputs["checkpoint"], Path(scratch))
+    with (tempfile.TemporaryDirectory(prefix=".evaluate-engine-", dir=out.parent) as scratch, one_thread(),
+          torch.device(device)):
+        engine = load_engine(variant, stage.inputs["checkpoint"], Path(scratch), device)
         limit = engine.config.limits.max_input_len
         for prompt, ids in zip(prompts_read, prompts):
             if len(ids) + settings["max_new_tokens"] > engine.config.limits.max_seq_len or len(ids) > limit:

@@ -82,3 +82,11 @@ def test_bad_prompt_file_is_one_line_with_file_and_line(cli, spec, tmp_path):
 def test_bad_evaluation_section(cli, spec, evaluation, expected):
     rc, _, err = cli("validate", str(spec(evaluation=evaluation)))
     assert rc == 2 and expected in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the host without CUDA")
+def test_device_cuda_without_a_gpu_is_exit_3(cli, spec, tmp_path):
+    rc, out, _ = cli("evaluate", str(spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, "
+                                                    "max_new_tokens: 4, device: cuda}")))
+    assert rc == 3 and "no CUDA device" in out
+    assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
