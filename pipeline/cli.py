@@ -14,12 +14,13 @@ import sys
 from rich.console import Console
 
 from pipeline import __version__
-from pipeline.commands import (bench, build, doctor, engine, evaluate, heads, plan, predict, prepare_model, query, schema,
-                               serve, validate)
+from pipeline.commands import (bench, build, doctor, engine, evaluate, heads, plan, predict, prepare_model, query, report,
+                               schema, serve, validate)
 from pipeline.errors import SpecdeployError
 
 # In the order `specdeploy --help` lists them; each module has register(subparsers).
-COMMANDS = (validate, plan, engine, prepare_model, build, serve, query, bench, doctor, heads, schema, predict, evaluate)
+COMMANDS = (validate, plan, engine, prepare_model, build, serve, query, bench, doctor, heads, schema, predict, evaluate,
+            report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -290,10 +290,16 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
     heads = variant.heads
-    if requested == "auto":
+    if requested == "best" and variant.evaluation is None:
+        problems.error(("speculative", "method"), "best chooses by measurement and needs an evaluation: section "
+                                                  "(e.g. evaluation: {count: 32}); or use method: auto")
+        return None, None
+    if requested in ("auto", "best"):
         method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
         reason = {"eagle": "auto: EAGLE heads present", "medusa": "auto: Medusa heads present",
                   "lookahead": "auto: no heads, Lookahead needs no extra weights"}[method]
+        if requested == "best":  # the build follows the heads; the evaluate stage measures and chooses
+            reason = f"best: candidates built from the heads ({reason.split(': ', 1)[1]}); evaluate chooses"
     else:
         method, reason = requested, f"method: {requested} set in the spec"
     if method in ("medusa", "eagle") and getattr(heads, method) is None:
@@ -452,6 +458,7 @@ def _with_evaluate(spec: Spec, variant: VariantSpec, stages: tuple[StagePlan, ..
         "lookahead": [look.window, look.ngram, look.verification_set],
         "eagle_dynamic_top_k": variant.speculative.eagle.dynamic_tree_max_top_k,
         "gpu": gpu.name if gpu else None, "quantization": variant.quantization.model_dump(),
+        "release": variant.release.model_dump() if variant.release else None, "method": variant.speculative.method,
     })
     at = stages.index(convert) + 1
     return (*stages[:at], stage, *stages[at:])

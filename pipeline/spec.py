@@ -122,8 +122,8 @@ class LookaheadSettings(_Strict):
 
 
 class SpeculativeSpec(_Strict):
-    method: Literal["auto", "medusa", "eagle", "lookahead", "none"] = "auto"
-    """auto: EAGLE if EAGLE heads are given, else Medusa if Medusa heads are, else Lookahead."""
+    method: Literal["auto", "best", "medusa", "eagle", "lookahead", "none"] = "auto"
+    """auto: EAGLE > Medusa > Lookahead by which heads exist; best: the evaluate stage's measured choice."""
     medusa: MedusaSettings = MedusaSettings()
     """Medusa tree settings (used when the method is medusa)."""
     eagle: EagleSettings = EagleSettings()
@@ -250,6 +250,16 @@ class EvaluationSpec(_Strict):
         return value
 
 
+class ReleaseSpec(_Strict):
+    """Gates the evaluated choice must pass (pipeline/evaluation/choose.py)."""
+
+    min_acceptance_length: float | None = Field(None, ge=1.0)
+    min_speedup: float | None = Field(None, gt=0)
+    max_batch_for_speculation: int | None = Field(None, ge=1)
+    on_fail: Literal["fallback", "fail"] = "fallback"
+    """fallback: the next best candidate that passes, down to plain decoding; fail: exit code 4."""
+
+
 class VariantSpec(_Strict):
     """One fully resolved variant: the base spec with the variant's overrides applied."""
 
@@ -275,6 +285,8 @@ class VariantSpec(_Strict):
     """The GPUs planned for (memory and FP8 checks); unchecked when unset."""
     evaluation: EvaluationSpec | None = None
     """The evaluate stage: every candidate method measured before the build; unset: no evaluation."""
+    release: ReleaseSpec | None = None
+    """Gates the evaluated choice must pass to ship; unset: no gates."""
 
     @field_validator("name")
     @classmethod

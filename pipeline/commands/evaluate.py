@@ -8,6 +8,7 @@ candidate: mean acceptance length, CPU step cost and speedup, predicted GPU spee
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -35,9 +36,8 @@ def with_default_evaluation(spec):
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
-    import json
-
     from pipeline.commands.common import output_roots, spec_path
+    from pipeline.evaluation.result import RELEASE_EXIT_CODE, read_result
     from pipeline.errors import InputError
     from pipeline.plan import make_plan
     from pipeline.spec import load_spec
@@ -52,7 +52,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         raise InputError(f"{args.spec}: no variant {', '.join(sorted(unknown))} (variants: "
                          f"{', '.join(v.name for v in plan.variants)})")
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
-    code = 0
+    code, failures = 0, []
     for variant in plan.variants:
         if only and variant.name not in only:
             continue
@@ -72,9 +72,15 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
                 break
             say(f"[{variant.name}] {stage.name}: {result.status} ({result.seconds:.1f} s)")
         else:
-            evaluation = json.loads((variant.stage("evaluate").output / "evaluation.json").read_text())
+            evaluation = read_result(variant.stage("evaluate").output)
             console.print(summary_table(evaluation))
-    return code
+            console.print(f"[{variant.name}] choice: {evaluation['choice']['candidate']}: "
+                          f"{evaluation['choice']['reason']}", highlight=False, markup=False)
+            if evaluation["choice"].get("failed"):
+                failures.append(f"{variant.name}: release gate failed: {evaluation['choice']['failed']}")
+    for failure in failures:  # after every variant, so a release pipeline sees them all at once
+        print(f"error: {failure}", file=sys.stderr)
+    return max(code, RELEASE_EXIT_CODE if failures else 0)
 
 
 def summary_table(evaluation: dict) -> Table:

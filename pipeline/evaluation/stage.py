@@ -30,14 +30,16 @@ from pipeline.costmodel.predict import predict
 from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.evaluation import candidates as cands
+from pipeline.evaluation.choose import Gates, choose
 from pipeline.evaluation.measure import identity, measure, summarize
+from pipeline.evaluation.report import CURVE_BATCHES, write_report
+from pipeline.evaluation.result import RESULT_FILE
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.plan import StagePlan, VariantPlan
 from pipeline.runtime.model.engine import Engine
 from pipeline.speculative import LookaheadConfig
 from pipeline.trtllm.engine_config import predict_engine_config
 
-RESULT_FILE = "evaluation.json"
 DEFAULT_GPU = "h100-sxm-80gb"  # predictions for a plan without gpu.type (said so in the result)
 
 
@@ -127,6 +129,9 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     gpu = params["gpu"] or DEFAULT_GPU
     context = int(sum(len(p) for p in prompts) / len(prompts) + settings["max_new_tokens"] / 2)
     add_predictions(records, listed, variant, gpu, settings["batch_sizes"], context)
+    batch = settings["batch_sizes"][0]
+    planned = None if params["method"] == "best" else planned_candidate(listed, variant)
+    choice = choose(records, batch, gpu, Gates.from_dict(params["release"]), planned)
     result = {
         "variant": variant.name, "settings": settings, "method_planned": variant.method,
         "prompts": {"source": str(prompt_path) if prompt_path else "default: chat_eval + code_eval",
@@ -136,10 +141,23 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         "timing": {"wall_s": wall, "prefill_cpu_s": prefill_cpu,
                    "prefill_saved_cpu_s": prefill_cpu * (len(listed) - 1),
                    "decode_cpu_s": sum(t.decode_cpu_s for t in tallies.values())},
-        "candidates": records,
+        "candidates": records, "choice": choice.to_dict(), "method_requested": params["method"],
     }
     (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    write_report(result, out)
+    say(f"[{variant.name}] evaluate: chose {choice.candidate}: {choice.reason}")
+    if choice.failed:
+        say(f"[{variant.name}] release gate failed: {choice.failed}")
     return result
+
+
+def planned_candidate(listed: list[cands.Candidate], variant: VariantPlan) -> str:
+    """The candidate that is the plan's own method and settings (method auto or explicit)."""
+    spec = variant.speculative
+    if spec.method == "eagle" and spec.eagle is not None and spec.eagle.dynamic_tree:
+        return next(c.name for c in listed if c.name.startswith("eagle2"))
+    return next(c.name for c in listed if c.method == spec.method)
+
 
 
 def _weights_dtype(params: dict) -> str:
@@ -157,3 +175,5 @@ def add_predictions(records: list[dict], listed: list[cands.Candidate], variant:
         rows = predict(deployment, candidate.drafting, al, batch_sizes)
         record["predicted_speedup"] = {str(p.batch): p.speedup for p in rows}
         record["predicted_step_ms"] = {str(p.batch): p.method_s * 1e3 for p in rows}
+        record["predicted_curve"] = {str(p.batch): p.speedup for p in predict(deployment, candidate.drafting, al,
+                                                                               CURVE_BATCHES)}

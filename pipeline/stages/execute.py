@@ -77,6 +77,13 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
             f" ({result.seconds:.1f} s)")
         results.append(result)
         produced.add(stage.output)
+        if stage.name == "evaluate":
+            from pipeline.evaluation.result import RELEASE_EXIT_CODE, release_failure
+
+            failed = release_failure(result.output)
+            if failed:  # release.on_fail: fail; the later stages do not run for this variant
+                say(f"[{variant.name}] release gate failed: {failed}")
+                return VariantOutcome(variant.name, tuple(results), stage.name, failed, RELEASE_EXIT_CODE)
     return VariantOutcome(variant.name, tuple(results))
 
 

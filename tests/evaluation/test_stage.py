@@ -57,8 +57,38 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
         assert c["identity"]["lossless"] and c["identity"]["identical"] == 3
         assert set(c["predicted_speedup"]) == {"1", "4"}
     assert "medusa[cpu_small_10_depth_3]" in out
+    assert result["choice"]["failed"] is None and result["method_requested"] == "auto"
+    for name in ("report.json", "report.md", "acceptance.png", "speedup_vs_batch.png"):
+        assert (folder / name).is_file(), name
+    assert "**Choice:" in (folder / "report.md").read_text()
     rc, out, _ = cli("evaluate", str(path))
     assert rc == 0 and "evaluate: skipped" in out
+    rc, out, err = cli("report", str(path))
+    assert rc == 0 and "tiny" in out and "pass" in out, err
+    rc, out, _ = cli("plan", str(path))
+    assert rc == 0 and "measured choice" in out
+
+
+def test_best_chooses_and_a_failed_gate_exits_4(cli, spec, tmp_path):
+    path = spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6}\n"
+                           "release: {min_acceptance_length: 50, on_fail: fail}")
+    text = path.read_text().replace("speculative: {", "speculative: {method: best, ")
+    path.write_text(text)
+    rc, out, err = cli("evaluate", str(path))
+    assert rc == 4, err
+    assert err.count("\n") == 1 and err.startswith("error: tiny: release gate failed: ")
+    assert "min_acceptance_length 50.0: measured" in err
+    result = json.loads((tmp_path / "engines" / "tiny" / "evaluation" / "evaluation.json").read_text())
+    assert result["method_requested"] == "best" and result["choice"]["failed"]
+    rc, out, _ = cli("engine", str(path))  # the build does not run for a variant that failed its gate
+    assert rc == 4 and "release gate failed" in out and not (tmp_path / "engines" / "tiny" / "engine").exists()
+
+
+def test_best_without_evaluation_is_a_spec_error(cli, spec):
+    path = spec(evaluation="")
+    path.write_text(path.read_text().replace("speculative: {", "speculative: {method: best, "))
+    rc, _, err = cli("validate", str(path))
+    assert rc == 2 and "best chooses by measurement and needs an evaluation: section" in err
 
 
 def test_spec_without_evaluation_gets_the_defaults(cli, spec, tmp_path):
