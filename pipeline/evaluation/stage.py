@@ -14,7 +14,9 @@ predicted GPU speedup at each of ``evaluation.batch_sizes`` on the plan's GPU ty
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -134,6 +136,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     choice = choose(records, batch, gpu, Gates.from_dict(params["release"]), planned)
     result = {
         "variant": variant.name, "settings": settings, "method_planned": variant.method,
+        "engine_dtype": variant.build.dtype,
         "prompts": {"source": str(prompt_path) if prompt_path else "default: chat_eval + code_eval",
                     "count": len(prompts), "mean_tokens": sum(len(p) for p in prompts) / len(prompts)},
         "gpu": {"type": gpu, "assumed": params["gpu"] is None, "context_len": context,
@@ -171,9 +174,11 @@ def add_predictions(records: list[dict], listed: list[cands.Candidate], variant:
     deployment = Deployment(variant.arch, gpu_perf(gpu), "fp8" if quant.weights_fp8 else "bfloat16",
                             "fp8" if quant.kv_cache_fp8 else "bfloat16", variant.tp, variant.pp, context_len)
     for record, candidate in zip(records, listed):
-        al = min(max(record["mean_acceptance_length"], 1.0), candidate.drafting.rows)
-        rows = predict(deployment, candidate.drafting, al, batch_sizes)
+        drafting = candidate.drafting
+        if drafting.method == "lookahead":  # it feeds fewer than (W + G)(N - 1) rows when the pool has no match
+            drafting = dataclasses.replace(drafting, rows=max(1, math.ceil(record["rows_per_step"])))
+        al = min(max(record["mean_acceptance_length"], 1.0), drafting.rows)
+        rows = predict(deployment, drafting, al, batch_sizes)
         record["predicted_speedup"] = {str(p.batch): p.speedup for p in rows}
         record["predicted_step_ms"] = {str(p.batch): p.method_s * 1e3 for p in rows}
-        record["predicted_curve"] = {str(p.batch): p.speedup for p in predict(deployment, candidate.drafting, al,
-                                                                               CURVE_BATCHES)}
+        record["predicted_curve"] = {str(p.batch): p.speedup for p in predict(deployment, drafting, al, CURVE_BATCHES)}
