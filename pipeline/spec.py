@@ -234,13 +234,16 @@ class EvaluationSpec(_Strict):
     """The evaluate stage: every candidate method measured on these prompts by the reference runtime."""
 
     prompts: str | None = None
-    """JSONL ("prompt": raw text, or "messages": chat turns through the chat template) or plain text,
-    one prompt per line; default: the repository's held-out chat and code prompts."""
+    """JSONL ("prompt": raw text, "messages": chat turns through the chat template, or "input_ids") or plain
+    text, one prompt per line; default: the repository's held-out chat and code prompts."""
     count: int = Field(32, ge=1, le=10000)
+    """How many prompts to decode (the first ones of the file)."""
     max_new_tokens: int = Field(64, ge=1, le=4096)
+    """Tokens generated per prompt, greedily, by every candidate."""
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1)
-    """Concurrencies to predict GPU speedups for; the first is the expected one."""
+    """Concurrencies to predict GPU speedups for; the first is the expected one (method: best chooses there)."""
     device: Literal["cpu", "cuda"] = "cpu"
+    """Where the reference runtime runs: cpu, or cuda (one GPU, for models too large for a CPU)."""
 
     @field_validator("batch_sizes")
     @classmethod
@@ -254,8 +257,11 @@ class ReleaseSpec(_Strict):
     """Gates the evaluated choice must pass (pipeline/evaluation/choose.py)."""
 
     min_acceptance_length: float | None = Field(None, ge=1.0)
+    """The measured mean acceptance length the chosen method must reach."""
     min_speedup: float | None = Field(None, gt=0)
+    """The predicted GPU speedup it must reach at evaluation.batch_sizes[0] on gpu.type."""
     max_batch_for_speculation: int | None = Field(None, ge=1)
+    """Speculate only when the expected concurrency (evaluation.batch_sizes[0]) is at most this."""
     on_fail: Literal["fallback", "fail"] = "fallback"
     """fallback: the next best candidate that passes, down to plain decoding; fail: exit code 4."""
 

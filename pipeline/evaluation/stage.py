@@ -35,8 +35,8 @@ from pipeline.evaluation import candidates as cands
 from pipeline.evaluation.choose import Gates, choose
 from pipeline.evaluation.measure import identity, measure, summarize
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
-from pipeline.evaluation.result import RESULT_FILE
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
+from pipeline.evaluation.result import RESULT_FILE
 from pipeline.plan import StagePlan, VariantPlan
 from pipeline.runtime.model.engine import Engine
 from pipeline.speculative import LookaheadConfig
@@ -81,8 +81,6 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     settings = params["evaluation"]
     device = settings["device"]
     if device == "cuda" and not torch.cuda.is_available():
-        from pipeline.stages.execute import StageUnavailable
-
         raise StageUnavailable("evaluation.device cuda: this host has no CUDA device (torch.cuda.is_available() "
                                "is false); use device: cpu, or run the evaluation on a GPU host")
     started = time.perf_counter()

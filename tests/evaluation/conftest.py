@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.runtime import fixtures as sf
+from tests.test_preflight import write_tokenizer
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ def tiny(tmp_path_factory) -> Tiny:
 
     root = tmp_path_factory.mktemp("evaluation")
     hf = sf.make_hf_model(root / "hf", seed=1, **sf.MODEL)
+    write_tokenizer(hf)  # a word-level tokenizer of the model's 96 tokens, no chat template
     data = Engine.load(sf.write_engine(hf, root / "data-engine", **sf.SPEC_LIMITS))
     corpus = sf.make_corpus(data, sf.test_prompts(96) + sf.random_prompts(24, 96, seed=11), 40)
     return Tiny(root, hf, sf.write_medusa_heads(root / "medusa", corpus),

@@ -92,9 +92,10 @@ def test_best_without_evaluation_is_a_spec_error(cli, spec):
 
 
 def test_spec_without_evaluation_gets_the_defaults(cli, spec, tmp_path):
-    # The default prompts are text: the tiny model has no tokenizer, which the error says with its path.
+    # The default prompts start with a chat instruction: the tiny model's tokenizer has no chat template,
+    # which the error says with the prompt's file and line.
     rc, _, err = cli("evaluate", str(spec(evaluation="")))
-    assert rc == 2 and err.count("\n") == 1 and "cannot load the model's tokenizer" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "chat_eval.jsonl:1: \"messages\" need a chat template" in err, err
     assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
 
 
