@@ -263,7 +263,7 @@ class ReleaseSpec(_Strict):
     max_batch_for_speculation: int | None = Field(None, ge=1)
     """Speculate only when the expected concurrency (evaluation.batch_sizes[0]) is at most this."""
     on_fail: Literal["fallback", "fail"] = "fallback"
-    """fallback: the next best candidate that passes, down to plain decoding; fail: exit code 4."""
+    """fallback: the next best candidate that passes, down to plain decoding; fail: exit code 6."""
 
 
 class VariantSpec(_Strict):

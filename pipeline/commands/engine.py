@@ -1,12 +1,14 @@
 """`specdeploy engine [SPEC] [--variant V] [--force]`: run the stages quantize, convert, build, package.
 
 Exit 0 when every variant is done; otherwise the largest exit code of the variants that
-stopped at a stage this host cannot run (3).
+stopped at a stage this host cannot run (3) or at a failed release gate (6, one line each on
+stderr after every variant).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 
@@ -19,10 +21,17 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     plan = load_plan(args)
     outcomes = execute_plan(plan, only=set(args.variant or ()), force=args.force,
                             say=lambda text: console.print(text, highlight=False, markup=False))
-    stopped = [outcome for outcome in outcomes if outcome.stopped_at]
+    from pipeline.evaluation.result import RELEASE_EXIT_CODE
+
+    for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
+        if outcome.exit_code == RELEASE_EXIT_CODE:
+            print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
+    stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]
     if stopped:
         console.print(f"[yellow]{len(stopped)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
-        return max(outcome.exit_code for outcome in stopped)
+    codes = [outcome.exit_code for outcome in outcomes if outcome.stopped_at]
+    if codes:
+        return max(codes)
     console.print(f"[green]done[/green]: {len(outcomes)} variant(s)")
     return 0
 

@@ -12,7 +12,7 @@ expected concurrency (``evaluation.batch_sizes[0]``); plain decoding when nothin
 
 On a miss, ``on_fail: fallback`` takes the next best candidate that passes, down to plain decoding
 (which passes by definition: it is what serving without speculation gives), and says so;
-``on_fail: fail`` fails the variant (exit code 4, after every variant has been processed).
+``on_fail: fail`` fails the variant (exit code 6, after every variant has been processed).
 """
 
 from __future__ import annotations

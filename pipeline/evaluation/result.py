@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 RESULT_FILE = "evaluation.json"
-RELEASE_EXIT_CODE = 4  # a release gate failed (with release.on_fail: fail)
+RELEASE_EXIT_CODE = 6  # a release gate failed (release.on_fail: fail); 4 and 5 are filesystem errors
 
 
 def read_result(output: Path) -> dict | None:

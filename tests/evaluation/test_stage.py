@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline.evaluation.result import RELEASE_EXIT_CODE
 from tests.runtime import fixtures as sf
 
 SPEC = """\
@@ -69,19 +70,21 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
     assert rc == 0 and "measured choice" in out
 
 
-def test_best_chooses_and_a_failed_gate_exits_4(cli, spec, tmp_path):
+def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
     path = spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6}\n"
                            "release: {min_acceptance_length: 50, on_fail: fail}")
     text = path.read_text().replace("speculative: {", "speculative: {method: best, ")
     path.write_text(text)
     rc, out, err = cli("evaluate", str(path))
-    assert rc == 4, err
+    assert rc == RELEASE_EXIT_CODE == 6, err
     assert err.count("\n") == 1 and err.startswith("error: tiny: release gate failed: ")
     assert "min_acceptance_length 50.0: measured" in err
     result = json.loads((tmp_path / "engines" / "tiny" / "evaluation" / "evaluation.json").read_text())
     assert result["method_requested"] == "best" and result["choice"]["failed"]
-    rc, out, _ = cli("engine", str(path))  # the build does not run for a variant that failed its gate
-    assert rc == 4 and "release gate failed" in out and not (tmp_path / "engines" / "tiny" / "engine").exists()
+    rc, out, err = cli("engine", str(path))  # the build does not run for a variant that failed its gate
+    assert rc == RELEASE_EXIT_CODE and err.startswith("error: tiny: release gate failed: ") and err.count("\n") == 1
+    assert "misses release gate min_acceptance_length 50.0: measured" in err
+    assert not (tmp_path / "engines" / "tiny" / "engine").exists()
 
 
 def test_best_without_evaluation_is_a_spec_error(cli, spec):
