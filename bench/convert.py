@@ -17,6 +17,7 @@ is reported (GB/s counts the bytes each side writes; tp>1 writes more: replicate
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -33,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from pipeline.checkpoint.synthetic import SyntheticLlama, scaled_to, write_synthetic_llama  # noqa: E402
+from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, scaled_to, write_synthetic_llama  # noqa: E402
 
 GiB = 1024 ** 3
 TARGET_RATIO = 0.7
@@ -99,15 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     tps = [int(x) for x in args.tp.split(",")]
 
     model = scaled_to(int(args.size_gib * GiB), torch.bfloat16,
-                      SyntheticLlama(hidden_size=2048, intermediate_size=5632, num_attention_heads=16,
-                                     num_key_value_heads=4, vocab_size=64000))
+                      dataclasses.replace(DEFAULT_SYNTHETIC, hidden_size=2048, intermediate_size=5632, head_dim=128,
+                                          vocab_size=64000))
     tmp = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=args.workdir))
     try:
         src = tmp / "hf"
         t0 = time.perf_counter()
         size = write_synthetic_llama(src, model, torch.bfloat16)
         fsync_path(src / "model.safetensors")
-        print(f"synthetic checkpoint: {size / GiB:.2f} GiB, {model.num_hidden_layers} layers, hidden "
+        print(f"synthetic checkpoint: {size / GiB:.2f} GiB, {model.num_layers} layers, hidden "
               f"{model.hidden_size}, vocab {model.vocab_size} (written in {time.perf_counter() - t0:.1f} s)")
 
         copies: list[float] = []

@@ -30,8 +30,8 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -42,17 +42,21 @@ from pipeline import trees  # noqa: E402
 from pipeline.checkpoint import convert_checkpoint  # noqa: E402
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions  # noqa: E402
 from pipeline.plan import OutputRoots, VariantPlan, make_plan  # noqa: E402
-from pipeline.runtime.request import GenerationRequest  # noqa: E402
-from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding  # noqa: E402
-from pipeline.runtime.spec_decode.factory import MethodSettings, make_method  # noqa: E402
-from pipeline.speculative import LookaheadConfig  # noqa: E402
 from pipeline.runtime.model.engine import Engine  # noqa: E402
-from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence  # noqa: E402
-from pipeline.runtime.serving.metrics import SpecDecodingStats  # noqa: E402
-from pipeline.runtime.request import StepOutput  # noqa: E402
-from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
+from pipeline.runtime.request import (
+    GenerationRequest,  # noqa: E402
+    StepOutput,  # noqa: E402
+)
+from pipeline.runtime.serving.metrics import (
+    SpecDecodingStats,  # noqa: E402
+    StepStats,  # noqa: E402
+)
 from pipeline.runtime.serving.scheduler import Scheduler  # noqa: E402
+from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding  # noqa: E402
+from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence  # noqa: E402
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
+from pipeline.speculative import LookaheadConfig  # noqa: E402
 from pipeline.stages.execute import execute_plan  # noqa: E402
 from pipeline.trtllm.engine_config import predict_engine_config  # noqa: E402
 
@@ -165,7 +169,8 @@ def random_heads(variant: VariantPlan, folder: Path) -> Path:
     head repeats the base model's next-token guess), an EAGLE drafter that passes the feature through."""
     from safetensors.torch import load_file, save_file
 
-    from pipeline.heads.eagle import DrafterConfig
+    from pipeline.geometry import ModelGeometry
+    from pipeline.heads.eagle import drafter_llama_config
 
     if (folder / "config.json").exists():
         return folder
@@ -183,9 +188,9 @@ def random_heads(variant: VariantPlan, folder: Path) -> Path:
         save_file(state, str(folder / "medusa_lm_head.safetensors"))
         (folder / "config.json").write_text(json.dumps({"medusa_num_heads": n, "medusa_num_layers": 1}))
     else:
-        config = DrafterConfig.from_base(base)
+        config = ModelGeometry.from_hf(base, str(variant.model_dir / "config.json"), require_architecture=False)
         inter, d = config.intermediate_size, config.head_dim
-        q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+        q, kv = config.num_heads * d, config.num_kv_heads * d
 
         def small(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=gen) * 1e-3
@@ -197,7 +202,7 @@ def random_heads(variant: VariantPlan, folder: Path) -> Path:
                  "layers.0.mlp.down_proj.weight": small(H, inter),
                  "layers.0.post_attention_layernorm.weight": torch.ones(H)}
         save_file(state, str(folder / "model.safetensors"))
-        (folder / "config.json").write_text(json.dumps(config.llama_config("float32")))
+        (folder / "config.json").write_text(json.dumps(drafter_llama_config(config, "float32")))
     return folder
 
 

@@ -25,8 +25,8 @@ import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speculative as bench  # noqa: E402  (bench/speculative.py: engines, prompts)
 
 from pipeline import trees  # noqa: E402
+from pipeline.runtime.model.engine import Engine  # noqa: E402
+from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
 from pipeline.runtime.spec_decode.base import DecodingMethod  # noqa: E402
 from pipeline.runtime.spec_decode.eagle.drafter import Drafter  # noqa: E402
-from pipeline.runtime.model.engine import Engine  # noqa: E402
 from pipeline.runtime.spec_decode.medusa import MedusaHeads  # noqa: E402
-from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
 
 PARTS = {"verification": (Engine, "forward"), "medusa heads": (MedusaHeads, "logits"),
          "drafter layers": (Drafter, "forward"), "drafter lm_head": (Drafter, "candidates")}

@@ -111,7 +111,8 @@ def _size(path: Path) -> int:
 def remove_dead_leftovers(parent: Path, name: str) -> tuple[list[Path], int]:
     """Remove ``.<name>.tmp-<pid>*`` / ``.<name>.old-<pid>*`` of owners that are gone (or are us);
     returns (removed paths, bytes freed). Call it while holding the lock of ``name``."""
-    removed, freed = [], 0
+    removed: list[Path] = []
+    freed = 0
     if not parent.is_dir():
         return removed, freed
     for pattern in (f".{name}.tmp-*", f".{name}.old-*"):

@@ -15,12 +15,12 @@ from rich.console import Console
 
 from pipeline import __version__
 from pipeline.commands import (bench, build, doctor, engine, evaluate, heads, plan, predict, prepare_model, query, report,
-                               schema, serve, validate)
+                               schema, serve, validate, verify)
 from pipeline.errors import SpecdeployError
 
 # In the order `specdeploy --help` lists them; each module has register(subparsers).
-COMMANDS = (validate, plan, engine, prepare_model, build, serve, query, bench, doctor, heads, schema, predict, evaluate,
-            report)
+COMMANDS = (validate, plan, engine, verify, prepare_model, build, serve, query, bench, doctor, heads, schema, predict,
+            evaluate, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

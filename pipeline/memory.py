@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.presets import ModelArch
+from pipeline.geometry import ModelGeometry
 from pipeline.speculative import SpeculativeConfig
 
 GIB = 1024**3
@@ -53,7 +53,7 @@ class MemoryEstimate:
 
 
 def estimate_memory(
-    arch: ModelArch,
+    arch: ModelGeometry,
     *,
     tp: int,
     pp: int,

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import gpus, presets, resources, trees
-from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
-from pipeline.presets import ModelArch
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
+from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
 from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
@@ -70,6 +70,7 @@ class BuildConfig:
     multiple_profiles: bool = True
     tokens_per_block: int = 32
     extra_flags: dict[str, Any] = field(default_factory=dict)
+    workers: int | None = None  # build.workers: ranks built at once (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class StagePlan:
 class VariantPlan:
     name: str
     target: str
-    arch: ModelArch
+    arch: ModelGeometry
     model_dir: Path | None  # None only when planning from a preset without weights
     builtin: str | None
     weights_present: bool
@@ -231,7 +232,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     )
 
 
-def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+def _resources(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
                memory: MemoryEstimate,
                gpu: gpus.GpuType | None, stages: tuple[StagePlan, ...],
                problems: _Problems) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
@@ -242,6 +243,7 @@ def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeCo
         world_size=variant.parallel.tp * variant.parallel.pp, target=variant.target, gpu=on_gpus,
         gpu_count=variant.gpu.count if variant.gpu else None,
         calibration_max_seq_len=quant.calibration_max_seq_len, offload=quant.offload,
+        build_workers=variant.build.workers,
     )
     stages = tuple(dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing))
                    for stage in stages)
@@ -258,17 +260,17 @@ def _resources(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeCo
 
 
 def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
-                   problems: _Problems) -> tuple[ModelArch | None, Path | None, bool]:
+                   problems: _Problems) -> tuple[ModelGeometry | None, Path | None, bool]:
     model = variant.model
     if model.builtin:
         folder = roots.cache / model.builtin
         present = (folder / "config.json").exists()
-        arch = presets.arch_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
+        arch = presets.geometry_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
         return arch, folder, present
     folder = spec.resolve_path(model.path) if model.path else None
     if folder is not None and (folder / "config.json").exists():
         try:
-            arch = presets.arch_from_hf_config(folder / "config.json")
+            arch = presets.geometry_from_hf_config(folder / "config.json")
         except InputError as exc:
             problems.error(("model", "path"), str(exc))
             return None, folder, True
@@ -285,7 +287,7 @@ def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
     return None, folder, False
 
 
-def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
+def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
                    problems: _Problems) -> tuple[SpeculativeConfig | None, Path | None]:
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
@@ -320,7 +322,7 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelArch,
     return SpeculativeConfig("none", reason), None
 
 
-def _check_parallelism(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig,
+def _check_parallelism(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig,
                        problems: _Problems) -> None:
     tp, pp = variant.parallel.tp, variant.parallel.pp
     legal = [t for t in range(1, arch.num_heads + 1) if tp_problem(arch, t) is None]
@@ -360,7 +362,7 @@ def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weight
                      q.calibration.size, q.calibration.max_seq_len, q.offload)
 
 
-def _build_config(variant: VariantSpec, arch: ModelArch, speculative: SpeculativeConfig, quant: QuantPlan,
+def _build_config(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
                   gpu: gpus.GpuType | None, problems: _Problems) -> BuildConfig:
     b = variant.build
     if b.max_input_len >= b.max_seq_len:
@@ -392,6 +394,7 @@ def _build_config(variant: VariantSpec, arch: ModelArch, speculative: Speculativ
         engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
         engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
+        workers=_workers(variant, problems),
     )
 
 
@@ -407,6 +410,14 @@ def _check_int32(build: BuildConfig, problems: _Problems) -> None:
     for path, (what, value) in derived.items():
         if value > INT32_MAX:
             problems.error(path, f"{what} is {value}, more than TensorRT-LLM's int32 sizes hold ({INT32_MAX})")
+
+
+def _workers(variant: VariantSpec, problems: _Problems) -> int | None:
+    world_size = variant.parallel.tp * variant.parallel.pp
+    if variant.build.workers is not None and variant.build.workers > world_size:
+        problems.error(("build", "workers"), f"{variant.build.workers} is more than the {world_size} rank(s) "
+                                             "(tp x pp) there are to build; give at most that many")
+    return variant.build.workers
 
 
 def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,

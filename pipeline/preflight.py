@@ -78,12 +78,12 @@ def _check_checkpoint(variant: VariantPlan) -> None:
 
     assert variant.model_dir is not None
     spec, heads = variant.speculative, variant.heads_dir
-    heads_here = heads is not None and heads.is_dir()
+    heads_here = heads if heads is not None and heads.is_dir() else None  # heads present on this host
     medusa = eagle = None
-    if spec.medusa is not None and heads_here and not is_compact_medusa(heads):
-        medusa = MedusaOptions(dir=heads, max_draft_len=spec.medusa.max_draft_len)
+    if spec.medusa is not None and heads_here and not is_compact_medusa(heads_here):
+        medusa = MedusaOptions(dir=heads_here, max_draft_len=spec.medusa.max_draft_len)
     if spec.eagle is not None and heads_here:
-        eagle = EagleOptions(dir=heads, num_eagle_layers=spec.eagle.num_eagle_layers,
+        eagle = EagleOptions(dir=heads_here, num_eagle_layers=spec.eagle.num_eagle_layers,
                              max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
                              max_draft_len=spec.eagle.max_draft_len)
     # Before an FP8 quantize stage the converter reads the quantizer's output, which has the base's
@@ -92,7 +92,7 @@ def _check_checkpoint(variant: VariantPlan) -> None:
     check_checkpoint(variant.model_dir, tp=variant.tp, pp=variant.pp, dtype=variant.build.dtype,
                      medusa=medusa, eagle=eagle, kv_cache_fp8=kv_cache_fp8)
     if spec.medusa is not None and heads_here and medusa is None:
-        _check_compact_medusa(heads, variant.arch.hidden_size)
+        _check_compact_medusa(heads_here, variant.arch.hidden_size)
 
 
 def _check_compact_medusa(heads: Path, hidden_size: int) -> None:

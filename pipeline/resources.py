@@ -56,9 +56,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.geometry import ModelGeometry
 from pipeline.gpus import GpuType
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RUNTIME_OVERHEAD_BYTES, MemoryEstimate
-from pipeline.presets import ModelArch
 from pipeline.speculative import SpeculativeConfig
 
 QUANTIZE_HOST_BASE_GIB = 4.0
@@ -103,7 +103,7 @@ def _round(value: float) -> float:
 class Sizing:
     """What the estimates read from the plan."""
 
-    arch: ModelArch
+    arch: ModelGeometry
     dtype: str  # model.dtype
     speculative: SpeculativeConfig
     memory: MemoryEstimate  # the serving estimate (pipeline.memory)
@@ -114,6 +114,7 @@ class Sizing:
     gpu_count: int | None
     calibration_max_seq_len: int
     offload: str  # "none" | "cpu" | "disk"
+    build_workers: int | None = None  # build.workers (None: one per rank)
 
 
 def calibration_bytes(hidden: int, intermediate: int, vocab: int, heads: int, seq: int, element_bytes: int) -> int:
@@ -187,13 +188,14 @@ def build_resources(s: Sizing) -> StageResources:
     if s.target != "tensorrt":
         return StageResources(0, 0.0, 1.0, disk, "reference: links the checkpoint's rank files")
     m = s.memory
+    workers = min(s.build_workers or s.world_size, s.world_size)
     per_gpu = m.weights_gib + m.heads_gib + m.activations_gib + m.overhead_gib
     worker_host = BUILD_HOST_FACTOR * _rank_gib(s) + BUILD_HOST_BASE_GIB
     detail = (f"per rank: weights+heads {_rank_gib(s):.1f} + workspace {m.activations_gib:.1f} + overhead "
               f"{m.overhead_gib:.0f} GiB of GPU, {BUILD_HOST_FACTOR:.0f} x weights + {BUILD_HOST_BASE_GIB:.0f} "
-              f"GiB of host RAM per worker; --workers {s.world_size}")
+              f"GiB of host RAM per worker; --workers {workers}")
     one = StageResources(1, per_gpu, worker_host, disk, "one worker: the ranks in turn on one GPU")
-    return StageResources(s.world_size, per_gpu, worker_host * s.world_size, disk, detail, one_worker=one)
+    return StageResources(workers, per_gpu, worker_host * workers, disk, detail, one_worker=one)
 
 
 def package_resources(s: Sizing) -> StageResources:

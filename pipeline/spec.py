@@ -179,6 +179,9 @@ class BuildSpec(_Strict):
     """Most tokens in one forward pass of the whole batch (after padding removal)."""
     extra_flags: dict[str, str | int | float | bool] = {}
     """trtllm-build flags passed through (checked against the 1.2 flag table)."""
+    workers: int | None = Field(None, ge=1, le=64)
+    """Ranks trtllm-build builds at once (``--workers``), each on its own GPU; default tp x pp.
+    Fewer builds the ranks in turn on fewer GPUs (a distributed build then asks for that many)."""
 
 
 class ServingSpec(_Strict):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from pipeline import inputs, trees
-from pipeline.presets import ModelArch
+from pipeline.geometry import ModelGeometry
 from pipeline.yaml_source import KeyPath
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class Problems(Protocol):
     def note(self, message: str) -> None: ...
 
 
-def tp_problem(arch: ModelArch, tp: int) -> str | None:
+def tp_problem(arch: ModelGeometry, tp: int) -> str | None:
     """None if tensor parallelism ``tp`` can split ``arch``, else why not."""
     if arch.num_heads % tp:
         return f"tp {tp} does not divide the {arch.num_heads} attention heads"
@@ -141,7 +141,7 @@ class MedusaConfig:
     max_draft_len: int
 
     @classmethod
-    def check(cls, variant: VariantSpec, arch: ModelArch, heads_dir: Path, problems: Problems) -> MedusaConfig | None:
+    def check(cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems) -> MedusaConfig | None:
         """The Medusa config of ``variant`` (heads read from ``heads_dir`` when present)."""
         head_spec, settings = variant.heads.medusa, variant.speculative.medusa
         assert head_spec is not None
@@ -192,7 +192,7 @@ class EagleConfig:
     dynamic_tree_max_top_k: int
 
     @classmethod
-    def check(cls, variant: VariantSpec, arch: ModelArch, heads_dir: Path, problems: Problems) -> EagleConfig:
+    def check(cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems) -> EagleConfig:
         """The EAGLE config of ``variant`` (drafter read from ``heads_dir`` when present)."""
         settings = variant.speculative.eagle
         if heads_dir.exists():

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint, LlamaSpec, parse_llama_config
+from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorRef, TensorSource
 from pipeline.checkpoint.sharding import Src
 from pipeline.errors import InputError
 from pipeline.files import read_json, require_regular_file
+from pipeline.geometry import ModelGeometry
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class MedusaHeads:
 
 @dataclass
 class EagleDrafter:
-    spec: LlamaSpec  # the drafter's own LlamaConfig (heads, intermediate size, rope)
+    spec: ModelGeometry  # the drafter's own LlamaConfig (heads, intermediate size, rope)
     fc_weight: Src  # (H, 2H): concat[embedding; feature] -> H
     fc_bias: Src | None  # None: synthesized zeros (NVIDIA/TensorRT-LLM#2588)
     embedding: Src  # the drafter's embed_tokens, or the base embedding when absent
@@ -129,9 +130,10 @@ def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) 
         if not lookup:
             raise InputError(f"{base.path}: no medusa_heads.* tensors; pass the Medusa head folder "
                              "(FasterDecoding layout) instead")
-        cfg = base.config.get("medusa") if isinstance(base.config.get("medusa"), dict) else {}
+        medusa = base.config.get("medusa")
+        combined: dict = medusa if isinstance(medusa, dict) else {}
         return _MedusaInput(lookup, prefix, f"{base.path} (medusa_heads.*)",
-                            (cfg.get("num_medusa_heads"), cfg.get("num_medusa_layers")),
+                            (combined.get("num_medusa_heads"), combined.get("num_medusa_layers")),
                             f"{base.path / 'config.json'} medusa")
     folder = Path(opts.dir)
     if not folder.is_dir():
@@ -196,16 +198,16 @@ def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
         lb.append([])
         for layer in range(num_layers):
             for kind in ("weight", "bias"):
-                key = linear.get((h, layer, kind))
-                if key is None:
+                found = linear.get((h, layer, kind))
+                if found is None:
                     raise InputError(f"{label}: tensor {prefix}{h}.{layer}.linear.{kind} is missing")
-                _expect_shape(lookup[key], (H, H) if kind == "weight" else (H,), f"Medusa linear {kind}")
-                (lw if kind == "weight" else lb)[-1].append(_src(key, lookup, scales))
-        key = lm.get((h, num_layers))
-        if key is None:
+                _expect_shape(lookup[found], (H, H) if kind == "weight" else (H,), f"Medusa linear {kind}")
+                (lw if kind == "weight" else lb)[-1].append(_src(found, lookup, scales))
+        head = lm.get((h, num_layers))
+        if head is None:
             raise InputError(f"{label}: tensor {prefix}{h}.{num_layers}.weight (head {h} LM layer) is missing")
-        _expect_shape(lookup[key], (V, H), "Medusa lm_head")
-        lmh.append(_src(key, lookup, scales))
+        _expect_shape(lookup[head], (V, H), "Medusa lm_head")
+        lmh.append(_src(head, lookup, scales))
     stray = set(lm) - {(h, num_layers) for h in heads}
     if stray:
         h, layer = sorted(stray)[0]
@@ -252,7 +254,7 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     cfg = read_json(cfg_path, "EAGLE drafter LlamaConfig")
     if not isinstance(cfg, dict):
         raise InputError(f"{cfg_path}: EAGLE drafter LlamaConfig must be a JSON object")
-    spec = parse_llama_config(cfg, str(cfg_path), require_architecture=False)
+    spec = ModelGeometry.from_hf(cfg, str(cfg_path), name=cfg_path.parent.name, require_architecture=False)
     path = next((p for p in (folder / "model.safetensors", folder / "pytorch_model.bin", folder / "pytorch_model.pt")
                  if p.exists()), None)
     if path is None:

@@ -17,9 +17,9 @@ import torch
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, TensorMeta, TensorRef
 from pipeline.errors import InputError
 from pipeline.files import read_json
-from pipeline.hf_config import LlamaSpec, parse_llama_config
+from pipeline.geometry import ModelGeometry
 
-__all__ = ["FP8", "FP8Info", "HFCheckpoint", "LlamaSpec", "open_hf_checkpoint", "parse_llama_config"]
+__all__ = ["FP8", "FP8Info", "HFCheckpoint", "open_hf_checkpoint"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn
@@ -99,7 +99,7 @@ def _weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
 class HFCheckpoint:
     path: Path
     config: dict[str, Any]
-    spec: LlamaSpec
+    spec: ModelGeometry
     fp8: FP8Info | None
     files: list[SafetensorsFile]
     tensors: dict[str, TensorRef] = field(default_factory=dict)
@@ -146,7 +146,7 @@ def open_hf_checkpoint(folder: Path) -> HFCheckpoint:
     cfg = _load_json(folder / "config.json", "Hugging Face model config")
     if not isinstance(cfg, dict):
         raise InputError(f"{folder / 'config.json'}: not a JSON object")
-    spec = parse_llama_config(cfg, str(folder / "config.json"))
+    spec = ModelGeometry.from_hf(cfg, str(folder / "config.json"), name=folder.name)
     fp8 = _detect_fp8(folder, cfg)
     paths, weight_map = _weight_files(folder)
     files: list[SafetensorsFile] = []

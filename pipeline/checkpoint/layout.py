@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.checkpoint.heads import EagleDrafter, MedusaHeads
-from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint, LlamaSpec
+from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint
 from pipeline.checkpoint.sharding import (
     Const,
     OutTensor,
@@ -30,6 +30,7 @@ from pipeline.checkpoint.sharding import (
     vocab_rows,
 )
 from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
 
 # Tensors some exporters leave in HF checkpoints that carry no weights TRT-LLM needs.
 _IGNORABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -65,6 +66,12 @@ class Plan:
 class _Linear:
     src: Src
     input_scale: float | None
+
+
+def _fp8_scale(value: float | None) -> float:
+    """A scale of an FP8 checkpoint's linear (:meth:`_Builder.linear` makes sure it is there)."""
+    assert value is not None, "an FP8 linear without its scale"
+    return value
 
 
 def _scale_const(value: float) -> Const:
@@ -125,13 +132,14 @@ class _Builder:
         """
         quantized = linears[0][0].src.scale is not None
         if quantized and shared is None:
-            shared = max(lin.src.scale for lin, _ in linears)
+            shared = max(_fp8_scale(lin.src.scale) for lin, _ in linears)
         parts: list[Part] = [self._slice(lin.src, rows, cols, shared) for lin, rows in linears]
         nrows = sum(r[1] - r[0] for _, r in linears)
         out = [OutTensor(name + ".weight", self.weight_dtype(quantized), (nrows, width), tuple(parts))]
         if quantized:
-            act = max(lin.input_scale for lin, _ in linears)
-            out.append(OutTensor(name + ".weights_scaling_factor", torch.float32, (1,), (_scale_const(shared),)))
+            act = max(_fp8_scale(lin.input_scale) for lin, _ in linears)
+            out.append(OutTensor(name + ".weights_scaling_factor", torch.float32, (1,),
+                                 (_scale_const(_fp8_scale(shared)),)))
             out.append(OutTensor(name + ".activation_scaling_factor", torch.float32, (1,), (_scale_const(act),)))
         return out
 
@@ -150,7 +158,7 @@ class _Builder:
 
     # -- model pieces ------------------------------------------------------------------------------
 
-    def decoder_layer(self, hf: str, trt: str, spec: LlamaSpec, tp_rank: int, *, input_norm: bool,
+    def decoder_layer(self, hf: str, trt: str, spec: ModelGeometry, tp_rank: int, *, input_norm: bool,
                       srcs: dict[str, Src] | None = None, kv_scale: float | None = None) -> list[OutTensor]:
         """One Llama decoder layer; ``srcs`` supplies EAGLE drafter tensors instead of base-checkpoint names."""
         tp = self.s.tp
@@ -184,7 +192,7 @@ class _Builder:
         rows = chunk(inter, tp, tp_rank, f"{hf}.mlp intermediate_size")
         gate, up = lin("mlp.gate_proj", (inter, H)), lin("mlp.up_proj", (inter, H))
         # TRT-LLM fuses fc and gate into one GEMM at build time (--use_fused_mlp): one weight scale.
-        shared = max(gate.src.scale, up.src.scale) if gate.src.scale is not None else None
+        shared = max(_fp8_scale(gate.src.scale), _fp8_scale(up.src.scale)) if gate.src.scale is not None else None
         out += self.gemm(f"{trt}.mlp.fc", [(gate, rows)], None, H, shared)
         out += self.gemm(f"{trt}.mlp.gate", [(up, rows)], None, H, shared)
         down = lin("mlp.down_proj", (H, inter))
@@ -276,9 +284,9 @@ def build_plan(ckpt: HFCheckpoint, settings: Settings, medusa: MedusaHeads | Non
             ranks.append(RankPlan(rank_of(tp_rank, pp_rank, tp), tp_rank, pp_rank, out))
     if medusa is not None:
         b.consumed |= medusa.consumed
-    quant = "FP8" if ckpt.fp8 is not None else None
-    kv = "FP8" if settings.kv_cache_fp8 else None
-    plan = Plan(ranks, quant, kv, b.consumed, b.warnings)
+    quant_algo = "FP8" if ckpt.fp8 is not None else None
+    kv_algo = "FP8" if settings.kv_cache_fp8 else None
+    plan = Plan(ranks, quant_algo, kv_algo, b.consumed, b.warnings)
     _check_unused(ckpt, plan)
     return plan
 

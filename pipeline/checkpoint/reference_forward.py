@@ -31,8 +31,16 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import InputError
-from pipeline.runtime.model.layers import Geometry, LayerShard, all_reduce, apply_rope, fake_quant_fp8, mlp, \
-    rms_norm, rope_inv_freq
+from pipeline.runtime.model.layers import (
+    Geometry,
+    LayerShard,
+    all_reduce,
+    apply_rope,
+    fake_quant_fp8,
+    mlp,
+    rms_norm,
+    rope_inv_freq,
+)
 from pipeline.runtime.model.weights import RankWeights
 
 PastKV = tuple[torch.Tensor, torch.Tensor]  # one rank's (k, v) [kv_heads, T, d], rotated (FP8: fake-quantized)

@@ -333,9 +333,9 @@ class StreamWriter:
         self._written += data.nbytes
         if data.nbytes >= self.DIRECT:
             self._flush()
-            self._raw_write(data)
+            self._raw_write(data.data)
             return
-        self._buf += memoryview(data)
+        self._buf += data.data
         if len(self._buf) >= self.BUFFER:
             self._flush()
 

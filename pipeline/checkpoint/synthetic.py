@@ -7,12 +7,13 @@ is that of a real Llama export, and nothing larger than one chunk is ever held i
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from pipeline.checkpoint.safetensors_io import DTYPE_NAMES, HeaderEntry, StreamWriter
+from pipeline.geometry import ModelGeometry
 
 _CHUNK_ELEMENTS = 4 * 1024 * 1024
 # Random values are expensive to draw (randn runs at ~100 MB/s here); a pool drawn once and
@@ -20,69 +21,66 @@ _CHUNK_ELEMENTS = 4 * 1024 * 1024
 _POOL_ELEMENTS = 2 * _CHUNK_ELEMENTS
 
 
-@dataclass(frozen=True)
-class SyntheticLlama:
-    hidden_size: int = 1024
-    intermediate_size: int = 2816
-    num_hidden_layers: int = 8
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 4
-    vocab_size: int = 32000
-    tie_word_embeddings: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
-        H, inter, d = self.hidden_size, self.intermediate_size, self.head_dim
-        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
-        out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab_size, H))]
-        for i in range(self.num_hidden_layers):
-            p = f"model.layers.{i}."
-            out += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (q, H)),
-                    (p + "self_attn.k_proj.weight", (kv, H)), (p + "self_attn.v_proj.weight", (kv, H)),
-                    (p + "self_attn.o_proj.weight", (H, q)), (p + "post_attention_layernorm.weight", (H,)),
-                    (p + "mlp.gate_proj.weight", (inter, H)), (p + "mlp.up_proj.weight", (inter, H)),
-                    (p + "mlp.down_proj.weight", (H, inter))]
-        out.append(("model.norm.weight", (H,)))
-        if not self.tie_word_embeddings:
-            out.append(("lm_head.weight", (self.vocab_size, H)))
-        return out
-
-    def nbytes(self, dtype: torch.dtype) -> int:
-        size = torch.empty((), dtype=dtype).element_size()
-        return sum(torch.Size(s).numel() for _, s in self.tensors()) * size
-
-    def config(self, dtype: torch.dtype) -> dict:
-        cfg = dict(asdict(self))
-        cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", head_dim=self.head_dim,
-                   hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-5,
-                   rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-                   dtype={torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype])
-        return cfg
+# The default shape: a 1B-class Llama (vocab 32000, 8 layers of hidden 1024, GQA 16/4).
+DEFAULT_SYNTHETIC = ModelGeometry("synthetic-llama", vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16,
+                                  num_kv_heads=4, head_dim=64, intermediate_size=2816, max_position_embeddings=4096,
+                                  rope_theta=500000.0)
 
 
-def scaled_to(target_bytes: int, dtype: torch.dtype = torch.bfloat16, base: SyntheticLlama | None = None
-              ) -> SyntheticLlama:
+def tensors(model: ModelGeometry) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor of a HF Llama checkpoint of this shape, in file order."""
+    H, inter, d = model.hidden_size, model.intermediate_size, model.head_dim
+    q, kv = model.num_heads * d, model.num_kv_heads * d
+    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (model.vocab_size, H))]
+    for i in range(model.num_layers):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (q, H)),
+                (p + "self_attn.k_proj.weight", (kv, H)), (p + "self_attn.v_proj.weight", (kv, H)),
+                (p + "self_attn.o_proj.weight", (H, q)), (p + "post_attention_layernorm.weight", (H,)),
+                (p + "mlp.gate_proj.weight", (inter, H)), (p + "mlp.up_proj.weight", (inter, H)),
+                (p + "mlp.down_proj.weight", (H, inter))]
+    out.append(("model.norm.weight", (H,)))
+    if not model.tie_word_embeddings:
+        out.append(("lm_head.weight", (model.vocab_size, H)))
+    return out
+
+
+def nbytes(model: ModelGeometry, dtype: torch.dtype) -> int:
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(torch.Size(s).numel() for _, s in tensors(model)) * size
+
+
+def hf_config(model: ModelGeometry, dtype: torch.dtype) -> dict:
+    """The checkpoint's config.json."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "intermediate_size": model.intermediate_size,
+        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.num_kv_heads, "head_dim": model.head_dim,
+        "tie_word_embeddings": model.tie_word_embeddings, "max_position_embeddings": model.max_position_embeddings,
+        "rms_norm_eps": model.norm_epsilon,
+        "rope_parameters": {"rope_type": "default", "rope_theta": model.rope_theta},
+        "dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype],
+    }
+
+
+def scaled_to(target_bytes: int, dtype: torch.dtype = torch.bfloat16, base: ModelGeometry = DEFAULT_SYNTHETIC
+              ) -> ModelGeometry:
     """``base`` with as many layers as fit ``target_bytes`` (at least one)."""
-    base = base or SyntheticLlama()
-    one = SyntheticLlama(**{**asdict(base), "num_hidden_layers": 1})
-    two = SyntheticLlama(**{**asdict(base), "num_hidden_layers": 2})
-    per_layer = two.nbytes(dtype) - one.nbytes(dtype)
-    fixed = one.nbytes(dtype) - per_layer
-    layers = max(1, (target_bytes - fixed) // per_layer)
-    return SyntheticLlama(**{**asdict(base), "num_hidden_layers": int(layers)})
+    one, two = replace(base, num_layers=1), replace(base, num_layers=2)
+    per_layer = nbytes(two, dtype) - nbytes(one, dtype)
+    fixed = nbytes(one, dtype) - per_layer
+    return replace(base, num_layers=int(max(1, (target_bytes - fixed) // per_layer)))
 
 
-def write_synthetic_llama(folder: Path, model: SyntheticLlama, dtype: torch.dtype = torch.bfloat16,
+def write_synthetic_llama(folder: Path, model: ModelGeometry, dtype: torch.dtype = torch.bfloat16,
                           seed: int = 0) -> int:
     """Write config.json + model.safetensors into ``folder``; returns the safetensors file size."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(model.config(dtype), indent=2))
+    (folder / "config.json").write_text(json.dumps(hf_config(model, dtype), indent=2))
     assert dtype in DTYPE_NAMES
-    entries = [HeaderEntry(name, dtype, shape) for name, shape in model.tensors()]
+    entries = [HeaderEntry(name, dtype, shape) for name, shape in tensors(model)]
     path = folder / "model.safetensors"
     writer = StreamWriter(path, entries)
     gen = torch.Generator().manual_seed(seed)

@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.checkpoint.hf_reader import FP8, LlamaSpec
+from pipeline.checkpoint.hf_reader import FP8
 from pipeline.checkpoint.layout import Plan, RankPlan
 from pipeline.checkpoint.safetensors_io import HeaderEntry, StreamWriter, itemsize
 from pipeline.checkpoint.sharding import Const, OutTensor, Slice, Zeros
 from pipeline.errors import InputError, host_error
+from pipeline.geometry import ModelGeometry
 
 # Bytes of float32 work per conversion chunk; the peak RSS of a conversion is a small multiple.
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -38,7 +39,7 @@ Progress = Callable[[int, int], None]
 _DONE = object()
 
 
-def llama_config_dict(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int) -> dict[str, Any]:
+def llama_config_dict(spec: ModelGeometry, dtype: torch.dtype, tp: int, pp: int) -> dict[str, Any]:
     rotary_scaling = None
     if spec.rope_scaling is not None:
         # Passed through whole (TRT-LLM's own converters keep only the type, which breaks llama3);
@@ -56,8 +57,8 @@ def llama_config_dict(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int) -> 
         "head_size": spec.head_dim,
         "head_dim": spec.head_dim,
         "intermediate_size": spec.intermediate_size,
-        "hidden_act": spec.hidden_act,
-        "norm_epsilon": spec.rms_norm_eps,
+        "hidden_act": "silu",
+        "norm_epsilon": spec.norm_epsilon,
         "position_embedding_type": "rope_gpt_neox",
         "max_position_embeddings": spec.max_position_embeddings,
         "rotary_base": spec.rope_theta,
@@ -76,11 +77,11 @@ def llama_config_dict(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int) -> 
 @dataclass(frozen=True)
 class HeadsConfig:
     medusa: tuple[int, int, int] | None = None  # (num_heads, num_layers, max_draft_len)
-    eagle_spec: LlamaSpec | None = None
+    eagle_spec: ModelGeometry | None = None
     eagle: tuple[int, int, int] | None = None  # (num_eagle_layers, max_non_leaves_per_layer, max_draft_len)
 
 
-def build_config(spec: LlamaSpec, dtype: torch.dtype, tp: int, pp: int, plan: Plan, heads: HeadsConfig
+def build_config(spec: ModelGeometry, dtype: torch.dtype, tp: int, pp: int, plan: Plan, heads: HeadsConfig
                  ) -> dict[str, Any]:
     cfg = llama_config_dict(spec, dtype, tp, pp)
     exclude = ["lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding"]

@@ -52,7 +52,9 @@ def spec_path(value: str, specs_dir: Path = SPECS_DIR) -> Path:
                      "give a path or one of those names")
 
 
-def load_plan(args: argparse.Namespace) -> Plan:
+def load_plan(args: argparse.Namespace, *, resolve: bool = False) -> Plan:
     """The plan of ``args.spec``, with everything ``validate`` checks in the input files short of the
-    weights' values (:mod:`pipeline.preflight`); InputError (exit 2) listing every problem."""
-    return checked_plan(load_spec(spec_path(args.spec)), output_roots(args))
+    weights' values (:mod:`pipeline.preflight`); InputError (exit 2) listing every problem.
+    ``resolve``: the spec file as an absolute path, so that its relative paths resolve absolute."""
+    path = spec_path(args.spec)
+    return checked_plan(load_spec(path.resolve() if resolve else path), output_roots(args))

@@ -1,39 +1,88 @@
-"""`specdeploy engine [SPEC] [--variant V] [--force]`: run the stages quantize, convert, build, package.
+"""`specdeploy engine [SPEC] [--variant V] [--force] [--ray [ADDRESS]] [--hash-inputs]`: run the stages
+quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json).
 
-Exit 0 when every variant is done; otherwise the largest exit code of the variants that
-stopped at a stage this host cannot run (3) or at a failed release gate (6, one line each on
-stderr after every variant).
+Without ``--ray`` the variants run one after another here. Exit 0 when every variant is done;
+otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
+or at a failed release gate (6, one line each on stderr after every variant).
+With ``--ray`` (no address: a local Ray cluster; ``auto``: the running one) each stage is a Ray
+task (:mod:`pipeline.fleet.ray_runner`); the exit code is that of the failed stages, after all
+other variants finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
-from pipeline.commands.common import add_spec_argument, add_variant_filter, load_plan
+from pipeline.commands.common import add_spec_argument, add_variant_filter, load_plan, output_roots
+from pipeline.errors import InputError
+from pipeline.hashing import HashCache
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.manifest import write_manifest
+
+    roots = output_roots(args)
+    hashes = HashCache(roots.cache)
+    if args.ray is not None:
+        plan, states, code = _engine_on_ray(args, console, hashes if args.hash_inputs else None)
+    else:
+        plan, states, code = _engine_here(args, console, hashes if args.hash_inputs else None)
+    manifest = write_manifest(plan, roots.engines, states, hashes)
+    console.print(f"manifest: {manifest}", highlight=False, markup=False)
+    return code
+
+
+def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache | None):
     from pipeline.stages.execute import execute_plan
 
     plan = load_plan(args)
-    outcomes = execute_plan(plan, only=set(args.variant or ()), force=args.force,
+    outcomes = execute_plan(plan, only=set(args.variant or ()), force=args.force, hashes=hashes,
                             say=lambda text: console.print(text, highlight=False, markup=False))
     from pipeline.evaluation.result import RELEASE_EXIT_CODE
 
     for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
         if outcome.exit_code == RELEASE_EXIT_CODE:
             print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
+    states = {o.variant: {r.name: r.status for r in o.results} | ({o.stopped_at: "unavailable"} if o.stopped_at
+                                                                   else {}) for o in outcomes}
     stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]
     if stopped:
         console.print(f"[yellow]{len(stopped)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
     codes = [outcome.exit_code for outcome in outcomes if outcome.stopped_at]
     if codes:
-        return max(codes)
+        return plan, states, max(codes)
     console.print(f"[green]done[/green]: {len(outcomes)} variant(s)")
-    return 0
+    return plan, states, 0
+
+
+def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache | None):
+    from pipeline.fleet.graph import build_graph
+    from pipeline.fleet.ray_runner import require_ray, run_fleet
+
+    require_ray()  # before planning: a clear line when the extra is not installed
+    if args.ray.endswith((".yaml", ".yml")):  # `engine --ray SPEC`: argparse gave SPEC to --ray
+        raise InputError(f"--ray took {args.ray} as the Ray cluster's address; write the spec first "
+                         f"(specdeploy engine {args.ray} --ray) or give an address (--ray auto)")
+    # Workers run in another folder: every path absolute (the spec's relative paths too).
+    args.engines_dir, args.triton_repo, args.cache_dir = (
+        str(Path(p).resolve()) for p in (args.engines_dir, args.triton_repo, args.cache_dir))
+    plan = load_plan(args, resolve=True)
+    graph = build_graph(plan, only=set(args.variant or ()))
+    roots = output_roots(args)
+    needs_cache = any(variant.builtin for variant in plan.variants)
+    result = run_fleet(graph, address=None if args.ray == "local" else args.ray, force=args.force, hashes=hashes,
+                       max_retries=args.ray_retries, console=console,
+                       roots=(roots.engines, roots.triton_repo) + ((roots.cache,) if needs_cache else ()))
+    states = {variant: result.stage_states(variant) for variant in graph.variants}
+    code = result.exit_code
+    done = sum(result.stopped(variant) is None for variant in graph.variants)
+    console.print(f"{'[green]done[/green]' if code == 0 else '[yellow]stopped[/yellow]'}: {done} of "
+                  f"{len(graph.variants)} variant(s) complete")
+    return plan, states, code
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -42,4 +91,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_spec_argument(engine)
     add_variant_filter(engine)
     engine.add_argument("--force", action="store_true", help="re-run stages even if up to date")
+    engine.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run the stages as Ray tasks: no address starts a local cluster, 'auto' joins the "
+                             "running one (pip install 'specdeploy[ray]')")
+    engine.add_argument("--ray-retries", type=int, default=3, metavar="N",
+                        help="Ray re-runs a task whose worker died up to N times (default 3)")
+    engine.add_argument("--hash-inputs", action="store_true",
+                        help="fingerprint stage inputs by content (sha256, cached) instead of size and mtime")
     engine.set_defaults(handler=cmd_engine)

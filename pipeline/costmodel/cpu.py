@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.costmodel.step import Drafting
-from pipeline.presets import ModelArch
+from pipeline.geometry import ModelGeometry
 
 PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 
 
-def gemm_shapes(arch: ModelArch) -> dict[str, tuple[int, int]]:
+def gemm_shapes(arch: ModelGeometry) -> dict[str, tuple[int, int]]:
     """(out, in) of each weight GEMM of one decoder layer, the lm_head and the EAGLE fc."""
     h, d = arch.hidden_size, arch.head_dim
     return {"qkv": ((arch.num_heads + 2 * arch.num_kv_heads) * d, h), "dense": (h, arch.num_heads * d),
@@ -57,7 +57,7 @@ class CpuProfile:
         return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
 
 
-def probe(arch: ModelArch, bf16: bool, repeats: int = 5, rows: tuple[int, ...] = PROBE_ROWS) -> CpuProfile:
+def probe(arch: ModelGeometry, bf16: bool, repeats: int = 5, rows: tuple[int, ...] = PROBE_ROWS) -> CpuProfile:
     """Time the engine's Gemm for every shape and row count, one thread, row counts interleaved."""
     from pipeline.runtime.model.gemm import Gemm
 
@@ -86,12 +86,12 @@ def probe(arch: ModelArch, bf16: bool, repeats: int = 5, rows: tuple[int, ...] =
 LAYER_GEMMS = ("qkv", "dense", "fc", "gate", "proj")
 
 
-def target_gemms_s(profile: CpuProfile, arch: ModelArch, rows: float, logit_rows: float) -> float:
+def target_gemms_s(profile: CpuProfile, arch: ModelGeometry, rows: float, logit_rows: float) -> float:
     layer = sum(profile.gemm_s(name, rows) for name in LAYER_GEMMS)
     return arch.num_layers * layer + profile.gemm_s("lm_head", logit_rows)
 
 
-def method_gemms_s(profile: CpuProfile, arch: ModelArch, drafting: Drafting, rows: float) -> float:
+def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float) -> float:
     """One step's GEMM seconds of a method feeding ``rows`` rows (plain decoding: 1 row, 1 logit row)."""
     if drafting.method == "none":
         return target_gemms_s(profile, arch, 1, 1)
@@ -106,7 +106,7 @@ def method_gemms_s(profile: CpuProfile, arch: ModelArch, drafting: Drafting, row
     return total
 
 
-def predicted_cpu_speedup(profile: CpuProfile, arch: ModelArch, drafting: Drafting, rows: float,
+def predicted_cpu_speedup(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float,
                           acceptance_length: float, plain_step_s: float) -> tuple[float, float]:
     """(speedup, step cost in plain steps) from the probe, with ``other`` = plain's measured step - its GEMMs."""
     other = max(plain_step_s - method_gemms_s(profile, arch, Drafting.plain(), 1), 0.0)

@@ -29,7 +29,7 @@ Each method adds its own work (:class:`Drafting` says what it is):
   (one layer), tp all-reduces and a pass overhead; rows fed = 1 + tree nodes.
 * Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
 
-Byte and FLOP counts come from ``ModelArch`` (pipeline/presets.py).
+Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/presets.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Literal
 from pipeline import trees
 from pipeline.costmodel import hardware
 from pipeline.costmodel.hardware import GpuPerf
-from pipeline.presets import ModelArch
+from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
 
 Dtype = Literal["bfloat16", "fp8"]
@@ -52,7 +52,7 @@ ACTIVATION_BYTES = 2  # activations and all-reduce payloads stay bf16
 class Deployment:
     """Where and how the target runs: the shape, the GPU, weight and KV dtypes, tp/pp, context."""
 
-    arch: ModelArch
+    arch: ModelGeometry
     gpu: GpuPerf
     dtype: Dtype = "bfloat16"
     kv_dtype: Dtype = "bfloat16"
@@ -125,7 +125,7 @@ def allreduce_s(gpu: GpuPerf, tp: int, payload_bytes: float) -> float:
     return gpu.allreduce_latency_s + 2 * (tp - 1) / tp * payload_bytes / (gpu.link_gbps * 1e9)
 
 
-def _kv_heads_per_gpu(arch: ModelArch, tp: int) -> float:
+def _kv_heads_per_gpu(arch: ModelGeometry, tp: int) -> float:
     return max(arch.num_kv_heads / tp, 1.0)
 
 

@@ -36,49 +36,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import SeqData
 from pipeline.heads.vocab import loss_lm_head
 
 Progress = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class DrafterConfig:
-    hidden_size: int = 576
-    intermediate_size: int = 1536
-    num_attention_heads: int = 9
-    num_key_value_heads: int = 3
-    head_dim: int = 64
-    rope_theta: float = 100000.0
-    rms_norm_eps: float = 1e-5
-    vocab_size: int = 49152
-    max_position_embeddings: int = 8192
-
-    @staticmethod
-    def from_base(config: dict) -> DrafterConfig:
-        """Same shapes as the base model's decoder layer (a transformers config.json dict)."""
-        rope = config.get("rope_parameters") or {}
-        heads = int(config["num_attention_heads"])
-        return DrafterConfig(
-            hidden_size=int(config["hidden_size"]), intermediate_size=int(config["intermediate_size"]),
-            num_attention_heads=heads, num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-            rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)), vocab_size=int(config["vocab_size"]),
-            max_position_embeddings=int(config.get("max_position_embeddings", 8192)))
-
-    def llama_config(self, dtype: str) -> dict:
-        """The drafter's LlamaConfig (config.json of the EAGLE-1 folder)."""
-        return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim, "num_hidden_layers": 1, "vocab_size": self.vocab_size,
-            "rms_norm_eps": self.rms_norm_eps, "max_position_embeddings": self.max_position_embeddings,
-            "rope_theta": self.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": dtype,
-            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
-        }
+def drafter_llama_config(c: ModelGeometry, dtype: str) -> dict:
+    """The drafter's LlamaConfig (config.json of the EAGLE-1 folder): one decoder layer of the base's shape."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.norm_epsilon, "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": dtype,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+    }
 
 
 class RMSNorm(nn.Module):
@@ -104,21 +80,21 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 
 
 class Attention(nn.Module):
-    def __init__(self, c: DrafterConfig):
+    def __init__(self, c: ModelGeometry):
         super().__init__()
         self.c = c
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, H] -> q [B, nh, T, d], k and v [B, nh, T, d] (KV heads repeated for GQA)."""
         c, (B, T, _) = self.c, x.shape
-        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        group = c.num_attention_heads // c.num_key_value_heads
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        group = c.num_heads // c.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
 
@@ -128,7 +104,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: DrafterConfig):
+    def __init__(self, c: ModelGeometry):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
@@ -141,11 +117,11 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Llama decoder layer 0 of an EAGLE-1 drafter: no input_layernorm."""
 
-    def __init__(self, c: DrafterConfig):
+    def __init__(self, c: ModelGeometry):
         super().__init__()
         self.self_attn = Attention(c)
         self.mlp = MLP(c)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_epsilon)
 
     def finish(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """Residual around attention (ctx = attention context), then the MLP block."""
@@ -174,7 +150,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
 class EagleDrafter(nn.Module):
     """fc + one decoder layer; state-dict keys are the EAGLE-1 names (``fc.*``, ``layers.0.*``)."""
 
-    def __init__(self, c: DrafterConfig):
+    def __init__(self, c: ModelGeometry):
         super().__init__()
         self.config = c
         self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
@@ -308,7 +284,7 @@ def eagle_loss(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor
     return total, stats
 
 
-def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, config: DrafterConfig,
+def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, config: ModelGeometry,
                 cfg: EagleTrainConfig, say: Progress = print, validate: Callable[[EagleDrafter], float] | None = None
                 ) -> tuple[EagleDrafter, list[dict]]:
     """AdamW with warmup + cosine decay; with ``validate``, the best epoch's weights are returned."""

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline.embedded import sha256_file
-from pipeline.heads.eagle import DrafterConfig, EagleDrafter
+from pipeline.geometry import ModelGeometry
+from pipeline.heads.eagle import EagleDrafter, drafter_llama_config
 from pipeline.heads.medusa import MedusaResBlocks
 
 MEDUSA_FORMAT = "specdeploy-medusa-resblocks"
@@ -75,7 +76,7 @@ def export_eagle(drafter: EagleDrafter, out: Path, *, info: dict, readme: str,
     out.mkdir(parents=True, exist_ok=True)
     save_file(drafter.export_state(dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
     name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    write_json(out / "config.json", drafter.config.llama_config(name))
+    write_json(out / "config.json", drafter_llama_config(drafter.config, name))
     (out / "README.md").write_text(readme)
     return write_manifest(out, ["config.json", "model.safetensors", "README.md"], info)
 
@@ -114,6 +115,6 @@ def load_eagle_folder(folder: Path) -> EagleDrafter:
     from safetensors.torch import load_file
 
     cfg = json.loads((folder / "config.json").read_text())
-    drafter = EagleDrafter(DrafterConfig.from_base(cfg))
+    drafter = EagleDrafter(ModelGeometry.from_hf(cfg, str(folder / "config.json"), require_architecture=False))
     drafter.load_state_dict({k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()})
     return drafter.eval()

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import DataSettings, SeqData, prepare_data
-from pipeline.heads.eagle import DrafterConfig, EagleTrainConfig, train_eagle
+from pipeline.heads.eagle import EagleTrainConfig, train_eagle
 from pipeline.heads.evaluate import evaluate_eagle, evaluate_medusa
 from pipeline.heads.expand import base_lm_head
 from pipeline.heads.export import export_eagle, export_medusa, load_eagle_folder
@@ -164,7 +165,9 @@ def train_heads(method: str, base_dir: Path, out_dir: Path, cache_dir: Path, *, 
         eagle_cfg = EagleTrainConfig(seed=seed, epochs=epochs or EagleTrainConfig.epochs)
         embed = base_embedding(base_dir).float()
         drafter, log = train_eagle(
-            train, embed, lm_head, DrafterConfig.from_base(base_config), eagle_cfg, say,
+            train, embed, lm_head,
+            ModelGeometry.from_hf(base_config, str(Path(base_dir) / "config.json"), require_architecture=False),
+            eagle_cfg, say,
             validate=lambda m: validation_score(evaluate_eagle(m, embed, lm_head, valid, EAGLE_TREES)))
         train_seconds = time.monotonic() - t0
         # Evaluate what ships (float16 weights), so the numbers describe the artifact.

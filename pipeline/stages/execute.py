@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import StageUnavailable
+from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
 from pipeline.stages import build, convert, evaluate, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
@@ -46,16 +47,17 @@ def stage_body(name: str) -> StageBody:
 
 
 def execute_plan(plan: Plan, *, only: set[str] | None = None, force: bool = False,
-                 say: Callable[[str], None] = print) -> list[VariantOutcome]:
+                 say: Callable[[str], None] = print, hashes: HashCache | None = None) -> list[VariantOutcome]:
     outcomes = []
     for variant in plan.variants:
         if only and variant.name not in only:
             continue
-        outcomes.append(_execute_variant(variant, force=force, say=say))
+        outcomes.append(_execute_variant(variant, force=force, say=say, hashes=hashes))
     return outcomes
 
 
-def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], None]) -> VariantOutcome:
+def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], None],
+                     hashes: HashCache | None = None) -> VariantOutcome:
     if variant.builtin and variant.model_dir is not None:
         from pipeline.embedded import prepare_embedded_model
 
@@ -69,7 +71,7 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
         try:
             require_inputs(variant, stage, produced)
             result = run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out),
-                               force=force, on_wait=say)
+                               force=force, on_wait=say, hashes=hashes)
         except StageUnavailable as exc:
             say(f"[{variant.name}] {stage.name}: {exc}")
             return VariantOutcome(variant.name, tuple(results), stage.name, str(exc), exc.exit_code)

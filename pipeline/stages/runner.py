@@ -30,6 +30,7 @@ from typing import Any
 import pipeline
 from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
 from pipeline.errors import InputError, host_error
+from pipeline.hashing import HashCache
 from pipeline.plan import StagePlan
 
 FINGERPRINT_FILE = ".specdeploy-stage.json"
@@ -64,18 +65,12 @@ def fingerprint_mode() -> str:
     return mode
 
 
-def _file_identity(path: Path, mode: str, *, ctime: bool) -> list[Any]:
-    if mode == "content":
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        return [path.stat().st_size, digest.hexdigest()]
+def _file_identity(path: Path, *, ctime: bool) -> list[Any]:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns, stat.st_ino] + ([stat.st_ctime_ns] if ctime else [])
 
 
-def _identity(path: Path, mode: str) -> Any:
+def _identity(path: Path) -> Any:
     """Cheap identity of an input: size, mtime, inode and ctime, not contents (checkpoints are huge).
 
     An edit that restores size and mtime still changes the ctime (the kernel sets it on every
@@ -84,10 +79,10 @@ def _identity(path: Path, mode: str) -> Any:
     reference build hard-links the checkpoint's files, which changes their ctime, not their content.
     """
     if path.is_file():
-        return _file_identity(path, mode, ctime=True)
+        return _file_identity(path, ctime=True)
     if path.is_dir():
         owned = (path / FINGERPRINT_FILE).is_file()
-        return [[str(file.relative_to(path)), *_file_identity(file, mode, ctime=not owned)]
+        return [[str(file.relative_to(path)), *_file_identity(file, ctime=not owned)]
                 for file in sorted(p for p in path.rglob("*") if p.is_file() and _is_content(p))]
     return None
 
@@ -97,10 +92,13 @@ def _is_content(path: Path) -> bool:
     return not path.name.startswith(".") or path.name == FINGERPRINT_FILE
 
 
-def fingerprint(stage: StagePlan) -> dict[str, Any]:
-    mode = fingerprint_mode()
-    inputs = {name: {"path": str(path), "identity": _identity(path, mode)}
-              for name, path in sorted(stage.inputs.items())}
+def fingerprint(stage: StagePlan, hashes: HashCache | None = None) -> dict[str, Any]:
+    """Inputs identified by size, mtime, inode and ctime; by content (sha256) with ``hashes``
+    (``--hash-inputs``) or ``SPECDEPLOY_FINGERPRINT=content``."""
+    if hashes is None and fingerprint_mode() == "content":
+        hashes = HashCache(None)
+    identity = _identity if hashes is None else hashes.tree
+    inputs = {name: {"path": str(path), "identity": identity(path)} for name, path in sorted(stage.inputs.items())}
     body = {"stage": stage.name, "params": stage.params, "inputs": inputs, "tools": tool_versions()}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, **body}
@@ -124,6 +122,7 @@ def run_stage(
     force: bool = False,
     lock_timeout: float = 3600.0,
     on_wait: Callable[[str], None] = print,
+    hashes: HashCache | None = None,
 ) -> StageResult:
     """Run ``body(tmp_dir)`` unless the output is up to date, then rename tmp_dir into place."""
     start = time.monotonic()
@@ -133,7 +132,7 @@ def run_stage(
             removed, freed = remove_dead_leftovers(output.parent, output.name)
             if removed:
                 on_wait(f"{output}: {describe_freed(removed, freed)}")
-            wanted = fingerprint(stage)
+            wanted = fingerprint(stage, hashes)
             recorded = recorded_fingerprint(output)
             if not force and recorded is not None and recorded.get("digest") == wanted["digest"]:
                 return StageResult(stage.name, "skipped", output, time.monotonic() - start)

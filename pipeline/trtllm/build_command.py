@@ -70,7 +70,7 @@ def trtllm_build_argv(variant: VariantPlan, checkpoint_dir: Path, output_dir: Pa
         # Always explicit: 0 would make trtllm-build read the checkpoint's value, and Lookahead
         # checkpoints have none (tensorrtllm_backend#473: "maximum number of draft tokens (0)").
         argv += ["--speculative_decoding_mode", b.speculative_decoding_mode, "--max_draft_len", str(b.max_draft_len)]
-    argv += ["--workers", str(workers(variant.world_size, visible_gpus))]
+    argv += ["--workers", str(workers(variant.build.workers or variant.world_size, visible_gpus))]
     # trtllm-build's default timing cache path is relative, i.e. it lands in the CWD.
     argv += ["--output_timing_cache", str(output_dir / TIMING_CACHE)]
     return argv + extra_flag_args(variant)

@@ -131,7 +131,7 @@ def check_engine_config(actual: dict[str, Any], variant: VariantPlan, *, engine_
         problems.append(f"build_config.kv_cache_type is {build.get('kv_cache_type')!r}, not {b.kv_cache_type.upper()}")
     if b.max_draft_len > 0 and build.get("gather_context_logits"):
         problems.append("build_config.gather_context_logits is true with speculative decoding")
-    plugins = build.get("plugin_config") if isinstance(build.get("plugin_config"), dict) else {}
+    plugins = _section(build, "plugin_config")
     # use_fp8_context_fmha is not compared: trtllm-build decides it from the build GPU's SM and
     # the KV-cache dtype (with paged context FMHA it ends up equal to "FP8 KV cache").
     plugin_expected: dict[str, Any] = {
@@ -161,12 +161,12 @@ def check_checkpoint_config(config: dict[str, Any], variant: VariantPlan, *,
         expected |= {"num_eagle_layers": spec.eagle.num_eagle_layers, "max_draft_len": spec.eagle.max_draft_len,
                      "max_non_leaves_per_layer": spec.eagle.max_non_leaves_per_layer}
     problems = _compare(config, expected, where)
-    mapping = config.get("mapping") if isinstance(config.get("mapping"), dict) else {}
+    mapping = _section(config, "mapping")
     problems += _compare(mapping, {"tp_size": variant.tp, "pp_size": variant.pp}, f"{where}.mapping")
     if "world_size" in mapping and mapping["world_size"] != variant.world_size:
         problems.append(f"{where}.mapping.world_size is {mapping['world_size']}, the plan needs tp*pp = "
                         f"{variant.world_size}")
-    quant = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
+    quant = _section(config, "quantization")
     problems += _compare(quant, {"quant_algo": variant.quant.quant_algo,
                                  "kv_cache_quant_algo": variant.quant.kv_cache_quant_algo}, f"{where}.quantization",
                          missing_ok=True)
@@ -188,6 +188,12 @@ def rank_file_problems(folder: Path, world_size: int, pattern: str) -> list[str]
     if extra:
         problems.append(f"{folder}: {', '.join(extra)} beyond world size {world_size} (tp*pp)")
     return problems
+
+
+def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    """``config[key]`` when it is an object, else empty (then every expected key is reported missing)."""
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _compare(actual: dict[str, Any], expected: dict[str, Any], where: str, missing_ok: bool = False) -> list[str]:

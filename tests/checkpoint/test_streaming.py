@@ -5,6 +5,7 @@ No timing assertions: memory is measured (peak RSS of a child process, live byte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import torch
 import pipeline.checkpoint.trtllm_writer as writer_mod
 from pipeline.checkpoint import forward_logits
 from pipeline.checkpoint.safetensors_io import SafetensorsFile
-from pipeline.checkpoint.synthetic import SyntheticLlama, write_synthetic_llama
+from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, write_synthetic_llama
+from pipeline.geometry import ModelGeometry
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
@@ -44,10 +46,9 @@ print(json.dumps({"base": base, "peak": status("VmHWM")}))
 
 
 @pytest.fixture(scope="module")
-def synthetic_bf16(tmp_path_factory) -> tuple[Path, SyntheticLlama, int]:
+def synthetic_bf16(tmp_path_factory) -> tuple[Path, ModelGeometry, int]:
     # 3 layers, vocab 32000 x 1024: the embedding and lm_head are 62.5 MiB each in bf16 (125 MiB as fp32).
-    model = SyntheticLlama(hidden_size=1024, intermediate_size=2816, num_hidden_layers=3, num_attention_heads=16,
-                           num_key_value_heads=4, vocab_size=32000)
+    model = dataclasses.replace(DEFAULT_SYNTHETIC, num_layers=3)
     folder = tmp_path_factory.mktemp("synthetic") / "hf"
     size = write_synthetic_llama(folder, model, torch.bfloat16)
     return folder, model, size

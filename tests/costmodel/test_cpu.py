@@ -7,10 +7,10 @@ import pytest
 from pipeline import trees
 from pipeline.costmodel.cpu import CpuProfile, gemm_shapes, method_gemms_s, predicted_cpu_speedup, probe
 from pipeline.costmodel.step import Drafting
-from pipeline.presets import ModelArch
+from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
 
-TINY = ModelArch("tiny", vocab_size=100, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
+TINY = ModelGeometry("tiny", vocab_size=100, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
                  intermediate_size=16, max_position_embeddings=64, rope_theta=1e4)
 NAMES = tuple(gemm_shapes(TINY))
 # Every GEMM: 1 ms at 1 row, 2 ms at 4 rows, 6 ms at 12 rows (linear in between and beyond).

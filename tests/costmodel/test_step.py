@@ -11,12 +11,12 @@ from pipeline.costmodel import hardware
 from pipeline.costmodel.hardware import GpuPerf, gpu_perf
 from pipeline.costmodel.predict import break_even_batch, predict
 from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
-from pipeline.presets import ModelArch
+from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
 
 # decoder layer: 100 x 50 x (2 x 2 + 2 x 2) + 3 x 100 x 200 + 2 x 100 = 100200 params; 2 layers;
 # lm_head 1000 x 100 = 100000 params.
-TINY = ModelArch("tiny", vocab_size=1000, hidden_size=100, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=50,
+TINY = ModelGeometry("tiny", vocab_size=1000, hidden_size=100, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=50,
                  intermediate_size=200, max_position_embeddings=512, rope_theta=1e4)
 # 1 GB/s and 1 TFLOP/s (2 FP8) at 100% efficiency below: times are bytes / 1e9 and FLOPs / 1e12.
 SLOW = GpuPerf("slow", memory_gbps=1.0, bf16_tflops=1.0, fp8_tflops=2.0, link_gbps=1.0, nvlink=True)

@@ -16,7 +16,7 @@ from pipeline.costmodel.step import Deployment
 from pipeline.evaluation.candidates import candidates, load
 from pipeline.evaluation.choose import Gates, choose
 from pipeline.evaluation.measure import identity, measure, summarize
-from pipeline.presets import arch_from_hf_config
+from pipeline.geometry import ModelGeometry
 from tests.runtime import fixtures as sf
 
 PROMPTS = sf.test_prompts(96)[:6]  # the traffic the heads were fitted on (on model A)
@@ -44,7 +44,8 @@ def evaluate(engine, hf, kind):
                         sf.TREE if kind == "eagle" else None, eagle_top_k=3)
     loaded = [load(engine, c) for c in listed]
     tallies, _ = measure(loaded, PROMPTS, NEW, end_id=None)
-    deployment = Deployment(arch_from_hf_config(hf / "config.json"), gpu_perf("l40s"))
+    config = hf / "config.json"
+    deployment = Deployment(ModelGeometry.from_hf(json.loads(config.read_text()), str(config)), gpu_perf("l40s"))
     records = []
     for item in loaded:
         tally = tallies[item.candidate.name]

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import SeqData
-from pipeline.heads.eagle import DrafterConfig
 
 VOCAB, HIDDEN = 96, 64
-TINY_DRAFTER = DrafterConfig(hidden_size=HIDDEN, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=16, rope_theta=10000.0, vocab_size=VOCAB, max_position_embeddings=256)
+TINY_DRAFTER = ModelGeometry("tiny-drafter", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=4, num_kv_heads=2,
+                             head_dim=16, intermediate_size=96, max_position_embeddings=256, rope_theta=10000.0)
 
 
 def tiny_llama_model(seed: int = 0):

@@ -10,8 +10,9 @@ from safetensors import safe_open
 
 from pipeline import inputs
 from pipeline.checkpoint.heads import EagleOptions, load_eagle
-from pipeline.checkpoint.hf_reader import open_hf_checkpoint, parse_llama_config
-from pipeline.heads.eagle import EagleDrafter, EagleTrainConfig, attend, eagle_loss, pad_batch
+from pipeline.checkpoint.hf_reader import open_hf_checkpoint
+from pipeline.geometry import ModelGeometry
+from pipeline.heads.eagle import EagleDrafter, EagleTrainConfig, attend, drafter_llama_config, eagle_loss, pad_batch
 from pipeline.heads.export import export_eagle, load_eagle_folder, verify_manifest
 from tests.heads.conftest import HIDDEN, TINY_DRAFTER, VOCAB, tiny_llama_model
 
@@ -69,7 +70,7 @@ def test_step1_matches_transformers_llama_layer():
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     drafter = random_drafter(1)
-    cfg = TINY_DRAFTER.llama_config("float32")
+    cfg = drafter_llama_config(TINY_DRAFTER, "float32")
     lcfg = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     layer = LlamaDecoderLayer(lcfg, 0).eval()
     layer.input_layernorm = torch.nn.Identity()
@@ -124,7 +125,7 @@ def test_export_is_the_eagle1_layout(tmp_path, tiny_base):
         "layers.0.mlp.down_proj.weight": (HIDDEN, inter), "layers.0.post_attention_layernorm.weight": (HIDDEN,),
     }
     config = json.loads((folder / "config.json").read_text())
-    spec = parse_llama_config(config, "config.json")
+    spec = ModelGeometry.from_hf(config, "config.json")
     assert (spec.num_layers, spec.rope_theta, spec.num_kv_heads) == (1, 10000.0, 2)
     layout = inputs.inspect_eagle(folder)
     assert (layout.num_layers, layout.has_fc_bias, layout.hidden_size) == (1, True, HIDDEN)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from triton_fixtures import fake_engine, make_model_dir, plan_spec
 
 from pipeline.client import GenerationRequest, GenerationResult, Piece, build_inputs
 from pipeline.client.load import LoadRun, RequestRecord, inter_token_latencies, load_prompts, summarize
 from pipeline.commands import serve as serve_command
 from pipeline.errors import InputError
 from pipeline.triton.repository import emit_repository
-from triton_fixtures import fake_engine, make_model_dir, plan_spec
 
 TP2_SPEC = """
 name: gpu

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from triton_fixtures import fake_engine, make_model_dir, plan_spec, tiny_plan
 from tritonclient.grpc import model_config_pb2
 
-from triton_fixtures import fake_engine, make_model_dir, plan_spec, tiny_plan
 from pipeline import trees
 from pipeline.errors import InputError, StageError
 from pipeline.speculative import METHODS

@@ -12,11 +12,11 @@ import socket
 from pathlib import Path
 
 import pytest
+from triton_fixtures import fake_engine, start_server, tiny_plan
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
 from pipeline.triton.launch_cpu import CpuServerConfig
 from pipeline.triton.repository import emit_repository
-from triton_fixtures import fake_engine, start_server, tiny_plan
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 STANDIN = Path(__file__).with_name("standin_backend.py")

@@ -14,13 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from triton_fixtures import SPECIALS, WORDS, make_tokenizer, plan_spec, start_server
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
 from pipeline.plan import VariantPlan
 from pipeline.stages.execute import stage_body
 from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
-from triton_fixtures import SPECIALS, WORDS, make_tokenizer, plan_spec, start_server
 
 pytestmark = [
     pytest.mark.tritonserver, pytest.mark.slow,

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from triton_fixtures import WORDS, fake_engine, free_ports, start_server, tiny_plan
 
 from pipeline.cli import main
 from pipeline.client import ClientError, GenerationRequest, TritonClient, build_inputs
 from pipeline.triton.launch_cpu import CpuServerConfig, check_port_free
 from pipeline.triton.repository import emit_repository
-from triton_fixtures import WORDS, fake_engine, free_ports, start_server, tiny_plan
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 STANDIN = Path(__file__).with_name("standin_backend.py")

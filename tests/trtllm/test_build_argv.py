@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from trtllm_helpers import EXAMPLE_SPECS, PRESET_8B, checkpoint_config
+
 from pipeline.errors import InputError
 from pipeline.trtllm.build_command import trtllm_build_argv, workers
 from pipeline.trtllm.engine_config import check_engine_config, predict_engine_config

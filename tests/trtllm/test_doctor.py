@@ -6,10 +6,10 @@ import dataclasses
 import json
 
 import pytest
+from trtllm_helpers import PRESET_8B
 
 from pipeline.doctor import HostReport, assess_variant, host_checks
 from pipeline.trtllm.host import LocalGpu, parse_nvidia_smi
-from trtllm_helpers import PRESET_8B
 
 H100 = LocalGpu("NVIDIA H100 80GB HBM3", (9, 0), 81559)
 A100 = LocalGpu("NVIDIA A100-SXM4-80GB", (8, 0), 81920)

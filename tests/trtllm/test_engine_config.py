@@ -7,12 +7,12 @@ import copy
 import json
 
 import pytest
+from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
 from pipeline.speculative import lookahead_max_draft_len
-from pipeline.stages.runner import run_stage
 from pipeline.stages import build
+from pipeline.stages.runner import run_stage
 from pipeline.trtllm.engine_config import check_engine_config, predict_engine_config
-from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
 
 @pytest.mark.parametrize("wng,expected", [((7, 7, 7), 83), ((4, 3, 4), 15), ((5, 3, 5), 19), ((7, 5, 7), 55),

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from trtllm_helpers import REPO
 
 from pipeline.plan import OutputRoots, make_plan
 from pipeline.spec import load_spec
-from trtllm_helpers import REPO
 
 SCRIPT = REPO / "scripts" / "gpu-smoke.sh"
 

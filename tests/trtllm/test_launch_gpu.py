@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trtllm_helpers import EXAMPLE_SPECS, PRESET_8B
 
 from pipeline.errors import InputError
 from pipeline.triton.launch_gpu import gpu_launch_argv
-from trtllm_helpers import EXAMPLE_SPECS, PRESET_8B
 
 REPO = Path("/repo/v")
 

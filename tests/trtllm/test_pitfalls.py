@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
 from pipeline.errors import InputError, StageError
 from pipeline.stages.build import read_checkpoint
 from pipeline.trtllm.build_command import trtllm_build_argv
 from pipeline.trtllm.engine_config import check_checkpoint_config, check_engine_config, predict_engine_config
-from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
 CKPT, ENGINE = Path("/ckpt"), Path("/engine")
 

@@ -15,25 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
 
 ARCHITECTURES = ("LlamaForCausalLM", "MedusaForCausalLM", "EagleForCausalLM")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    architecture: str
-    dtype: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_size: int
-    intermediate_size: int
-    norm_epsilon: float
-    rotary_base: float
-    rotary_scaling: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -77,7 +62,8 @@ class Limits:
 class EngineConfig:
     folder: Path
     version: str
-    model: ModelShape
+    dtype: str  # the engine's float dtype (pretrained_config.dtype)
+    model: ModelGeometry
     parallel: Parallel
     quant: Quant
     limits: Limits
@@ -129,33 +115,7 @@ def load_engine_config(folder: Path) -> EngineConfig:
     if dtype not in FLOAT_DTYPES:
         raise InputError(f"{where}: dtype {dtype!r} is not supported (supported: {', '.join(FLOAT_DTYPES)})")
     pcw = f"{where} pretrained_config"
-    hidden = _get(pc, "hidden_size", pcw, int)
-    heads = _get(pc, "num_attention_heads", pcw, int)
-    model = ModelShape(
-        architecture=arch, dtype=dtype,
-        vocab_size=_get(pc, "vocab_size", pcw, int),
-        hidden_size=hidden,
-        num_layers=_get(pc, "num_hidden_layers", pcw, int),
-        num_heads=heads,
-        num_kv_heads=_get(pc, "num_key_value_heads", pcw, int, heads),
-        head_size=_get(pc, "head_size", pcw, int, hidden // max(heads, 1)),
-        intermediate_size=_get(pc, "intermediate_size", pcw, int, 4 * hidden),
-        norm_epsilon=_get(pc, "norm_epsilon", pcw, float, 1e-5),
-        rotary_base=_get(pc, "rotary_base", pcw, float, 10000.0),
-        rotary_scaling=pc.get("rotary_scaling") if isinstance(pc.get("rotary_scaling"), dict) else None,
-    )
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_size",
-                 "intermediate_size"):
-        if getattr(model, name) <= 0:
-            raise InputError(f"{pcw}: {name} must be positive, got {getattr(model, name)}")
-    if model.num_heads % model.num_kv_heads:
-        raise InputError(f"{pcw}: num_attention_heads {model.num_heads} is not a multiple of "
-                         f"num_key_value_heads {model.num_kv_heads}")
-    if pc.get("position_embedding_type", "rope_gpt_neox") != "rope_gpt_neox":
-        raise InputError(f"{pcw}: position_embedding_type {pc['position_embedding_type']!r} is not supported "
-                         "(Llama uses rope_gpt_neox)")
-    if pc.get("hidden_act", "silu") != "silu":
-        raise InputError(f"{pcw}: hidden_act {pc['hidden_act']!r} is not supported (Llama uses silu)")
+    model = ModelGeometry.from_trtllm(pc, pcw)
     mapping = pc.get("mapping") or {}
     tp = _get(mapping, "tp_size", f"{pcw}.mapping", int, 1)
     pp = _get(mapping, "pp_size", f"{pcw}.mapping", int, 1)
@@ -186,7 +146,7 @@ def load_engine_config(folder: Path) -> EngineConfig:
     for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
         if getattr(limits, name) <= 0:
             raise InputError(f"{bcw}: {name} must be positive, got {getattr(limits, name)}")
-    config = EngineConfig(folder, str(data.get("version", "")), model, Parallel(tp, pp), quant, limits, data)
+    config = EngineConfig(folder, str(data.get("version", "")), dtype, model, Parallel(tp, pp), quant, limits, data)
     missing = [config.rank_file(r).name for r in range(world) if not config.rank_file(r).is_file()]
     if missing:
         raise InputError(f"{folder}: missing {', '.join(missing)} (mapping world_size {world}); "

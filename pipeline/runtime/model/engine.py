@@ -114,7 +114,7 @@ class Engine:
         shape = config.model
         self.tp, self.pp = config.parallel.tp, config.parallel.pp
         self.ranks = ranks  # by rank = pp_rank * tp + tp_rank
-        self.geo = Geometry(shape.num_heads // self.tp, max(shape.num_kv_heads // self.tp, 1), shape.head_size,
+        self.geo = Geometry(shape.num_heads // self.tp, max(shape.num_kv_heads // self.tp, 1), shape.head_dim,
                             shape.norm_epsilon)
         first, last = self.stage(0)[0], self.stage(self.pp - 1)
         lm_heads = [r.lm_head for r in last if r.lm_head is not None]
@@ -123,9 +123,9 @@ class Engine:
                              "(last stage); rebuild the engine")
         self.embedding: torch.Tensor = first.embedding
         self.device = self.embedding.device  # every weight, the KV caches and each step's tensors live here
-        self.inv_freq = rope_inv_freq(shape.head_size, shape.rotary_base, shape.rotary_scaling).to(self.device)
+        self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, shape.rope_scaling).to(self.device)
         self.ln_f: torch.Tensor = last[0].ln_f
-        self.bf16 = shape.dtype == "bfloat16"
+        self.bf16 = config.dtype == "bfloat16"
         self.lm_head_weights = lm_heads  # [tp_rank]: the vocab-parallel lm_head's rows
         self.lm_heads = [Gemm(weight, bf16=self.bf16) for weight in lm_heads]
         for rank in ranks:

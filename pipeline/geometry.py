@@ -1,15 +1,20 @@
-"""A Hugging Face Llama ``config.json``, validated field by field (no torch, no weights).
+"""The shape of a Llama-family model: one record from the spec to the runtime.
 
-One parser for the planner and the converter, so ``validate`` refuses exactly the configs the
-converter would: wrong types (``"sixty-four"``, a list for an object), non-integers where
-TensorRT-LLM needs integers (``num_attention_heads: 4.7`` is not truncated to 4), non-finite
+:class:`ModelGeometry` is what the planner (presets, memory, resources), the converter, the head
+trainer, the synthetic checkpoints and the reference runtime know of a model. It is built from a
+Hugging Face ``config.json`` (:meth:`ModelGeometry.from_hf`), a TensorRT-LLM ``pretrained_config``
+(:meth:`ModelGeometry.from_trtllm`), or a preset (pipeline/presets.py).
+
+``from_hf`` is one parser for the planner and the converter, so ``validate`` refuses exactly the
+configs the converter would: wrong types (``"sixty-four"``, a list for an object), non-integers
+where TensorRT-LLM needs integers (``num_attention_heads: 4.7`` is not truncated to 4), non-finite
 numbers (``rope_theta: "nan"``) and architectures the converter does not take.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipeline.errors import InputError
@@ -21,25 +26,46 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
-class LlamaSpec:
-    """The hyper-parameters the conversion and the reference forward need."""
-
+class ModelGeometry:
+    name: str  # the preset's name, or the checkpoint folder's
     vocab_size: int
     hidden_size: int
+    num_layers: int  # decoder layers (HF num_hidden_layers)
+    num_heads: int  # query heads (HF num_attention_heads)
+    num_kv_heads: int  # HF num_key_value_heads
+    head_dim: int  # TensorRT-LLM head_size
     intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    hidden_act: str
-    rope_theta: float
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0  # TensorRT-LLM rotary_base
     # None for plain RoPE; otherwise the HF dict minus rope_theta, kept whole (llama3 needs
-    # factor, low/high_freq_factor and original_max_position_embeddings).
-    rope_scaling: dict[str, Any] | None
-    tie_word_embeddings: bool
+    # factor, low/high_freq_factor and original_max_position_embeddings). TensorRT-LLM rotary_scaling.
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    norm_epsilon: float = 1e-5  # HF rms_norm_eps
+    architecture: str = SUPPORTED_ARCHITECTURE
 
+    def decoder_layer_params(self) -> int:
+        attention = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return attention + mlp + 2 * self.hidden_size
+
+    def total_params(self) -> int:
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * self.decoder_layer_params() + embeddings + self.hidden_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], where: str, *, name: str = "",
+                require_architecture: bool = True) -> ModelGeometry:
+        """Validate a HF LlamaConfig dict; ``where`` names the file in error messages."""
+        return _from_hf(cfg, where, name, require_architecture)
+
+    @classmethod
+    def from_trtllm(cls, pc: dict[str, Any], where: str) -> ModelGeometry:
+        """From a TensorRT-LLM checkpoint's (or engine's) ``pretrained_config``."""
+        return _from_trtllm(pc, where)
 
 
 _MISSING = object()
@@ -86,7 +112,7 @@ def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, 
     legacy = cfg.get("rope_scaling")
     if isinstance(params, dict) and "rope_theta" in params:
         theta = _float(params, "rope_theta", f"{where} rope_parameters", 10000.0)
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        scaling: dict[str, Any] | None = {k: v for k, v in params.items() if k != "rope_theta"}
     else:
         theta = _float(cfg, "rope_theta", where, 10000.0)
         if legacy is not None and not isinstance(legacy, dict):
@@ -113,8 +139,7 @@ def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, 
     return theta, scaling
 
 
-def parse_llama_config(cfg: dict[str, Any], where: str, *, require_architecture: bool = True) -> LlamaSpec:
-    """Validate a HF LlamaConfig dict; ``where`` names the file in error messages."""
+def _from_hf(cfg: dict[str, Any], where: str, name: str, require_architecture: bool) -> ModelGeometry:
     if require_architecture:
         archs = cfg.get("architectures") or []
         archs = [str(a) for a in archs] if isinstance(archs, list) else [repr(archs)]
@@ -127,7 +152,11 @@ def parse_llama_config(cfg: dict[str, Any], where: str, *, require_architecture:
     theta, scaling = rope_from_config(cfg, where)
     hidden = _int(cfg, "hidden_size", where)
     heads = _int(cfg, "num_attention_heads", where)
-    spec = LlamaSpec(
+    hidden_act = str(cfg.get("hidden_act", "silu"))
+    if hidden_act != "silu":
+        raise InputError(f"{where}: hidden_act {hidden_act!r} is not supported (Llama uses silu)")
+    spec = ModelGeometry(
+        name=name,
         vocab_size=_int(cfg, "vocab_size", where),
         hidden_size=hidden,
         intermediate_size=_int(cfg, "intermediate_size", where),
@@ -135,15 +164,12 @@ def parse_llama_config(cfg: dict[str, Any], where: str, *, require_architecture:
         num_heads=heads,
         num_kv_heads=_int(cfg, "num_key_value_heads", where, heads),
         head_dim=_int(cfg, "head_dim", where, hidden // heads if heads > 0 else 0),
-        rms_norm_eps=_float(cfg, "rms_norm_eps", where, 1e-6),
+        norm_epsilon=_float(cfg, "rms_norm_eps", where, 1e-6),
         max_position_embeddings=_int(cfg, "max_position_embeddings", where, 2048),
-        hidden_act=str(cfg.get("hidden_act", "silu")),
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=_bool(cfg, "tie_word_embeddings", where),
     )
-    if spec.hidden_act != "silu":
-        raise InputError(f"{where}: hidden_act {spec.hidden_act!r} is not supported (Llama uses silu)")
     for flag in ("attention_bias", "mlp_bias"):
         if cfg.get(flag):
             raise InputError(f"{where}: {flag}=true is not supported by this converter (Llama has no biases)")
@@ -155,3 +181,51 @@ def parse_llama_config(cfg: dict[str, Any], where: str, *, require_architecture:
         raise InputError(f"{where}: num_attention_heads {spec.num_heads} is not a multiple of "
                          f"num_key_value_heads {spec.num_kv_heads}")
     return spec
+
+
+def _from_trtllm(pc: dict[str, Any], where: str) -> ModelGeometry:
+    def get(key: str, kind: type, default: Any) -> Any:
+        value = pc.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise InputError(f"{where}: missing {key}; rebuild the engine")
+            return default
+        try:
+            converted = kind(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{where}: {key} must be {kind.__name__}, got {value!r}") from None
+        if kind is float and not math.isfinite(converted):
+            raise InputError(f"{where}: {key} must be a finite number, got {value!r}")
+        return converted
+
+    hidden = get("hidden_size", int, _MISSING)
+    heads = get("num_attention_heads", int, _MISSING)
+    scaling = pc.get("rotary_scaling")
+    geometry = ModelGeometry(
+        name="", architecture=str(pc.get("architecture")),
+        vocab_size=get("vocab_size", int, _MISSING),
+        hidden_size=hidden,
+        num_layers=get("num_hidden_layers", int, _MISSING),
+        num_heads=heads,
+        num_kv_heads=get("num_key_value_heads", int, heads),
+        head_dim=get("head_size", int, hidden // max(heads, 1)),
+        intermediate_size=get("intermediate_size", int, 4 * hidden),
+        max_position_embeddings=get("max_position_embeddings", int, 2048),
+        norm_epsilon=get("norm_epsilon", float, 1e-5),
+        rope_theta=get("rotary_base", float, 10000.0),
+        rope_scaling=scaling if isinstance(scaling, dict) else None,
+    )
+    for name, key in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"), ("num_layers", "num_layers"),
+                      ("num_heads", "num_heads"), ("num_kv_heads", "num_kv_heads"), ("head_dim", "head_size"),
+                      ("intermediate_size", "intermediate_size")):
+        if getattr(geometry, name) <= 0:
+            raise InputError(f"{where}: {key} must be positive, got {getattr(geometry, name)}")
+    if geometry.num_heads % geometry.num_kv_heads:
+        raise InputError(f"{where}: num_attention_heads {geometry.num_heads} is not a multiple of "
+                         f"num_key_value_heads {geometry.num_kv_heads}")
+    if pc.get("position_embedding_type", "rope_gpt_neox") != "rope_gpt_neox":
+        raise InputError(f"{where}: position_embedding_type {pc['position_embedding_type']!r} is not supported "
+                         "(Llama uses rope_gpt_neox)")
+    if pc.get("hidden_act", "silu") != "silu":
+        raise InputError(f"{where}: hidden_act {pc['hidden_act']!r} is not supported (Llama uses silu)")
+    return geometry

@@ -1,0 +1,33 @@
+"""`specdeploy verify MANIFEST`: re-hash every output a release manifest lists.
+
+Exit 0 when every file is there with its recorded sha256; else 1, one line per changed or
+missing file (CI-friendly: nothing else on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.manifest import verify
+
+    checked, problems = verify(Path(args.manifest))
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        console.print(f"{len(problems)} of {checked} file(s) changed or missing", highlight=False)
+        return 1
+    console.print(f"[green]ok[/green]: {checked} file(s) match {args.manifest}", highlight=False)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Adds the subcommand; handlers take (args, console) and return an exit code."""
+    verify = commands.add_parser("verify", help="re-hash the outputs a release manifest lists")
+    verify.add_argument("manifest", help="engines/<spec>/manifest.json")
+    verify.set_defaults(handler=cmd_verify)

@@ -1,0 +1,155 @@
+"""The release manifest: what every variant was built from, with what, and what came out.
+
+``engines/<spec name>/manifest.json``, written by every ``specdeploy engine`` run (local or on
+Ray): per variant the sha256 of every input file (model, heads, calibration data, tokenizer and
+Triton model sources: every stage input that no stage produced), of every output file, the plan,
+the method and why it was chosen, and how each stage ended; once, the tool versions. Hashes are
+streamed and cached by file identity (:mod:`pipeline.hashing`), so re-runs do not re-read a
+checkpoint. ``specdeploy verify MANIFEST`` re-hashes the outputs (:func:`verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pipeline
+from pipeline.atomic import exclusive_lock
+from pipeline.errors import InputError
+from pipeline.hashing import HashCache, content_files
+from pipeline.plan import Plan, VariantPlan
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = 1
+# Distribution names of the tools a release depends on (the first installed name wins).
+TOOLS = {
+    "tensorrt_llm": ("tensorrt_llm", "tensorrt-llm"), "nvidia-modelopt": ("nvidia-modelopt",),
+    "torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",),
+    "nvidia-pytriton": ("nvidia-pytriton",), "tritonclient": ("tritonclient",), "ray": ("ray",),
+}
+
+
+def manifest_path(plan: Plan, engines_root: Path) -> Path:
+    return Path(engines_root) / plan.spec_name / MANIFEST_NAME
+
+
+def git_revision(folder: Path) -> str | None:
+    """The checkout's commit (``+dirty`` with uncommitted changes), None outside a git checkout."""
+    if shutil.which("git") is None or not (folder / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def tool_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"specdeploy": pipeline.__version__,
+                                       "specdeploy_git": git_revision(Path(pipeline.__file__).resolve().parents[1])}
+    for tool, names in TOOLS.items():
+        versions[tool] = None
+        for name in names:
+            try:
+                versions[tool] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    versions["tritonserver"] = os.environ.get("TRITON_SERVER_VERSION")  # set in NVIDIA's Triton containers
+    return versions
+
+
+def _files(path: Path, hashes: HashCache) -> dict[str, str]:
+    """{absolute file path: sha256} of a file or every content file of a folder."""
+    path = Path(path)
+    if path.is_file():
+        return {str(path): hashes.sha256(path)}
+    if path.is_dir():
+        return {str(file): hashes.sha256(file) for file in content_files(path)}
+    return {}
+
+
+def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCache) -> dict[str, Any]:
+    produced = {stage.output for stage in variant.stages}
+    inputs: dict[str, dict[str, str]] = {}
+    for stage in variant.stages:
+        for name, path in stage.inputs.items():
+            if path not in produced and name not in inputs:
+                inputs[name] = {"path": str(path), "files": _files(path, hashes)}
+    outputs = {stage.name: {"path": str(stage.output), "state": states.get(stage.name, "not run"),
+                            "files": _files(stage.output, hashes) if states.get(stage.name) in ("ran", "skipped")
+                            else {}}
+               for stage in variant.stages}
+    return {
+        "method": variant.method, "method_reason": variant.speculative.reason, "target": variant.target,
+        "inputs": inputs, "outputs": outputs, "plan": variant.to_dict(),
+        # No evaluate stage yet: figures and gates are added here when a variant has them.
+        "evaluation": None,
+    }
+
+
+def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, str]],
+                   hashes: HashCache) -> Path:
+    """Write (atomically) the manifest of the variants in ``states`` ({variant: {stage: state}});
+    variants of an earlier run that this one did not touch are kept."""
+    path = manifest_path(plan, engines_root)
+    entries = {v.name: variant_entry(v, states[v.name], hashes) for v in plan.variants if v.name in states}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Two runs of one spec (say --variant a and --variant b) each keep the other's entries.
+    with exclusive_lock(path.parent / f".{path.name}.lock", timeout=600, what=str(path), on_wait=lambda _: None):
+        try:
+            previous = _read(path) if path.exists() else {}
+        except InputError:  # unreadable: this run writes it anew
+            previous = {}
+        variants = dict(previous.get("variants", {})) if previous.get("name") == plan.spec_name else {}
+        _write(path, plan, variants | entries, hashes)
+    return path
+
+
+def _write(path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache) -> None:
+    body = {"format": FORMAT, "spec": str(plan.spec_file), "name": plan.spec_name,
+            "spec_sha256": hashes.sha256(plan.spec_file) if Path(plan.spec_file).is_file() else None,
+            "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "tools": tool_versions(), "variants": variants}
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such manifest; `specdeploy engine SPEC` writes engines/<spec>/"
+                         f"{MANIFEST_NAME}") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable manifest ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
+        raise InputError(f"{path}: not a specdeploy manifest (no 'variants' object)")
+    return data
+
+
+def verify(path: Path, hashes: HashCache | None = None) -> tuple[int, list[str]]:
+    """Re-hash every output file the manifest lists: (files checked, problems); the problems
+    name each changed or missing file. Reads the files (no cache) unless ``hashes`` is given."""
+    data = _read(path)
+    hashes = hashes or HashCache(None)
+    checked, problems = 0, []
+    for name, variant in sorted(data["variants"].items()):
+        for stage, output in sorted((variant.get("outputs") or {}).items()):
+            for file, expected in sorted((output.get("files") or {}).items()):
+                checked += 1
+                if not os.path.isfile(file):
+                    problems.append(f"{file}: missing ({name} {stage})")
+                elif hashes.sha256(Path(file)) != expected:
+                    problems.append(f"{file}: changed ({name} {stage}; sha256 differs from the manifest)")
+    return checked, problems
