@@ -14,8 +14,23 @@ import sys
 from rich.console import Console
 
 from pipeline import __version__
-from pipeline.commands import (bench, build, doctor, engine, evaluate, heads, plan, predict, prepare_model, query, report,
-                               schema, serve, validate, verify)
+from pipeline.commands import (
+    bench,
+    build,
+    doctor,
+    engine,
+    evaluate,
+    heads,
+    plan,
+    predict,
+    prepare_model,
+    query,
+    report,
+    schema,
+    serve,
+    validate,
+    verify,
+)
 from pipeline.errors import SpecdeployError
 
 # In the order `specdeploy --help` lists them; each module has register(subparsers).

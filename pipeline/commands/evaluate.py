@@ -37,11 +37,10 @@ def with_default_evaluation(spec):
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     from pipeline.commands.common import output_roots, spec_path
+    from pipeline.errors import InputError, StageUnavailable
     from pipeline.evaluation.result import RELEASE_EXIT_CODE, read_result
-    from pipeline.errors import InputError
     from pipeline.plan import make_plan
     from pipeline.spec import load_spec
-    from pipeline.errors import StageUnavailable
     from pipeline.stages.execute import stage_body
     from pipeline.stages.runner import run_stage
 
@@ -64,7 +63,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         for stage in variant.stages[: names.index("evaluate") + 1]:
             body = stage_body(stage.name)
             try:
-                result = run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out),
+                result = run_stage(stage, lambda out, body=body, stage=stage, v=variant: body(v, stage, out),
                                    force=args.force and stage.name == "evaluate", on_wait=say)
             except StageUnavailable as exc:
                 say(f"[{variant.name}] {stage.name}: {exc}")
@@ -73,6 +72,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             say(f"[{variant.name}] {stage.name}: {result.status} ({result.seconds:.1f} s)")
         else:
             evaluation = read_result(variant.stage("evaluate").output)
+            assert evaluation is not None  # the stage just wrote it (or found it up to date)
             console.print(summary_table(evaluation))
             console.print(f"[{variant.name}] choice: {evaluation['choice']['candidate']}: "
                           f"{evaluation['choice']['reason']}", highlight=False, markup=False)

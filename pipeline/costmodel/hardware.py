@@ -19,7 +19,8 @@ Sources (datasheets, fetched 2026):
 * H200 SXM: "NVIDIA H200 Tensor Core GPU" datasheet: 4.8 TB/s, BF16 989, FP8 1979, NVLink 900 GB/s.
 * GH200 (96 GB HBM3): "NVIDIA GH200 Grace Hopper Superchip" datasheet: 4 TB/s, Hopper's 989 / 1979,
   NVLink 900 GB/s.
-* B200 (HGX B200): "NVIDIA HGX B200" datasheet, per GPU (the eight-GPU totals / 8, dense = sparse / 2): 8 TB/s, BF16 2250, FP8 4500 TFLOPS; NVLink 5 1800 GB/s.
+* B200 (HGX B200): "NVIDIA HGX B200" datasheet, per GPU (the eight-GPU totals / 8, dense = sparse / 2):
+  8 TB/s, BF16 2250, FP8 4500 TFLOPS; NVLink 5 1800 GB/s.
 * PCIe 4.0 x16: 32 GB/s per direction (PCI-SIG).
 
 The attainable fractions of those peaks (``BANDWIDTH_EFFICIENCY``, ``COMPUTE_EFFICIENCY``) and the

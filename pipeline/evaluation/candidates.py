@@ -20,7 +20,7 @@ from pipeline.costmodel.step import Drafting
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.speculative import METHODS, LookaheadConfig, engine_mode_method, lookahead_problem
+from pipeline.speculative import METHODS, LookaheadConfig, Method, engine_mode_method, lookahead_problem
 
 SIMILAR_SIZE = 0.5  # fitted trees within +-50% of the spec tree's node count
 
@@ -28,7 +28,7 @@ SIMILAR_SIZE = 0.5  # fitted trees within +-50% of the spec tree's node count
 @dataclass(frozen=True)
 class Candidate:
     name: str  # e.g. "plain", "lookahead(4,3,4)", "medusa[smollm2_medusa_10]", "eagle2(top_k 4)"
-    method: str  # none | medusa | eagle | lookahead: what a build of it would be
+    method: Method  # none | medusa | eagle | lookahead: what a build of it would be
     settings: MethodSettings
     drafting: Drafting  # what the cost model charges for it
     lookahead: LookaheadConfig | None = None  # per-request (w, n, g) on the server's (W, N, G)
@@ -43,7 +43,7 @@ class Loaded:
     method: DecodingMethod
 
 
-def engine_as(engine: Engine, method: str, max_draft_len: int) -> Engine:
+def engine_as(engine: Engine, method: Method, max_draft_len: int) -> Engine:
     """The same weights with the build config of a ``method`` engine (shallow: nothing is copied)."""
     limits = dataclasses.replace(engine.config.limits, speculative_decoding_mode=METHODS[method].engine_mode,
                                  max_draft_len=max_draft_len)

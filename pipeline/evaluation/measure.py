@@ -22,7 +22,7 @@ from pipeline.evaluation.candidates import Loaded
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
-from pipeline.runtime.serving.metrics import SpecDecodingStats, StepStats
+from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
 
@@ -97,6 +97,7 @@ def decode(loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: i
     (out,) = done
     if out.reason == FinishReason.ERROR:
         raise RuntimeError(f"{candidate.name}: {out.error}")
+    assert isinstance(out.metrics, SpecRequestMetrics)  # what the scheduler gives every request
     tally.stats.merge(out.metrics.spec)
     tally.outputs.append(list(out.tokens))
 

@@ -42,7 +42,8 @@ def test_max_batch_for_speculation_and_on_fail():
     paying = [RECORDS[0], record("lookahead(4,3,4)", "lookahead", 1.5, {32: 1.2})]
     assert choose(paying, 32, "l40s", Gates()).candidate == "lookahead(4,3,4)"
     choice = choose(paying, 32, "l40s", Gates(max_batch_for_speculation=8))
-    assert choice.candidate == "plain" and "max_batch_for_speculation 8: the expected concurrency is 32" in choice.reason
+    assert choice.candidate == "plain"
+    assert "max_batch_for_speculation 8: the expected concurrency is 32" in choice.reason
     failed = choose(RECORDS, 1, "l40s", Gates(min_speedup=2.0, on_fail="fail"))
     assert isinstance(failed, Choice) and failed.failed == "eagle[t] misses release gate min_speedup 2.0: " \
         "predicted 1.90x at batch 1"

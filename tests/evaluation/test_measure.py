@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline import trees
 from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
 from pipeline.evaluation.measure import measure, summarize, tokens_per_step
 from pipeline.runtime.serving.metrics import SpecDecodingStats
 from pipeline.speculative import LookaheadConfig
-from pipeline import trees
 from tests.runtime import drive
 from tests.runtime import fixtures as sf
 

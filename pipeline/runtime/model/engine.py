@@ -187,6 +187,8 @@ class Engine:
 
         Each item's tokens are appended to its cache (``cache.length`` grows by n).
         """
+        if self.device.type == "cpu":  # the default device: no torch-function mode in the way of every op
+            return self._forward(items)
         with torch.device(self.device):  # new tensors (positions, masks, KV cache growth) on the engine's device
             return self._forward(items)
 
