@@ -28,14 +28,15 @@ from pipeline.commands import (
     report,
     schema,
     serve,
+    train_adapter,
     validate,
     verify,
 )
 from pipeline.errors import SpecdeployError
 
 # In the order `specdeploy --help` lists them; each module has register(subparsers).
-COMMANDS = (validate, plan, engine, verify, prepare_model, build, serve, query, bench, doctor, heads, schema, predict,
-            evaluate, report)
+COMMANDS = (validate, plan, engine, verify, prepare_model, build, serve, query, bench, doctor, heads, train_adapter,
+            schema, predict, evaluate, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,7 +80,7 @@ def _files(path: Path, hashes: HashCache) -> dict[str, str]:
 
 def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCache) -> dict[str, Any]:
     produced = {stage.output for stage in variant.stages}
-    inputs: dict[str, dict[str, str]] = {}
+    inputs: dict[str, dict[str, Any]] = {}
     for stage in variant.stages:
         for name, path in stage.inputs.items():
             if path not in produced and name not in inputs:

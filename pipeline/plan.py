@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import gpus, presets, resources, trees
+from pipeline import adapters, gpus, presets, resources, trees
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
@@ -219,7 +219,8 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     elif variant.target == "tensorrt" and gpu is None:
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
-    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems)
+    merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
+    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge)
     if variant.evaluation is not None:
         stages = _with_evaluate(spec, variant, stages, model_dir, heads_dir, gpu)
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
@@ -422,10 +423,14 @@ def _workers(variant: VariantSpec, problems: _Problems) -> int | None:
 
 def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,
             speculative: SpeculativeConfig, quant: QuantPlan, build: BuildConfig,
-            problems: _Problems) -> tuple[StagePlan, ...]:
+            problems: _Problems, merge: adapters.MergeTarget | None = None) -> tuple[StagePlan, ...]:
     variant_root = _inside(roots.engines, variant.name, problems)
     stages: list[StagePlan] = []
     source = model_dir if model_dir is not None else Path("<weights missing>")
+    if merge is not None:  # base + LoRA adapters -> merged HF checkpoint; quantize/convert read it
+        merge_inputs = {"model": source} | {f"adapter{i}": folder for i, folder in enumerate(merge.adapters)}
+        stages.append(StagePlan("merge", merge.output, merge_inputs, {"adapters": [str(a) for a in merge.adapters]}))
+        source = merge.output
     if quant.weights_fp8 and not quant.prequantized:
         quantized = variant_root / "quantized"
         stages.append(StagePlan("quantize", quantized, {"model": source, "calibration": quant.calibration_data}, {

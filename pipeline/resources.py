@@ -174,6 +174,16 @@ def _heads_file_params(s: Sizing) -> int:
     return 0
 
 
+def merge_resources(s: Sizing) -> StageResources:
+    """LoRA merge: one base tensor, its float32 update and the result at a time; writes a copy of the base."""
+    a = s.arch
+    largest = max(a.vocab_size * a.hidden_size, a.intermediate_size * a.hidden_size) * 4 / GIB
+    disk = a.total_params() * 4 / GIB  # at most: the base's own dtype, float32 at most
+    return StageResources(0, 0.0, CONVERT_HOST_BASE_GIB + 3 * largest, disk,
+                          f"streamed: {CONVERT_HOST_BASE_GIB:.0f} GiB + 3 x the largest tensor in float32 "
+                          f"({largest:.2f} GiB); writes the merged checkpoint (<= {disk:.1f} GiB)")
+
+
 def convert_resources(s: Sizing) -> StageResources:
     heads = _heads_file_params(s)
     host = CONVERT_HOST_BASE_GIB + 3 * CONVERT_CHUNK_BYTES / GIB + heads * 4 / GIB
@@ -218,6 +228,7 @@ def evaluate_resources(s: Sizing) -> StageResources:
 
 
 STAGE_ESTIMATES = {
+    "merge": merge_resources,
     "quantize": quantize_resources,
     "convert": convert_resources,
     "evaluate": evaluate_resources,

@@ -42,6 +42,12 @@ class ModelSpec(_Strict):
     """Architecture preset used to plan when ``path`` does not exist (yet) on this host."""
     dtype: Dtype = "bfloat16"
     """Precision of the unquantized weights, activations and the KV cache (unless FP8)."""
+    adapter: str | list[str] | None = None
+    """PEFT LoRA folder(s) merged into the model before quantize/convert, in the order listed."""
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return (self.adapter,) if isinstance(self.adapter, str) else tuple(self.adapter or ())
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -53,6 +59,10 @@ class ModelSpec(_Strict):
             raise ValueError(f"unknown builtin model '{self.builtin}' (known: {', '.join(BUILTIN_MODELS)})")
         if self.preset is not None:
             presets.preset(self.preset)
+        if self.adapter is not None and (not self.adapters or not all(self.adapters)):
+            raise ValueError("adapter: give a PEFT LoRA folder or a non-empty list of them")
+        if self.adapters and not (self.builtin or self.path):
+            raise ValueError("adapter needs the base model's weights: give 'builtin' or 'path'")
         return self
 
 

@@ -15,6 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import SpecdeployError, StageUnavailable
 from pipeline.fleet.graph import PREPARE, FleetTask
@@ -62,7 +63,8 @@ def run_task(task: FleetTask, produced: tuple[str, ...], *, bodies: dict | None,
     if board is not None:
         board.started.remote(task.key, node)
     gpu_ids, group = _ray_context()
-    base = dict(key=task.key, node=node, gpu_ids=gpu_ids, placement_group=group, attempt_pid=os.getpid())
+    base: dict[str, Any] = dict(key=task.key, node=node, gpu_ids=gpu_ids, placement_group=group,
+                                attempt_pid=os.getpid())
     try:
         if task.kind == PREPARE:
             from pipeline.embedded import prepare_embedded_model

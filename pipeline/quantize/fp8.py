@@ -151,8 +151,10 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     say(f"loading {hf_dir} ({_dtype_name(calib_dtype)} on {target})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
-        model, loading = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=calib_dtype, local_files_only=True,
-                                                              output_loading_info=True, **load_kwargs)
+        model: Any
+        loading: dict[str, Any]
+        model, loading = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
+            hf_dir, dtype=calib_dtype, local_files_only=True, output_loading_info=True, **load_kwargs)
     except ValueError as exc:
         if load_kwargs and "offload" in str(exc):  # the dispatch needs a folder it was not given
             raise StageUnavailable(f"{hf_dir} does not fit the GPU memory given to the quantize stage "
@@ -242,7 +244,7 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     return summary
 
 
-def _calibrated_quantizers(model: Any, quantizer_type: type) -> tuple[dict[str, float], list[str], list[str]]:
+def _calibrated_quantizers(model: Any, quantizer_type: Any) -> tuple[dict[str, float], list[str], list[str]]:
     """amax of every enabled quantizer, the quantized Linear names, the KV-quantized attention names."""
     amax: dict[str, float] = {}
     for name, module in model.named_modules():

@@ -17,12 +17,13 @@ from pathlib import Path
 from pipeline.errors import StageUnavailable
 from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
-from pipeline.stages import build, convert, evaluate, package, quantize
+from pipeline.stages import build, convert, evaluate, merge, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
 
 StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 
 STAGE_BODIES: dict[str, StageBody] = {
+    "merge": merge.run,
     "quantize": quantize.run,
     "convert": convert.run,
     "evaluate": evaluate.run,

@@ -1,0 +1,69 @@
+"""Stale heads on a fine-tune: the base's EAGLE drafter on the base vs on the code fine-tune (specs/smollm2-fleet.yaml).
+
+    .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat]
+
+Builds the fleet through the pipeline (up-to-date stages skip), then decodes the same eval prompts
+greedily with plain decoding and with EAGLE on the ``base`` and ``code-stale-eagle`` engines through
+the scheduler, and reports the mean acceptance length of each and whether EAGLE's output equals the
+same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
+bench/out/stale_heads.json. Not a test: acceptance depends on the prompts; CPU time depends on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.speculative import Tally, load_prompts, run  # noqa: E402
+from pipeline.plan import OutputRoots, make_plan  # noqa: E402
+from pipeline.runtime.model.engine import Engine  # noqa: E402
+from pipeline.runtime.spec_decode.base import PlainDecoding  # noqa: E402
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method  # noqa: E402
+from pipeline.spec import load_spec  # noqa: E402
+from pipeline.stages.execute import execute_plan  # noqa: E402
+
+SPEC = REPO / "specs" / "smollm2-fleet.yaml"
+VARIANTS = ("base", "code-stale-eagle")
+END_ID = 2  # SmolLM2's <|im_end|>, as bench/speculative.py
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--sets", nargs="+", default=["code", "chat"], choices=["code", "chat"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    plan = make_plan(load_spec(SPEC), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache"))
+    execute_plan(plan, only=set(VARIANTS), say=lambda text: print(f"  {text}", flush=True))
+    results: dict[str, dict] = {}
+    for name in VARIANTS:
+        variant = next(v for v in plan.variants if v.name == name)
+        engine = Engine.load(variant.stage("build").output)
+        eagle, _ = make_method(engine, MethodSettings("eagle", eagle_choices=variant.speculative.eagle.tree))
+        for kind in args.sets:
+            prompts, _ = load_prompts(kind, args.prompts, variant.model_dir)
+            plain, spec = Tally(), Tally()
+            run(engine, PlainDecoding(), prompts, args.new_tokens, END_ID, plain)
+            run(engine, eagle, prompts, args.new_tokens, END_ID, spec)
+            row = {"mean_acceptance_length": round(spec.stats.mean_acceptance_length, 3),
+                   "same_as_plain": spec.outputs == plain.outputs, "tokens": spec.tokens}
+            results.setdefault(name, {})[kind] = row
+            print(f"{name:18s} {kind:5s} EAGLE mean acceptance length {row['mean_acceptance_length']:.2f} "
+                  f"(output {'=' if row['same_as_plain'] else '!='} plain decoding)", flush=True)
+    out = REPO / "bench" / "out" / "stale_heads.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens, "results": results},
+                              indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

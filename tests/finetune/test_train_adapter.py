@@ -1,0 +1,72 @@
+"""train-adapter on a tiny random model: it trains, is reproducible, and writes a folder the merge stage takes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.finetune.data import DataSettings, code_modules
+from pipeline.finetune.train import REPORT_FILE, TrainSettings, train_adapter
+from pipeline.heads.prompts import load_prompts
+from tests.quantize.conftest import build_tiny_llama
+
+pytest.importorskip("peft")
+
+
+def _settings(task: str, **changes) -> TrainSettings:
+    data = DataSettings(block=32, max_train_blocks=64, max_heldout_blocks=8, answer_tokens=12, gen_batch=8,
+                        max_train_prompts=8)
+    settings = dict(rank=4, steps=8, batch=2, lr=1e-2, warmup=2, bf16_autocast=False, eval_new_tokens=8)
+    return TrainSettings(task=task, data=data, **(settings | changes))
+
+
+def test_json_adapter_trains_reproducibly(tmp_path):
+    torch.set_num_threads(1)
+    model = build_tiny_llama(tmp_path / "tiny")
+    first = train_adapter(model, tmp_path / "a", tmp_path / "cache", _settings("json"), say=lambda _: None)
+    assert first["steps_done"] == 8 and not first["stopped_early_by_time"]
+    assert first["heldout_loss_after"] < first["heldout_loss_before"]
+    assert first["eval_prompts"] == len(load_prompts("chat", "eval"))
+    assert 0 <= first["eval_greedy_changed"] <= first["eval_prompts"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", REPORT_FILE]
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["peft_type"] == "LORA"
+    assert json.loads((tmp_path / "a" / REPORT_FILE).read_text())["heldout_loss_after"] == first["heldout_loss_after"]
+    # the base answers are cached: the second run only trains, and lands on the same bytes
+    second = train_adapter(model, tmp_path / "b", tmp_path / "cache", _settings("json"), say=lambda _: None)
+    assert (tmp_path / "a" / "adapter_model.safetensors").read_bytes() == \
+        (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
+    assert second["heldout_loss_after"] == first["heldout_loss_after"]
+
+
+def test_code_task_holds_out_the_eval_modules():
+    train, heldout = code_modules()
+    eval_modules = {r["source"].rsplit(".", 1)[0] for r in load_prompts("code", "eval")}
+    assert heldout and not set(train) & set(heldout)
+    assert not (set(train) | set(heldout)) & eval_modules
+
+
+def test_cli_trains_a_code_adapter(cli, tmp_path):
+    model = build_tiny_llama(tmp_path / "tiny")
+    rc, out, err = cli("train-adapter", "--task", "code", "--model", str(model), "--out", str(tmp_path / "code"),
+                       "--steps", "3", "--batch", "2", "--rank", "2", "--last-layers", "1", "--block", "32",
+                       "--eval-new-tokens", "4", "--heldout-blocks", "4")
+    assert rc == 0, err
+    report = json.loads((tmp_path / "code" / REPORT_FILE).read_text())
+    assert report["steps_done"] == 3 and report["task"] == "code" and report["train_examples"] > 0
+    config = json.loads((tmp_path / "code" / "adapter_config.json").read_text())
+    assert config["layers_to_transform"] == [1]
+    assert "held-out loss" in out
+
+
+def test_oversized_adapter_is_refused_and_leaves_nothing(tmp_path):
+    from pipeline.errors import InputError
+
+    model = build_tiny_llama(tmp_path / "tiny")
+    with pytest.raises(InputError, match="MiB budget"):
+        train_adapter(model, tmp_path / "big", tmp_path / "cache",
+                      _settings("code", steps=1, max_adapter_mib=0.001), say=lambda _: None)
+    assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.tmp-*"))
