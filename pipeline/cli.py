@@ -19,10 +19,13 @@ from pipeline.commands import (
     build,
     doctor,
     engine,
+    evaluate,
     heads,
     plan,
+    predict,
     prepare_model,
     query,
+    report,
     schema,
     serve,
     train_adapter,
@@ -33,7 +36,7 @@ from pipeline.errors import SpecdeployError
 
 # In the order `specdeploy --help` lists them; each module has register(subparsers).
 COMMANDS = (validate, plan, engine, verify, prepare_model, build, serve, query, bench, doctor, heads, train_adapter,
-            schema)
+            schema, predict, evaluate, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -221,6 +221,8 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
     stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge)
+    if variant.evaluation is not None:
+        stages = _with_evaluate(spec, variant, stages, model_dir, heads_dir, gpu)
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
         name=variant.name, target=variant.target, arch=arch, model_dir=model_dir,
@@ -291,10 +293,16 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
     heads = variant.heads
-    if requested == "auto":
+    if requested == "best" and variant.evaluation is None:
+        problems.error(("speculative", "method"), "best chooses by measurement and needs an evaluation: section "
+                                                  "(e.g. evaluation: {count: 32}); or use method: auto")
+        return None, None
+    if requested in ("auto", "best"):
         method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
         reason = {"eagle": "auto: EAGLE heads present", "medusa": "auto: Medusa heads present",
                   "lookahead": "auto: no heads, Lookahead needs no extra weights"}[method]
+        if requested == "best":  # the build follows the heads; the evaluate stage measures and chooses
+            reason = f"best: candidates built from the heads ({reason.split(': ', 1)[1]}); evaluate chooses"
     else:
         method, reason = requested, f"method: {requested} set in the spec"
     if method in ("medusa", "eagle") and getattr(heads, method) is None:
@@ -447,6 +455,29 @@ def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, he
                                 "build": _jsonable(dataclasses.asdict(build)),
                             }))
     return tuple(stages)
+
+
+def _with_evaluate(spec: Spec, variant: VariantSpec, stages: tuple[StagePlan, ...], model_dir: Path | None,
+                   heads_dir: Path | None, gpu: gpus.GpuType | None) -> tuple[StagePlan, ...]:
+    """The evaluate stage after convert (pipeline/evaluation/ has what it measures)."""
+    from pipeline.evaluation.prompts import prompt_files
+
+    evaluation = variant.evaluation
+    assert evaluation is not None
+    convert = next(stage for stage in stages if stage.name == "convert")
+    prompts = prompt_files(spec.resolve_path(evaluation.prompts) if evaluation.prompts else None)
+    inputs = {"checkpoint": convert.output, "tokenizer": model_dir or Path("<weights missing>"),
+              **{f"prompts{i}": path for i, path in enumerate(prompts)}} | ({"heads": heads_dir} if heads_dir else {})
+    look = variant.speculative.lookahead
+    stage = StagePlan("evaluate", convert.output.parent / "evaluation", inputs, {
+        "evaluation": evaluation.model_dump(), "convert": convert.params,
+        "lookahead": [look.window, look.ngram, look.verification_set],
+        "eagle_dynamic_top_k": variant.speculative.eagle.dynamic_tree_max_top_k,
+        "gpu": gpu.name if gpu else None, "quantization": variant.quantization.model_dump(),
+        "release": variant.release.model_dump() if variant.release else None, "method": variant.speculative.method,
+    })
+    at = stages.index(convert) + 1
+    return (*stages[:at], stage, *stages[at:])
 
 
 def _inside(root: Path, name: str, problems: _Problems) -> Path:

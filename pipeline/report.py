@@ -33,6 +33,19 @@ def _needs(resources: StageResources | None) -> str:
     return text
 
 
+def _measured_choice(variant: VariantPlan) -> str | None:
+    """The evaluate stage's choice, when this variant has been evaluated."""
+    from pipeline.evaluation.result import read_result
+
+    stage = next((s for s in variant.stages if s.name == "evaluate"), None)
+    result = read_result(stage.output) if stage else None
+    if not result:
+        return None
+    choice = result["choice"]
+    failed = f"  [red]release gate failed[/red]: {choice['failed']}" if choice.get("failed") else ""
+    return f"{choice['candidate']}: {choice['reason']}{failed}"
+
+
 def print_plan(plan: Plan, console: Console) -> None:
     console.print(f"[bold]{plan.spec_name}[/bold] ({plan.spec_file}): {len(plan.variants)} variant(s)")
     for variant in plan.variants:
@@ -41,6 +54,9 @@ def print_plan(plan: Plan, console: Console) -> None:
         table.add_column("key", style="cyan")
         table.add_column("value")
         table.add_row("method", f"{_speculative_line(variant)}  ({variant.speculative.reason})")
+        measured = _measured_choice(variant)
+        if measured:
+            table.add_row("measured choice", measured)
         table.add_row("model", f"{variant.arch.name}  ({variant.model_dir or 'preset only'})")
         table.add_row("target", variant.target + (f" on {variant.gpu.name}" if variant.gpu else ""))
         table.add_row("parallel", f"tp={variant.tp} pp={variant.pp} (world size {variant.world_size})")

@@ -220,10 +220,18 @@ def serve_resources(s: Sizing) -> StageResources:
                           s.memory.describe())
 
 
+def evaluate_resources(s: Sizing) -> StageResources:
+    """The reference runtime over the checkpoint on the CPU, as serving it (pipeline/evaluation/)."""
+    checkpoint = s.memory.weights_gib * s.world_size + _heads_file_params(s) * BYTES_PER_ELEMENT[s.dtype] / GIB
+    return StageResources(0, 0.0, 2 * checkpoint + 2.0, PACKAGE_DISK_GIB,
+                          "reference runtime on the CPU: dequantized weights, one request's KV cache at a time")
+
+
 STAGE_ESTIMATES = {
     "merge": merge_resources,
     "quantize": quantize_resources,
     "convert": convert_resources,
+    "evaluate": evaluate_resources,
     "build": build_resources,
     "package": package_resources,
 }

@@ -132,8 +132,8 @@ class LookaheadSettings(_Strict):
 
 
 class SpeculativeSpec(_Strict):
-    method: Literal["auto", "medusa", "eagle", "lookahead", "none"] = "auto"
-    """auto: EAGLE if EAGLE heads are given, else Medusa if Medusa heads are, else Lookahead."""
+    method: Literal["auto", "best", "medusa", "eagle", "lookahead", "none"] = "auto"
+    """auto: EAGLE > Medusa > Lookahead by which heads exist; best: the evaluate stage's measured choice."""
     medusa: MedusaSettings = MedusaSettings()
     """Medusa tree settings (used when the method is medusa)."""
     eagle: EagleSettings = EagleSettings()
@@ -243,6 +243,42 @@ class GpuSpec(_Strict):
         return value
 
 
+class EvaluationSpec(_Strict):
+    """The evaluate stage: every candidate method measured on these prompts by the reference runtime."""
+
+    prompts: str | None = None
+    """JSONL ("prompt": raw text, "messages": chat turns through the chat template, or "input_ids") or plain
+    text, one prompt per line; default: the repository's held-out chat and code prompts."""
+    count: int = Field(32, ge=1, le=10000)
+    """How many prompts to decode (the first ones of the file)."""
+    max_new_tokens: int = Field(64, ge=1, le=4096)
+    """Tokens generated per prompt, greedily, by every candidate."""
+    batch_sizes: list[int] = Field([1, 8, 32], min_length=1)
+    """Concurrencies to predict GPU speedups for; the first is the expected one (method: best chooses there)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the reference runtime runs: cpu, or cuda (one GPU, for models too large for a CPU)."""
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value):
+            raise ValueError("batch sizes must be >= 1")
+        return value
+
+
+class ReleaseSpec(_Strict):
+    """Gates the evaluated choice must pass (pipeline/evaluation/choose.py)."""
+
+    min_acceptance_length: float | None = Field(None, ge=1.0)
+    """The measured mean acceptance length the chosen method must reach."""
+    min_speedup: float | None = Field(None, gt=0)
+    """The predicted GPU speedup it must reach at evaluation.batch_sizes[0] on gpu.type."""
+    max_batch_for_speculation: int | None = Field(None, ge=1)
+    """Speculate only when the expected concurrency (evaluation.batch_sizes[0]) is at most this."""
+    on_fail: Literal["fallback", "fail"] = "fallback"
+    """fallback: the next best candidate that passes, down to plain decoding; fail: exit code 6."""
+
+
 class VariantSpec(_Strict):
     """One fully resolved variant: the base spec with the variant's overrides applied."""
 
@@ -266,6 +302,10 @@ class VariantSpec(_Strict):
     """tensorrt: a TensorRT-LLM engine for GPUs; reference: the CPU reference backend."""
     gpu: GpuSpec | None = None
     """The GPUs planned for (memory and FP8 checks); unchecked when unset."""
+    evaluation: EvaluationSpec | None = None
+    """The evaluate stage: every candidate method measured before the build; unset: no evaluation."""
+    release: ReleaseSpec | None = None
+    """Gates the evaluated choice must pass to ship; unset: no gates."""
 
     @field_validator("name")
     @classmethod

@@ -2,7 +2,8 @@
 quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json).
 
 Without ``--ray`` the variants run one after another here. Exit 0 when every variant is done;
-otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3).
+otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
+or at a failed release gate (6, one line each on stderr after every variant).
 With ``--ray`` (no address: a local Ray cluster; ``auto``: the running one) each stage is a Ray
 task (:mod:`pipeline.fleet.ray_runner`); the exit code is that of the failed stages, after all
 other variants finished.
@@ -11,6 +12,7 @@ other variants finished.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -40,12 +42,19 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
     plan = load_plan(args)
     outcomes = execute_plan(plan, only=set(args.variant or ()), force=args.force, hashes=hashes,
                             say=lambda text: console.print(text, highlight=False, markup=False))
+    from pipeline.evaluation.result import RELEASE_EXIT_CODE
+
+    for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
+        if outcome.exit_code == RELEASE_EXIT_CODE:
+            print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
     states = {o.variant: {r.name: r.status for r in o.results} | ({o.stopped_at: "unavailable"} if o.stopped_at
                                                                    else {}) for o in outcomes}
-    stopped = [outcome for outcome in outcomes if outcome.stopped_at]
+    stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]
     if stopped:
         console.print(f"[yellow]{len(stopped)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
-        return plan, states, max(outcome.exit_code for outcome in stopped)
+    codes = [outcome.exit_code for outcome in outcomes if outcome.stopped_at]
+    if codes:
+        return plan, states, max(codes)
     console.print(f"[green]done[/green]: {len(outcomes)} variant(s)")
     return plan, states, 0
 

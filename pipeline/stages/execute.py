@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.errors import StageUnavailable
 from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
-from pipeline.stages import build, convert, merge, package, quantize
+from pipeline.stages import build, convert, evaluate, merge, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
 
 StageBody = Callable[[VariantPlan, StagePlan, Path], None]
@@ -26,6 +26,7 @@ STAGE_BODIES: dict[str, StageBody] = {
     "merge": merge.run,
     "quantize": quantize.run,
     "convert": convert.run,
+    "evaluate": evaluate.run,
     "build": build.run,
     "package": package.run,
 }
@@ -79,6 +80,13 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
             f" ({result.seconds:.1f} s)")
         results.append(result)
         produced.add(stage.output)
+        if stage.name == "evaluate":
+            from pipeline.evaluation.result import RELEASE_EXIT_CODE, release_failure
+
+            failed = release_failure(result.output)
+            if failed:  # release.on_fail: fail; the later stages do not run for this variant
+                say(f"[{variant.name}] release gate failed: {failed}")
+                return VariantOutcome(variant.name, tuple(results), stage.name, failed, RELEASE_EXIT_CODE)
     return VariantOutcome(variant.name, tuple(results))
 
 
@@ -89,6 +97,7 @@ _INPUT_HINTS = {
     "heads": ("speculative heads", "put the heads there (heads.<method>.path)"),
     "checkpoint": ("converted checkpoint files", "run the convert stage first (specdeploy engine SPEC)"),
     "engine": ("engine files", "run the build stage first (specdeploy engine SPEC)"),
+    "prompts0": ("evaluation prompts", "fix evaluation.prompts in the spec"),
 }
 
 

@@ -129,13 +129,14 @@ class Engine:
         self.ranks = ranks  # by rank = pp_rank * tp + tp_rank
         self.geo = Geometry(shape.num_heads // self.tp, max(shape.num_kv_heads // self.tp, 1), shape.head_dim,
                             shape.norm_epsilon)
-        self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, shape.rope_scaling)
         first, last = self.stage(0)[0], self.stage(self.pp - 1)
         lm_heads = [r.lm_head for r in last if r.lm_head is not None]
         if first.embedding is None or last[0].ln_f is None or len(lm_heads) != self.tp:
             raise InputError(f"{config.folder}: rank files lack the embedding (first stage) or ln_f/lm_head "
                              "(last stage); rebuild the engine")
         self.embedding: torch.Tensor = first.embedding
+        self.device = self.embedding.device  # every weight, the KV caches and each step's tensors live here
+        self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, shape.rope_scaling).to(self.device)
         self.ln_f: torch.Tensor = last[0].ln_f
         self.bf16 = config.dtype == "bfloat16"
         self.lm_head_weights = lm_heads  # [tp_rank]: the vocab-parallel lm_head's rows
@@ -174,13 +175,15 @@ class Engine:
         return logits if logits.shape[1] == vocab else logits[:, :vocab]
 
     @classmethod
-    def load(cls, folder: Path) -> Engine:
+    def load(cls, folder: Path, device: str = "cpu") -> Engine:
+        """``device`` "cuda" puts the weights, KV caches and step tensors on the GPU (run the decoding
+        methods inside ``torch.device(engine.device)`` too, so their masks and indices are made there)."""
         config = load_engine_config(folder)
         pretrained = config.raw["pretrained_config"]
         if pretrained.get("use_parallel_embedding"):
             raise InputError(f"{config.folder / 'config.json'}: use_parallel_embedding=true is not supported by "
                              "the reference backend; convert without it")
-        ranks = [RankWeights.load(config.folder, r, pretrained) for r in range(config.parallel.world_size)]
+        ranks = [RankWeights.load(config.folder, r, pretrained, device) for r in range(config.parallel.world_size)]
         return cls(config, ranks)
 
     def stage(self, pp_rank: int) -> list[RankWeights]:
@@ -197,6 +200,12 @@ class Engine:
 
         Each item's tokens are appended to its cache (``cache.length`` grows by n).
         """
+        if self.device.type == "cpu":  # the default device: no torch-function mode in the way of every op
+            return self._forward(items)
+        with torch.device(self.device):  # new tensors (positions, masks, KV cache growth) on the engine's device
+            return self._forward(items)
+
+    def _forward(self, items: Sequence[StepInput]) -> list[StepRows]:
         spans: list[Span] = []
         positions, start = [], 0
         for item in items:
@@ -243,7 +252,8 @@ def _mask(item: StepInput, n: int, total: int) -> torch.Tensor | None:
     every layer (~4% of a 16-row tree step on SmolLM2, bf16)."""
     if n == 1 and item.mask is None:
         return None  # a single new token sees everything before it
-    among = item.mask.to(torch.bool) if item.mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
     mask = torch.zeros(n, total)
+    among = (item.mask.to(device=mask.device, dtype=torch.bool) if item.mask is not None
+             else torch.ones(n, n, dtype=torch.bool).tril())
     mask[:, total - n :].masked_fill_(~among, float("-inf"))
     return mask

@@ -14,6 +14,9 @@
   from 48 rows on it blocks differently and the last bf16 bit moves), so calls are cut into chunks
   of 32: a token's logits are then the same whether it is decoded alone, in a batch or in a draft
   tree, which keeps greedy speculation token-exact.
+
+On a CUDA device (``Engine.load(folder, device="cuda")``) the same weights run as plain torch
+matmuls (cuBLAS; bf16 inputs with fp32 accumulation for bfloat16 engines), without oneDNN.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class Gemm:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, bf16: bool = False):
         self.out_features = weight.shape[0]
         self.bf16 = bf16
-        self.packed = bf16 and onednn_bf16()
+        self.packed = bf16 and weight.device.type == "cpu" and onednn_bf16()  # CUDA: plain torch matmuls
         if not bf16:
             self.weight, self.bias = weight.float().T.contiguous().T, bias
         elif self.packed:

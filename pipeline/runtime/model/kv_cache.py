@@ -78,7 +78,8 @@ class KVCache:
 
         Tree verification writes every draft node; the accepted path is a subset of them.
         """
-        index = torch.tensor([start + s for s in slots], dtype=torch.long)
+        device = self.keys[0][0].device if self.keys and self.keys[0] else None
+        index = torch.tensor([start + s for s in slots], dtype=torch.long, device=device)
         for store in (self.keys, self.values):
             for per_rank in store:
                 for tensor in per_rank:

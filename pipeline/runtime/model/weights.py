@@ -46,14 +46,15 @@ class RankWeights:
     eagle: list[EagleShard] = field(default_factory=list)
 
     @classmethod
-    def load(cls, ckpt_dir: Path, rank: int, config: dict[str, Any]) -> RankWeights:
+    def load(cls, ckpt_dir: Path, rank: int, config: dict[str, Any], device: str = "cpu") -> RankWeights:
+        """``device``: where the tensors are read to ("cpu", or "cuda" to serve the engine on a GPU)."""
         m = config["mapping"]
         tp, pp = m["tp_size"], m["pp_size"]
         path = Path(ckpt_dir) / f"rank{rank}.safetensors"
         if not path.exists():
             raise InputError(f"{path}: missing rank file (mapping says world_size {tp * pp})")
         w = cls(rank, rank % tp, rank // tp)
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="pt", device=device) as f:
             names = set(f.keys())
             get = _Getter(f, names, path)
             if "transformer.vocab_embedding.weight" in names:

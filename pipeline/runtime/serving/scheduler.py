@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from pipeline.runtime.model.config import Limits
-from pipeline.runtime.model.engine import Engine, Logits, StepInput
+from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
+from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
@@ -76,6 +77,29 @@ class Scheduler:
         with self._lock:
             self._waiting.append(_Entry(seq, sink, is_cancelled))
             self._lock.notify()
+
+    def submit_prefilled(self, request: GenerationRequest, sink: Sink, cache: KVCache, rows: StepRows) -> None:
+        """Queue a request whose prompt is already in ``cache``: ``rows`` are that prefill's output (the
+        last row's logits; every prompt row's hidden state when the method has ``prompt_hidden``). Its
+        first token is chosen here, as the step that ended its prefill would have chosen it. The
+        evaluation stage prefills each prompt once and decodes it with every method this way."""
+        problem = self._problem(request)
+        need = len(request.input_ids) + request.max_new_tokens + self.method.max_draft_len
+        if problem is None and cache.length != len(request.input_ids):
+            problem = f"the cache holds {cache.length} tokens, the prompt has {len(request.input_ids)}"
+        if problem is None and cache.limit < need:
+            problem = f"the cache holds at most {cache.limit} tokens; this request needs {need}"
+        if problem is not None:
+            _deliver(sink, StepOutput(request.request_id, [], True, FinishReason.ERROR, problem))
+            return
+        seq = Sequence.create(next(self._keys), request, cache, SpecRequestMetrics(arrival_time_ns=time.time_ns()))
+        seq.prefilled = len(request.input_ids)
+        entry = _Entry(seq, sink, None)
+        self._emit(entry, self.method.accept(seq, rows, after_prefill=True))
+        if not entry.finished:
+            with self._lock:
+                self._waiting.append(entry)
+                self._lock.notify()
 
     def cancel(self, request_id: str) -> bool:
         """Cancel every queued or running request with this id (Triton's ``stop`` input)."""

@@ -1,0 +1,112 @@
+"""`specdeploy predict`: predicted step costs and speedup of a method on a GPU type, without weights.
+
+    specdeploy predict --preset llama-3.1-8b --gpu l40s --method eagle --tree mc_sim_7b_63 \\
+        --acceptance-length 2.5 --batch 1 8 32 [--tp 2] [--dtype fp8] [--context-len 1024] [--json]
+
+The formulas and GPU figures are in pipeline/costmodel/ (step.py, hardware.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline import gpus, presets, trees
+from pipeline.errors import InputError
+from pipeline.speculative import LookaheadConfig, lookahead_problem
+
+DEFAULT_LOOKAHEAD = "4,3,4"  # the spec's defaults for (W, N, G)
+DEFAULT_TREE = "mc_sim_7b_63"  # TensorRT-LLM's default medusa_choices / eagle_choices
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("predict", help="predicted GPU step cost and speedup of a method (no weights)")
+    parser.add_argument("--preset", required=True, choices=sorted(presets.PRESETS), help="architecture preset")
+    parser.add_argument("--gpu", required=True, choices=sorted(gpus.GPU_TYPES), help="GPU type")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8"], help="weights (and KV cache)")
+    parser.add_argument("--method", required=True, choices=["medusa", "eagle", "lookahead", "none"])
+    parser.add_argument("--tree", help=f"draft tree preset for medusa/eagle (default {DEFAULT_TREE})")
+    parser.add_argument("--medusa-heads", type=int, help="Medusa heads (default: the tree depth)")
+    parser.add_argument("--eagle-dynamic-top-k", type=int, help="EAGLE-2 dynamic tree with this top_k")
+    parser.add_argument("--eagle-layers", type=int, default=4, help="EAGLE-2 tree depth (default 4)")
+    parser.add_argument("--max-draft-len", type=int, help="EAGLE-2 nodes verified (default top_k x layers)")
+    parser.add_argument("--lookahead", metavar="W,N,G", help=f"Lookahead (W, N, G) (default {DEFAULT_LOOKAHEAD})")
+    parser.add_argument("--acceptance-length", type=float, default=1.0,
+                        help="mean acceptance length: tokens per step per request (1 for --method none)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32], help="batch sizes (requests in flight)")
+    parser.add_argument("--context-len", type=int, default=1024, help="cached tokens per request")
+    parser.add_argument("--json", action="store_true", help='{"speedup": {"1": ...}, "step_cost": {...}}')
+    parser.set_defaults(handler=cmd_predict)
+
+
+def drafting_from_args(args: argparse.Namespace):
+    from pipeline.costmodel.step import Drafting
+
+    if args.method == "none":
+        return Drafting.plain()
+    if args.method == "lookahead":
+        text = args.lookahead or DEFAULT_LOOKAHEAD
+        try:
+            w, n, g = (int(v) for v in text.split(","))
+        except ValueError:
+            raise InputError(f"--lookahead {text!r}: give W,N,G as three integers, e.g. 4,3,4") from None
+        problem = lookahead_problem(w, n, g)
+        if problem:
+            raise InputError(f"--lookahead {text}: {problem}")
+        return Drafting.lookahead(LookaheadConfig(w, n, g))
+    if args.method == "eagle" and args.eagle_dynamic_top_k:
+        if args.tree:
+            raise InputError("--tree and --eagle-dynamic-top-k are mutually exclusive (EAGLE-2 builds its own tree)")
+        k, layers = args.eagle_dynamic_top_k, args.eagle_layers
+        if k < 1 or layers < 1:
+            raise InputError("--eagle-dynamic-top-k and --eagle-layers must be >= 1")
+        return Drafting.eagle_dynamic(k, layers, args.max_draft_len or k * layers)
+    try:
+        tree = trees.resolve_tree(args.tree or DEFAULT_TREE)
+    except ValueError as exc:
+        raise InputError(f"--tree: {exc}") from None
+    if args.method == "medusa":
+        if args.medusa_heads is not None and args.medusa_heads < trees.tree_depth(tree):
+            raise InputError(f"--medusa-heads {args.medusa_heads} is less than the tree depth {trees.tree_depth(tree)}")
+        return Drafting.medusa(tree, args.medusa_heads)
+    return Drafting.eagle(tree)
+
+
+def cmd_predict(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.costmodel.hardware import gpu_perf
+    from pipeline.costmodel.predict import predict
+    from pipeline.costmodel.step import Deployment
+
+    arch = presets.preset(args.preset)
+    gpu = gpus.gpu_type(args.gpu)
+    if args.dtype == "fp8" and not gpu.supports_fp8:
+        raise InputError(f"--dtype fp8 needs FP8 tensor cores (compute capability >= 8.9); {gpu.name} is "
+                         f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}")
+    if args.tp < 1 or args.pp < 1 or args.context_len < 0:
+        raise InputError("--tp and --pp must be >= 1 and --context-len >= 0")
+    deployment = Deployment(arch, gpu_perf(args.gpu), args.dtype, args.dtype, args.tp, args.pp, args.context_len)
+    drafting = drafting_from_args(args)
+    try:
+        rows = predict(deployment, drafting, args.acceptance_length, args.batch)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"speedup": {str(p.batch): p.speedup for p in rows},
+                          "step_cost": {str(p.batch): p.to_dict() for p in rows},
+                          "rows_per_step": drafting.rows}, indent=2))
+        return 0
+    table = Table(title=f"{args.method} on {args.preset}, {args.gpu} x tp{args.tp} pp{args.pp}, {args.dtype}, "
+                        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}",
+                  title_justify="left")
+    for column in ("batch", "plain step ms", "method step ms", "speedup", "method step parts (ms)"):
+        table.add_column(column)
+    for p in rows:
+        parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in p.parts.items())
+        table.add_row(str(p.batch), f"{p.plain_s * 1e3:.2f}", f"{p.method_s * 1e3:.2f}", f"{p.speedup:.2f}x", parts)
+    console.print(table)
+    return 0

@@ -1,0 +1,187 @@
+"""The time of one decoding step: a roofline of the target model plus each method's own work.
+
+One step of ``b`` requests, each feeding ``T`` rows (1 for plain decoding; 1 + draft tokens for a
+verification pass) over a context of ``L`` cached tokens, on one tensor-parallel group of ``tp``
+GPUs and ``pp`` pipeline stages (sequential for one step: stages add up, so pp does not shorten a
+step; it adds a hop per stage boundary). Per GPU:
+
+* weights: ``(decoder_params x w + vocab x hidden x 2) / tp`` bytes are read once per step, w = 2
+  for bf16, 1 for FP8 (the lm_head stays bf16: ModelOpt's FP8 recipe leaves ``*lm_head*`` unquantized);
+* GEMM FLOPs: ``2 x decoder_params x b x T / tp`` plus ``2 x vocab x hidden x b x R / tp`` for the
+  ``R`` rows that need logits (1 for plain decoding, T for a verification pass);
+* GEMM time = max(weight bytes / (bandwidth x BANDWIDTH_EFFICIENCY), FLOPs / (peak x
+  COMPUTE_EFFICIENCY)), the roofline;
+* attention: the KV cache read, ``b x L x layers x 2 x kv_heads_per_gpu x head_dim x kv_bytes``
+  (kv_heads_per_gpu = max(kv_heads / tp, 1): heads are replicated when tp > kv_heads), against its
+  ``4 x b x T x L x heads_per_gpu x head_dim x layers`` FLOPs, roofline again;
+* tensor parallelism: two all-reduces per layer (after attention and after the MLP) of
+  ``b x T x hidden x 2`` bytes; a ring all-reduce moves ``2 (tp - 1) / tp`` of them per GPU over the
+  link, plus a fixed latency each; pipeline stages add ``pp - 1`` hops of the same activations;
+* a fixed per-step overhead (hardware.STEP_OVERHEAD_S).
+
+Each method adds its own work (:class:`Drafting` says what it is):
+
+* Medusa: K heads, each a ResBlock (hidden x hidden) and its own lm_head (vocab x hidden, bf16:
+  FP8 heads are not supported, TensorRT-LLM#2115), over one row per request (the last accepted
+  token's hidden state); rows fed = 1 + tree nodes.
+* EAGLE-1 / EAGLE-2: per tree level, one drafter pass (fc 2 hidden x hidden + one decoder layer) and
+  one lm_head pass over the nodes expanded at that level, each its own roofline, its own KV read
+  (one layer), tp all-reduces and a pass overhead; rows fed = 1 + tree nodes.
+* Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
+
+Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/presets.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeline import trees
+from pipeline.costmodel import hardware
+from pipeline.costmodel.hardware import GpuPerf
+from pipeline.geometry import ModelGeometry
+from pipeline.speculative import LookaheadConfig
+
+Dtype = Literal["bfloat16", "fp8"]
+DTYPE_BYTES = {"bfloat16": 2, "fp8": 1}
+ACTIVATION_BYTES = 2  # activations and all-reduce payloads stay bf16
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where and how the target runs: the shape, the GPU, weight and KV dtypes, tp/pp, context."""
+
+    arch: ModelGeometry
+    gpu: GpuPerf
+    dtype: Dtype = "bfloat16"
+    kv_dtype: Dtype = "bfloat16"
+    tp: int = 1
+    pp: int = 1
+    context_len: int = 1024  # cached tokens per request the attention reads
+    step_overhead_s: float = hardware.STEP_OVERHEAD_S
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """A method's per-step work besides the verification pass, per request."""
+
+    method: Literal["none", "medusa", "eagle", "lookahead"]
+    rows: int  # rows fed to the target per request per step
+    medusa_heads: int = 0
+    eagle_level_rows: tuple[int, ...] = ()  # drafter rows per request at each tree level
+
+    @classmethod
+    def plain(cls) -> Drafting:
+        return cls("none", 1)
+
+    @classmethod
+    def medusa(cls, tree: trees.Tree, num_heads: int | None = None) -> Drafting:
+        return cls("medusa", 1 + len(tree), medusa_heads=num_heads or trees.tree_depth(tree))
+
+    @classmethod
+    def eagle(cls, tree: trees.Tree) -> Drafting:
+        """EAGLE-1's static tree: level 0 runs over the accepted tokens (up to depth + 1 rows), level d
+        over the tree's non-leaf nodes at depth d."""
+        levels = trees.non_leaves_per_level(tree)
+        depth = trees.tree_depth(tree)
+        return cls("eagle", 1 + len(tree), eagle_level_rows=(depth + 1, *levels[1:]))
+
+    @classmethod
+    def eagle_dynamic(cls, top_k: int, num_layers: int, max_draft_len: int) -> Drafting:
+        """EAGLE-2: top_k nodes expanded per level after the first; max_draft_len nodes verified."""
+        return cls("eagle", 1 + max_draft_len, eagle_level_rows=(num_layers + 1, *([top_k] * (num_layers - 1))))
+
+    @classmethod
+    def lookahead(cls, config: LookaheadConfig) -> Drafting:
+        return cls("lookahead", 1 + config.max_draft_len)
+
+
+@dataclass
+class StepCost:
+    """Seconds per part of one step; ``total_s`` is their sum."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.parts.values())
+
+
+def roofline_s(gpu: GpuPerf, bytes_read: float, flops: float, dtype: str) -> float:
+    """max(memory time, compute time) at the attainable fractions of the peaks."""
+    memory = bytes_read / (gpu.memory_gbps * 1e9 * hardware.BANDWIDTH_EFFICIENCY)
+    compute = flops / (gpu.peak_flops(dtype) * hardware.COMPUTE_EFFICIENCY)
+    return max(memory, compute)
+
+
+def allreduce_s(gpu: GpuPerf, tp: int, payload_bytes: float) -> float:
+    """One ring all-reduce of ``payload_bytes`` over ``tp`` GPUs (0 for tp = 1)."""
+    if tp == 1:
+        return 0.0
+    return gpu.allreduce_latency_s + 2 * (tp - 1) / tp * payload_bytes / (gpu.link_gbps * 1e9)
+
+
+def _kv_heads_per_gpu(arch: ModelGeometry, tp: int) -> float:
+    return max(arch.num_kv_heads / tp, 1.0)
+
+
+def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
+    """KV-cache read vs attention FLOPs of ``layers`` layers."""
+    arch = d.arch
+    kv_bytes = (batch * d.context_len * layers * 2 * _kv_heads_per_gpu(arch, d.tp) * arch.head_dim
+                * DTYPE_BYTES[d.kv_dtype])
+    flops = 4 * batch * rows * d.context_len * (arch.num_heads / d.tp) * arch.head_dim * layers
+    return roofline_s(d.gpu, kv_bytes, flops, "bfloat16")
+
+
+def target_step(d: Deployment, batch: int, rows: int, logit_rows: int | None = None) -> StepCost:
+    """The target model's forward over ``rows`` new tokens per request (logits for ``logit_rows``)."""
+    arch, gpu, cost = d.arch, d.gpu, StepCost()
+    logit_rows = rows if logit_rows is None else logit_rows
+    decoder = arch.num_layers * arch.decoder_layer_params()
+    lm_head = arch.vocab_size * arch.hidden_size
+    weight_bytes = (decoder * DTYPE_BYTES[d.dtype] + lm_head * ACTIVATION_BYTES) / d.tp
+    flops = 2 * (decoder * batch * rows + lm_head * batch * logit_rows) / d.tp
+    cost.add("weights and GEMMs", roofline_s(gpu, weight_bytes, flops, d.dtype))
+    cost.add("attention (KV read)", attention_s(d, batch, rows, arch.num_layers))
+    activations = batch * rows * arch.hidden_size * ACTIVATION_BYTES
+    comm = 2 * arch.num_layers * allreduce_s(gpu, d.tp, activations)
+    if d.pp > 1:
+        comm += (d.pp - 1) * (gpu.allreduce_latency_s + activations / (gpu.link_gbps * 1e9))
+    if comm:
+        cost.add("tp/pp communication", comm)
+    cost.add("step overhead", d.step_overhead_s)
+    return cost
+
+
+def medusa_heads_s(d: Deployment, batch: int, heads: int) -> float:
+    arch = d.arch
+    params = heads * (arch.hidden_size * arch.hidden_size + arch.vocab_size * arch.hidden_size)
+    return roofline_s(d.gpu, params * ACTIVATION_BYTES / d.tp, 2 * params * batch / d.tp, "bfloat16")
+
+
+def eagle_level_s(d: Deployment, batch: int, rows: int) -> float:
+    """One EAGLE drafter level: fc + one decoder layer, then the lm_head, over ``rows`` per request."""
+    arch = d.arch
+    layer = arch.decoder_layer_params() + 2 * arch.hidden_size * arch.hidden_size
+    lm_head = arch.vocab_size * arch.hidden_size
+    drafter = roofline_s(d.gpu, layer * DTYPE_BYTES[d.dtype] / d.tp, 2 * layer * batch * rows / d.tp, d.dtype)
+    head = roofline_s(d.gpu, lm_head * ACTIVATION_BYTES / d.tp, 2 * lm_head * batch * rows / d.tp, "bfloat16")
+    comm = 2 * allreduce_s(d.gpu, d.tp, batch * rows * arch.hidden_size * ACTIVATION_BYTES)
+    return drafter + head + attention_s(d, batch, rows, 1) + comm + hardware.PASS_OVERHEAD_S
+
+
+def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
+    """One step of ``drafting``'s method: the verification pass plus the method's own work."""
+    plain = drafting.method == "none"
+    cost = target_step(d, batch, drafting.rows, logit_rows=1 if plain else drafting.rows)
+    if drafting.method == "medusa":
+        cost.add("medusa heads", medusa_heads_s(d, batch, drafting.medusa_heads))
+    elif drafting.method == "eagle":
+        for rows in drafting.eagle_level_rows:
+            cost.add("eagle drafter", eagle_level_s(d, batch, rows))
+    return cost

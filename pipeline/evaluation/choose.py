@@ -1,0 +1,96 @@
+"""Choosing a method by measurement, and the release gates.
+
+``speculative.method: best`` takes the candidate with the highest predicted GPU speedup at the
+expected concurrency (``evaluation.batch_sizes[0]``); plain decoding when nothing beats it. The
+``release:`` gates then judge the chosen candidate:
+
+* ``min_acceptance_length``: its measured mean acceptance length;
+* ``min_speedup``: its predicted speedup at the expected concurrency;
+* ``max_batch_for_speculation``: speculation only when the expected concurrency is at most this;
+* a candidate that is not lossless (outputs differ from plain decoding beyond the near-tie rule)
+  never passes.
+
+On a miss, ``on_fail: fallback`` takes the next best candidate that passes, down to plain decoding
+(which passes by definition: it is what serving without speculation gives), and says so;
+``on_fail: fail`` fails the variant (exit code 6, after every variant has been processed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Gates:
+    min_acceptance_length: float | None = None
+    min_speedup: float | None = None
+    max_batch_for_speculation: int | None = None
+    on_fail: str = "fallback"  # fallback | fail
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Gates:
+        return cls(**data) if data else cls()
+
+
+@dataclass(frozen=True)
+class Choice:
+    candidate: str  # a candidate name ("plain", "eagle[...]", ...)
+    method: str  # none | medusa | eagle | lookahead
+    reason: str
+    failed: str | None = None  # with on_fail: fail, the gate the best candidate missed (one line)
+    misses: dict[str, str] = field(default_factory=dict)  # candidate -> the gate it missed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidate": self.candidate, "method": self.method, "reason": self.reason, "failed": self.failed,
+                "misses": dict(self.misses)}
+
+
+def gate_miss(record: dict, gates: Gates, batch: int) -> str | None:
+    """Which gate this candidate misses at the expected concurrency (None: it passes)."""
+    if record["method"] == "none":
+        return None
+    al, speedup = record["mean_acceptance_length"], record["predicted_speedup"][str(batch)]
+    if not record["identity"]["lossless"]:
+        return "lossless: its outputs differ from plain decoding beyond the near-tie rule"
+    if gates.max_batch_for_speculation is not None and batch > gates.max_batch_for_speculation:
+        return (f"max_batch_for_speculation {gates.max_batch_for_speculation}: the expected concurrency is "
+                f"{batch}")
+    if gates.min_acceptance_length is not None and al < gates.min_acceptance_length:
+        return f"min_acceptance_length {gates.min_acceptance_length}: measured {al:.2f}"
+    if gates.min_speedup is not None and speedup < gates.min_speedup:
+        return f"min_speedup {gates.min_speedup}: predicted {speedup:.2f}x at batch {batch}"
+    return None
+
+
+def choose(records: list[dict], batch: int, gpu: str, gates: Gates, planned: str | None = None) -> Choice:
+    """The candidate to ship: best predicted speedup at ``batch`` that passes the gates (see the module).
+    ``planned``: a candidate fixed by the spec (method auto or explicit) instead of the best one; the gates
+    judge it the same way."""
+    ranked = sorted(records, key=lambda r: -r["predicted_speedup"][str(batch)])
+    plain = next(r for r in records if r["method"] == "none")
+    if planned is not None:
+        best = next(r for r in records if r["name"] == planned)
+    else:
+        best = ranked[0] if ranked[0]["predicted_speedup"][str(batch)] > 1.0 else plain
+    misses = {r["name"]: miss for r in ranked if (miss := gate_miss(r, gates, batch))}
+
+    def why(r: dict) -> str:
+        return (f"predicted {r['predicted_speedup'][str(batch)]:.2f}x on {gpu} at batch {batch} with measured "
+                f"acceptance length {r['mean_acceptance_length']:.2f}")
+
+    if best["method"] == "none":
+        reason = ("planned: plain decoding" if planned is not None else
+                  f"no candidate beats plain decoding on {gpu} at batch {batch} (best: {ranked[0]['name']}, "
+                  f"{why(ranked[0])})")
+        return Choice("plain", "none", reason, misses=misses)
+    if best["name"] not in misses:
+        prefix = "planned " if planned is not None else ""
+        return Choice(best["name"], best["method"], f"{prefix}{best['name']}: {why(best)}", misses=misses)
+    missed = f"{best['name']} misses release gate {misses[best['name']]}"
+    if gates.on_fail == "fail":
+        return Choice(best["name"], best["method"], missed, failed=missed, misses=misses)
+    passing = next((r for r in ranked if r["name"] not in misses and
+                    (r["method"] == "none" or r["predicted_speedup"][str(batch)] > 1.0)), plain)
+    return Choice(passing["name"], passing["method"], f"{missed}; fell back to {passing['name']}"
+                  + (f": {why(passing)}" if passing["method"] != "none" else ""), misses=misses)

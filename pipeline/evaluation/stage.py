@@ -1,0 +1,185 @@
+"""The evaluate stage's body: the variant's checkpoint served by the reference runtime, every candidate
+measured on the evaluation prompts, each one's GPU speedup predicted by the cost model.
+
+``evaluation.device: cuda`` runs the same runtime with the weights and KV caches on the GPU (plain
+torch matmuls), for models too large to rehearse on a CPU; the CPU step costs are then GPU step times
+of the reference runtime (not TensorRT-LLM's).
+
+Writes ``evaluation.json`` into the stage's output folder (the runner renames it into place):
+settings, prompts, timings (wall, shared-prefill CPU time and the CPU time it saved), and per
+candidate the measured record (measure.summarize), output identity against plain decoding and the
+predicted GPU speedup at each of ``evaluation.batch_sizes`` on the plan's GPU type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.predict import predict
+from pipeline.costmodel.step import Deployment
+from pipeline.errors import InputError, StageError, StageUnavailable
+from pipeline.evaluation import candidates as cands
+from pipeline.evaluation.choose import Gates, choose
+from pipeline.evaluation.measure import identity, measure, summarize
+from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
+from pipeline.evaluation.report import CURVE_BATCHES, write_report
+from pipeline.evaluation.result import RESULT_FILE
+from pipeline.plan import StagePlan, VariantPlan
+from pipeline.runtime.model.engine import Engine
+from pipeline.speculative import LookaheadConfig
+from pipeline.trtllm.engine_config import predict_engine_config
+
+DEFAULT_GPU = "h100-sxm-80gb"  # predictions for a plan without gpu.type (said so in the result)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """CPU step costs are thread CPU time: torch on one thread, as the reference backend serves."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path, device: str = "cpu") -> Engine:
+    """The reference engine of this checkpoint: the build config trtllm-build would write, the checkpoint's
+    rank files linked beside it in ``scratch`` (as the reference build stage places them)."""
+    try:
+        checkpoint_config = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{checkpoint / 'config.json'}: no readable checkpoint ({exc}); "
+                         "run the convert stage") from None
+    folder = scratch / "engine"
+    folder.mkdir()
+    for rank in range(variant.world_size):
+        name = f"rank{rank}.safetensors"
+        try:
+            os.link(checkpoint / name, folder / name)
+        except OSError:
+            shutil.copy2(checkpoint / name, folder / name)
+    config = predict_engine_config(variant, checkpoint_config, output_dir=folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    return Engine.load(folder, device=device)
+
+
+def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Callable[[str], None] = print) -> dict:
+    params = stage.params
+    settings = params["evaluation"]
+    device = settings["device"]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise StageUnavailable("evaluation.device cuda: this host has no CUDA device (torch.cuda.is_available() "
+                               "is false); use device: cpu, or run the evaluation on a GPU host")
+    started = time.perf_counter()
+    prompt_path = stage.inputs["prompts0"] if settings["prompts"] else None  # resolved against the spec file
+    prompts_read = read_prompts(prompt_path, settings["count"])
+    tokenizer = None
+    if needs_tokenizer(prompts_read):
+        from transformers import AutoTokenizer
+
+        folder = stage.inputs["tokenizer"]
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(f"{folder}: cannot load the model's tokenizer for the text prompts ({first}); add the "
+                             "tokenizer files, or give evaluation.prompts with \"input_ids\"") from None
+    prompts = encode(prompts_read, tokenizer, variant.arch.vocab_size)
+    look = LookaheadConfig(*params["lookahead"])
+    spec = variant.speculative
+    # On a GPU the methods' own tensors (masks, indices) are made there too; on the CPU no device mode is
+    # entered: it would put a torch-function hook in front of every op (~40% on small ops).
+    on_device = torch.device(device) if device != "cpu" else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix=".evaluate-engine-", dir=out.parent) as scratch, one_thread(), on_device:
+        engine = load_engine(variant, stage.inputs["checkpoint"], Path(scratch), device)
+        limit = engine.config.limits.max_input_len
+        for prompt, ids in zip(prompts_read, prompts):
+            if len(ids) + settings["max_new_tokens"] > engine.config.limits.max_seq_len or len(ids) > limit:
+                raise InputError(f"{prompt.where}: the prompt has {len(ids)} tokens; with max_new_tokens "
+                                 f"{settings['max_new_tokens']} it exceeds the build's max_input_len {limit} / "
+                                 f"max_seq_len {engine.config.limits.max_seq_len}")
+        listed = cands.candidates(engine, look, spec.medusa.tree if spec.medusa else None,
+                                  spec.eagle.tree if spec.eagle else None, params["eagle_dynamic_top_k"])
+        loaded = [cands.load(engine, candidate) for candidate in listed]
+        say(f"[{variant.name}] evaluate: {len(listed)} candidates ({', '.join(c.name for c in listed)}) on "
+            f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens")
+        end_id = tokenizer.eos_token_id if tokenizer is not None else None
+        tallies, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
+        plain = tallies["plain"]
+        records = []
+        for item in loaded:
+            tally = tallies[item.candidate.name]
+            record: dict[str, Any] = {"name": item.candidate.name, "method": item.candidate.method,
+                                      "describe": item.candidate.describe,
+                                      **summarize(tally, plain, item.method.draft_positions)}
+            record["identity"] = identity(engine, prompts, plain.outputs, tally.outputs)
+            records.append(record)
+    wall = time.perf_counter() - started
+    gpu = params["gpu"] or DEFAULT_GPU
+    context = int(sum(len(p) for p in prompts) / len(prompts) + settings["max_new_tokens"] / 2)
+    add_predictions(records, listed, variant, gpu, settings["batch_sizes"], context)
+    batch = settings["batch_sizes"][0]
+    planned = None if params["method"] == "best" else planned_candidate(listed, variant)
+    choice = choose(records, batch, gpu, Gates.from_dict(params["release"]), planned)
+    result = {
+        "variant": variant.name, "settings": settings, "method_planned": variant.method,
+        "engine_dtype": variant.build.dtype,
+        "prompts": {"source": str(prompt_path) if prompt_path else "default: chat_eval + code_eval",
+                    "count": len(prompts), "mean_tokens": sum(len(p) for p in prompts) / len(prompts)},
+        "gpu": {"type": gpu, "assumed": params["gpu"] is None, "context_len": context,
+                "dtype": _weights_dtype(params)},
+        "timing": {"wall_s": wall, "prefill_cpu_s": prefill_cpu,
+                   "prefill_saved_cpu_s": prefill_cpu * (len(listed) - 1),
+                   "decode_cpu_s": sum(t.decode_cpu_s for t in tallies.values())},
+        "candidates": records, "choice": choice.to_dict(), "method_requested": params["method"],
+    }
+    (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    write_report(result, out)
+    say(f"[{variant.name}] evaluate: chose {choice.candidate}: {choice.reason}")
+    if choice.failed:
+        say(f"[{variant.name}] release gate failed: {choice.failed}")
+    return result
+
+
+def planned_candidate(listed: list[cands.Candidate], variant: VariantPlan) -> str:
+    """The candidate that is the plan's own method and settings (method auto or explicit)."""
+    spec = variant.speculative
+    if spec.method == "eagle" and spec.eagle is not None and spec.eagle.dynamic_tree:
+        return next(c.name for c in listed if c.name.startswith("eagle2"))
+    return next(c.name for c in listed if c.method == spec.method)
+
+
+
+def _weights_dtype(params: dict) -> str:
+    return "fp8" if params["quantization"]["weights"] == "fp8" else "bfloat16"
+
+
+def add_predictions(records: list[dict], listed: list[cands.Candidate], variant: VariantPlan, gpu: str,
+                    batch_sizes: list[int], context_len: int) -> None:
+    """Each record's predicted GPU speedup per batch size, at its measured mean acceptance length."""
+    quant = variant.quant
+    deployment = Deployment(variant.arch, gpu_perf(gpu), "fp8" if quant.weights_fp8 else "bfloat16",
+                            "fp8" if quant.kv_cache_fp8 else "bfloat16", variant.tp, variant.pp, context_len)
+    for record, candidate in zip(records, listed):
+        drafting = candidate.drafting
+        if drafting.method == "lookahead":  # it feeds fewer than (W + G)(N - 1) rows when the pool has no match
+            drafting = dataclasses.replace(drafting, rows=max(1, math.ceil(record["rows_per_step"])))
+        al = min(max(record["mean_acceptance_length"], 1.0), drafting.rows)
+        rows = predict(deployment, drafting, al, batch_sizes)
+        record["predicted_speedup"] = {str(p.batch): p.speedup for p in rows}
+        record["predicted_step_ms"] = {str(p.batch): p.method_s * 1e3 for p in rows}
+        record["predicted_curve"] = {str(p.batch): p.speedup for p in predict(deployment, drafting, al, CURVE_BATCHES)}

@@ -1,0 +1,55 @@
+"""Choosing by predicted speedup, and the release gates (literal candidate records)."""
+
+from __future__ import annotations
+
+from pipeline.evaluation.choose import Choice, Gates, choose
+
+
+def record(name: str, method: str, al: float, speedup: dict[int, float], lossless: bool = True) -> dict:
+    return {"name": name, "method": method, "mean_acceptance_length": al, "identity": {"lossless": lossless},
+            "predicted_speedup": {str(b): s for b, s in speedup.items()}}
+
+
+RECORDS = [record("plain", "none", 1.0, {1: 1.0, 32: 1.0}),
+           record("lookahead(4,3,4)", "lookahead", 1.5, {1: 1.45, 32: 0.9}),
+           record("eagle[t]", "eagle", 2.4, {1: 1.9, 32: 0.7}),
+           record("medusa[t]", "medusa", 1.8, {1: 1.6, 32: 0.8})]
+
+
+def test_best_takes_the_highest_predicted_speedup():
+    choice = choose(RECORDS, 1, "l40s", Gates())
+    assert (choice.candidate, choice.method, choice.failed) == ("eagle[t]", "eagle", None)
+    assert "1.90x on l40s at batch 1" in choice.reason and "2.40" in choice.reason
+
+
+def test_nothing_beats_plain_at_high_concurrency():
+    choice = choose(RECORDS, 32, "l40s", Gates())
+    assert choice.candidate == "plain" and "no candidate beats plain decoding" in choice.reason
+
+
+def test_gate_miss_falls_back_to_the_next_best_that_passes():
+    choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=2.5, min_speedup=1.4))
+    assert choice.candidate == "plain"  # eagle misses AL 2.5, the others AL too
+    choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=1.7))
+    assert choice.candidate == "eagle[t]"
+    choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=1.5, min_speedup=1.95))
+    assert choice.candidate == "plain" and "min_speedup 1.95: predicted 1.90x" in choice.reason
+    choice = choose([*RECORDS[:2], record("eagle[t]", "eagle", 2.4, {1: 1.9}, lossless=False)], 1, "l40s", Gates())
+    assert choice.candidate == "lookahead(4,3,4)" and "lossless" in choice.reason
+
+
+def test_max_batch_for_speculation_and_on_fail():
+    paying = [RECORDS[0], record("lookahead(4,3,4)", "lookahead", 1.5, {32: 1.2})]
+    assert choose(paying, 32, "l40s", Gates()).candidate == "lookahead(4,3,4)"
+    choice = choose(paying, 32, "l40s", Gates(max_batch_for_speculation=8))
+    assert choice.candidate == "plain"
+    assert "max_batch_for_speculation 8: the expected concurrency is 32" in choice.reason
+    failed = choose(RECORDS, 1, "l40s", Gates(min_speedup=2.0, on_fail="fail"))
+    assert isinstance(failed, Choice) and failed.failed == "eagle[t] misses release gate min_speedup 2.0: " \
+        "predicted 1.90x at batch 1"
+
+
+def test_a_planned_method_is_judged_by_the_same_gates():
+    choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=2.0), planned="medusa[t]")
+    assert choice.candidate == "eagle[t]" and "medusa[t] misses release gate min_acceptance_length 2.0" in choice.reason
+    assert choose(RECORDS, 1, "l40s", Gates(), planned="medusa[t]").candidate == "medusa[t]"

@@ -1,0 +1,66 @@
+"""Candidates measured from one shared prefill equal the same methods served from scratch."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import trees
+from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
+from pipeline.evaluation.measure import measure, summarize, tokens_per_step
+from pipeline.runtime.serving.metrics import SpecDecodingStats
+from pipeline.speculative import LookaheadConfig
+from tests.runtime import drive
+from tests.runtime import fixtures as sf
+
+PROMPTS = sf.test_prompts(96)[:5]
+NEW = 16
+
+
+def test_lookahead_sweep_is_the_spec_and_smaller_settings():
+    assert lookahead_sweep(LookaheadConfig(4, 3, 4)) == [LookaheadConfig(4, 3, 4), LookaheadConfig(2, 3, 2),
+                                                          LookaheadConfig(4, 2, 4)]
+    assert lookahead_sweep(LookaheadConfig(1, 2, 0)) == [LookaheadConfig(1, 2, 0)]
+
+
+def test_similar_trees_fit_the_heads_and_the_build():
+    found = similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=10)
+    assert found == [trees.CPU_SMALL_10_DEPTH_3, trees.SMOLLM2_MEDUSA_10]
+    assert trees.SMOLLM2_MEDUSA_15 in similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=16)
+
+
+def test_tokens_per_step_from_the_per_position_counters():
+    stats = SpecDecodingStats()
+    for accepted in (0, 0, 1, 3):
+        stats.observe(4, accepted)
+    assert tokens_per_step(stats, 4) == {"1": 0.5, "2": 0.25, "3": 0.0, "4": 0.25, "5": 0.0}
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_shared_prefill_equals_serving_from_scratch(tiny, kind):
+    engine = tiny.engine(kind)
+    listed = candidates(engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None,
+                        sf.TREE if kind == "eagle" else None, eagle_top_k=3)
+    names = [c.name for c in listed]
+    assert names[:4] == ["plain", "lookahead(4,3,4)", "lookahead(2,3,2)", "lookahead(4,2,4)"]
+    assert names[4:] == (["medusa[cpu_small_10_depth_3]", "medusa[smollm2_medusa_10]"] if kind == "medusa"
+                         else ["eagle[cpu_small_10_depth_3]", "eagle2(top_k 3)"])
+    loaded = [load(engine, c) for c in listed]
+    tallies, prefill_cpu = measure(loaded, PROMPTS, NEW, end_id=None)
+    assert prefill_cpu > 0
+    plain = tallies["plain"]
+    for item in loaded:
+        tally = tallies[item.candidate.name]
+        assert tally.outputs == plain.outputs, item.candidate.name  # float32: every method is lossless
+        # The same method and settings served from scratch (its own prefill): same tokens, same counters.
+        fresh = load(engine, item.candidate)
+        out = drive.decode(fresh.engine, fresh.method,
+                           drive.requests(PROMPTS, NEW, lookahead=item.candidate.lookahead), in_flight=1)
+        assert [out[str(i)].tokens for i in range(len(PROMPTS))] == tally.outputs
+        assert drive.totals(out) == tally.stats, item.candidate.name
+        record = summarize(tally, plain, item.method.draft_positions)
+        assert sum(record["tokens_per_step"].values()) == pytest.approx(1.0)
+        assert 1 <= record["rows_per_step"] <= 1 + item.method.max_draft_len
+        if item.candidate.method == "none":
+            assert record["mean_acceptance_length"] == 1.0 and record["rows_per_step"] == 1.0
+    spec = [n for n in names if n.startswith(kind)][0]
+    assert tallies[spec].stats.mean_acceptance_length > 1.3  # the fitted heads are right often enough

@@ -1,0 +1,126 @@
+"""`specdeploy evaluate` and the evaluate stage of a plan, end to end on a tiny Medusa spec."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.evaluation.result import RELEASE_EXIT_CODE
+from tests.runtime import fixtures as sf
+
+SPEC = """\
+name: tiny
+model: {{path: {hf}, dtype: float32}}
+heads: {{medusa: {{path: {medusa}}}}}
+speculative: {{medusa: {{choices: cpu_small_10_depth_3}}}}
+build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 160, max_num_tokens: 1024}}
+target: reference
+{evaluation}
+"""
+
+
+@pytest.fixture
+def spec(tiny, tmp_path):
+    def write(evaluation: str = "evaluation: {prompts: prompts.jsonl, count: 3, max_new_tokens: 8, "
+                                "batch_sizes: [1, 4]}", prompts: list[str] | None = None):
+        lines = prompts or [json.dumps({"input_ids": p}) for p in sf.test_prompts(96)[:4]]
+        (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+        path = tmp_path / "tiny.yaml"
+        path.write_text(SPEC.format(hf=tiny.hf, medusa=tiny.medusa, evaluation=evaluation))
+        return path
+
+    return write
+
+
+def test_plan_puts_evaluate_between_convert_and_build(cli, spec):
+    rc, out, err = cli("plan", str(spec()), "--json")
+    assert rc == 0, err
+    stages = [s["name"] for s in json.loads(out)["variants"][0]["stages"]]
+    assert stages == ["convert", "evaluate", "build", "package"]
+    rc, out, _ = cli("plan", str(spec(evaluation="")), "--json")
+    assert [s["name"] for s in json.loads(out)["variants"][0]["stages"]] == ["convert", "build", "package"]
+
+
+def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, spec, tmp_path):
+    path = spec()
+    rc, out, err = cli("evaluate", str(path))
+    assert rc == 0, err
+    folder = tmp_path / "engines" / "tiny" / "evaluation"
+    result = json.loads((folder / "evaluation.json").read_text())
+    assert (folder / ".specdeploy-stage.json").is_file()
+    names = [c["name"] for c in result["candidates"]]
+    assert names[0] == "plain" and "lookahead(4,3,4)" in names and "medusa[cpu_small_10_depth_3]" in names
+    assert result["prompts"]["count"] == 3 and result["gpu"] == {**result["gpu"], "assumed": True}
+    assert result["timing"]["prefill_saved_cpu_s"] == pytest.approx(
+        result["timing"]["prefill_cpu_s"] * (len(names) - 1))
+    for c in result["candidates"]:
+        assert c["identity"]["lossless"] and c["identity"]["identical"] == 3
+        assert set(c["predicted_speedup"]) == {"1", "4"}
+    assert "medusa[cpu_small_10_depth_3]" in out
+    assert result["choice"]["failed"] is None and result["method_requested"] == "auto"
+    for name in ("report.json", "report.md", "acceptance.png", "speedup_vs_batch.png"):
+        assert (folder / name).is_file(), name
+    assert "**Choice:" in (folder / "report.md").read_text()
+    rc, out, _ = cli("evaluate", str(path))
+    assert rc == 0 and "evaluate: skipped" in out
+    rc, out, err = cli("report", str(path))
+    assert rc == 0 and "tiny" in out and "pass" in out, err
+    rc, out, _ = cli("plan", str(path))
+    assert rc == 0 and "measured choice" in out
+
+
+def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
+    path = spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6}\n"
+                           "release: {min_acceptance_length: 50, on_fail: fail}")
+    text = path.read_text().replace("speculative: {", "speculative: {method: best, ")
+    path.write_text(text)
+    rc, out, err = cli("evaluate", str(path))
+    assert rc == RELEASE_EXIT_CODE == 6, err
+    assert err.count("\n") == 1 and err.startswith("error: tiny: release gate failed: ")
+    assert "min_acceptance_length 50.0: measured" in err
+    result = json.loads((tmp_path / "engines" / "tiny" / "evaluation" / "evaluation.json").read_text())
+    assert result["method_requested"] == "best" and result["choice"]["failed"]
+    rc, out, err = cli("engine", str(path))  # the build does not run for a variant that failed its gate
+    assert rc == RELEASE_EXIT_CODE and err.startswith("error: tiny: release gate failed: ") and err.count("\n") == 1
+    assert "misses release gate min_acceptance_length 50.0: measured" in err
+    assert not (tmp_path / "engines" / "tiny" / "engine").exists()
+
+
+def test_best_without_evaluation_is_a_spec_error(cli, spec):
+    path = spec(evaluation="")
+    path.write_text(path.read_text().replace("speculative: {", "speculative: {method: best, "))
+    rc, _, err = cli("validate", str(path))
+    assert rc == 2 and "best chooses by measurement and needs an evaluation: section" in err
+
+
+def test_spec_without_evaluation_gets_the_defaults(cli, spec, tmp_path):
+    # The default prompts start with a chat instruction: the tiny model's tokenizer has no chat template,
+    # which the error says with the prompt's file and line.
+    rc, _, err = cli("evaluate", str(spec(evaluation="")))
+    assert rc == 2 and err.count("\n") == 1 and "chat_eval.jsonl:1: \"messages\" need a chat template" in err, err
+    assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
+
+
+def test_bad_prompt_file_is_one_line_with_file_and_line(cli, spec, tmp_path):
+    rc, _, err = cli("evaluate", str(spec(prompts=['{"input_ids": [1, 2]}', "{oops"])))
+    assert rc == 2 and err.count("\n") == 1 and f"{tmp_path / 'prompts.jsonl'}:2: not valid JSON" in err, err
+    assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
+
+
+@pytest.mark.parametrize("evaluation, expected", [
+    ("evaluation: {count: 0}", "evaluation.count"),
+    ("evaluation: {batch_sizes: [0]}", "batch sizes must be >= 1"),
+    ("evaluation: {devices: cpu}", "unknown key 'devices'"),
+])
+def test_bad_evaluation_section(cli, spec, evaluation, expected):
+    rc, _, err = cli("validate", str(spec(evaluation=evaluation)))
+    assert rc == 2 and expected in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the host without CUDA")
+def test_device_cuda_without_a_gpu_is_exit_3(cli, spec, tmp_path):
+    rc, out, _ = cli("evaluate", str(spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, "
+                                                    "max_new_tokens: 4, device: cuda}")))
+    assert rc == 3 and "no CUDA device" in out
+    assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
