@@ -12,7 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pipeline import adapters, gpus, presets, resources, trees
 from pipeline.errors import InputError
@@ -21,7 +21,7 @@ from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
-from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig, tp_problem
+from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, Method, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
 
 # The pre/postprocessing model.py sources copied into every repository: a change re-packages.
@@ -164,7 +164,9 @@ class _Problems:
     """Collects located problems for one variant."""
 
     def __init__(self, spec: Spec, variant: str) -> None:
-        self.spec, self.variant, self.errors, self.notes = spec, variant, [], []
+        self.spec, self.variant = spec, variant
+        self.errors: list[str] = []
+        self.notes: list[str] = []
 
     def error(self, path: KeyPath, message: str) -> None:
         position, shown = self.spec.locate(self.variant, path)
@@ -208,7 +210,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         max_num_tokens=build.engine_max_num_tokens, gpu_gib=gpu.memory_gib if gpu else None,
     )
     largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
-    if variant.target == "tensorrt" and memory.fits is False:
+    if variant.target == "tensorrt" and memory.fits is False and gpu is not None:
         problems.error(("build", "max_batch_size"),
                        f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
                        "lower max_batch_size or max_seq_len, raise tp, or use FP8")
@@ -251,7 +253,7 @@ def _resources(variant: VariantSpec, arch: ModelGeometry, speculative: Speculati
     if on_gpus is not None and variant.gpu is not None:
         where = {"quantize": ("quantization", "weights"), "build": ("gpu", "type")}
         for stage in stages:
-            problem = resources.gpu_shortfall(stage.resources, on_gpus, variant.gpu.count)
+            problem = resources.gpu_shortfall(stage.resources, on_gpus, variant.gpu.count) if stage.resources else None
             if problem and stage.name in where:
                 fix = ("raise gpu.count or use larger GPUs, or set quantization.offload: cpu or disk (slow)"
                        if stage.name == "quantize" else "raise tp or use larger GPUs")
@@ -264,10 +266,10 @@ def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
                    problems: _Problems) -> tuple[ModelGeometry | None, Path | None, bool]:
     model = variant.model
     if model.builtin:
-        folder = roots.cache / model.builtin
-        present = (folder / "config.json").exists()
-        arch = presets.geometry_from_hf_config(folder / "config.json") if present else presets.preset(model.builtin)
-        return arch, folder, present
+        cached = roots.cache / model.builtin
+        present = (cached / "config.json").exists()
+        arch = presets.geometry_from_hf_config(cached / "config.json") if present else presets.preset(model.builtin)
+        return arch, cached, present
     folder = spec.resolve_path(model.path) if model.path else None
     if folder is not None and (folder / "config.json").exists():
         try:
@@ -298,22 +300,22 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
                                                   "(e.g. evaluation: {count: 32}); or use method: auto")
         return None, None
     if requested in ("auto", "best"):
-        method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
+        method: Method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
         reason = {"eagle": "auto: EAGLE heads present", "medusa": "auto: Medusa heads present",
                   "lookahead": "auto: no heads, Lookahead needs no extra weights"}[method]
         if requested == "best":  # the build follows the heads; the evaluate stage measures and chooses
             reason = f"best: candidates built from the heads ({reason.split(': ', 1)[1]}); evaluate chooses"
     else:
-        method, reason = requested, f"method: {requested} set in the spec"
+        method, reason = cast(Method, requested), f"method: {requested} set in the spec"
     if method in ("medusa", "eagle") and getattr(heads, method) is None:
         problems.error(("speculative", "method"), f"{method} needs heads.{method}.path; add the heads or use "
                                                   "method: lookahead (no extra weights)")
         return None, None
-    if method == "medusa":
+    if method == "medusa" and heads.medusa is not None:
         heads_dir = spec.resolve_path(heads.medusa.path)
         medusa = MedusaConfig.check(variant, arch, heads_dir, problems)
         return (SpeculativeConfig(method, reason, medusa=medusa) if medusa else None), heads_dir
-    if method == "eagle":
+    if method == "eagle" and heads.eagle is not None:
         heads_dir = spec.resolve_path(heads.eagle.path)
         eagle = EagleConfig.check(variant, arch, heads_dir, problems)
         return SpeculativeConfig(method, reason, eagle=eagle), heads_dir

@@ -8,6 +8,7 @@ candidate: mean acceptance length, CPU step cost and speedup, predicted GPU spee
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from rich.console import Console
@@ -63,7 +64,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         for stage in variant.stages[: names.index("evaluate") + 1]:
             body = stage_body(stage.name)
             try:
-                result = run_stage(stage, lambda out, body=body, stage=stage, v=variant: body(v, stage, out),
+                result = run_stage(stage, functools.partial(body, variant, stage),
                                    force=args.force and stage.name == "evaluate", on_wait=say)
             except StageUnavailable as exc:
                 say(f"[{variant.name}] {stage.name}: {exc}")

@@ -10,6 +10,7 @@ stages are skipped and the reason is reported.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,7 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
         body = stage_body(stage.name)
         try:
             require_inputs(variant, stage, produced)
-            result = run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out),
-                               force=force, on_wait=say, hashes=hashes)
+            result = run_stage(stage, functools.partial(body, variant, stage), force=force, on_wait=say, hashes=hashes)
         except StageUnavailable as exc:
             say(f"[{variant.name}] {stage.name}: {exc}")
             return VariantOutcome(variant.name, tuple(results), stage.name, str(exc), exc.exit_code)
