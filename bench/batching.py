@@ -22,11 +22,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.checkpoint import convert_checkpoint  # noqa: E402
-from pipeline.runtime.model.engine import Engine  # noqa: E402
-from pipeline.runtime.request import GenerationRequest  # noqa: E402
-from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
-from pipeline.runtime.serving.scheduler import Scheduler  # noqa: E402
+from pipeline.checkpoint import convert_checkpoint
+from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.request import GenerationRequest
+from pipeline.runtime.serving.metrics import StepStats
+from pipeline.runtime.serving.scheduler import Scheduler
 
 DEFAULT_MODEL = REPO / ".cache" / "smollm2-135m-instruct"
 

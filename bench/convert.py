@@ -32,9 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, scaled_to, write_synthetic_llama  # noqa: E402
+from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, scaled_to, write_synthetic_llama
 
 GiB = 1024 ** 3
 TARGET_RATIO = 0.7

@@ -20,10 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import presets, trees  # noqa: E402
-from pipeline.costmodel.cpu import predicted_cpu_speedup, probe  # noqa: E402
-from pipeline.costmodel.step import Drafting  # noqa: E402
-from pipeline.speculative import LookaheadConfig  # noqa: E402
+from pipeline import presets, trees
+from pipeline.costmodel.cpu import predicted_cpu_speedup, probe
+from pipeline.costmodel.step import Drafting
+from pipeline.speculative import LookaheadConfig
 
 
 def drafting_of(record: dict) -> Drafting:

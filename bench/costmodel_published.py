@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import presets, trees  # noqa: E402
-from pipeline.costmodel.hardware import gpu_perf  # noqa: E402
-from pipeline.costmodel.predict import predict  # noqa: E402
-from pipeline.costmodel.step import Deployment, Drafting  # noqa: E402
-from pipeline.speculative import LookaheadConfig  # noqa: E402
+from pipeline import presets, trees
+from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.predict import predict
+from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.speculative import LookaheadConfig
 
 VICUNA_7B = presets.preset("vicuna-7b-v1.3")
 VICUNA_13B = dataclasses.replace(VICUNA_7B, name="vicuna-13b-v1.3", hidden_size=5120, num_layers=40, num_heads=40,

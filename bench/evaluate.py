@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.cli import main as cli  # noqa: E402
+from pipeline.cli import main as cli
 
 OUT = REPO / "bench" / "out"
 

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.runtime.model.gemm import Gemm, onednn_bf16  # noqa: E402
+from pipeline.runtime.model.gemm import Gemm, onednn_bf16
 
 # SmolLM2-135M: hidden 576, MLP 1536, vocab 49152 (the lm_head is a fifth of a decoding step).
 SHAPES = {"qkv": (960, 576), "mlp gate": (1536, 576), "mlp down": (576, 1536), "lm_head": (49152, 576)}

@@ -22,13 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.client import GenerationRequest, TritonClient  # noqa: E402
-from pipeline.client.load import run_load, summarize  # noqa: E402
-from pipeline.errors import SpecdeployError, StageUnavailable  # noqa: E402
-from pipeline.plan import OutputRoots, VariantPlan, make_plan  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from pipeline.stages.execute import execute_plan  # noqa: E402
-from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer, reference_backend_available  # noqa: E402
+from pipeline.client import GenerationRequest, TritonClient
+from pipeline.client.load import run_load, summarize
+from pipeline.errors import SpecdeployError, StageUnavailable
+from pipeline.plan import OutputRoots, VariantPlan, make_plan
+from pipeline.spec import load_spec
+from pipeline.stages.execute import execute_plan
+from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer, reference_backend_available
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",

@@ -38,27 +38,21 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import trees  # noqa: E402
-from pipeline.checkpoint import convert_checkpoint  # noqa: E402
-from pipeline.checkpoint.heads import EagleOptions, MedusaOptions  # noqa: E402
-from pipeline.plan import OutputRoots, VariantPlan, make_plan  # noqa: E402
-from pipeline.runtime.model.engine import Engine  # noqa: E402
-from pipeline.runtime.request import (
-    GenerationRequest,  # noqa: E402
-    StepOutput,  # noqa: E402
-)
-from pipeline.runtime.serving.metrics import (
-    SpecDecodingStats,  # noqa: E402
-    StepStats,  # noqa: E402
-)
-from pipeline.runtime.serving.scheduler import Scheduler  # noqa: E402
-from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding  # noqa: E402
-from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence  # noqa: E402
-from pipeline.runtime.spec_decode.factory import MethodSettings, make_method  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from pipeline.speculative import LookaheadConfig  # noqa: E402
-from pipeline.stages.execute import execute_plan  # noqa: E402
-from pipeline.trtllm.engine_config import predict_engine_config  # noqa: E402
+from pipeline import trees
+from pipeline.checkpoint import convert_checkpoint
+from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.plan import OutputRoots, VariantPlan, make_plan
+from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.request import GenerationRequest, StepOutput
+from pipeline.runtime.serving.metrics import SpecDecodingStats, StepStats
+from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
+from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.spec import load_spec
+from pipeline.speculative import LookaheadConfig
+from pipeline.stages.execute import execute_plan
+from pipeline.trtllm.engine_config import predict_engine_config
 
 OUT = REPO / "bench" / "out"
 SPECS = {kind: REPO / "specs" / f"smollm2-{kind}.yaml" for kind in ("medusa", "eagle", "lookahead")}
@@ -416,7 +410,7 @@ def main() -> int:
     if args.methods:
         methods = {name: m for name, m in methods.items() if name == "plain" or name.split("[")[0].split("(")[0]
                    in args.methods}
-    for name, (engine, method) in methods.items():  # warm-up: first-call allocations, thread pools
+    for engine, method in methods.values():  # warm-up: first-call allocations, thread pools
         run(engine, method, [[1, 2, 3, 4]], 4, -1, Tally())
     for kind in args.sets:
         prompts, source = load_prompts(kind, args.prompts, model_dir)

@@ -21,13 +21,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.speculative import Tally, load_prompts, run  # noqa: E402
-from pipeline.plan import OutputRoots, make_plan  # noqa: E402
-from pipeline.runtime.model.engine import Engine  # noqa: E402
-from pipeline.runtime.spec_decode.base import PlainDecoding  # noqa: E402
-from pipeline.runtime.spec_decode.factory import MethodSettings, make_method  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from pipeline.stages.execute import execute_plan  # noqa: E402
+from bench.speculative import Tally, load_prompts, run
+from pipeline.plan import OutputRoots, make_plan
+from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
+from pipeline.spec import load_spec
+from pipeline.stages.execute import execute_plan
 
 SPEC = REPO / "specs" / "smollm2-fleet.yaml"
 VARIANTS = ("base", "code-stale-eagle")

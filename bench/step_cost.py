@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speculative as bench  # noqa: E402  (bench/speculative.py: engines, prompts)
 
-from pipeline import trees  # noqa: E402
-from pipeline.runtime.model.engine import Engine  # noqa: E402
-from pipeline.runtime.serving.metrics import StepStats  # noqa: E402
-from pipeline.runtime.spec_decode.base import DecodingMethod  # noqa: E402
-from pipeline.runtime.spec_decode.eagle.drafter import Drafter  # noqa: E402
-from pipeline.runtime.spec_decode.medusa import MedusaHeads  # noqa: E402
+from pipeline import trees
+from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.serving.metrics import StepStats
+from pipeline.runtime.spec_decode.base import DecodingMethod
+from pipeline.runtime.spec_decode.eagle.drafter import Drafter
+from pipeline.runtime.spec_decode.medusa import MedusaHeads
 
 PARTS = {"verification": (Engine, "forward"), "medusa heads": (MedusaHeads, "logits"),
          "drafter layers": (Drafter, "forward"), "drafter lm_head": (Drafter, "candidates")}
@@ -106,7 +106,7 @@ def main() -> int:
     methods = bench.load_methods(built, args.eagle2_top_k)
     prompts, source = bench.load_prompts(args.set, args.prompts, built["lookahead"].variant.model_dir)
     totals = {name: Totals() for name in methods}
-    for name, (engine, method) in methods.items():  # warm-up
+    for engine, method in methods.values():  # warm-up
         decode(engine, method, [1, 2, 3, 4], 4, Totals())
     for prompt in prompts:
         for name, (engine, method) in methods.items():

@@ -27,13 +27,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import trees  # noqa: E402
-from pipeline.embedded import prepare_embedded_model  # noqa: E402
-from pipeline.heads.data import KINDS, SeqData, prepare_data  # noqa: E402
-from pipeline.heads.evaluate import MISS, eagle_ranks, medusa_ranks, simulate  # noqa: E402
-from pipeline.heads.expand import base_lm_head  # noqa: E402
-from pipeline.heads.export import load_eagle_folder, load_medusa_folder  # noqa: E402
-from pipeline.heads.train import base_embedding, split_validation  # noqa: E402
+from pipeline import trees
+from pipeline.embedded import prepare_embedded_model
+from pipeline.heads.data import KINDS, SeqData, prepare_data
+from pipeline.heads.evaluate import MISS, eagle_ranks, medusa_ranks, simulate
+from pipeline.heads.expand import base_lm_head
+from pipeline.heads.export import load_eagle_folder, load_medusa_folder
+from pipeline.heads.train import base_embedding, split_validation
 
 REPORT = REPO / "bench" / "trees.json"
 EAGLE_DEPTH = 5  # ranks measured this deep; trees are limited by --eagle-depth

@@ -96,7 +96,7 @@ def _site_packages() -> Path:
 
 
 def _python_version() -> str:
-    return "%d.%d" % sys.version_info[:2]
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def prepare_runtime(cache_dir: Path) -> Path:

@@ -83,7 +83,7 @@ def test_reference_build_writes_the_prediction_field_by_field(plan_text, tmp_pat
         variant = plan_text(text + "target: reference\n")[0]
         checkpoint = write_checkpoint(variant)
         stage = variant.stage("build")
-        run_stage(stage, lambda out: build.run(variant, stage, out), on_wait=print)
+        run_stage(stage, lambda out, variant=variant, stage=stage: build.run(variant, stage, out), on_wait=print)
         written = json.loads((stage.output / "config.json").read_text())
         predicted = predict_engine_config(variant, json.loads((checkpoint / "config.json").read_text()),
                                           output_dir=stage.output)
