@@ -35,10 +35,18 @@ def make_engine(hf_dir: Path, out: Path, max_batch_size: int) -> Path:
     out.mkdir(parents=True)
     convert_checkpoint(hf_dir, out, tp=1, pp=1, dtype="float32")
     pretrained = json.loads((out / "config.json").read_text())
-    build = {"max_batch_size": max_batch_size, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 4096,
-             "max_draft_len": 0, "speculative_decoding_mode": None, "plugin_config": {"tokens_per_block": 32}}
-    (out / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": pretrained,
-                                                 "build_config": build}))
+    build = {
+        "max_batch_size": max_batch_size,
+        "max_input_len": 1024,
+        "max_seq_len": 2048,
+        "max_num_tokens": 4096,
+        "max_draft_len": 0,
+        "speculative_decoding_mode": None,
+        "plugin_config": {"tokens_per_block": 32},
+    }
+    (out / "config.json").write_text(
+        json.dumps({"version": "1.2.1", "pretrained_config": pretrained, "build_config": build})
+    )
     return out
 
 
@@ -56,12 +64,14 @@ def measure(engine: Engine, concurrency: int, prompt_len: int, new_tokens: int) 
     seconds, cpu_seconds = time.perf_counter() - started, time.thread_time() - cpu_started
     decode = [s for s in stats if s.prefill_tokens == 0]
     decode_seconds = sum(s.seconds for s in decode)
-    return {"tokens_per_s": sum(done) / seconds,
-            # CPU seconds of this thread: what the rate would be on an otherwise idle machine
-            # (with 1 torch thread), independent of other processes' load.
-            "tokens_per_cpu_s": sum(done) / cpu_seconds,
-            "decode_tokens_per_s": sum(s.generated_tokens for s in decode) / max(decode_seconds, 1e-9),
-            "mean_decode_step_ms": 1000 * decode_seconds / max(len(decode), 1)}
+    return {
+        "tokens_per_s": sum(done) / seconds,
+        # CPU seconds of this thread: what the rate would be on an otherwise idle machine
+        # (with 1 torch thread), independent of other processes' load.
+        "tokens_per_cpu_s": sum(done) / cpu_seconds,
+        "decode_tokens_per_s": sum(s.generated_tokens for s in decode) / max(decode_seconds, 1e-9),
+        "mean_decode_step_ms": 1000 * decode_seconds / max(len(decode), 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,9 +90,11 @@ def main(argv: list[str] | None = None) -> None:
     base = results[args.concurrency[0]]
     print(f"model {args.model.name}, torch threads {args.threads}, prompt {args.prompt_len}, new {args.new_tokens}")
     for c, r in results.items():
-        print(f"concurrency {c:3d}: {r['tokens_per_s']:7.1f} tok/s wall x{r['tokens_per_s'] / base['tokens_per_s']:.2f}"
-              f" | {r['tokens_per_cpu_s']:7.1f} tok/CPU-s x{r['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}"
-              f" | decode steps {r['mean_decode_step_ms']:.1f} ms ({r['decode_tokens_per_s']:.1f} tok/s)")
+        print(
+            f"concurrency {c:3d}: {r['tokens_per_s']:7.1f} tok/s wall x{r['tokens_per_s'] / base['tokens_per_s']:.2f}"
+            f" | {r['tokens_per_cpu_s']:7.1f} tok/CPU-s x{r['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}"
+            f" | decode steps {r['mean_decode_step_ms']:.1f} ms ({r['decode_tokens_per_s']:.1f} tok/s)"
+        )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import torch
 
 from pipeline.checkpoint.synthetic import DEFAULT_SYNTHETIC, scaled_to, write_synthetic_llama
 
-GiB = 1024 ** 3
+GiB = 1024**3
 TARGET_RATIO = 0.7
 TARGET_RSS = 1.5 * GiB
 
@@ -76,8 +76,9 @@ def timed_copy(src: Path, dst: Path) -> float:
 def run_conversion(src: Path, out: Path, dtype: str, tp: int) -> dict:
     out.mkdir()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(src), str(out), dtype, str(tp)], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(out), dtype, str(tp)], cwd=REPO, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise SystemExit(f"conversion failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,25 +92,35 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gib", type=float, default=3.0, help="synthetic checkpoint size (default 3)")
     ap.add_argument("--tp", default="1,2", help="comma-separated tensor-parallel sizes to convert with")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
-                    help="output dtype (the source is bfloat16; other dtypes add conversion work)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32"],
+        help="output dtype (the source is bfloat16; other dtypes add conversion work)",
+    )
     ap.add_argument("--repeat", type=int, default=5, help="interleaved copy/convert rounds (medians)")
     ap.add_argument("--workdir", type=Path, default=None, help="where to put the temp folder")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder")
     args = ap.parse_args(argv)
     tps = [int(x) for x in args.tp.split(",")]
 
-    model = scaled_to(int(args.size_gib * GiB), torch.bfloat16,
-                      dataclasses.replace(DEFAULT_SYNTHETIC, hidden_size=2048, intermediate_size=5632, head_dim=128,
-                                          vocab_size=64000))
+    model = scaled_to(
+        int(args.size_gib * GiB),
+        torch.bfloat16,
+        dataclasses.replace(
+            DEFAULT_SYNTHETIC, hidden_size=2048, intermediate_size=5632, head_dim=128, vocab_size=64000
+        ),
+    )
     tmp = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=args.workdir))
     try:
         src = tmp / "hf"
         t0 = time.perf_counter()
         size = write_synthetic_llama(src, model, torch.bfloat16)
         fsync_path(src / "model.safetensors")
-        print(f"synthetic checkpoint: {size / GiB:.2f} GiB, {model.num_layers} layers, hidden "
-              f"{model.hidden_size}, vocab {model.vocab_size} (written in {time.perf_counter() - t0:.1f} s)")
+        print(
+            f"synthetic checkpoint: {size / GiB:.2f} GiB, {model.num_layers} layers, hidden "
+            f"{model.hidden_size}, vocab {model.vocab_size} (written in {time.perf_counter() - t0:.1f} s)"
+        )
 
         copies: list[float] = []
         runs: dict[int, list[dict]] = {tp: [] for tp in tps}
@@ -122,12 +133,16 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(out)
         copy_s = statistics.median(copies)
         copy_gbs = size / copy_s / 1e9
-        print(f"shutil.copyfile + fsync: median {copy_s:.2f} s of {len(copies)} "
-              f"({', '.join(f'{c:.2f}' for c in copies)}), {copy_gbs:.2f} GB/s")
+        print(
+            f"shutil.copyfile + fsync: median {copy_s:.2f} s of {len(copies)} "
+            f"({', '.join(f'{c:.2f}' for c in copies)}), {copy_gbs:.2f} GB/s"
+        )
 
         ok = True
-        print(f"{'tp':>3} {'seconds':>8} {'GB/s':>6} {'x copy':>7} {'peak RSS':>9} {'RSS/ckpt':>9} "
-              f"{'grew in conversion':>19}   per-round x copy")
+        print(
+            f"{'tp':>3} {'seconds':>8} {'GB/s':>6} {'x copy':>7} {'peak RSS':>9} {'RSS/ckpt':>9} "
+            f"{'grew in conversion':>19}   per-round x copy"
+        )
         for tp in tps:
             rs = runs[tp]
             seconds = statistics.median(r["seconds"] for r in rs)
@@ -138,11 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             peak = max(max(r["child_maxrss"], r["peak_rss"]) for r in rs)
             grew = max(r["peak_rss"] - r["base_rss"] for r in rs)
             each = ", ".join(f"{x:.2f}" for x in ratios)
-            print(f"{tp:>3} {seconds:>8.2f} {gbs:>6.2f} {ratio:>6.2f}x {peak / GiB:>7.2f} GiB "
-                  f"{peak / size:>8.2f}x {grew / 2**20:>15.0f} MiB   {each}")
+            print(
+                f"{tp:>3} {seconds:>8.2f} {gbs:>6.2f} {ratio:>6.2f}x {peak / GiB:>7.2f} GiB "
+                f"{peak / size:>8.2f}x {grew / 2**20:>15.0f} MiB   {each}"
+            )
             ok &= ratio >= TARGET_RATIO and peak < TARGET_RSS
-        print(f"targets: throughput >= {TARGET_RATIO}x copy, peak RSS < {TARGET_RSS / GiB:.1f} GiB: "
-              f"{'MET' if ok else 'NOT MET'}")
+        print(
+            f"targets: throughput >= {TARGET_RATIO}x copy, peak RSS < {TARGET_RSS / GiB:.1f} GiB: "
+            f"{'MET' if ok else 'NOT MET'}"
+        )
         return 0 if ok else 1
     finally:
         if args.keep:

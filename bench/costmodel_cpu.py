@@ -56,20 +56,27 @@ def main() -> int:
         profile = probe(arch, bf16=bf16, repeats=args.repeats)
         plain = next(c for c in result["candidates"] if c["name"] == "plain")
         plain_step = plain["cpu_step_ms"] / 1e3
-        print(f"{result['variant']} ({path}): {result['prompts']['count']} prompts; plain step "
-              f"{plain['cpu_step_ms']:.1f} ms")
-        print(f"  {'candidate':30s} {'AL':>5s} {'rows':>5s}  {'step cost pred/meas':>20s}  "
-              f"{'speedup pred/meas':>18s}  error")
+        print(
+            f"{result['variant']} ({path}): {result['prompts']['count']} prompts; plain step "
+            f"{plain['cpu_step_ms']:.1f} ms"
+        )
+        print(
+            f"  {'candidate':30s} {'AL':>5s} {'rows':>5s}  {'step cost pred/meas':>20s}  "
+            f"{'speedup pred/meas':>18s}  error"
+        )
         for c in result["candidates"]:
             if c["name"] == "plain":
                 continue
-            speedup, cost = predicted_cpu_speedup(profile, arch, drafting_of(c), c["rows_per_step"],
-                                                  c["mean_acceptance_length"], plain_step)
+            speedup, cost = predicted_cpu_speedup(
+                profile, arch, drafting_of(c), c["rows_per_step"], c["mean_acceptance_length"], plain_step
+            )
             error = (speedup - c["cpu_speedup"]) / c["cpu_speedup"]
             worst = max(worst, abs(error))
-            print(f"  {c['name']:30s} {c['mean_acceptance_length']:5.2f} {c['rows_per_step']:5.1f}  "
-                  f"{cost:9.2f} / {c['cpu_step_cost']:8.2f}  {speedup:8.2f}x / {c['cpu_speedup']:6.2f}x  "
-                  f"{error:+.0%}")
+            print(
+                f"  {c['name']:30s} {c['mean_acceptance_length']:5.2f} {c['rows_per_step']:5.1f}  "
+                f"{cost:9.2f} / {c['cpu_step_cost']:8.2f}  {speedup:8.2f}x / {c['cpu_speedup']:6.2f}x  "
+                f"{error:+.0%}"
+            )
     print(f"largest error {worst:.0%} (target: within 15%)")
     return 0
 

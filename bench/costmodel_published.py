@@ -32,14 +32,50 @@ from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.speculative import LookaheadConfig
 
 VICUNA_7B = presets.preset("vicuna-7b-v1.3")
-VICUNA_13B = dataclasses.replace(VICUNA_7B, name="vicuna-13b-v1.3", hidden_size=5120, num_layers=40, num_heads=40,
-                                 num_kv_heads=40, intermediate_size=13824)
-VICUNA_33B = dataclasses.replace(VICUNA_7B, name="vicuna-33b-v1.3", hidden_size=6656, num_layers=60, num_heads=52,
-                                 num_kv_heads=52, intermediate_size=17920)
+VICUNA_13B = dataclasses.replace(
+    VICUNA_7B,
+    name="vicuna-13b-v1.3",
+    hidden_size=5120,
+    num_layers=40,
+    num_heads=40,
+    num_kv_heads=40,
+    intermediate_size=13824,
+)
+VICUNA_33B = dataclasses.replace(
+    VICUNA_7B,
+    name="vicuna-33b-v1.3",
+    hidden_size=6656,
+    num_layers=60,
+    num_heads=52,
+    num_kv_heads=52,
+    intermediate_size=17920,
+)
 EAGLE1_TREE: trees.Tree = (
-    (0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (0, 0, 0), (0, 0, 1),
-    (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2),
-    (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
+    (0,),
+    (1,),
+    (2,),
+    (3,),
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (2, 0),
+    (2, 1),
+    (3, 0),
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (0, 1, 1),
+    (0, 2, 0),
+    (0, 2, 1),
+    (1, 0, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 1),
+    (0, 0, 0, 2),
+    (0, 0, 0, 0, 0),
+    (0, 0, 0, 0, 1),
 )
 SPEC_BENCH = "Spec-Bench A100 leaderboard"
 METHODS = {
@@ -67,16 +103,30 @@ def rows(context_len: int) -> list[dict]:
         label, drafting = METHODS[method]
         deployment = Deployment(arch, gpu_perf(gpu), context_len=context_len)
         (p,) = predict(deployment, drafting, accepted, [1])
-        out.append({"source": source, "model": arch.name, "gpu": gpu, "method": label, "al": accepted,
-                    "published": published, "predicted": p.speedup,
-                    "error": (p.speedup - published) / published, "step_ratio": p.method_s / p.plain_s})
+        out.append(
+            {
+                "source": source,
+                "model": arch.name,
+                "gpu": gpu,
+                "method": label,
+                "al": accepted,
+                "published": published,
+                "predicted": p.speedup,
+                "error": (p.speedup - published) / published,
+                "step_ratio": p.method_s / p.plain_s,
+            }
+        )
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context-len", type=int, default=512, help="cached tokens per request (Spec-Bench: "
-                        "prompts of a few hundred tokens plus up to 1024 generated)")
+    parser.add_argument(
+        "--context-len",
+        type=int,
+        default=512,
+        help="cached tokens per request (Spec-Bench: prompts of a few hundred tokens plus up to 1024 generated)",
+    )
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     table = rows(args.context_len)
@@ -84,13 +134,17 @@ def main() -> int:
         print("| source | model | GPU | method | published AL | published speedup | predicted | error |")
         print("|---|---|---|---|---|---|---|---|")
         for r in table:
-            print(f"| {r['source']} | {r['model']} | {r['gpu']} | {r['method']} | {r['al']:.2f} | "
-                  f"{r['published']:.2f}x | {r['predicted']:.2f}x | {r['error']:+.0%} |")
+            print(
+                f"| {r['source']} | {r['model']} | {r['gpu']} | {r['method']} | {r['al']:.2f} | "
+                f"{r['published']:.2f}x | {r['predicted']:.2f}x | {r['error']:+.0%} |"
+            )
     else:
         for r in table:
-            print(f"{r['model']:16s} {r['gpu']:10s} {r['method']:32s} AL {r['al']:.2f}  published "
-                  f"{r['published']:.2f}x  predicted {r['predicted']:.2f}x (step {r['step_ratio']:.2f} plain steps)"
-                  f"  error {r['error']:+.0%}")
+            print(
+                f"{r['model']:16s} {r['gpu']:10s} {r['method']:32s} AL {r['al']:.2f}  published "
+                f"{r['published']:.2f}x  predicted {r['predicted']:.2f}x (step {r['step_ratio']:.2f} plain steps)"
+                f"  error {r['error']:+.0%}"
+            )
     mean = sum(abs(r["error"]) for r in table) / len(table)
     print(f"mean absolute error {mean:.0%} over {len(table)} published results")
     return 0

@@ -39,19 +39,22 @@ def main() -> int:
     copy.write_text(text)
     engines = OUT / "engines"
     started = time.perf_counter()
-    code = cli(["--engines-dir", str(engines), "--triton-repo", str(OUT / "triton_repo"), "evaluate", str(copy),
-                "--force"])
+    code = cli(
+        ["--engines-dir", str(engines), "--triton-repo", str(OUT / "triton_repo"), "evaluate", str(copy), "--force"]
+    )
     if code:
         return code
     total = time.perf_counter() - started
     name = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("name:"))
     result = json.loads((engines / name / "evaluation" / "evaluation.json").read_text())
     timing = result["timing"]
-    print(f"{name}: {len(result['candidates'])} candidates x {result['prompts']['count']} prompts x "
-          f"{args.new_tokens} tokens: evaluate stage {timing['wall_s']:.0f} s wall ({total:.0f} s with loading "
-          f"and convert check); decode {timing['decode_cpu_s']:.0f} CPU-s; shared prefill "
-          f"{timing['prefill_cpu_s']:.1f} CPU-s, saved {timing['prefill_saved_cpu_s']:.1f} CPU-s "
-          f"({len(result['candidates']) - 1} prefills per prompt avoided)")
+    print(
+        f"{name}: {len(result['candidates'])} candidates x {result['prompts']['count']} prompts x "
+        f"{args.new_tokens} tokens: evaluate stage {timing['wall_s']:.0f} s wall ({total:.0f} s with loading "
+        f"and convert check); decode {timing['decode_cpu_s']:.0f} CPU-s; shared prefill "
+        f"{timing['prefill_cpu_s']:.1f} CPU-s, saved {timing['prefill_saved_cpu_s']:.1f} CPU-s "
+        f"({len(result['candidates']) - 1} prefills per prompt avoided)"
+    )
     return 0
 
 

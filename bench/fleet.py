@@ -26,8 +26,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def engine(spec: Path, workdir: Path, cache: Path, *extra: str) -> float:
-    argv = [sys.executable, "-m", "pipeline", "--engines-dir", str(workdir / "engines"),
-            "--triton-repo", str(workdir / "triton_repo"), "--cache-dir", str(cache), "engine", str(spec), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "--engines-dir",
+        str(workdir / "engines"),
+        "--triton-repo",
+        str(workdir / "triton_repo"),
+        "--cache-dir",
+        str(cache),
+        "engine",
+        str(spec),
+        *extra,
+    ]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     start = time.perf_counter()
     result = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True)
@@ -53,10 +65,14 @@ def main() -> None:
     address = ray.get_runtime_context().gcs_address
     rows = []
     for _ in range(args.repeat):
-        with tempfile.TemporaryDirectory(prefix="fleet-seq-") as seq, tempfile.TemporaryDirectory(
-                prefix="fleet-ray-") as par:
-            row = {"sequential": engine(args.spec, Path(seq), args.cache_dir),
-                   "sequential no-op": engine(args.spec, Path(seq), args.cache_dir)}
+        with (
+            tempfile.TemporaryDirectory(prefix="fleet-seq-") as seq,
+            tempfile.TemporaryDirectory(prefix="fleet-ray-") as par,
+        ):
+            row = {
+                "sequential": engine(args.spec, Path(seq), args.cache_dir),
+                "sequential no-op": engine(args.spec, Path(seq), args.cache_dir),
+            }
             row["ray"] = engine(args.spec, Path(par), args.cache_dir, "--ray")
             row["ray no-op"] = engine(args.spec, Path(par), args.cache_dir, "--ray")
         with tempfile.TemporaryDirectory(prefix="fleet-joined-") as joined:
@@ -65,12 +81,14 @@ def main() -> None:
         rows.append(row)
         print("  ".join(f"{name} {seconds:.1f} s" for name, seconds in row.items()), flush=True)
     best = {name: min(row[name] for row in rows) for name in rows[0]}
-    print(f"{args.spec.name} on {os.cpu_count()} CPU(s): cold build sequential {best['sequential']:.1f} s, "
-          f"--ray {best['ray']:.1f} s (ratio sequential/ray {best['sequential'] / best['ray']:.2f}); "
-          f"no-op re-run sequential {best['sequential no-op']:.1f} s, --ray {best['ray no-op']:.1f} s "
-          f"(overhead {best['ray no-op'] - best['sequential no-op']:.1f} s); on a running cluster: cold "
-          f"{best['ray joined']:.1f} s (ratio {best['sequential'] / best['ray joined']:.2f}), no-op "
-          f"{best['ray joined no-op']:.1f} s (overhead {best['ray joined no-op'] - best['sequential no-op']:.1f} s)")
+    print(
+        f"{args.spec.name} on {os.cpu_count()} CPU(s): cold build sequential {best['sequential']:.1f} s, "
+        f"--ray {best['ray']:.1f} s (ratio sequential/ray {best['sequential'] / best['ray']:.2f}); "
+        f"no-op re-run sequential {best['sequential no-op']:.1f} s, --ray {best['ray no-op']:.1f} s "
+        f"(overhead {best['ray no-op'] - best['sequential no-op']:.1f} s); on a running cluster: cold "
+        f"{best['ray joined']:.1f} s (ratio {best['sequential'] / best['ray joined']:.2f}), no-op "
+        f"{best['ray joined no-op']:.1f} s (overhead {best['ray joined no-op'] - best['sequential no-op']:.1f} s)"
+    )
     ray.shutdown()
 
 

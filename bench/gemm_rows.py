@@ -50,8 +50,11 @@ def main() -> int:
                     gemm(inputs[m])
                 times[m].append((time.perf_counter() - start) / calls)
         one = statistics.median(times[args.rows[0]])
-        print(f"{name:10s} " + " ".join(f"{statistics.median(times[m]) / one:6.2f}" for m in args.rows)
-              + f"   ({one * 1000:.2f} ms for {args.rows[0]} row)")
+        print(
+            f"{name:10s} "
+            + " ".join(f"{statistics.median(times[m]) / one:6.2f}" for m in args.rows)
+            + f"   ({one * 1000:.2f} ms for {args.rows[0]} row)"
+        )
     return 0
 
 

@@ -80,10 +80,17 @@ def main() -> int:
         variant = build(Path(args.spec))
         repo = variant.stage("package").output
         http, grpc, metrics = free_ports(3)
-        config = CpuServerConfig(repositories=(repo,), cache_dir=REPO / ".cache", http_port=http, grpc_port=grpc,
-                                 metrics_port=metrics, models=(variant.serving.model_name,))
+        config = CpuServerConfig(
+            repositories=(repo,),
+            cache_dir=REPO / ".cache",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            models=(variant.serving.model_name,),
+        )
         print(f"starting tritonserver ({variant.name}, {variant.method}); log {config.cache_dir}/tritonserver/logs")
         with CpuTritonServer(config) as server:
+
             def request(prompt: str) -> GenerationRequest:
                 return GenerationRequest(prompt, max_tokens=args.max_tokens, end_id=-1, return_perf_metrics=True)
 
@@ -91,9 +98,15 @@ def main() -> int:
                 client.generate(request(PROMPTS[0]))
             rows = []
             for level in levels:
-                run = run_load(server.grpc_url, variant.serving.model_name, PROMPTS, concurrency=level,
-                               requests=level * args.requests_per_client, make_request=request,
-                               time_limit=args.time_limit)
+                run = run_load(
+                    server.grpc_url,
+                    variant.serving.model_name,
+                    PROMPTS,
+                    concurrency=level,
+                    requests=level * args.requests_per_client,
+                    make_request=request,
+                    time_limit=args.time_limit,
+                )
                 rows.append(summarize(run))
                 print(f"  concurrency {level}: {rows[-1]['tokens_per_second']:.1f} tokens/s", flush=True)
     except SpecdeployError as exc:
@@ -104,7 +117,10 @@ def main() -> int:
     if 1 in by_level and max(levels) in by_level and by_level[1] > 0:
         ratio = by_level[max(levels)] / by_level[1]
         verdict = "meets" if ratio >= TARGET_RATIO else "misses"
-        print(f"concurrency {max(levels)} / concurrency 1 = {ratio:.2f}x tokens/s ({verdict} the {TARGET_RATIO:.0f}x target)")
+        print(
+            f"concurrency {max(levels)} / concurrency 1 = {ratio:.2f}x tokens/s "
+            f"({verdict} the {TARGET_RATIO:.0f}x target)"
+        )
     out = REPO / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -114,17 +130,21 @@ def main() -> int:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = f"{'clients':>7} {'done':>5} {'tokens':>7} {'wall s':>7} {'tokens/s':>9} {'TTFT p50 ms':>12} " \
-             f"{'ITL p50 ms':>11} {'ITL p99 ms':>11} {'accept':>7} {'len':>5}"
+    header = (
+        f"{'clients':>7} {'done':>5} {'tokens':>7} {'wall s':>7} {'tokens/s':>9} {'TTFT p50 ms':>12} "
+        f"{'ITL p50 ms':>11} {'ITL p99 ms':>11} {'accept':>7} {'len':>5}"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:
         acceptance = row["acceptance"]
         rate, length = acceptance["acceptance_rate"], acceptance["mean_acceptance_length"]
-        print(f"{row['concurrency']:>7} {row['completed']:>5} {row['output_tokens']:>7} {row['wall_seconds']:>7.1f} "
-              f"{row['tokens_per_second']:>9.1f} {row['ttft_ms']['p50'] or 0:>12.0f} {row['itl_ms']['p50'] or 0:>11.1f} "
-              f"{row['itl_ms']['p99'] or 0:>11.1f} {'-' if rate is None else f'{rate:.2f}':>7} "
-              f"{'-' if length is None else f'{length:.2f}':>5}")
+        print(
+            f"{row['concurrency']:>7} {row['completed']:>5} {row['output_tokens']:>7} {row['wall_seconds']:>7.1f} "
+            f"{row['tokens_per_second']:>9.1f} {row['ttft_ms']['p50'] or 0:>12.0f} {row['itl_ms']['p50'] or 0:>11.1f} "
+            f"{row['itl_ms']['p99'] or 0:>11.1f} {'-' if rate is None else f'{rate:.2f}':>7} "
+            f"{'-' if length is None else f'{length:.2f}':>5}"
+        )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,10 @@ OUT = REPO / "bench" / "out"
 SPECS = {kind: REPO / "specs" / f"smollm2-{kind}.yaml" for kind in ("medusa", "eagle", "lookahead")}
 TARGETS = {"eagle": 2.0, "medusa": 1.6, "lookahead": 1.3}  # batch 1, code prompts
 FALLBACK_PROMPTS = {
-    "code": ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-             "def is_palindrome(text):\n    \"\"\"Return True if text reads the same backwards.\"\"\"\n"],
+    "code": [
+        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+        'def is_palindrome(text):\n    """Return True if text reads the same backwards."""\n',
+    ],
     "chat": ["What is the capital of France?", "Explain how a bicycle stays upright."],
 }
 
@@ -87,8 +89,9 @@ class Overrides:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Overrides:
         """From the --dtype, --medusa-tree, --eagle-tree and --lookahead options."""
-        chosen = tuple((kind, tree) for kind, tree in (("medusa", args.medusa_tree), ("eagle", args.eagle_tree))
-                       if tree)
+        chosen = tuple(
+            (kind, tree) for kind, tree in (("medusa", args.medusa_tree), ("eagle", args.eagle_tree)) if tree
+        )
         lookahead = LookaheadConfig(*(int(v) for v in args.lookahead.split(","))) if args.lookahead else None
         return cls(args.dtype, chosen, lookahead)
 
@@ -111,14 +114,19 @@ def spec_file(kind: str, overrides: Overrides) -> Path:
     if not suffix:
         return SPECS[kind]
     text = SPECS[kind].read_text()
-    edits = [(f"name: smollm2-{kind}\n", f"name: smollm2-{kind}{suffix}\n"),
-             ("dtype: float32", f"dtype: {overrides.dtype}")]
+    edits = [
+        (f"name: smollm2-{kind}\n", f"name: smollm2-{kind}{suffix}\n"),
+        ("dtype: float32", f"dtype: {overrides.dtype}"),
+    ]
     if overrides.tree(kind):
         text = re.sub(r"(\n    choices: )\S+", lambda m: m.group(1) + overrides.tree(kind), text)
     if overrides.lookahead and kind == "lookahead":
         w, n, g = overrides.lookahead
-        edits += [("window: 4", f"window: {w}"), ("ngram: 3", f"ngram: {n}"),
-                  ("verification_set: 4", f"verification_set: {g}")]
+        edits += [
+            ("window: 4", f"window: {w}"),
+            ("ngram: 3", f"ngram: {n}"),
+            ("verification_set: 4", f"verification_set: {g}"),
+        ]
     for old, new in edits:
         if old not in text:
             raise SystemExit(f"{SPECS[kind]}: expected {old!r} to make the {suffix} copy")
@@ -131,8 +139,9 @@ def spec_file(kind: str, overrides: Overrides) -> Path:
 
 
 def plan_variant(kind: str, overrides: Overrides) -> VariantPlan:
-    plan = make_plan(load_spec(spec_file(kind, overrides)), OutputRoots(REPO / "engines", REPO / "triton_repo",
-                                                                        REPO / ".cache"))
+    plan = make_plan(
+        load_spec(spec_file(kind, overrides)), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache")
+    )
     return plan.variants[0]
 
 
@@ -143,16 +152,23 @@ def convert_body(variant: VariantPlan, heads_dir: Path):
     if spec.medusa is not None:
         medusa = MedusaOptions(heads_dir, max_draft_len=spec.medusa.max_draft_len)
     if spec.eagle is not None:
-        eagle = EagleOptions(heads_dir, num_eagle_layers=spec.eagle.num_eagle_layers,
-                             max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
-                             max_draft_len=spec.eagle.max_draft_len)
-    return lambda out: convert_checkpoint(variant.model_dir, out, tp=variant.tp, pp=variant.pp,
-                                          dtype=variant.build.dtype, medusa=medusa, eagle=eagle)
+        eagle = EagleOptions(
+            heads_dir,
+            num_eagle_layers=spec.eagle.num_eagle_layers,
+            max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
+            max_draft_len=spec.eagle.max_draft_len,
+        )
+    return lambda out: convert_checkpoint(
+        variant.model_dir, out, tp=variant.tp, pp=variant.pp, dtype=variant.build.dtype, medusa=medusa, eagle=eagle
+    )
 
 
 def build_through_pipeline(spec: Path, variant: VariantPlan) -> Path:
-    (outcome,) = execute_plan(make_plan(load_spec(spec), OutputRoots(REPO / "engines", REPO / "triton_repo",
-                                                                     REPO / ".cache")), only={variant.name}, say=say)
+    (outcome,) = execute_plan(
+        make_plan(load_spec(spec), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache")),
+        only={variant.name},
+        say=say,
+    )
     if outcome.exit_code != 0 or outcome.stopped_at not in (None, "package"):
         raise SystemExit(f"{variant.name} stopped at {outcome.stopped_at}: {outcome.reason}")
     return variant.stage("build").output
@@ -177,8 +193,13 @@ def random_heads(variant: VariantPlan, folder: Path) -> Path:
         n = variant.speculative.medusa.num_heads
         state = {}
         for h in range(n):
-            state.update({f"{h}.0.linear.weight": torch.randn(H, H, generator=gen) * 1e-3,
-                          f"{h}.0.linear.bias": torch.zeros(H), f"{h}.1.weight": lm_head.float().clone()})
+            state.update(
+                {
+                    f"{h}.0.linear.weight": torch.randn(H, H, generator=gen) * 1e-3,
+                    f"{h}.0.linear.bias": torch.zeros(H),
+                    f"{h}.1.weight": lm_head.float().clone(),
+                }
+            )
         save_file(state, str(folder / "medusa_lm_head.safetensors"))
         (folder / "config.json").write_text(json.dumps({"medusa_num_heads": n, "medusa_num_layers": 1}))
     else:
@@ -189,12 +210,18 @@ def random_heads(variant: VariantPlan, folder: Path) -> Path:
         def small(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=gen) * 1e-3
 
-        state = {"fc.weight": torch.cat((torch.zeros(H, H), torch.eye(H)), dim=1), "fc.bias": torch.zeros(H),
-                 "layers.0.self_attn.q_proj.weight": small(q, H), "layers.0.self_attn.k_proj.weight": small(kv, H),
-                 "layers.0.self_attn.v_proj.weight": small(kv, H), "layers.0.self_attn.o_proj.weight": small(H, q),
-                 "layers.0.mlp.gate_proj.weight": small(inter, H), "layers.0.mlp.up_proj.weight": small(inter, H),
-                 "layers.0.mlp.down_proj.weight": small(H, inter),
-                 "layers.0.post_attention_layernorm.weight": torch.ones(H)}
+        state = {
+            "fc.weight": torch.cat((torch.zeros(H, H), torch.eye(H)), dim=1),
+            "fc.bias": torch.zeros(H),
+            "layers.0.self_attn.q_proj.weight": small(q, H),
+            "layers.0.self_attn.k_proj.weight": small(kv, H),
+            "layers.0.self_attn.v_proj.weight": small(kv, H),
+            "layers.0.self_attn.o_proj.weight": small(H, q),
+            "layers.0.mlp.gate_proj.weight": small(inter, H),
+            "layers.0.mlp.up_proj.weight": small(inter, H),
+            "layers.0.mlp.down_proj.weight": small(H, inter),
+            "layers.0.post_attention_layernorm.weight": torch.ones(H),
+        }
         save_file(state, str(folder / "model.safetensors"))
         (folder / "config.json").write_text(json.dumps(drafter_llama_config(config, "float32")))
     return folder
@@ -272,17 +299,32 @@ class Tally:
 
     def row(self, method: DecodingMethod) -> dict:
         s = self.stats
-        return {"tokens": self.tokens, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
-                "tokens_per_s": self.tokens / self.wall_s, "tokens_per_cpu_s": self.tokens / self.cpu_s,
-                "decode_tokens_per_cpu_s": self.decode_tokens / max(self.decode_cpu_s, 1e-9),
-                "steps": s.verification_steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-                "mean_acceptance_length": s.mean_acceptance_length, "acceptance_rate": s.acceptance_rate,
-                "acceptance_per_position": s.acceptance_per_position(getattr(method, "draft_positions", 0))}
+        return {
+            "tokens": self.tokens,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "tokens_per_s": self.tokens / self.wall_s,
+            "tokens_per_cpu_s": self.tokens / self.cpu_s,
+            "decode_tokens_per_cpu_s": self.decode_tokens / max(self.decode_cpu_s, 1e-9),
+            "steps": s.verification_steps,
+            "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "mean_acceptance_length": s.mean_acceptance_length,
+            "acceptance_rate": s.acceptance_rate,
+            "acceptance_per_position": s.acceptance_per_position(getattr(method, "draft_positions", 0)),
+        }
 
 
-def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_tokens: int, end_id: int,
-        tally: Tally, lookahead: LookaheadConfig | None = None,
-        on_step: Callable[[StepStats], None] | None = None) -> None:
+def run(
+    engine: Engine,
+    method: DecodingMethod,
+    prompts: list[list[int]],
+    new_tokens: int,
+    end_id: int,
+    tally: Tally,
+    lookahead: LookaheadConfig | None = None,
+    on_step: Callable[[StepStats], None] | None = None,
+) -> None:
     """Decode ``prompts`` all in flight at once; add the results to ``tally``. ``on_step`` is called
     after every scheduler step (bench/step_cost.py attributes its timers per step)."""
     limits = dataclasses.replace(engine.config.limits, max_batch_size=len(prompts))
@@ -299,8 +341,9 @@ def run(engine: Engine, method: DecodingMethod, prompts: list[list[int]], new_to
 
     sched, outputs = Scheduler(engine, method, limits=limits, on_step=count), {}
     for i, prompt in enumerate(prompts):
-        request = GenerationRequest(str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True,
-                                    lookahead=lookahead)
+        request = GenerationRequest(
+            str(i), tuple(prompt), new_tokens, end_id=end_id, exclude_input_in_output=True, lookahead=lookahead
+        )
         sched.submit(request, lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None)
     wall, cpu = time.perf_counter(), time.thread_time()
     clock[0] = cpu
@@ -333,15 +376,19 @@ def load_methods(built: dict[str, Built], eagle2_top_k: int) -> dict[str, tuple[
     return methods
 
 
-def compare_with_plain(engine: Engine, prompts: list[list[int]], plain: list[list[int]], outputs: list[list[int]]
-                       ) -> dict:
+def compare_with_plain(
+    engine: Engine, prompts: list[list[int]], plain: list[list[int]], outputs: list[list[int]]
+) -> dict:
     """Token-identical prompts, and for the others plain decoding's logit gap at the first difference
     (pipeline/runtime/spec_decode/exactness.py: on bf16 engines a near-tie is round-off, anything else a bug)."""
     found = [divergence(engine, p, want, got) for p, want, got in zip(prompts, plain, outputs)]
     gaps = [d.gap_bf16_steps for d in found if d is not None]
-    return {"identical": sum(d is None for d in found), "prompts": len(found),
-            "max_gap_bf16_steps": max(gaps, default=0.0),
-            "lossless": all(g <= NEAR_TIE_BF16_STEPS for g in gaps) and (not gaps or engine.bf16)}
+    return {
+        "identical": sum(d is None for d in found),
+        "prompts": len(found),
+        "max_gap_bf16_steps": max(gaps, default=0.0),
+        "lossless": all(g <= NEAR_TIE_BF16_STEPS for g in gaps) and (not gaps or engine.bf16),
+    }
 
 
 def same_as_plain(row: dict) -> str:
@@ -359,19 +406,41 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=10, help="prompts per set (the eval sets have 25)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--eagle2-top-k", type=int, default=4, help="EAGLE-2 expansion top_k")
-    parser.add_argument("--extra-trees", nargs="*", default=["chain_3"],
-                        help="more medusa_choices/eagle_choices presets to run on the same engines")
-    parser.add_argument("--extra-lookahead", nargs="*", default=["2,3,2"],
-                        help="per-request lookahead (w,n,g) to run on the same server (W,N,G)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/model/gemm.py)")
-    parser.add_argument("--medusa-tree", choices=sorted(trees.TREE_PRESETS),
-                        help="build the Medusa engine for this tree preset instead of the spec's own")
-    parser.add_argument("--eagle-tree", choices=sorted(trees.TREE_PRESETS),
-                        help="build the EAGLE engine for this tree preset instead of the spec's own")
+    parser.add_argument(
+        "--extra-trees",
+        nargs="*",
+        default=["chain_3"],
+        help="more medusa_choices/eagle_choices presets to run on the same engines",
+    )
+    parser.add_argument(
+        "--extra-lookahead",
+        nargs="*",
+        default=["2,3,2"],
+        help="per-request lookahead (w,n,g) to run on the same server (W,N,G)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="engine dtype (bfloat16: bf16 GEMMs through oneDNN, see pipeline/runtime/model/gemm.py)",
+    )
+    parser.add_argument(
+        "--medusa-tree",
+        choices=sorted(trees.TREE_PRESETS),
+        help="build the Medusa engine for this tree preset instead of the spec's own",
+    )
+    parser.add_argument(
+        "--eagle-tree",
+        choices=sorted(trees.TREE_PRESETS),
+        help="build the EAGLE engine for this tree preset instead of the spec's own",
+    )
     parser.add_argument("--lookahead", metavar="W,N,G", help="build the Lookahead engine for this (W, N, G)")
-    parser.add_argument("--methods", nargs="+", choices=["medusa", "eagle", "eagle2", "lookahead"],
-                        help="only these (and plain decoding); default: all")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=["medusa", "eagle", "eagle2", "lookahead"],
+        help="only these (and plain decoding); default: all",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
     parser.add_argument("--replot", action="store_true", help="only rewrite the .md/.png from speculative.json")
     args = parser.parse_args()
@@ -386,10 +455,14 @@ def main() -> int:
     engines = {kind: methods[kind][0] for kind in built}
     described: dict[str, str] = {}
     for tree in args.extra_trees:  # medusa_choices / eagle_choices are runtime knobs: same engines
-        methods[f"medusa[{tree}]"] = (engines["medusa"], make_method(engines["medusa"], MethodSettings(
-            "medusa", medusa_choices=trees.resolve_tree(tree)))[0])
-        methods[f"eagle[{tree}]"] = (engines["eagle"], make_method(engines["eagle"], MethodSettings(
-            "eagle", eagle_choices=trees.resolve_tree(tree)))[0])
+        methods[f"medusa[{tree}]"] = (
+            engines["medusa"],
+            make_method(engines["medusa"], MethodSettings("medusa", medusa_choices=trees.resolve_tree(tree)))[0],
+        )
+        methods[f"eagle[{tree}]"] = (
+            engines["eagle"],
+            make_method(engines["eagle"], MethodSettings("eagle", eagle_choices=trees.resolve_tree(tree)))[0],
+        )
         described.update({f"medusa[{tree}]": f"medusa_choices {tree}", f"eagle[{tree}]": f"eagle_choices {tree}"})
     per_request: dict[str, LookaheadConfig] = {}
     for text in args.extra_lookahead:  # Triton's per-request lookahead_* inputs, same engine and server
@@ -399,17 +472,26 @@ def main() -> int:
         described[f"lookahead({w},{n},{g})"] = f"per-request (w, n, g) = ({w}, {n}, {g}) on the same server"
     model_dir = built["lookahead"].variant.model_dir
     look = spec["lookahead"].lookahead
-    described |= {"plain": "PlainDecoding", "medusa": f"medusa_choices {tree_name(spec['medusa'].medusa.tree)}",
-                 "eagle": f"eagle_choices {tree_name(spec['eagle'].eagle.tree)}",
-                 "eagle2": f"dynamic tree, top_k {args.eagle2_top_k}, at most "
-                           f"{methods['eagle2'][1].max_draft_len} nodes",
-                 "lookahead": f"(W, N, G) = ({look.window}, {look.ngram}, {look.verification_set})"}
-    results: dict = {"settings": vars(args), "heads": {k: b.heads for k, b in built.items()},
-                     "engines": {k: str(b.engine_dir) for k, b in built.items()},
-                     "methods": {name: described.get(name, name) for name in methods}, "runs": []}
+    described |= {
+        "plain": "PlainDecoding",
+        "medusa": f"medusa_choices {tree_name(spec['medusa'].medusa.tree)}",
+        "eagle": f"eagle_choices {tree_name(spec['eagle'].eagle.tree)}",
+        "eagle2": f"dynamic tree, top_k {args.eagle2_top_k}, at most {methods['eagle2'][1].max_draft_len} nodes",
+        "lookahead": f"(W, N, G) = ({look.window}, {look.ngram}, {look.verification_set})",
+    }
+    results: dict = {
+        "settings": vars(args),
+        "heads": {k: b.heads for k, b in built.items()},
+        "engines": {k: str(b.engine_dir) for k, b in built.items()},
+        "methods": {name: described.get(name, name) for name in methods},
+        "runs": [],
+    }
     if args.methods:
-        methods = {name: m for name, m in methods.items() if name == "plain" or name.split("[")[0].split("(")[0]
-                   in args.methods}
+        methods = {
+            name: m
+            for name, m in methods.items()
+            if name == "plain" or name.split("[")[0].split("(")[0] in args.methods
+        }
     for engine, method in methods.values():  # warm-up: first-call allocations, thread pools
         run(engine, method, [[1, 2, 3, 4]], 4, -1, Tally())
     for kind in args.sets:
@@ -421,20 +503,32 @@ def main() -> int:
             tallies = {name: Tally() for name in methods}
             for first in range(0, len(prompts), batch):
                 for name, (engine, method) in methods.items():
-                    run(engine, method, prompts[first:first + batch], args.new_tokens, end_id=2,
-                        tally=tallies[name], lookahead=per_request.get(name))
+                    run(
+                        engine,
+                        method,
+                        prompts[first : first + batch],
+                        args.new_tokens,
+                        end_id=2,
+                        tally=tallies[name],
+                        lookahead=per_request.get(name),
+                    )
             plain = tallies["plain"]
             for name, (engine, method) in methods.items():
                 row = {**tallies[name].row(method), "set": kind, "batch": batch, "method": name}
-                row.update(speedup_wall=row["tokens_per_s"] / (plain.tokens / plain.wall_s),
-                           speedup_cpu=row["tokens_per_cpu_s"] / (plain.tokens / plain.cpu_s),
-                           speedup_decode=row["decode_tokens_per_cpu_s"] / (plain.decode_tokens / plain.decode_cpu_s),
-                           **compare_with_plain(engine, prompts, plain.outputs, tallies[name].outputs))
+                row.update(
+                    speedup_wall=row["tokens_per_s"] / (plain.tokens / plain.wall_s),
+                    speedup_cpu=row["tokens_per_cpu_s"] / (plain.tokens / plain.cpu_s),
+                    speedup_decode=row["decode_tokens_per_cpu_s"] / (plain.decode_tokens / plain.decode_cpu_s),
+                    **compare_with_plain(engine, prompts, plain.outputs, tallies[name].outputs),
+                )
                 results["runs"].append(row)
-                print(f"{kind:4s} batch {batch} {name:9s} {row['tokens_per_s']:6.1f} tok/s "
-                      f"({row['tokens_per_cpu_s']:6.1f} /CPU-s) x{row['speedup_cpu']:.2f} "
-                      f"decode x{row['speedup_decode']:.2f} "
-                      f"AL {row['mean_acceptance_length']:.2f} = plain: {same_as_plain(row)}", flush=True)
+                print(
+                    f"{kind:4s} batch {batch} {name:9s} {row['tokens_per_s']:6.1f} tok/s "
+                    f"({row['tokens_per_cpu_s']:6.1f} /CPU-s) x{row['speedup_cpu']:.2f} "
+                    f"decode x{row['speedup_decode']:.2f} "
+                    f"AL {row['mean_acceptance_length']:.2f} = plain: {same_as_plain(row)}",
+                    flush=True,
+                )
     write_reports(results)
     return 0
 
@@ -442,35 +536,44 @@ def main() -> int:
 def write_reports(results: dict) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "speculative.json").write_text(json.dumps(results, indent=2))
-    lines = ["# Speculative decoding on SmolLM2-135M (reference backend, CPU)", "",
-             f"Settings: {json.dumps(results['settings'])}. Heads: "
-             + ", ".join(f"{k}: {v}" for k, v in results["heads"].items()) + ".",
-             "Prompt sets: " + ", ".join(f"{k}: {v}" for k, v in results.get("prompt_sets", {}).items()) + ".",
-             "Methods: " + "; ".join(f"{k}: {v}" for k, v in results["methods"].items()) + ".",
-             "Speedup is tokens per CPU-second over plain decoding on the same prompts and batch (wall-clock "
-             "speedup in brackets; the host is shared, so wall time carries other processes' load), end to end "
-             "(prompt prefill included: it costs every method the same and weighs more the fewer tokens are "
-             "generated). Decode speedup: the same over the decode steps only (output tokens after the first, "
-             "their CPU time), i.e. the time per output token that speculation changes.",
-             "Mean acceptance length = 1 + accepted / verification steps; per-position = steps accepting "
-             "depth k / steps. Step cost = what one speculative step (drafting + verification pass) costs in plain "
-             "steps, mean acceptance length / decode speedup: speculation pays only where the acceptance length "
-             "beats it.",
-             "",
-             "| set | batch | method | tok/s (wall) | tok/CPU-s | speedup | decode speedup | mean acc. len | step cost "
-             "| acc. rate | per-position acceptance | = plain |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Speculative decoding on SmolLM2-135M (reference backend, CPU)",
+        "",
+        f"Settings: {json.dumps(results['settings'])}. Heads: "
+        + ", ".join(f"{k}: {v}" for k, v in results["heads"].items())
+        + ".",
+        "Prompt sets: " + ", ".join(f"{k}: {v}" for k, v in results.get("prompt_sets", {}).items()) + ".",
+        "Methods: " + "; ".join(f"{k}: {v}" for k, v in results["methods"].items()) + ".",
+        "Speedup is tokens per CPU-second over plain decoding on the same prompts and batch (wall-clock "
+        "speedup in brackets; the host is shared, so wall time carries other processes' load), end to end "
+        "(prompt prefill included: it costs every method the same and weighs more the fewer tokens are "
+        "generated). Decode speedup: the same over the decode steps only (output tokens after the first, "
+        "their CPU time), i.e. the time per output token that speculation changes.",
+        "Mean acceptance length = 1 + accepted / verification steps; per-position = steps accepting "
+        "depth k / steps. Step cost = what one speculative step (drafting + verification pass) costs in plain "
+        "steps, mean acceptance length / decode speedup: speculation pays only where the acceptance length "
+        "beats it.",
+        "",
+        "| set | batch | method | tok/s (wall) | tok/CPU-s | speedup | decode speedup | mean acc. len | step cost "
+        "| acc. rate | per-position acceptance | = plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["runs"]:
         per_pos = ", ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "-"
-        target = TARGETS.get(r["method"].split("[")[0].split("(")[0].rstrip("2")) \
-            if r["set"] == "code" and r["batch"] == 1 else None
+        target = (
+            TARGETS.get(r["method"].split("[")[0].split("(")[0].rstrip("2"))
+            if r["set"] == "code" and r["batch"] == 1
+            else None
+        )
         verdict = f" (target {target:.1f}x)" if target else ""
-        lines.append(f"| {r['set']} | {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
-                     f"{r['tokens_per_cpu_s']:.1f} | {r['speedup_cpu']:.2f}x [{r['speedup_wall']:.2f}x]{verdict} | "
-                     f"{r.get('speedup_decode', float('nan')):.2f}x | {r['mean_acceptance_length']:.2f} | "
-                     f"{r['mean_acceptance_length'] / r.get('speedup_decode', r['speedup_cpu']):.2f} | "
-                     f"{r['acceptance_rate']:.3f} | {per_pos} | "
-                     f"{same_as_plain(r)} |")
+        lines.append(
+            f"| {r['set']} | {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
+            f"{r['tokens_per_cpu_s']:.1f} | {r['speedup_cpu']:.2f}x [{r['speedup_wall']:.2f}x]{verdict} | "
+            f"{r.get('speedup_decode', float('nan')):.2f}x | {r['mean_acceptance_length']:.2f} | "
+            f"{r['mean_acceptance_length'] / r.get('speedup_decode', r['speedup_cpu']):.2f} | "
+            f"{r['acceptance_rate']:.3f} | {per_pos} | "
+            f"{same_as_plain(r)} |"
+        )
     (OUT / "speculative.md").write_text("\n".join(lines) + "\n")
     plot(results["runs"], OUT / "speculative.png")
     print(f"wrote {OUT / 'speculative.json'}, {OUT / 'speculative.md'}, {OUT / 'speculative.png'}")
@@ -491,8 +594,10 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
-        values = [next((r["speedup_cpu"] for r in runs if (r["set"], r["batch"]) == g and r["method"] == method), 0)
-                  for g in groups]
+        values = [
+            next((r["speedup_cpu"] for r in runs if (r["set"], r["batch"]) == g and r["method"] == method), 0)
+            for g in groups
+        ]
         left.bar([x + i * width for x in range(len(groups))], values, width, label=method, color=colour[method])
     left.axhline(1.0, color="black", linewidth=0.8)
     left.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))], [f"{s} b{b}" for s, b in groups])
@@ -502,8 +607,13 @@ def plot(runs: list[dict], path: Path) -> None:
     shown = ("code", 1) if ("code", 1) in groups else groups[0]
     for r in runs:
         if r["acceptance_per_position"] and (r["set"], r["batch"]) == shown:
-            right.plot(range(1, len(r["acceptance_per_position"]) + 1), r["acceptance_per_position"], marker="o",
-                       color=colour[r["method"]], label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})")
+            right.plot(
+                range(1, len(r["acceptance_per_position"]) + 1),
+                r["acceptance_per_position"],
+                marker="o",
+                color=colour[r["method"]],
+                label=f"{r['method']} (AL {r['mean_acceptance_length']:.2f})",
+            )
     right.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     right.set_xlabel("draft position (depth)")
     right.set_ylabel("acceptance per verification step")

@@ -53,15 +53,22 @@ def main() -> int:
             plain, spec = Tally(), Tally()
             run(engine, PlainDecoding(), prompts, args.new_tokens, END_ID, plain)
             run(engine, eagle, prompts, args.new_tokens, END_ID, spec)
-            row = {"mean_acceptance_length": round(spec.stats.mean_acceptance_length, 3),
-                   "same_as_plain": spec.outputs == plain.outputs, "tokens": spec.tokens}
+            row = {
+                "mean_acceptance_length": round(spec.stats.mean_acceptance_length, 3),
+                "same_as_plain": spec.outputs == plain.outputs,
+                "tokens": spec.tokens,
+            }
             results.setdefault(name, {})[kind] = row
-            print(f"{name:18s} {kind:5s} EAGLE mean acceptance length {row['mean_acceptance_length']:.2f} "
-                  f"(output {'=' if row['same_as_plain'] else '!='} plain decoding)", flush=True)
+            print(
+                f"{name:18s} {kind:5s} EAGLE mean acceptance length {row['mean_acceptance_length']:.2f} "
+                f"(output {'=' if row['same_as_plain'] else '!='} plain decoding)",
+                flush=True,
+            )
     out = REPO / "bench" / "out" / "stale_heads.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens, "results": results},
-                              indent=2) + "\n")
+    out.write_text(
+        json.dumps({"prompts": args.prompts, "new_tokens": args.new_tokens, "results": results}, indent=2) + "\n"
+    )
     return 0
 
 

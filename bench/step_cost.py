@@ -41,8 +41,12 @@ from pipeline.runtime.spec_decode.base import DecodingMethod
 from pipeline.runtime.spec_decode.eagle.drafter import Drafter
 from pipeline.runtime.spec_decode.medusa import MedusaHeads
 
-PARTS = {"verification": (Engine, "forward"), "medusa heads": (MedusaHeads, "logits"),
-         "drafter layers": (Drafter, "forward"), "drafter lm_head": (Drafter, "candidates")}
+PARTS = {
+    "verification": (Engine, "forward"),
+    "medusa heads": (MedusaHeads, "logits"),
+    "drafter layers": (Drafter, "forward"),
+    "drafter lm_head": (Drafter, "candidates"),
+}
 
 
 @contextlib.contextmanager
@@ -57,6 +61,7 @@ def timed_parts(spent: collections.Counter) -> Iterator[None]:
                 return fn(*args, **kwargs)
             finally:
                 spent[part] += time.thread_time() - start
+
         return wrapped
 
     for part, (cls, name) in PARTS.items():

@@ -86,8 +86,12 @@ def tokens_per_step(tables: list[tuple[torch.Tensor, int]], tree: trees.Tree) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", type=int, default=[6, 10, 15, 20, 25, 63])
-    parser.add_argument("--eagle-depth", type=int, default=3,
-                        help="deepest EAGLE tree: each level costs a drafter pass and an lm_head pass on a CPU")
+    parser.add_argument(
+        "--eagle-depth",
+        type=int,
+        default=3,
+        help="deepest EAGLE tree: each level costs a drafter pass and an lm_head pass on a CPU",
+    )
     parser.add_argument("--methods", nargs="+", default=["medusa", "eagle"], choices=["medusa", "eagle"])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -102,16 +106,28 @@ def main() -> int:
         rank_fn = rank_function(method, base_dir)
         counts = rank_paths(rank_tables(rank_fn, fit))
         fitted = {f"fitted_{n}": trees.most_frequent_paths(counts, n, max_depth) for n in args.sizes}
-        candidates = {**{name: tree for name, tree in trees.TREE_PRESETS.items()
-                         if max_depth or trees.tree_depth(tree) <= 3}, **fitted}
-        section = {"settings": {**vars(args), "fit_sequences": len(fit)},
-                   "trees": {name: [list(p) for p in tree] for name, tree in fitted.items()}, "tokens_per_step": {}}
+        candidates = {
+            **{name: tree for name, tree in trees.TREE_PRESETS.items() if max_depth or trees.tree_depth(tree) <= 3},
+            **fitted,
+        }
+        section = {
+            "settings": {**vars(args), "fit_sequences": len(fit)},
+            "trees": {name: [list(p) for p in tree] for name, tree in fitted.items()},
+            "tokens_per_step": {},
+        }
         for kind in KINDS:
             tables = rank_tables(rank_fn, held_out.select(kind))
-            section["tokens_per_step"][kind] = {name: tokens_per_step(tables, tree)
-                                                for name, tree in candidates.items()}
-            print(f"{method} {kind}: " + ", ".join(f"{name} ({len(tree)}) {section['tokens_per_step'][kind][name]}"
-                                                  for name, tree in candidates.items()), flush=True)
+            section["tokens_per_step"][kind] = {
+                name: tokens_per_step(tables, tree) for name, tree in candidates.items()
+            }
+            print(
+                f"{method} {kind}: "
+                + ", ".join(
+                    f"{name} ({len(tree)}) {section['tokens_per_step'][kind][name]}"
+                    for name, tree in candidates.items()
+                ),
+                flush=True,
+            )
         report["methods"][method] = section
     if REPORT.exists():  # keep the other method's section when only one was run
         report["methods"] = {**json.loads(REPORT.read_text()).get("methods", {}), **report["methods"]}

@@ -23,8 +23,15 @@ from pipeline.errors import InputError
 CONFIG_FILE = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # PEFT options whose effect is not "add a low-rank update to a weight": refused when set.
-_UNSUPPORTED_OPTIONS = ("layer_replication", "trainable_token_indices", "target_parameters",
-                        "alora_invocation_tokens", "use_qalora", "use_bdlora", "arrow_config")
+_UNSUPPORTED_OPTIONS = (
+    "layer_replication",
+    "trainable_token_indices",
+    "target_parameters",
+    "alora_invocation_tokens",
+    "use_qalora",
+    "use_bdlora",
+    "arrow_config",
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class AdapterConfig:
     def rank_and_alpha(self, module: str) -> tuple[int, float]:
         """PEFT's rule (``peft.utils.other.get_pattern_key``): the first pattern key that matches the
         end of the module name at a dot boundary wins."""
+
         def pick(patterns: dict[str, Any], default: Any) -> Any:
             for key, value in patterns.items():
                 if re.match(rf"(.*\.)?({key})$", module):
@@ -72,24 +80,32 @@ def read_adapter_config(folder: Path) -> AdapterConfig:
     try:
         data = json.loads(where.read_text())
     except FileNotFoundError:
-        raise InputError(f"{where}: missing; model.adapter must name a PEFT LoRA folder "
-                         "(adapter_config.json + adapter_model.safetensors)") from None
+        raise InputError(
+            f"{where}: missing; model.adapter must name a PEFT LoRA folder "
+            "(adapter_config.json + adapter_model.safetensors)"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{where}: not valid JSON ({exc}); re-save the adapter with PEFT") from None
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a JSON object; re-save the adapter with PEFT")
     if data.get("peft_type") != "LORA":
-        raise InputError(f"{where}: peft_type {data.get('peft_type')!r} is not supported; only LoRA (peft_type LORA) "
-                         "adapters can be merged")
+        raise InputError(
+            f"{where}: peft_type {data.get('peft_type')!r} is not supported; only LoRA (peft_type LORA) "
+            "adapters can be merged"
+        )
     for option in _UNSUPPORTED_OPTIONS:
         if data.get(option) not in (None, False, {}, []):
-            raise InputError(f"{where}: {option} is set; merging such adapters is not supported (a merged "
-                             "checkpoint can only hold weight updates)")
+            raise InputError(
+                f"{where}: {option} is set; merging such adapters is not supported (a merged "
+                "checkpoint can only hold weight updates)"
+            )
     if data.get("fan_in_fan_out"):
         raise InputError(f"{where}: fan_in_fan_out is true (GPT-2 Conv1D layers); Llama linears are not transposed")
     if data.get("lora_bias") or data.get("bias", "none") != "none":
-        raise InputError(f"{where}: bias training (bias={data.get('bias')!r}, lora_bias={data.get('lora_bias')!r}) "
-                         "is not supported: Llama layers have no biases to merge into; retrain with bias='none'")
+        raise InputError(
+            f"{where}: bias training (bias={data.get('bias')!r}, lora_bias={data.get('lora_bias')!r}) "
+            "is not supported: Llama layers have no biases to merge into; retrain with bias='none'"
+        )
     patterns = {}
     for key, integer in (("rank_pattern", True), ("alpha_pattern", False)):
         raw = data.get(key) or {}
@@ -106,11 +122,15 @@ def read_adapter_config(folder: Path) -> AdapterConfig:
         raise InputError(f"{where}: modules_to_save must be a list of module names")
     base_name = data.get("base_model_name_or_path")
     return AdapterConfig(
-        file=where, r=_number(data, "r", where, integer=True),
+        file=where,
+        r=_number(data, "r", where, integer=True),
         lora_alpha=_number(data, "lora_alpha", where, integer=False),
-        use_rslora=bool(data.get("use_rslora")), use_dora=bool(data.get("use_dora")),
-        rank_pattern=patterns["rank_pattern"], alpha_pattern=patterns["alpha_pattern"],
-        target_modules=targets, modules_to_save=tuple(str(m) for m in saved),
+        use_rslora=bool(data.get("use_rslora")),
+        use_dora=bool(data.get("use_dora")),
+        rank_pattern=patterns["rank_pattern"],
+        alpha_pattern=patterns["alpha_pattern"],
+        target_modules=targets,
+        modules_to_save=tuple(str(m) for m in saved),
         base_model_name_or_path=str(base_name) if base_name else None,
     )
 
@@ -134,9 +154,11 @@ def base_name_problem(config: AdapterConfig, model_names: list[str], model_dir: 
     if wanted in {name.rstrip("/").rsplit("/", 1)[-1].lower() for name in model_names if name}:
         return None
     shown = ", ".join(repr(n) for n in model_names if n)
-    return (f"{config.file}: base_model_name_or_path {named!r} is not the spec's model ({shown}); "
-            "merge an adapter only into the model it was trained on (or fix base_model_name_or_path if the "
-            "model was only renamed)")
+    return (
+        f"{config.file}: base_model_name_or_path {named!r} is not the spec's model ({shown}); "
+        "merge an adapter only into the model it was trained on (or fix base_model_name_or_path if the "
+        "model was only renamed)"
+    )
 
 
 def check_adapter_folder(folder: Path) -> AdapterConfig:
@@ -145,8 +167,9 @@ def check_adapter_folder(folder: Path) -> AdapterConfig:
         raise InputError(f"{folder}: adapter folder not found (model.adapter names a PEFT LoRA folder)")
     config = read_adapter_config(folder)
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise InputError(f"{folder}: no adapter_model.safetensors or adapter_model.bin; model.adapter must name a "
-                         "PEFT LoRA folder")
+        raise InputError(
+            f"{folder}: no adapter_model.safetensors or adapter_model.bin; model.adapter must name a PEFT LoRA folder"
+        )
     return config
 
 
@@ -169,8 +192,9 @@ def _model_key(spec: Any, variant: Any) -> tuple:
     return source, tuple(str(spec.resolve_path(p)) for p in model.adapters)
 
 
-def plan_merge(spec: Any, variant: Any, engines: Path, model_dir: Path | None,
-               problems: _Problems) -> MergeTarget | None:
+def plan_merge(
+    spec: Any, variant: Any, engines: Path, model_dir: Path | None, problems: _Problems
+) -> MergeTarget | None:
     """The merge a variant needs (None without adapters); problems are reported at model.adapter."""
     model = variant.model
     if not model.adapters:

@@ -46,8 +46,10 @@ def _holder(text: str) -> str:
     pid = int(match.group(1))
     if pid_alive(pid):
         return f"pid {pid}"
-    return (f"pid {pid} recorded, which is not running here: the lock is held from another host or container, "
-            "or by a child process of that run")
+    return (
+        f"pid {pid} recorded, which is not running here: the lock is held from another host or container, "
+        "or by a child process of that run"
+    )
 
 
 @contextmanager
@@ -67,14 +69,18 @@ def exclusive_lock(lock_path: Path, *, timeout: float, what: str, on_wait: Calla
                     on_wait(f"waiting for another specdeploy run on {what} ({_holder(handle.read())})")
                     told = True
                 if time.monotonic() > deadline:
-                    raise StageError(f"{what}: still locked by another run after {timeout:.0f} s; wait for it, "
-                                     f"or remove {lock_path} if no run is alive") from None
+                    raise StageError(
+                        f"{what}: still locked by another run after {timeout:.0f} s; wait for it, "
+                        f"or remove {lock_path} if no run is alive"
+                    ) from None
                 time.sleep(0.2)
         handle.seek(0)
         previous = re.fullmatch(r"pid (\d+)", handle.read().strip())
         if previous and int(previous.group(1)) != os.getpid():
-            on_wait(f"{what}: the previous run (pid {previous.group(1)}) was killed while holding the lock; "
-                    "taking over and removing its leftovers")
+            on_wait(
+                f"{what}: the previous run (pid {previous.group(1)}) was killed while holding the lock; "
+                "taking over and removing its leftovers"
+            )
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()}\n")
@@ -117,7 +123,7 @@ def remove_dead_leftovers(parent: Path, name: str) -> tuple[list[Path], int]:
         return removed, freed
     for pattern in (f".{name}.tmp-*", f".{name}.old-*"):
         for stale in sorted(parent.glob(pattern)):
-            match = _OWNER.search(stale.name[len(name) + 1:])
+            match = _OWNER.search(stale.name[len(name) + 1 :])
             pid = int(match.group(1)) if match else -1
             if pid != os.getpid() and pid_alive(pid):
                 continue  # a live owner (another PID namespace sharing this folder): not ours to take
@@ -132,8 +138,10 @@ def remove_dead_leftovers(parent: Path, name: str) -> tuple[list[Path], int]:
 
 
 def describe_freed(removed: list[Path], freed: int) -> str:
-    return (f"removed {len(removed)} leftover(s) of killed runs, {freed / 2**20:.1f} MiB freed: "
-            f"{', '.join(p.name for p in removed)}")
+    return (
+        f"removed {len(removed)} leftover(s) of killed runs, {freed / 2**20:.1f} MiB freed: "
+        f"{', '.join(p.name for p in removed)}"
+    )
 
 
 def replace_folder(tmp: Path, target: Path) -> None:

@@ -35,8 +35,24 @@ from pipeline.commands import (
 from pipeline.errors import SpecdeployError
 
 # In the order `specdeploy --help` lists them; each module has register(subparsers).
-COMMANDS = (validate, plan, engine, verify, prepare_model, build, serve, query, bench, doctor, heads, train_adapter,
-            schema, predict, evaluate, report)
+COMMANDS = (
+    validate,
+    plan,
+    engine,
+    verify,
+    prepare_model,
+    build,
+    serve,
+    query,
+    bench,
+    doctor,
+    heads,
+    train_adapter,
+    schema,
+    predict,
+    evaluate,
+    report,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specdeploy {__version__}")
     parser.add_argument("--engines-dir", default=os.environ.get("SPECDEPLOY_ENGINES", "engines"))
     parser.add_argument("--triton-repo", default=os.environ.get("SPECDEPLOY_TRITON_REPO", "triton_repo"))
-    parser.add_argument("--cache-dir", default=os.environ.get("SPECDEPLOY_CACHE", ".cache"),
-                        help="where the embedded model is prepared (default .cache)")
+    parser.add_argument(
+        "--cache-dir",
+        default=os.environ.get("SPECDEPLOY_CACHE", ".cache"),
+        help="where the embedded model is prepared (default .cache)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(commands)

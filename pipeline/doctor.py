@@ -140,40 +140,64 @@ def probe_host(engines_dir: Path) -> HostReport:
 
 
 def host_checks(report: HostReport) -> list[Check]:
-    python_note = "" if report.python.startswith(("3.10.", "3.12.")) else \
-        " (TensorRT-LLM 1.2 wheels are built for Python 3.10 and 3.12 only)"
+    python_note = (
+        ""
+        if report.python.startswith(("3.10.", "3.12."))
+        else " (TensorRT-LLM 1.2 wheels are built for Python 3.10 and 3.12 only)"
+    )
     if report.trtllm is None:
         trtllm = Check("TensorRT-LLM", "missing", f"not installed; engines need {TRTLLM_SERIES}x: {container_hint()}")
     elif report.trtllm.startswith(TRTLLM_SERIES):
         trtllm = Check("TensorRT-LLM", "ok", f"{report.trtllm} (the last series with the TensorRT engine flow)")
     else:
-        trtllm = Check("TensorRT-LLM", "warn", f"{report.trtllm}: engines need {TRTLLM_SERIES}x; TensorRT-LLM removed "
-                                               f"the engine flow (trtllm-build) after 1.2; {container_hint()}")
-    gpus = "; ".join(f"{g.name}, SM {g.compute_capability[0]}.{g.compute_capability[1]}, {g.memory_gib:.0f} GiB"
-                     for g in report.gpus)
+        trtllm = Check(
+            "TensorRT-LLM",
+            "warn",
+            f"{report.trtllm}: engines need {TRTLLM_SERIES}x; TensorRT-LLM removed "
+            f"the engine flow (trtllm-build) after 1.2; {container_hint()}",
+        )
+    gpus = "; ".join(
+        f"{g.name}, SM {g.compute_capability[0]}.{g.compute_capability[1]}, {g.memory_gib:.0f} GiB" for g in report.gpus
+    )
     disk = "unknown" if report.free_disk_gib is None else f"{report.free_disk_gib:.1f} GiB free"
     return [
         Check("Python", "info", report.python + python_note),
         Check("torch", "info" if report.torch else "missing", report.torch or "not installed"),
-        Check("TensorRT", "ok" if report.tensorrt else "missing",
-              report.tensorrt or "not installed (GPU builds need it)"),
+        Check(
+            "TensorRT", "ok" if report.tensorrt else "missing", report.tensorrt or "not installed (GPU builds need it)"
+        ),
         trtllm,
-        Check("trtllm-build", "missing" if report.engine_flow_missing else "ok",
-              "; ".join(report.engine_flow_missing) or "can run"),
+        Check(
+            "trtllm-build",
+            "missing" if report.engine_flow_missing else "ok",
+            "; ".join(report.engine_flow_missing) or "can run",
+        ),
         Check("GPUs", "ok" if report.gpus else "missing", f"{len(report.gpus)}: {gpus}" if gpus else "none found"),
-        Check("MPI", "ok" if report.mpi else "missing",
-              report.mpi or "mpirun not on PATH (multi-GPU serving needs it)"),
-        Check("Triton tensorrtllm backend", "ok" if report.trtllm_backend else "missing",
-              TRTLLM_BACKEND_DIR + ("" if report.trtllm_backend else " not found (GPU serving needs it)")),
-        Check("CPU tritonserver", "ok" if report.cpu_tritonserver else "missing",
-              report.cpu_tritonserver or "nvidia-pytriton not installed (CPU serving needs it)"),
-        Check("CPU bf16 GEMMs", "ok" if report.cpu_bf16_gemm else "info",
-              "oneDNN bf16 (AMX or AVX512-BF16): bfloat16 reference engines verify draft trees at about the cost "
-              "of one token" if report.cpu_bf16_gemm else
-              "not available: bfloat16 reference engines run slower than float32 on this CPU"),
+        Check(
+            "MPI", "ok" if report.mpi else "missing", report.mpi or "mpirun not on PATH (multi-GPU serving needs it)"
+        ),
+        Check(
+            "Triton tensorrtllm backend",
+            "ok" if report.trtllm_backend else "missing",
+            TRTLLM_BACKEND_DIR + ("" if report.trtllm_backend else " not found (GPU serving needs it)"),
+        ),
+        Check(
+            "CPU tritonserver",
+            "ok" if report.cpu_tritonserver else "missing",
+            report.cpu_tritonserver or "nvidia-pytriton not installed (CPU serving needs it)",
+        ),
+        Check(
+            "CPU bf16 GEMMs",
+            "ok" if report.cpu_bf16_gemm else "info",
+            "oneDNN bf16 (AMX or AVX512-BF16): bfloat16 reference engines verify draft trees at about the cost "
+            "of one token"
+            if report.cpu_bf16_gemm
+            else "not available: bfloat16 reference engines run slower than float32 on this CPU",
+        ),
         Check("disk for engines", "info", f"{report.engines_dir}: {disk}"),
-        Check("host memory", "info",
-              "unknown" if report.host_memory_gib is None else f"{report.host_memory_gib:.1f} GiB"),
+        Check(
+            "host memory", "info", "unknown" if report.host_memory_gib is None else f"{report.host_memory_gib:.1f} GiB"
+        ),
     ]
 
 
@@ -192,16 +216,23 @@ def assess_stages(variant: VariantPlan, report: HostReport) -> list[StageFit]:
             why.append(f"needs {r.gpu_memory_gib_per_gpu:.1f} GiB per GPU, the smallest GPU here has {smallest:.1f}")
         if report.host_memory_gib is not None and r.host_memory_gib > report.host_memory_gib:
             one = r.one_worker
-            hint = (f" ({one.host_memory_gib:.1f} GiB with one worker)" if one is not None
-                    and one.host_memory_gib <= report.host_memory_gib else "")
-            why.append(f"needs {r.host_memory_gib:.1f} GiB of host RAM{hint}, this host has "
-                       f"{report.host_memory_gib:.1f}")
+            hint = (
+                f" ({one.host_memory_gib:.1f} GiB with one worker)"
+                if one is not None and one.host_memory_gib <= report.host_memory_gib
+                else ""
+            )
+            why.append(
+                f"needs {r.host_memory_gib:.1f} GiB of host RAM{hint}, this host has {report.host_memory_gib:.1f}"
+            )
         disk += r.disk_gib
         if report.free_disk_gib is not None and disk > report.free_disk_gib:
-            why.append(f"needs {disk:.1f} GiB of disk up to this stage, {report.engines_dir} has "
-                       f"{report.free_disk_gib:.1f} free")
-        fits.append(StageFit(name, r.gpus, r.gpu_memory_gib_per_gpu, r.host_memory_gib, r.disk_gib, not why,
-                             "; ".join(why)))
+            why.append(
+                f"needs {disk:.1f} GiB of disk up to this stage, {report.engines_dir} has "
+                f"{report.free_disk_gib:.1f} free"
+            )
+        fits.append(
+            StageFit(name, r.gpus, r.gpu_memory_gib_per_gpu, r.host_memory_gib, r.disk_gib, not why, "; ".join(why))
+        )
     return fits
 
 
@@ -237,18 +268,24 @@ def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
         verdict.refuse(f"FP8 needs compute capability >= 8.9; {weakest.name} is {sm}")
     smallest = min(g.memory_gib for g in report.gpus)
     if variant.memory.total_gib > smallest:
-        verdict.refuse(f"needs about {variant.memory.total_gib:.1f} GiB per GPU ({variant.memory.describe()}); "
-                       f"the smallest GPU here has {smallest:.1f} GiB")
+        verdict.refuse(
+            f"needs about {variant.memory.total_gib:.1f} GiB per GPU ({variant.memory.describe()}); "
+            f"the smallest GPU here has {smallest:.1f} GiB"
+        )
     planned: GpuType | None = variant.gpu
     if planned is not None and planned.compute_capability != weakest.compute_capability:
-        verdict.notes.append(f"planned for {planned.name} (SM {planned.compute_capability[0]}."
-                             f"{planned.compute_capability[1]}) but this host has {weakest.name} (SM {sm}); "
-                             "engines are not portable across GPU architectures")
+        verdict.notes.append(
+            f"planned for {planned.name} (SM {planned.compute_capability[0]}."
+            f"{planned.compute_capability[1]}) but this host has {weakest.name} (SM {sm}); "
+            "engines are not portable across GPU architectures"
+        )
     # Engines hold the weights once more (per rank, plus the heads).
     engine_gib = (variant.memory.weights_gib + variant.memory.heads_gib) * variant.world_size
     if report.free_disk_gib is not None and report.free_disk_gib < engine_gib:
-        verdict.refuse(f"engines need about {engine_gib:.1f} GiB of disk, {report.engines_dir} has "
-                       f"{report.free_disk_gib:.1f} GiB free")
+        verdict.refuse(
+            f"engines need about {engine_gib:.1f} GiB of disk, {report.engines_dir} has "
+            f"{report.free_disk_gib:.1f} GiB free"
+        )
     _refuse_stages(verdict)
     return verdict
 

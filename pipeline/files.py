@@ -16,8 +16,13 @@ from typing import Any
 
 from pipeline.errors import InputError
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def require_regular_file(path: Path, what: str, *, name: str | None = None) -> os.stat_result:
@@ -27,8 +32,9 @@ def require_regular_file(path: Path, what: str, *, name: str | None = None) -> o
         info = os.stat(path)
     except FileNotFoundError:
         if os.path.islink(path):
-            raise InputError(f"{shown}: {what} is a dangling symlink (to {os.readlink(path)}); "
-                             "fix the link or give the file itself") from None
+            raise InputError(
+                f"{shown}: {what} is a dangling symlink (to {os.readlink(path)}); fix the link or give the file itself"
+            ) from None
         raise InputError(f"{shown}: {what} not found") from None
     except OSError as exc:
         raise InputError(f"{shown}: cannot read {what} ({exc.strerror or exc})") from None
@@ -43,8 +49,9 @@ def read_regular_file(path: Path, what: str, *, max_bytes: int, name: str | None
     shown = name or str(path)
     info = require_regular_file(path, what, name=name)
     if info.st_size > max_bytes:
-        raise InputError(f"{shown}: {what} is {info.st_size} bytes, more than the {max_bytes} allowed; "
-                         "is this the right file?")
+        raise InputError(
+            f"{shown}: {what} is {info.st_size} bytes, more than the {max_bytes} allowed; is this the right file?"
+        )
     try:
         with open(path, "rb") as handle:
             data = handle.read(max_bytes + 1)
@@ -64,10 +71,10 @@ def read_json(path: Path, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: {what} is not UTF-8 text (byte {exc.start}); re-download or re-export it") \
-            from None
+        raise InputError(f"{path}: {what} is not UTF-8 text (byte {exc.start}); re-download or re-export it") from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}:{exc.colno} {what} is not valid JSON ({exc.msg}); "
-                         "re-download or re-export it") from None
+        raise InputError(
+            f"{path}:{exc.lineno}:{exc.colno} {what} is not valid JSON ({exc.msg}); re-download or re-export it"
+        ) from None
     except RecursionError:
         raise InputError(f"{path}: {what} nests too deeply to be a real config; re-download it") from None

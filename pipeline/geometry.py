@@ -57,8 +57,9 @@ class ModelGeometry:
         return asdict(self)
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], where: str, *, name: str = "",
-                require_architecture: bool = True) -> ModelGeometry:
+    def from_hf(
+        cls, cfg: dict[str, Any], where: str, *, name: str = "", require_architecture: bool = True
+    ) -> ModelGeometry:
         """Validate a HF LlamaConfig dict; ``where`` names the file in error messages."""
         return _from_hf(cfg, where, name, require_architecture)
 
@@ -121,14 +122,19 @@ def rope_from_config(cfg: dict[str, Any], where: str) -> tuple[float, dict[str, 
     if scaling is not None:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise InputError(f"{where}: rope type {rope_type!r} is not supported by the converter "
-                             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+            raise InputError(
+                f"{where}: rope type {rope_type!r} is not supported by the converter "
+                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
         if rope_type == "default":
             return theta, None
         scaling.pop("type", None)
         scaling["rope_type"] = rope_type
-        needed = ("factor",) if rope_type == "linear" else (
-            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        needed = (
+            ("factor",)
+            if rope_type == "linear"
+            else ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        )
         missing = [k for k in needed if k not in scaling]
         if missing:
             raise InputError(f"{where}: {rope_type} rope scaling lacks {', '.join(missing)}")
@@ -144,11 +150,16 @@ def _from_hf(cfg: dict[str, Any], where: str, name: str, require_architecture: b
         archs = cfg.get("architectures") or []
         archs = [str(a) for a in archs] if isinstance(archs, list) else [repr(archs)]
         model_type = cfg.get("model_type")
-        if len(archs) != 1 or archs[0] not in (SUPPORTED_ARCHITECTURE, *_ARCHITECTURE_ALIASES) \
-                or model_type not in (None, "llama"):
+        if (
+            len(archs) != 1
+            or archs[0] not in (SUPPORTED_ARCHITECTURE, *_ARCHITECTURE_ALIASES)
+            or model_type not in (None, "llama")
+        ):
             got = ", ".join(archs) if archs else f"model_type {model_type!r}"
-            raise InputError(f"{where}: unsupported architecture {got}; this converter supports "
-                             f"{SUPPORTED_ARCHITECTURE} (model_type llama) only")
+            raise InputError(
+                f"{where}: unsupported architecture {got}; this converter supports "
+                f"{SUPPORTED_ARCHITECTURE} (model_type llama) only"
+            )
     theta, scaling = rope_from_config(cfg, where)
     hidden = _int(cfg, "hidden_size", where)
     heads = _int(cfg, "num_attention_heads", where)
@@ -173,13 +184,22 @@ def _from_hf(cfg: dict[str, Any], where: str, name: str, require_architecture: b
     for flag in ("attention_bias", "mlp_bias"):
         if cfg.get(flag):
             raise InputError(f"{where}: {flag}=true is not supported by this converter (Llama has no biases)")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "num_kv_heads", "head_dim"):
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+    ):
         if getattr(spec, name) <= 0:
             raise InputError(f"{where}: {name} must be positive, got {getattr(spec, name)}")
     if spec.num_heads % spec.num_kv_heads:
-        raise InputError(f"{where}: num_attention_heads {spec.num_heads} is not a multiple of "
-                         f"num_key_value_heads {spec.num_kv_heads}")
+        raise InputError(
+            f"{where}: num_attention_heads {spec.num_heads} is not a multiple of "
+            f"num_key_value_heads {spec.num_kv_heads}"
+        )
     return spec
 
 
@@ -208,7 +228,8 @@ def _from_trtllm(pc: dict[str, Any], where: str) -> ModelGeometry:
     heads = get("num_attention_heads", int, _MISSING)
     scaling = pc.get("rotary_scaling")
     geometry = ModelGeometry(
-        name="", architecture=str(pc.get("architecture")),
+        name="",
+        architecture=str(pc.get("architecture")),
         vocab_size=get("vocab_size", int, _MISSING),
         hidden_size=hidden,
         num_layers=get("num_hidden_layers", int, _MISSING),
@@ -221,17 +242,27 @@ def _from_trtllm(pc: dict[str, Any], where: str) -> ModelGeometry:
         rope_theta=get("rotary_base", float, 10000.0),
         rope_scaling=scaling if isinstance(scaling, dict) else None,
     )
-    for name, key in (("vocab_size", "vocab_size"), ("hidden_size", "hidden_size"), ("num_layers", "num_layers"),
-                      ("num_heads", "num_heads"), ("num_kv_heads", "num_kv_heads"), ("head_dim", "head_size"),
-                      ("intermediate_size", "intermediate_size")):
+    for name, key in (
+        ("vocab_size", "vocab_size"),
+        ("hidden_size", "hidden_size"),
+        ("num_layers", "num_layers"),
+        ("num_heads", "num_heads"),
+        ("num_kv_heads", "num_kv_heads"),
+        ("head_dim", "head_size"),
+        ("intermediate_size", "intermediate_size"),
+    ):
         if getattr(geometry, name) <= 0:
             raise InputError(f"{where}: {key} must be positive, got {getattr(geometry, name)}")
     if geometry.num_heads % geometry.num_kv_heads:
-        raise InputError(f"{where}: num_attention_heads {geometry.num_heads} is not a multiple of "
-                         f"num_key_value_heads {geometry.num_kv_heads}")
+        raise InputError(
+            f"{where}: num_attention_heads {geometry.num_heads} is not a multiple of "
+            f"num_key_value_heads {geometry.num_kv_heads}"
+        )
     if pc.get("position_embedding_type", "rope_gpt_neox") != "rope_gpt_neox":
-        raise InputError(f"{where}: position_embedding_type {pc['position_embedding_type']!r} is not supported "
-                         "(Llama uses rope_gpt_neox)")
+        raise InputError(
+            f"{where}: position_embedding_type {pc['position_embedding_type']!r} is not supported "
+            "(Llama uses rope_gpt_neox)"
+        )
     if pc.get("hidden_act", "silu") != "silu":
         raise InputError(f"{where}: hidden_act {pc['hidden_act']!r} is not supported (Llama uses silu)")
     return geometry

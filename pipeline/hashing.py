@@ -52,8 +52,9 @@ class HashCache:
         if self.path is None:
             return sha256_file(path)
         with closing(self._connect()) as db:
-            row = db.execute("SELECT sha256 FROM files WHERE dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?",
-                             key).fetchone()
+            row = db.execute(
+                "SELECT sha256 FROM files WHERE dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?", key
+            ).fetchone()
         if row is not None:
             return row[0]
         digest = sha256_file(path)
@@ -74,8 +75,10 @@ class HashCache:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=60)
-        db.execute("CREATE TABLE IF NOT EXISTS files (dev INTEGER, ino INTEGER, size INTEGER, mtime_ns INTEGER, "
-                   "ctime_ns INTEGER, sha256 TEXT, PRIMARY KEY (dev, ino, size, mtime_ns, ctime_ns))")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS files (dev INTEGER, ino INTEGER, size INTEGER, mtime_ns INTEGER, "
+            "ctime_ns INTEGER, sha256 TEXT, PRIMARY KEY (dev, ino, size, mtime_ns, ctime_ns))"
+        )
         return db
 
 

@@ -100,8 +100,9 @@ def inspect_medusa(head_dir: Path) -> MedusaLayout:
     )
 
 
-def _layout_from_keys(keys: list[str], pattern: re.Pattern, fmt: str, where: Path,
-                      has_lm_head: bool = True) -> tuple[str, int, int]:
+def _layout_from_keys(
+    keys: list[str], pattern: re.Pattern, fmt: str, where: Path, has_lm_head: bool = True
+) -> tuple[str, int, int]:
     per_head: dict[int, set[int]] = {}
     for key in keys:
         match = pattern.match(key)
@@ -134,7 +135,9 @@ def inspect_eagle(head_dir: Path) -> EagleLayout:
     else:
         raise InputError(f"{head_dir}: no EAGLE weights (model.safetensors or pytorch_model.bin)")
     if "fc.weight" not in keys:
-        raise InputError(f"{head_dir}: tensor 'fc.weight' missing; this is not an EAGLE-1 checkpoint "
-                         "(EAGLE-3 drafters are not supported by the TensorRT engine flow)")
+        raise InputError(
+            f"{head_dir}: tensor 'fc.weight' missing; this is not an EAGLE-1 checkpoint "
+            "(EAGLE-3 drafters are not supported by the TensorRT engine flow)"
+        )
     layers = {int(m.group(1)) for key in keys if (m := re.match(r"^layers\.(\d+)\.", key))}
     return EagleLayout(len(layers), "fc.bias" in keys, config.get("hidden_size"))

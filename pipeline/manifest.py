@@ -29,9 +29,14 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = 1
 # Distribution names of the tools a release depends on (the first installed name wins).
 TOOLS = {
-    "tensorrt_llm": ("tensorrt_llm", "tensorrt-llm"), "nvidia-modelopt": ("nvidia-modelopt",),
-    "torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",),
-    "nvidia-pytriton": ("nvidia-pytriton",), "tritonclient": ("tritonclient",), "ray": ("ray",),
+    "tensorrt_llm": ("tensorrt_llm", "tensorrt-llm"),
+    "nvidia-modelopt": ("nvidia-modelopt",),
+    "torch": ("torch",),
+    "transformers": ("transformers",),
+    "safetensors": ("safetensors",),
+    "nvidia-pytriton": ("nvidia-pytriton",),
+    "tritonclient": ("tritonclient",),
+    "ray": ("ray",),
 }
 
 
@@ -44,18 +49,26 @@ def git_revision(folder: Path) -> str | None:
     if shutil.which("git") is None or not (folder / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
 
 
 def tool_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"specdeploy": pipeline.__version__,
-                                       "specdeploy_git": git_revision(Path(pipeline.__file__).resolve().parents[1])}
+    versions: dict[str, str | None] = {
+        "specdeploy": pipeline.__version__,
+        "specdeploy_git": git_revision(Path(pipeline.__file__).resolve().parents[1]),
+    }
     for tool, names in TOOLS.items():
         versions[tool] = None
         for name in names:
@@ -85,20 +98,27 @@ def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCach
         for name, path in stage.inputs.items():
             if path not in produced and name not in inputs:
                 inputs[name] = {"path": str(path), "files": _files(path, hashes)}
-    outputs = {stage.name: {"path": str(stage.output), "state": states.get(stage.name, "not run"),
-                            "files": _files(stage.output, hashes) if states.get(stage.name) in ("ran", "skipped")
-                            else {}}
-               for stage in variant.stages}
+    outputs = {
+        stage.name: {
+            "path": str(stage.output),
+            "state": states.get(stage.name, "not run"),
+            "files": _files(stage.output, hashes) if states.get(stage.name) in ("ran", "skipped") else {},
+        }
+        for stage in variant.stages
+    }
     return {
-        "method": variant.method, "method_reason": variant.speculative.reason, "target": variant.target,
-        "inputs": inputs, "outputs": outputs, "plan": variant.to_dict(),
+        "method": variant.method,
+        "method_reason": variant.speculative.reason,
+        "target": variant.target,
+        "inputs": inputs,
+        "outputs": outputs,
+        "plan": variant.to_dict(),
         # No evaluate stage yet: figures and gates are added here when a variant has them.
         "evaluation": None,
     }
 
 
-def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, str]],
-                   hashes: HashCache) -> Path:
+def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, str]], hashes: HashCache) -> Path:
     """Write (atomically) the manifest of the variants in ``states`` ({variant: {stage: state}});
     variants of an earlier run that this one did not touch are kept."""
     path = manifest_path(plan, engines_root)
@@ -116,10 +136,15 @@ def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, s
 
 
 def _write(path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache) -> None:
-    body = {"format": FORMAT, "spec": str(plan.spec_file), "name": plan.spec_name,
-            "spec_sha256": hashes.sha256(plan.spec_file) if Path(plan.spec_file).is_file() else None,
-            "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "tools": tool_versions(), "variants": variants}
+    body = {
+        "format": FORMAT,
+        "spec": str(plan.spec_file),
+        "name": plan.spec_name,
+        "spec_sha256": hashes.sha256(plan.spec_file) if Path(plan.spec_file).is_file() else None,
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tools": tool_versions(),
+        "variants": variants,
+    }
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
@@ -129,8 +154,9 @@ def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise InputError(f"{path}: no such manifest; `specdeploy engine SPEC` writes engines/<spec>/"
-                         f"{MANIFEST_NAME}") from None
+        raise InputError(
+            f"{path}: no such manifest; `specdeploy engine SPEC` writes engines/<spec>/{MANIFEST_NAME}"
+        ) from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: not a readable manifest ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):

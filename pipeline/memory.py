@@ -47,9 +47,11 @@ class MemoryEstimate:
         return None if self.gpu_gib is None else self.total_gib <= self.gpu_gib
 
     def describe(self) -> str:
-        return (f"{self.total_gib:.1f} GiB per GPU = weights {self.weights_gib:.1f} + heads {self.heads_gib:.1f}"
-                f" + KV cache {self.kv_cache_gib:.1f} + activations {self.activations_gib:.1f}"
-                f" + overhead {self.overhead_gib:.1f}")
+        return (
+            f"{self.total_gib:.1f} GiB per GPU = weights {self.weights_gib:.1f} + heads {self.heads_gib:.1f}"
+            f" + KV cache {self.kv_cache_gib:.1f} + activations {self.activations_gib:.1f}"
+            f" + overhead {self.overhead_gib:.1f}"
+        )
 
 
 def estimate_memory(
@@ -88,8 +90,15 @@ def estimate_memory(
         heads = speculative.eagle.num_eagle_layers * drafter / tp * dense_bytes
 
     kv_heads_per_rank = max(1, arch.num_kv_heads // tp)
-    kv_cache = (2 * layers_per_stage * kv_heads_per_rank * arch.head_dim * BYTES_PER_ELEMENT[kv_dtype]
-                * max_batch_size * engine_max_seq_len)
+    kv_cache = (
+        2
+        * layers_per_stage
+        * kv_heads_per_rank
+        * arch.head_dim
+        * BYTES_PER_ELEMENT[kv_dtype]
+        * max_batch_size
+        * engine_max_seq_len
+    )
     activations = max_num_tokens * (4 * hidden + 2 * arch.intermediate_size / tp + padded_vocab / tp) * 4
 
     return MemoryEstimate(

@@ -136,8 +136,11 @@ class Plan:
     variants: tuple[VariantPlan, ...]
 
     def to_json(self) -> str:
-        body = {"spec": str(self.spec_file), "name": self.spec_name,
-                "variants": [variant.to_dict() for variant in self.variants]}
+        body = {
+            "spec": str(self.spec_file),
+            "name": self.spec_name,
+            "variants": [variant.to_dict() for variant in self.variants],
+        }
         return json.dumps(body, indent=2)
 
 
@@ -202,22 +205,31 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     quant = _quant_plan(spec, variant, model_dir, weights_present, speculative, gpu, problems)
     build = _build_config(variant, arch, speculative, quant, gpu, problems)
     memory = estimate_memory(
-        arch, tp=tp, pp=pp,
+        arch,
+        tp=tp,
+        pp=pp,
         weight_dtype="fp8" if quant.weights_fp8 else variant.model.dtype,
         kv_dtype="fp8" if quant.kv_cache_fp8 else variant.model.dtype,
-        activation_dtype=variant.model.dtype, speculative=speculative,
-        max_batch_size=build.max_batch_size, engine_max_seq_len=build.engine_max_seq_len,
-        max_num_tokens=build.engine_max_num_tokens, gpu_gib=gpu.memory_gib if gpu else None,
+        activation_dtype=variant.model.dtype,
+        speculative=speculative,
+        max_batch_size=build.max_batch_size,
+        engine_max_seq_len=build.engine_max_seq_len,
+        max_num_tokens=build.engine_max_num_tokens,
+        gpu_gib=gpu.memory_gib if gpu else None,
     )
     largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
     if variant.target == "tensorrt" and memory.fits is False and gpu is not None:
-        problems.error(("build", "max_batch_size"),
-                       f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
-                       "lower max_batch_size or max_seq_len, raise tp, or use FP8")
+        problems.error(
+            ("build", "max_batch_size"),
+            f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
+            "lower max_batch_size or max_seq_len, raise tp, or use FP8",
+        )
     elif memory.total_gib > largest.memory_gib:  # the reference backend serves what ships to GPUs
-        problems.error(("build", "max_batch_size"),
-                       f"does not fit on any GPU ({largest.name} has {largest.memory_gib:.0f} GiB): "
-                       f"{memory.describe()}; lower max_batch_size, max_seq_len or the draft length, or raise tp")
+        problems.error(
+            ("build", "max_batch_size"),
+            f"does not fit on any GPU ({largest.name} has {largest.memory_gib:.0f} GiB): "
+            f"{memory.describe()}; lower max_batch_size, max_seq_len or the draft length, or raise tp",
+        )
     elif variant.target == "tensorrt" and gpu is None:
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
@@ -227,43 +239,77 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         stages = _with_evaluate(spec, variant, stages, model_dir, heads_dir, gpu)
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
-        name=variant.name, target=variant.target, arch=arch, model_dir=model_dir,
-        builtin=variant.model.builtin, weights_present=weights_present, heads_dir=heads_dir,
-        speculative=speculative, tp=tp, pp=pp, gpu=gpu, gpu_count=variant.gpu.count if variant.gpu else None,
-        quant=quant, build=build, serving=variant.serving, memory=memory, stages=stages,
-        notes=tuple(problems.notes), serve_resources=serve_resources,
+        name=variant.name,
+        target=variant.target,
+        arch=arch,
+        model_dir=model_dir,
+        builtin=variant.model.builtin,
+        weights_present=weights_present,
+        heads_dir=heads_dir,
+        speculative=speculative,
+        tp=tp,
+        pp=pp,
+        gpu=gpu,
+        gpu_count=variant.gpu.count if variant.gpu else None,
+        quant=quant,
+        build=build,
+        serving=variant.serving,
+        memory=memory,
+        stages=stages,
+        notes=tuple(problems.notes),
+        serve_resources=serve_resources,
     )
 
 
-def _resources(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
-               memory: MemoryEstimate,
-               gpu: gpus.GpuType | None, stages: tuple[StagePlan, ...],
-               problems: _Problems) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
+def _resources(
+    variant: VariantSpec,
+    arch: ModelGeometry,
+    speculative: SpeculativeConfig,
+    quant: QuantPlan,
+    memory: MemoryEstimate,
+    gpu: gpus.GpuType | None,
+    stages: tuple[StagePlan, ...],
+    problems: _Problems,
+) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
     """Each stage's machine needs; on the spec's GPUs, a stage that cannot fit is an error."""
     on_gpus = gpu if variant.target == "tensorrt" else None
     sizing = resources.Sizing(
-        arch=arch, dtype=variant.model.dtype, speculative=speculative, memory=memory, tp=variant.parallel.tp,
-        world_size=variant.parallel.tp * variant.parallel.pp, target=variant.target, gpu=on_gpus,
+        arch=arch,
+        dtype=variant.model.dtype,
+        speculative=speculative,
+        memory=memory,
+        tp=variant.parallel.tp,
+        world_size=variant.parallel.tp * variant.parallel.pp,
+        target=variant.target,
+        gpu=on_gpus,
         gpu_count=variant.gpu.count if variant.gpu else None,
-        calibration_max_seq_len=quant.calibration_max_seq_len, offload=quant.offload,
+        calibration_max_seq_len=quant.calibration_max_seq_len,
+        offload=quant.offload,
         build_workers=variant.build.workers,
     )
-    stages = tuple(dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing))
-                   for stage in stages)
+    stages = tuple(
+        dataclasses.replace(stage, resources=resources.stage_resources(stage.name, sizing)) for stage in stages
+    )
     if on_gpus is not None and variant.gpu is not None:
         where = {"quantize": ("quantization", "weights"), "build": ("gpu", "type")}
         for stage in stages:
             problem = resources.gpu_shortfall(stage.resources, on_gpus, variant.gpu.count) if stage.resources else None
             if problem and stage.name in where:
-                fix = ("raise gpu.count or use larger GPUs, or set quantization.offload: cpu or disk (slow)"
-                       if stage.name == "quantize" else "raise tp or use larger GPUs")
-                problems.error(where[stage.name], f"the {stage.name} stage does not fit {variant.gpu.count} x "
-                                                  f"{on_gpus.name}: {problem}; {fix}")
+                fix = (
+                    "raise gpu.count or use larger GPUs, or set quantization.offload: cpu or disk (slow)"
+                    if stage.name == "quantize"
+                    else "raise tp or use larger GPUs"
+                )
+                problems.error(
+                    where[stage.name],
+                    f"the {stage.name} stage does not fit {variant.gpu.count} x {on_gpus.name}: {problem}; {fix}",
+                )
     return stages, resources.serve_resources(sizing).rounded()
 
 
-def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
-                   problems: _Problems) -> tuple[ModelGeometry | None, Path | None, bool]:
+def _resolve_model(
+    spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems
+) -> tuple[ModelGeometry | None, Path | None, bool]:
     model = variant.model
     if model.builtin:
         cached = roots.cache / model.builtin
@@ -282,34 +328,48 @@ def _resolve_model(spec: Spec, variant: VariantSpec, roots: OutputRoots,
         return arch, folder, True
     if model.preset:
         if folder is not None:
-            problems.note(f"weights not found at {folder}: planned from preset '{model.preset}'; "
-                          "quantize/convert need the weights")
+            problems.note(
+                f"weights not found at {folder}: planned from preset '{model.preset}'; "
+                "quantize/convert need the weights"
+            )
         return presets.preset(model.preset), folder, False
-    problems.error(("model", "path"), f"{folder}: no config.json there; give a Hugging Face checkpoint folder, "
-                                      "or add model.preset to plan without weights")
+    problems.error(
+        ("model", "path"),
+        f"{folder}: no config.json there; give a Hugging Face checkpoint folder, "
+        "or add model.preset to plan without weights",
+    )
     return None, folder, False
 
 
-def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
-                   problems: _Problems) -> tuple[SpeculativeConfig | None, Path | None]:
+def _choose_method(
+    spec: Spec, variant: VariantSpec, arch: ModelGeometry, problems: _Problems
+) -> tuple[SpeculativeConfig | None, Path | None]:
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
     heads = variant.heads
     if requested == "best" and variant.evaluation is None:
-        problems.error(("speculative", "method"), "best chooses by measurement and needs an evaluation: section "
-                                                  "(e.g. evaluation: {count: 32}); or use method: auto")
+        problems.error(
+            ("speculative", "method"),
+            "best chooses by measurement and needs an evaluation: section "
+            "(e.g. evaluation: {count: 32}); or use method: auto",
+        )
         return None, None
     if requested in ("auto", "best"):
         method: Method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
-        reason = {"eagle": "auto: EAGLE heads present", "medusa": "auto: Medusa heads present",
-                  "lookahead": "auto: no heads, Lookahead needs no extra weights"}[method]
+        reason = {
+            "eagle": "auto: EAGLE heads present",
+            "medusa": "auto: Medusa heads present",
+            "lookahead": "auto: no heads, Lookahead needs no extra weights",
+        }[method]
         if requested == "best":  # the build follows the heads; the evaluate stage measures and chooses
             reason = f"best: candidates built from the heads ({reason.split(': ', 1)[1]}); evaluate chooses"
     else:
         method, reason = cast(Method, requested), f"method: {requested} set in the spec"
     if method in ("medusa", "eagle") and getattr(heads, method) is None:
-        problems.error(("speculative", "method"), f"{method} needs heads.{method}.path; add the heads or use "
-                                                  "method: lookahead (no extra weights)")
+        problems.error(
+            ("speculative", "method"),
+            f"{method} needs heads.{method}.path; add the heads or use method: lookahead (no extra weights)",
+        )
         return None, None
     if method == "medusa" and heads.medusa is not None:
         heads_dir = spec.resolve_path(heads.medusa.path)
@@ -325,8 +385,9 @@ def _choose_method(spec: Spec, variant: VariantSpec, arch: ModelGeometry,
     return SpeculativeConfig("none", reason), None
 
 
-def _check_parallelism(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig,
-                       problems: _Problems) -> None:
+def _check_parallelism(
+    variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, problems: _Problems
+) -> None:
     tp, pp = variant.parallel.tp, variant.parallel.pp
     legal = [t for t in range(1, arch.num_heads + 1) if tp_problem(arch, t) is None]
     problem = tp_problem(arch, tp)
@@ -340,15 +401,24 @@ def _check_parallelism(variant: VariantSpec, arch: ModelGeometry, speculative: S
             problems.error(("gpu", "count"), f"{variant.gpu.count} GPUs cannot hold world size tp*pp = {world}")
     device_ids = variant.serving.gpu_device_ids
     if device_ids is not None and len(device_ids) != tp * pp:
-        problems.error(("serving", "gpu_device_ids"), f"lists {len(device_ids)} GPUs; the engine needs tp*pp = "
-                                                      f"{tp * pp}, one per rank")
+        problems.error(
+            ("serving", "gpu_device_ids"),
+            f"lists {len(device_ids)} GPUs; the engine needs tp*pp = {tp * pp}, one per rank",
+        )
     ports = [variant.serving.grpc_port, variant.serving.http_port, variant.serving.metrics_port]
     if len(set(ports)) != 3:
         problems.error(("serving",), f"grpc_port, http_port and metrics_port must differ (got {ports})")
 
 
-def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weights_present: bool,
-                speculative: SpeculativeConfig, gpu: gpus.GpuType | None, problems: _Problems) -> QuantPlan:
+def _quant_plan(
+    spec: Spec,
+    variant: VariantSpec,
+    model_dir: Path | None,
+    weights_present: bool,
+    speculative: SpeculativeConfig,
+    gpu: gpus.GpuType | None,
+    problems: _Problems,
+) -> QuantPlan:
     q = variant.quantization
     prequantized = bool(weights_present and model_dir and is_modelopt_fp8_checkpoint(model_dir))
     if prequantized and q.weights != "fp8":
@@ -356,27 +426,47 @@ def _quant_plan(spec: Spec, variant: VariantSpec, model_dir: Path | None, weight
     weights_fp8 = q.weights == "fp8" or prequantized
     if weights_fp8 and variant.target == "tensorrt" and gpu is not None and not gpu.supports_fp8:
         major, minor = gpu.compute_capability
-        problems.error(("quantization", "weights"), f"FP8 needs compute capability >= 8.9 (Ada, Hopper, "
-                                                    f"Blackwell); {gpu.name} is {major}.{minor}")
+        problems.error(
+            ("quantization", "weights"),
+            f"FP8 needs compute capability >= 8.9 (Ada, Hopper, Blackwell); {gpu.name} is {major}.{minor}",
+        )
     calibration = spec.resolve_path(q.calibration.data) if q.calibration.data else DEFAULT_CALIBRATION
     if weights_fp8 and not prequantized and q.calibration.data and not calibration.is_file():
         problems.error(("quantization", "calibration", "data"), f"{calibration}: calibration file not found")
-    return QuantPlan(weights_fp8, q.kv_cache == "fp8", prequantized, q.quantize_heads, calibration,
-                     q.calibration.size, q.calibration.max_seq_len, q.offload)
+    return QuantPlan(
+        weights_fp8,
+        q.kv_cache == "fp8",
+        prequantized,
+        q.quantize_heads,
+        calibration,
+        q.calibration.size,
+        q.calibration.max_seq_len,
+        q.offload,
+    )
 
 
-def _build_config(variant: VariantSpec, arch: ModelGeometry, speculative: SpeculativeConfig, quant: QuantPlan,
-                  gpu: gpus.GpuType | None, problems: _Problems) -> BuildConfig:
+def _build_config(
+    variant: VariantSpec,
+    arch: ModelGeometry,
+    speculative: SpeculativeConfig,
+    quant: QuantPlan,
+    gpu: gpus.GpuType | None,
+    problems: _Problems,
+) -> BuildConfig:
     b = variant.build
     if b.max_input_len >= b.max_seq_len:
-        problems.error(("build", "max_input_len"), f"{b.max_input_len} leaves no room to generate within "
-                                                   f"max_seq_len {b.max_seq_len}")
+        problems.error(
+            ("build", "max_input_len"),
+            f"{b.max_input_len} leaves no room to generate within max_seq_len {b.max_seq_len}",
+        )
     factor = (arch.rope_scaling or {}).get("factor", 1.0)
     if (arch.rope_scaling or {}).get("rope_type") in ("llama3", "su", "longrope"):
         factor = 1.0  # trtllm-build's own rule: these types already count in max_position_embeddings
     if b.max_seq_len > arch.max_position_embeddings * factor:
-        problems.note(f"max_seq_len {b.max_seq_len} exceeds the model's {int(arch.max_position_embeddings * factor)} "
-                      "positions; quality beyond them is not guaranteed")
+        problems.note(
+            f"max_seq_len {b.max_seq_len} exceeds the model's {int(arch.max_position_embeddings * factor)} "
+            "positions; quality beyond them is not guaranteed"
+        )
     draft = speculative.max_draft_len
     eagle_layers = speculative.eagle.num_eagle_layers if speculative.eagle else 0
     # trtllm-build (builder.py check_max_num_tokens): cap at batch*seq, floor at one KV block,
@@ -391,12 +481,18 @@ def _build_config(variant: VariantSpec, arch: ModelGeometry, speculative: Specul
     # The FP8 GEMM plugin wins at small batch (latency); at large batch TensorRT's own kernels do.
     gemm_plugin = "fp8" if quant.weights_fp8 and b.max_batch_size <= 16 else "auto"
     return BuildConfig(
-        dtype=variant.model.dtype, max_batch_size=b.max_batch_size, max_input_len=b.max_input_len,
-        max_seq_len=b.max_seq_len, max_num_tokens=b.max_num_tokens, max_draft_len=draft,
+        dtype=variant.model.dtype,
+        max_batch_size=b.max_batch_size,
+        max_input_len=b.max_input_len,
+        max_seq_len=b.max_seq_len,
+        max_num_tokens=b.max_num_tokens,
+        max_draft_len=draft,
         speculative_decoding_mode=speculative.build_mode,
         engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
         engine_max_num_tokens=engine_tokens,
-        use_fp8_context_fmha=fp8_fmha, gemm_plugin=gemm_plugin, extra_flags=dict(b.extra_flags),
+        use_fp8_context_fmha=fp8_fmha,
+        gemm_plugin=gemm_plugin,
+        extra_flags=dict(b.extra_flags),
         workers=_workers(variant, problems),
     )
 
@@ -405,10 +501,14 @@ def _check_int32(build: BuildConfig, problems: _Problems) -> None:
     """Derived sizes TensorRT-LLM keeps in SizeType32 (int32) must not overflow."""
     derived = {
         ("build", "max_seq_len"): ("the engine's max_seq_len (max_seq_len + draft tokens)", build.engine_max_seq_len),
-        ("build", "max_num_tokens"): ("the engine's max_num_tokens (max_batch_size x (draft tokens + 1))",
-                                      build.engine_max_num_tokens),
-        ("build", "max_batch_size"): ("max_batch_size x the engine's max_seq_len (KV-cache tokens)",
-                                      build.max_batch_size * build.engine_max_seq_len),
+        ("build", "max_num_tokens"): (
+            "the engine's max_num_tokens (max_batch_size x (draft tokens + 1))",
+            build.engine_max_num_tokens,
+        ),
+        ("build", "max_batch_size"): (
+            "max_batch_size x the engine's max_seq_len (KV-cache tokens)",
+            build.max_batch_size * build.engine_max_seq_len,
+        ),
     }
     for path, (what, value) in derived.items():
         if value > INT32_MAX:
@@ -418,14 +518,25 @@ def _check_int32(build: BuildConfig, problems: _Problems) -> None:
 def _workers(variant: VariantSpec, problems: _Problems) -> int | None:
     world_size = variant.parallel.tp * variant.parallel.pp
     if variant.build.workers is not None and variant.build.workers > world_size:
-        problems.error(("build", "workers"), f"{variant.build.workers} is more than the {world_size} rank(s) "
-                                             "(tp x pp) there are to build; give at most that many")
+        problems.error(
+            ("build", "workers"),
+            f"{variant.build.workers} is more than the {world_size} rank(s) "
+            "(tp x pp) there are to build; give at most that many",
+        )
     return variant.build.workers
 
 
-def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, heads_dir: Path | None,
-            speculative: SpeculativeConfig, quant: QuantPlan, build: BuildConfig,
-            problems: _Problems, merge: adapters.MergeTarget | None = None) -> tuple[StagePlan, ...]:
+def _stages(
+    variant: VariantSpec,
+    roots: OutputRoots,
+    model_dir: Path | None,
+    heads_dir: Path | None,
+    speculative: SpeculativeConfig,
+    quant: QuantPlan,
+    build: BuildConfig,
+    problems: _Problems,
+    merge: adapters.MergeTarget | None = None,
+) -> tuple[StagePlan, ...]:
     variant_root = _inside(roots.engines, variant.name, problems)
     stages: list[StagePlan] = []
     source = model_dir if model_dir is not None else Path("<weights missing>")
@@ -435,32 +546,70 @@ def _stages(variant: VariantSpec, roots: OutputRoots, model_dir: Path | None, he
         source = merge.output
     if quant.weights_fp8 and not quant.prequantized:
         quantized = variant_root / "quantized"
-        stages.append(StagePlan("quantize", quantized, {"model": source, "calibration": quant.calibration_data}, {
-            "kv_cache_fp8": quant.kv_cache_fp8, "calibration_size": quant.calibration_size,
-            "calibration_max_seq_len": quant.calibration_max_seq_len, "dtype": variant.model.dtype,
-        }))
+        stages.append(
+            StagePlan(
+                "quantize",
+                quantized,
+                {"model": source, "calibration": quant.calibration_data},
+                {
+                    "kv_cache_fp8": quant.kv_cache_fp8,
+                    "calibration_size": quant.calibration_size,
+                    "calibration_max_seq_len": quant.calibration_max_seq_len,
+                    "dtype": variant.model.dtype,
+                },
+            )
+        )
         source = quantized
     checkpoint = variant_root / "checkpoint"
     convert_inputs = {"model": source} | ({"heads": heads_dir} if heads_dir else {})
-    stages.append(StagePlan("convert", checkpoint, convert_inputs, {
-        "tp": variant.parallel.tp, "pp": variant.parallel.pp, "dtype": variant.model.dtype,
-        "speculative": _jsonable(dataclasses.asdict(speculative)), "kv_cache_fp8": quant.kv_cache_fp8,
-    }))
+    stages.append(
+        StagePlan(
+            "convert",
+            checkpoint,
+            convert_inputs,
+            {
+                "tp": variant.parallel.tp,
+                "pp": variant.parallel.pp,
+                "dtype": variant.model.dtype,
+                "speculative": _jsonable(dataclasses.asdict(speculative)),
+                "kv_cache_fp8": quant.kv_cache_fp8,
+            },
+        )
+    )
     engine = variant_root / "engine"
-    stages.append(StagePlan("build", engine, {"checkpoint": checkpoint},
-                            {"target": variant.target, "build": _jsonable(dataclasses.asdict(build))}))
+    stages.append(
+        StagePlan(
+            "build",
+            engine,
+            {"checkpoint": checkpoint},
+            {"target": variant.target, "build": _jsonable(dataclasses.asdict(build))},
+        )
+    )
     tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
-    stages.append(StagePlan("package", _inside(roots.triton_repo, variant.name, problems),
-                            {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS}, {
-                                "serving": variant.serving.model_dump(), "target": variant.target,
-                                "speculative": _jsonable(dataclasses.asdict(speculative)),
-                                "build": _jsonable(dataclasses.asdict(build)),
-                            }))
+    stages.append(
+        StagePlan(
+            "package",
+            _inside(roots.triton_repo, variant.name, problems),
+            {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS},
+            {
+                "serving": variant.serving.model_dump(),
+                "target": variant.target,
+                "speculative": _jsonable(dataclasses.asdict(speculative)),
+                "build": _jsonable(dataclasses.asdict(build)),
+            },
+        )
+    )
     return tuple(stages)
 
 
-def _with_evaluate(spec: Spec, variant: VariantSpec, stages: tuple[StagePlan, ...], model_dir: Path | None,
-                   heads_dir: Path | None, gpu: gpus.GpuType | None) -> tuple[StagePlan, ...]:
+def _with_evaluate(
+    spec: Spec,
+    variant: VariantSpec,
+    stages: tuple[StagePlan, ...],
+    model_dir: Path | None,
+    heads_dir: Path | None,
+    gpu: gpus.GpuType | None,
+) -> tuple[StagePlan, ...]:
     """The evaluate stage after convert (pipeline/evaluation/ has what it measures)."""
     from pipeline.evaluation.prompts import prompt_files
 
@@ -468,16 +617,27 @@ def _with_evaluate(spec: Spec, variant: VariantSpec, stages: tuple[StagePlan, ..
     assert evaluation is not None
     convert = next(stage for stage in stages if stage.name == "convert")
     prompts = prompt_files(spec.resolve_path(evaluation.prompts) if evaluation.prompts else None)
-    inputs = {"checkpoint": convert.output, "tokenizer": model_dir or Path("<weights missing>"),
-              **{f"prompts{i}": path for i, path in enumerate(prompts)}} | ({"heads": heads_dir} if heads_dir else {})
+    inputs = {
+        "checkpoint": convert.output,
+        "tokenizer": model_dir or Path("<weights missing>"),
+        **{f"prompts{i}": path for i, path in enumerate(prompts)},
+    } | ({"heads": heads_dir} if heads_dir else {})
     look = variant.speculative.lookahead
-    stage = StagePlan("evaluate", convert.output.parent / "evaluation", inputs, {
-        "evaluation": evaluation.model_dump(), "convert": convert.params,
-        "lookahead": [look.window, look.ngram, look.verification_set],
-        "eagle_dynamic_top_k": variant.speculative.eagle.dynamic_tree_max_top_k,
-        "gpu": gpu.name if gpu else None, "quantization": variant.quantization.model_dump(),
-        "release": variant.release.model_dump() if variant.release else None, "method": variant.speculative.method,
-    })
+    stage = StagePlan(
+        "evaluate",
+        convert.output.parent / "evaluation",
+        inputs,
+        {
+            "evaluation": evaluation.model_dump(),
+            "convert": convert.params,
+            "lookahead": [look.window, look.ngram, look.verification_set],
+            "eagle_dynamic_top_k": variant.speculative.eagle.dynamic_tree_max_top_k,
+            "gpu": gpu.name if gpu else None,
+            "quantization": variant.quantization.model_dump(),
+            "release": variant.release.model_dump() if variant.release else None,
+            "method": variant.speculative.method,
+        },
+    )
     at = stages.index(convert) + 1
     return (*stages[:at], stage, *stages[at:])
 

@@ -83,14 +83,24 @@ def _check_checkpoint(variant: VariantPlan) -> None:
     if spec.medusa is not None and heads_here and not is_compact_medusa(heads_here):
         medusa = MedusaOptions(dir=heads_here, max_draft_len=spec.medusa.max_draft_len)
     if spec.eagle is not None and heads_here:
-        eagle = EagleOptions(dir=heads_here, num_eagle_layers=spec.eagle.num_eagle_layers,
-                             max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
-                             max_draft_len=spec.eagle.max_draft_len)
+        eagle = EagleOptions(
+            dir=heads_here,
+            num_eagle_layers=spec.eagle.num_eagle_layers,
+            max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
+            max_draft_len=spec.eagle.max_draft_len,
+        )
     # Before an FP8 quantize stage the converter reads the quantizer's output, which has the base's
     # layout; the base itself must be what the quantizer loads (safetensors).
     kv_cache_fp8 = variant.quant.kv_cache_fp8 and variant.quant.prequantized
-    check_checkpoint(variant.model_dir, tp=variant.tp, pp=variant.pp, dtype=variant.build.dtype,
-                     medusa=medusa, eagle=eagle, kv_cache_fp8=kv_cache_fp8)
+    check_checkpoint(
+        variant.model_dir,
+        tp=variant.tp,
+        pp=variant.pp,
+        dtype=variant.build.dtype,
+        medusa=medusa,
+        eagle=eagle,
+        kv_cache_fp8=kv_cache_fp8,
+    )
     if spec.medusa is not None and heads_here and medusa is None:
         _check_compact_medusa(heads_here, variant.arch.hidden_size)
 
@@ -106,19 +116,26 @@ def _check_compact_medusa(heads: Path, hidden_size: int) -> None:
             shape = source.meta(name).shape
             want = (hidden_size, hidden_size) if name.endswith(".weight") else (hidden_size,)
             if shape != want:
-                raise InputError(f"{source.label}: tensor {name} has shape {list(shape)}, the base model needs "
-                                 f"{list(want)}; these heads were trained for a different base model")
+                raise InputError(
+                    f"{source.label}: tensor {name} has shape {list(shape)}, the base model needs "
+                    f"{list(want)}; these heads were trained for a different base model"
+                )
     finally:
         source.close()
 
 
 def check_tokenizer(folder: Path, vocab_size: int) -> None:
     """The tokenizer files the package stage copies: present, regular, parseable, within the vocabulary."""
-    present = {name for name in ("tokenizer.json", "tokenizer.model", "spiece.model", *TOKENIZER_JSON_FILES)
-               if (folder / name).exists() or (folder / name).is_symlink()}
+    present = {
+        name
+        for name in ("tokenizer.json", "tokenizer.model", "spiece.model", *TOKENIZER_JSON_FILES)
+        if (folder / name).exists() or (folder / name).is_symlink()
+    }
     if not present & {"tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json"}:
-        raise InputError(f"{folder}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); the Triton "
-                         "pre/postprocessing models need the model's own tokenizer next to its weights")
+        raise InputError(
+            f"{folder}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json); the Triton "
+            "pre/postprocessing models need the model's own tokenizer next to its weights"
+        )
     for name in sorted(present & set(TOKENIZER_JSON_FILES)):
         if not isinstance(read_json(folder / name, "tokenizer file", max_bytes=MAX_TOKENIZER_BYTES), dict):
             raise InputError(f"{folder / name}: tokenizer file must be a JSON object")
@@ -140,5 +157,7 @@ def _check_tokenizer_json(path: Path, vocab_size: int) -> None:
         raise InputError(f"{path}: not a loadable tokenizer ({reason}); re-download it") from None
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size > vocab_size:
-        raise InputError(f"{path}: the tokenizer has {size} tokens but the model's vocab_size is {vocab_size}; "
-                         "ids beyond it would index past the embedding: is this the model's own tokenizer?")
+        raise InputError(
+            f"{path}: the tokenizer has {size} tokens but the model's vocab_size is {vocab_size}; "
+            "ids beyond it would index past the embedding: is this the model's own tokenizer?"
+        )

@@ -25,10 +25,12 @@ def _llama3_scaling(factor: float, original: int) -> dict[str, Any]:
     }
 
 
-_LLAMA31_8B = ModelGeometry("llama-3.1-8b", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0,
-                        _llama3_scaling(8.0, 8192))
-_LLAMA31_70B = ModelGeometry("llama-3.1-70b", 128256, 8192, 80, 64, 8, 128, 28672, 131072, 500000.0,
-                         _llama3_scaling(8.0, 8192))
+_LLAMA31_8B = ModelGeometry(
+    "llama-3.1-8b", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000.0, _llama3_scaling(8.0, 8192)
+)
+_LLAMA31_70B = ModelGeometry(
+    "llama-3.1-70b", 128256, 8192, 80, 64, 8, 128, 28672, 131072, 500000.0, _llama3_scaling(8.0, 8192)
+)
 _LLAMA2_7B = ModelGeometry("llama-2-7b", 32000, 4096, 32, 32, 32, 128, 11008, 4096, 10000.0, norm_epsilon=1e-5)
 
 PRESETS: dict[str, ModelGeometry] = {
@@ -39,14 +41,39 @@ PRESETS: dict[str, ModelGeometry] = {
         dataclasses.replace(_LLAMA31_70B, name="llama-3.3-70b"),
         ModelGeometry("llama-3-8b", 128256, 4096, 32, 32, 8, 128, 14336, 8192, 500000.0),
         ModelGeometry("llama-3-70b", 128256, 8192, 80, 64, 8, 128, 28672, 8192, 500000.0),
-        ModelGeometry("llama-3.2-1b", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0,
-                  _llama3_scaling(32.0, 8192), tie_word_embeddings=True),
-        ModelGeometry("llama-3.2-3b", 128256, 3072, 28, 24, 8, 128, 8192, 131072, 500000.0,
-                  _llama3_scaling(32.0, 8192), tie_word_embeddings=True),
+        ModelGeometry(
+            "llama-3.2-1b",
+            128256,
+            2048,
+            16,
+            32,
+            8,
+            64,
+            8192,
+            131072,
+            500000.0,
+            _llama3_scaling(32.0, 8192),
+            tie_word_embeddings=True,
+        ),
+        ModelGeometry(
+            "llama-3.2-3b",
+            128256,
+            3072,
+            28,
+            24,
+            8,
+            128,
+            8192,
+            131072,
+            500000.0,
+            _llama3_scaling(32.0, 8192),
+            tie_word_embeddings=True,
+        ),
         _LLAMA2_7B,
         dataclasses.replace(_LLAMA2_7B, name="vicuna-7b-v1.3", max_position_embeddings=2048, norm_epsilon=1e-6),
-        ModelGeometry("smollm2-135m-instruct", 49152, 576, 30, 9, 3, 64, 1536, 8192, 100000.0,
-                  tie_word_embeddings=True),
+        ModelGeometry(
+            "smollm2-135m-instruct", 49152, 576, 30, 9, 3, 64, 1536, 8192, 100000.0, tie_word_embeddings=True
+        ),
     )
 }
 

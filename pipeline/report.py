@@ -25,8 +25,7 @@ def _speculative_line(variant: VariantPlan) -> str:
 def _needs(resources: StageResources | None) -> str:
     if resources is None:
         return ""
-    gpus = (f"{resources.gpus} GPU x {resources.gpu_memory_gib_per_gpu:.1f} GiB" if resources.gpus
-            else "no GPU")
+    gpus = f"{resources.gpus} GPU x {resources.gpu_memory_gib_per_gpu:.1f} GiB" if resources.gpus else "no GPU"
     text = f"needs {gpus}, host RAM {resources.host_memory_gib:.1f} GiB, disk {resources.disk_gib:.1f} GiB"
     if resources.one_worker is not None:
         text += f" (one worker: host RAM {resources.one_worker.host_memory_gib:.1f} GiB)"
@@ -61,14 +60,21 @@ def print_plan(plan: Plan, console: Console) -> None:
         table.add_row("target", variant.target + (f" on {variant.gpu.name}" if variant.gpu else ""))
         table.add_row("parallel", f"tp={variant.tp} pp={variant.pp} (world size {variant.world_size})")
         quant = variant.quant
-        table.add_row("quantization", f"weights {quant.quant_algo or variant.build.dtype}, "
-                                      f"KV cache {quant.kv_cache_quant_algo or variant.build.dtype}")
-        table.add_row("build", f"max_batch_size={build.max_batch_size} max_input_len={build.max_input_len} "
-                               f"max_seq_len={build.max_seq_len}->{build.engine_max_seq_len} "
-                               f"max_num_tokens={build.max_num_tokens}->{build.engine_max_num_tokens} "
-                               f"max_draft_len={build.max_draft_len}")
-        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]",
-                None: "no GPU given"}[variant.memory.fits]
+        table.add_row(
+            "quantization",
+            f"weights {quant.quant_algo or variant.build.dtype}, "
+            f"KV cache {quant.kv_cache_quant_algo or variant.build.dtype}",
+        )
+        table.add_row(
+            "build",
+            f"max_batch_size={build.max_batch_size} max_input_len={build.max_input_len} "
+            f"max_seq_len={build.max_seq_len}->{build.engine_max_seq_len} "
+            f"max_num_tokens={build.max_num_tokens}->{build.engine_max_num_tokens} "
+            f"max_draft_len={build.max_draft_len}",
+        )
+        fits = {True: "[green]fits[/green]", False: "[red]does not fit[/red]", None: "no GPU given"}[
+            variant.memory.fits
+        ]
         table.add_row("memory", f"{variant.memory.describe()}  {fits}")
         for stage in variant.stages:
             table.add_row(f"stage {stage.name}", f"{stage.output}  {_needs(stage.resources)}")

@@ -90,9 +90,15 @@ class StageResources:
 
     def rounded(self) -> StageResources:
         """Rounded to 0.1 GiB, as the plan reports them."""
-        return StageResources(self.gpus, _round(self.gpu_memory_gib_per_gpu), _round(self.host_memory_gib),
-                              _round(self.disk_gib), self.detail, _round(self.working_gib_per_gpu),
-                              self.one_worker.rounded() if self.one_worker else None)
+        return StageResources(
+            self.gpus,
+            _round(self.gpu_memory_gib_per_gpu),
+            _round(self.host_memory_gib),
+            _round(self.disk_gib),
+            self.detail,
+            _round(self.working_gib_per_gpu),
+            self.one_worker.rounded() if self.one_worker else None,
+        )
 
 
 def _round(value: float) -> float:
@@ -127,22 +133,26 @@ def quantize_resources(s: Sizing) -> StageResources:
     calib_bytes = BYTES_PER_ELEMENT[s.dtype] if s.gpu is not None else 4  # float32 on the CPU
     out_bytes = BYTES_PER_ELEMENT[s.dtype]
     total = a.total_params() * calib_bytes
-    calibration = calibration_bytes(a.hidden_size, a.intermediate_size, a.vocab_size, a.num_heads,
-                                    s.calibration_max_seq_len, calib_bytes)
+    calibration = calibration_bytes(
+        a.hidden_size, a.intermediate_size, a.vocab_size, a.num_heads, s.calibration_max_seq_len, calib_bytes
+    )
     edge = a.vocab_size * a.hidden_size
-    fp8_disk = (a.num_layers * a.decoder_layer_params()
-                + edge * (1 if a.tie_word_embeddings else 2) * out_bytes) / GIB
+    fp8_disk = (a.num_layers * a.decoder_layer_params() + edge * (1 if a.tie_word_embeddings else 2) * out_bytes) / GIB
     if s.gpu is None:
         host = total / GIB + calibration / GIB + QUANTIZE_HOST_BASE_GIB
-        return StageResources(0, 0.0, host, fp8_disk,
-                              f"CPU: float32 weights {total / GIB:.1f} + calibration {calibration / GIB:.2f} "
-                              f"+ {QUANTIZE_HOST_BASE_GIB:.0f} GiB host RAM")
+        return StageResources(
+            0,
+            0.0,
+            host,
+            fp8_disk,
+            f"CPU: float32 weights {total / GIB:.1f} + calibration {calibration / GIB:.2f} "
+            f"+ {QUANTIZE_HOST_BASE_GIB:.0f} GiB host RAM",
+        )
     gpus = max(1, s.gpu_count or 1)
     largest_linear = a.hidden_size * max(a.intermediate_size, a.num_heads * a.head_dim)
     module = max(a.decoder_layer_params(), edge) * calib_bytes
     share = total / gpus + module
-    working = (calibration + 2 * largest_linear * calib_bytes + largest_linear * 4 + edge * 4
-               + RUNTIME_OVERHEAD_BYTES)
+    working = calibration + 2 * largest_linear * calib_bytes + largest_linear * 4 + edge * 4 + RUNTIME_OVERHEAD_BYTES
     per_gpu = (share + working) / GIB
     host = QUANTIZE_HOST_BASE_GIB + max(CHECKPOINT_SHARD_GIB, 2 * EXPORT_SHARD_GIB)
     disk = fp8_disk
@@ -152,10 +162,12 @@ def quantize_resources(s: Sizing) -> StageResources:
         per_gpu = math.floor(s.gpu.memory_gib * 10) / 10  # all of it (rounded down: the plan rounds up)
         host += spill  # disk offload too: see the module docstring
         offloaded = f"; {spill:.1f} GiB offloaded to {s.offload}"
-    detail = (f"weights {total / GIB:.1f} GiB over {gpus} GPU(s) = {total / gpus / GIB:.1f} + one module "
-              f"{module / GIB:.1f}, + calibration {calibration / GIB:.2f}, fake-quant/export transients "
-              f"{(working - calibration - RUNTIME_OVERHEAD_BYTES) / GIB:.1f}, overhead "
-              f"{RUNTIME_OVERHEAD_BYTES / GIB:.0f}{offloaded}")
+    detail = (
+        f"weights {total / GIB:.1f} GiB over {gpus} GPU(s) = {total / gpus / GIB:.1f} + one module "
+        f"{module / GIB:.1f}, + calibration {calibration / GIB:.2f}, fake-quant/export transients "
+        f"{(working - calibration - RUNTIME_OVERHEAD_BYTES) / GIB:.1f}, overhead "
+        f"{RUNTIME_OVERHEAD_BYTES / GIB:.0f}{offloaded}"
+    )
     return StageResources(gpus, per_gpu, host, disk, detail, working_gib_per_gpu=working / GIB)
 
 
@@ -179,18 +191,29 @@ def merge_resources(s: Sizing) -> StageResources:
     a = s.arch
     largest = max(a.vocab_size * a.hidden_size, a.intermediate_size * a.hidden_size) * 4 / GIB
     disk = a.total_params() * 4 / GIB  # at most: the base's own dtype, float32 at most
-    return StageResources(0, 0.0, CONVERT_HOST_BASE_GIB + 3 * largest, disk,
-                          f"streamed: {CONVERT_HOST_BASE_GIB:.0f} GiB + 3 x the largest tensor in float32 "
-                          f"({largest:.2f} GiB); writes the merged checkpoint (<= {disk:.1f} GiB)")
+    return StageResources(
+        0,
+        0.0,
+        CONVERT_HOST_BASE_GIB + 3 * largest,
+        disk,
+        f"streamed: {CONVERT_HOST_BASE_GIB:.0f} GiB + 3 x the largest tensor in float32 "
+        f"({largest:.2f} GiB); writes the merged checkpoint (<= {disk:.1f} GiB)",
+    )
 
 
 def convert_resources(s: Sizing) -> StageResources:
     heads = _heads_file_params(s)
     host = CONVERT_HOST_BASE_GIB + 3 * CONVERT_CHUNK_BYTES / GIB + heads * 4 / GIB
     disk = s.memory.weights_gib * s.world_size + heads * BYTES_PER_ELEMENT[s.dtype] / GIB
-    return StageResources(0, 0.0, host, disk, f"streamed: {CONVERT_HOST_BASE_GIB:.0f} GiB + 3 chunks + heads in "
-                                              f"float32 {heads * 4 / GIB:.1f}; writes {s.world_size} rank(s) "
-                                              f"of {s.memory.weights_gib:.1f} GiB + heads")
+    return StageResources(
+        0,
+        0.0,
+        host,
+        disk,
+        f"streamed: {CONVERT_HOST_BASE_GIB:.0f} GiB + 3 chunks + heads in "
+        f"float32 {heads * 4 / GIB:.1f}; writes {s.world_size} rank(s) "
+        f"of {s.memory.weights_gib:.1f} GiB + heads",
+    )
 
 
 def build_resources(s: Sizing) -> StageResources:
@@ -201,9 +224,11 @@ def build_resources(s: Sizing) -> StageResources:
     workers = min(s.build_workers or s.world_size, s.world_size)
     per_gpu = m.weights_gib + m.heads_gib + m.activations_gib + m.overhead_gib
     worker_host = BUILD_HOST_FACTOR * _rank_gib(s) + BUILD_HOST_BASE_GIB
-    detail = (f"per rank: weights+heads {_rank_gib(s):.1f} + workspace {m.activations_gib:.1f} + overhead "
-              f"{m.overhead_gib:.0f} GiB of GPU, {BUILD_HOST_FACTOR:.0f} x weights + {BUILD_HOST_BASE_GIB:.0f} "
-              f"GiB of host RAM per worker; --workers {workers}")
+    detail = (
+        f"per rank: weights+heads {_rank_gib(s):.1f} + workspace {m.activations_gib:.1f} + overhead "
+        f"{m.overhead_gib:.0f} GiB of GPU, {BUILD_HOST_FACTOR:.0f} x weights + {BUILD_HOST_BASE_GIB:.0f} "
+        f"GiB of host RAM per worker; --workers {workers}"
+    )
     one = StageResources(1, per_gpu, worker_host, disk, "one worker: the ranks in turn on one GPU")
     return StageResources(workers, per_gpu, worker_host * workers, disk, detail, one_worker=one)
 
@@ -216,15 +241,21 @@ def serve_resources(s: Sizing) -> StageResources:
     if s.target != "tensorrt":
         checkpoint = s.memory.weights_gib * s.world_size + _heads_file_params(s) * BYTES_PER_ELEMENT[s.dtype] / GIB
         return StageResources(0, 0.0, 2 * checkpoint + 2.0, 0.0, "CPU reference backend: dequantized weights")
-    return StageResources(s.world_size, s.memory.total_gib, SERVE_HOST_BASE_GIB + _rank_gib(s) * s.world_size, 0.0,
-                          s.memory.describe())
+    return StageResources(
+        s.world_size, s.memory.total_gib, SERVE_HOST_BASE_GIB + _rank_gib(s) * s.world_size, 0.0, s.memory.describe()
+    )
 
 
 def evaluate_resources(s: Sizing) -> StageResources:
     """The reference runtime over the checkpoint on the CPU, as serving it (pipeline/evaluation/)."""
     checkpoint = s.memory.weights_gib * s.world_size + _heads_file_params(s) * BYTES_PER_ELEMENT[s.dtype] / GIB
-    return StageResources(0, 0.0, 2 * checkpoint + 2.0, PACKAGE_DISK_GIB,
-                          "reference runtime on the CPU: dequantized weights, one request's KV cache at a time")
+    return StageResources(
+        0,
+        0.0,
+        2 * checkpoint + 2.0,
+        PACKAGE_DISK_GIB,
+        "reference runtime on the CPU: dequantized weights, one request's KV cache at a time",
+    )
 
 
 STAGE_ESTIMATES = {
@@ -246,6 +277,8 @@ def gpu_shortfall(resources: StageResources, gpu: GpuType, gpu_count: int) -> st
     if resources.gpus > gpu_count:
         return f"needs {resources.gpus} GPUs, the spec has {gpu_count}"
     if resources.gpus and resources.gpu_memory_gib_per_gpu > gpu.memory_gib:
-        return (f"needs {resources.gpu_memory_gib_per_gpu:.1f} GiB per GPU ({resources.detail}), "
-                f"{gpu.name} has {gpu.memory_gib:.1f} GiB")
+        return (
+            f"needs {resources.gpu_memory_gib_per_gpu:.1f} GiB per GPU ({resources.detail}), "
+            f"{gpu.name} has {gpu.memory_gib:.1f} GiB"
+        )
     return None

@@ -388,8 +388,10 @@ def load_spec(path: Path) -> Spec:
     elif not header.variants:
         raise InputError(f"{document.position(('variants',))} variants: the list is empty; remove it or add a variant")
     elif len(header.variants) > MAX_VARIANTS:
-        raise InputError(f"{document.position(('variants',))} variants: {len(header.variants)} variants, more "
-                         f"than the {MAX_VARIANTS} a spec may hold; split the spec")
+        raise InputError(
+            f"{document.position(('variants',))} variants: {len(header.variants)} variants, more "
+            f"than the {MAX_VARIANTS} a spec may hold; split the spec"
+        )
     else:
         raw_variants = list(enumerate(header.variants))
 
@@ -464,8 +466,10 @@ def _format_errors(exc: ValidationError, document: YamlDocument, index: int | No
         elif kind == "literal_error":
             message = f"must be one of {ctx.get('expected')} (got {error['input']!r})"
         elif kind == "string_pattern_mismatch":
-            message = (f"{error['input']!r} is not allowed: use letters, digits, '_', '.', '-' "
-                       "(no '/' or '..'; names become folder names)")
+            message = (
+                f"{error['input']!r} is not allowed: use letters, digits, '_', '.', '-' "
+                "(no '/' or '..'; names become folder names)"
+            )
         elif kind == "value_error":
             message = str(ctx.get("error", error["msg"]))
         elif kind in _MESSAGES:

@@ -33,8 +33,12 @@ def spec_json_schema() -> dict[str, Any]:
         "name": top["properties"]["name"],
         "description": top["properties"]["description"],
         **base,
-        "variants": {"description": top["properties"]["variants"]["description"], "type": "array",
-                     "minItems": 1, "items": {"$ref": f"#/$defs/{PARTIAL_PREFIX}Variant"}},
+        "variants": {
+            "description": top["properties"]["variants"]["description"],
+            "type": "array",
+            "minItems": 1,
+            "items": {"$ref": f"#/$defs/{PARTIAL_PREFIX}Variant"},
+        },
     }
     return {
         "$schema": SCHEMA_DIALECT,

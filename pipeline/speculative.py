@@ -141,7 +141,9 @@ class MedusaConfig:
     max_draft_len: int
 
     @classmethod
-    def check(cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems) -> MedusaConfig | None:
+    def check(
+        cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems
+    ) -> MedusaConfig | None:
         """The Medusa config of ``variant`` (heads read from ``heads_dir`` when present)."""
         head_spec, settings = variant.heads.medusa, variant.speculative.medusa
         assert head_spec is not None
@@ -149,36 +151,52 @@ class MedusaConfig:
             layout = inputs.inspect_medusa(heads_dir)
             num_heads, num_layers = layout.num_heads, layout.num_layers
             if layout.config_num_heads not in (None, num_heads):
-                problems.note(f"{heads_dir}/config.json says {layout.config_num_heads} Medusa heads but the "
-                              f"weights hold {num_heads}; using {num_heads} (TensorRT-LLM's default of 4 would be "
-                              "wrong too)")
+                problems.note(
+                    f"{heads_dir}/config.json says {layout.config_num_heads} Medusa heads but the "
+                    f"weights hold {num_heads}; using {num_heads} (TensorRT-LLM's default of 4 would be "
+                    "wrong too)"
+                )
             if head_spec.num_heads not in (None, num_heads):
-                problems.error(("heads", "medusa", "num_heads"), f"the weights in {heads_dir} hold {num_heads} "
-                                                                f"heads, not {head_spec.num_heads}; fix or remove "
-                                                                "num_heads")
+                problems.error(
+                    ("heads", "medusa", "num_heads"),
+                    f"the weights in {heads_dir} hold {num_heads} "
+                    f"heads, not {head_spec.num_heads}; fix or remove "
+                    "num_heads",
+                )
         elif head_spec.num_heads is not None:
             num_heads, num_layers = head_spec.num_heads, head_spec.num_layers
             problems.note(f"Medusa heads not found at {heads_dir}: planned with num_heads {num_heads} from the spec")
         else:
-            problems.error(("heads", "medusa", "path"), f"{heads_dir}: not found; add heads.medusa.num_heads "
-                                                        "to plan without the weights")
+            problems.error(
+                ("heads", "medusa", "path"),
+                f"{heads_dir}: not found; add heads.medusa.num_heads to plan without the weights",
+            )
             return None
         tree = trees.resolve_tree(settings.choices)
         max_draft_len = settings.max_draft_len or len(tree)
         if trees.tree_depth(tree) > num_heads:
-            problems.error(("speculative", "medusa", "choices"),
-                           f"tree depth {trees.tree_depth(tree)} exceeds the {num_heads} Medusa heads; "
-                           "use a shallower tree (e.g. chain_3) or more heads")
+            problems.error(
+                ("speculative", "medusa", "choices"),
+                f"tree depth {trees.tree_depth(tree)} exceeds the {num_heads} Medusa heads; "
+                "use a shallower tree (e.g. chain_3) or more heads",
+            )
         if len(tree) > max_draft_len:
-            problems.error(("speculative", "medusa", "max_draft_len"),
-                           f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}")
+            problems.error(
+                ("speculative", "medusa", "max_draft_len"),
+                f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}",
+            )
         if arch.vocab_size % variant.parallel.tp:
-            problems.error(("parallel", "tp"), f"Medusa needs vocab_size {arch.vocab_size} divisible by tp "
-                                               f"{variant.parallel.tp} (TensorRT-LLM does not pad Medusa lm_heads)")
+            problems.error(
+                ("parallel", "tp"),
+                f"Medusa needs vocab_size {arch.vocab_size} divisible by tp "
+                f"{variant.parallel.tp} (TensorRT-LLM does not pad Medusa lm_heads)",
+            )
         if variant.quantization.quantize_heads:
-            problems.error(("quantization", "quantize_heads"),
-                           "FP8 Medusa heads fail to build in TensorRT-LLM 1.2 (NVIDIA/TensorRT-LLM#2115); "
-                           "keep quantize_heads: false (FP8 base, 16-bit heads)")
+            problems.error(
+                ("quantization", "quantize_heads"),
+                "FP8 Medusa heads fail to build in TensorRT-LLM 1.2 (NVIDIA/TensorRT-LLM#2115); "
+                "keep quantize_heads: false (FP8 base, 16-bit heads)",
+            )
         return cls(num_heads, num_layers, tree, max_draft_len)
 
 
@@ -200,52 +218,73 @@ class EagleConfig:
             if not layout.has_fc_bias:
                 problems.note(f"{heads_dir}: no fc.bias (NVIDIA/TensorRT-LLM#2588); the converter writes zeros")
             if layout.hidden_size not in (None, arch.hidden_size):
-                problems.error(("heads", "eagle", "path"), f"EAGLE hidden size {layout.hidden_size} does not "
-                                                           f"match the base model's {arch.hidden_size}")
+                problems.error(
+                    ("heads", "eagle", "path"),
+                    f"EAGLE hidden size {layout.hidden_size} does not match the base model's {arch.hidden_size}",
+                )
             if layout.num_layers != 1:
-                problems.error(("heads", "eagle", "path"), f"{heads_dir} has {layout.num_layers} drafter layers; "
-                                                           "the TensorRT-LLM EAGLE-1 engine supports exactly one")
+                problems.error(
+                    ("heads", "eagle", "path"),
+                    f"{heads_dir} has {layout.num_layers} drafter layers; "
+                    "the TensorRT-LLM EAGLE-1 engine supports exactly one",
+                )
         else:
             problems.note(f"EAGLE heads not found at {heads_dir}: planned without reading them")
         if arch.architecture != "LlamaForCausalLM":
-            problems.error(("model",), f"EAGLE in the TensorRT engine flow supports LLaMA bases only, "
-                                       f"not {arch.architecture} (NVIDIA/TensorRT-LLM#10396)")
+            problems.error(
+                ("model",),
+                f"EAGLE in the TensorRT engine flow supports LLaMA bases only, "
+                f"not {arch.architecture} (NVIDIA/TensorRT-LLM#10396)",
+            )
         if variant.parallel.pp != 1:
-            problems.error(("parallel", "pp"), "EAGLE does not support pipeline parallelism in TensorRT-LLM 1.2; "
-                                               "use pp: 1 (raise tp instead)")
+            problems.error(
+                ("parallel", "pp"),
+                "EAGLE does not support pipeline parallelism in TensorRT-LLM 1.2; use pp: 1 (raise tp instead)",
+            )
         if variant.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
-            problems.error(("build", "max_batch_size"),
-                           f"EAGLE engines allow max_batch_size <= {EAGLE_MAX_BATCH_SIZE}")
+            problems.error(("build", "max_batch_size"), f"EAGLE engines allow max_batch_size <= {EAGLE_MAX_BATCH_SIZE}")
         if variant.quantization.weights == "fp8":
-            problems.note("FP8 with EAGLE is experimental in TensorRT-LLM 1.2 (not in its support matrix); "
-                          "check acceptance on the reference backend and on a GPU before release")
+            problems.note(
+                "FP8 with EAGLE is experimental in TensorRT-LLM 1.2 (not in its support matrix); "
+                "check acceptance on the reference backend and on a GPU before release"
+            )
         if settings.dynamic_tree:
             layers = settings.num_eagle_layers or 4
             size = eagle_dynamic_tree_size(settings.dynamic_tree_max_top_k, layers)
             max_draft_len = settings.max_draft_len or min(size, EAGLE_MAX_DRAFT_LEN)
             if variant.target == "tensorrt":
-                problems.note("EAGLE-2 dynamic trees are not exposed by the Triton TensorRT-LLM backend (only "
-                              "eagle_choices); Triton will serve the static default tree")
-            config = cls(None, layers, settings.max_non_leaves_per_layer, max_draft_len, True,
-                         settings.dynamic_tree_max_top_k)
+                problems.note(
+                    "EAGLE-2 dynamic trees are not exposed by the Triton TensorRT-LLM backend (only "
+                    "eagle_choices); Triton will serve the static default tree"
+                )
+            config = cls(
+                None, layers, settings.max_non_leaves_per_layer, max_draft_len, True, settings.dynamic_tree_max_top_k
+            )
         else:
             tree = trees.resolve_tree(settings.choices)
             depth = trees.tree_depth(tree)
             layers = settings.num_eagle_layers or depth
             if depth != layers:
-                problems.error(("speculative", "eagle", "num_eagle_layers"),
-                               f"must equal the eagle_choices tree depth {depth} (got {layers})")
+                problems.error(
+                    ("speculative", "eagle", "num_eagle_layers"),
+                    f"must equal the eagle_choices tree depth {depth} (got {layers})",
+                )
             widest = max(trees.non_leaves_per_level(tree))
             if widest > settings.max_non_leaves_per_layer:
-                problems.error(("speculative", "eagle", "choices"),
-                               f"a tree level has {widest} non-leaf nodes, more than max_non_leaves_per_layer "
-                               f"{settings.max_non_leaves_per_layer}")
+                problems.error(
+                    ("speculative", "eagle", "choices"),
+                    f"a tree level has {widest} non-leaf nodes, more than max_non_leaves_per_layer "
+                    f"{settings.max_non_leaves_per_layer}",
+                )
             max_draft_len = settings.max_draft_len or len(tree)
             if len(tree) > max_draft_len:
-                problems.error(("speculative", "eagle", "max_draft_len"),
-                               f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}")
-            config = cls(tree, layers, settings.max_non_leaves_per_layer, max_draft_len, False,
-                         settings.dynamic_tree_max_top_k)
+                problems.error(
+                    ("speculative", "eagle", "max_draft_len"),
+                    f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}",
+                )
+            config = cls(
+                tree, layers, settings.max_non_leaves_per_layer, max_draft_len, False, settings.dynamic_tree_max_top_k
+            )
         if config.max_draft_len > EAGLE_MAX_DRAFT_LEN:
             problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
         return config
@@ -283,15 +322,19 @@ class LookaheadConfig:
         settings = variant.speculative.lookahead
         problem = lookahead_problem(settings.window, settings.ngram, settings.verification_set)
         if problem:
-            problems.error(("speculative", "lookahead"), f"(W={settings.window}, N={settings.ngram}, "
-                                                         f"G={settings.verification_set}) is not legal: {problem}")
+            problems.error(
+                ("speculative", "lookahead"),
+                f"(W={settings.window}, N={settings.ngram}, G={settings.verification_set}) is not legal: {problem}",
+            )
             return None
         expected = lookahead_max_draft_len(settings.window, settings.ngram, settings.verification_set)
         if settings.max_draft_len is not None and settings.max_draft_len != expected:
-            problems.error(("speculative", "lookahead", "max_draft_len"),
-                           f"{settings.max_draft_len} does not match (W={settings.window}, N={settings.ngram}, "
-                           f"G={settings.verification_set}), which needs {expected}; the engine and the server "
-                           "must agree (tensorrtllm_backend#710); remove max_draft_len or fix it")
+            problems.error(
+                ("speculative", "lookahead", "max_draft_len"),
+                f"{settings.max_draft_len} does not match (W={settings.window}, N={settings.ngram}, "
+                f"G={settings.verification_set}), which needs {expected}; the engine and the server "
+                "must agree (tensorrtllm_backend#710); remove max_draft_len or fix it",
+            )
         return cls(settings.window, settings.ngram, settings.verification_set)
 
 

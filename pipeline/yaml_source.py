@@ -83,8 +83,10 @@ class _StrictLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise yaml.MarkedYAMLError(problem=f"nested deeper than {MAX_DEPTH} levels; a spec needs a few",
-                                           problem_mark=self.peek_event().start_mark)
+                raise yaml.MarkedYAMLError(
+                    problem=f"nested deeper than {MAX_DEPTH} levels; a spec needs a few",
+                    problem_mark=self.peek_event().start_mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -99,10 +101,12 @@ def _decode(raw: bytes, name: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        before = raw[:exc.start].decode("utf-8")
+        before = raw[: exc.start].decode("utf-8")
         line, column = _line_col(before, len(before))
-        raise InputError(f"{name}:{line}:{column} not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
-                         "is this a binary file? save the spec as UTF-8") from None
+        raise InputError(
+            f"{name}:{line}:{column} not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+            "is this a binary file? save the spec as UTF-8"
+        ) from None
 
 
 def load_yaml(path: Path, display_name: str | None = None) -> YamlDocument:
@@ -117,8 +121,10 @@ def load_yaml(path: Path, display_name: str | None = None) -> YamlDocument:
         raise InputError(f"{where} invalid YAML: {exc.problem or exc.context}") from None
     except yaml.reader.ReaderError as exc:
         line, column = _line_col(text, exc.position)
-        raise InputError(f"{name}:{line}:{column} invalid YAML: character U+{exc.character:04X} is not "
-                         "allowed (a binary file, or a control character?)") from None
+        raise InputError(
+            f"{name}:{line}:{column} invalid YAML: character U+{exc.character:04X} is not "
+            "allowed (a binary file, or a control character?)"
+        ) from None
     except yaml.YAMLError as exc:
         raise InputError(f"{name}: invalid YAML: {exc}") from None
     positions: dict[KeyPath, Position] = {}
@@ -139,11 +145,15 @@ class _Converter:
         here = self.positions[path] = Position(self.name, node.start_mark.line + 1, node.start_mark.column + 1)
         self.count += 1
         if self.count > MAX_NODES:
-            raise InputError(f"{here} {format_key_path(path)}: the spec expands to more than {MAX_NODES} values "
-                             "(YAML aliases repeated inside each other?); write the values out")
+            raise InputError(
+                f"{here} {format_key_path(path)}: the spec expands to more than {MAX_NODES} values "
+                "(YAML aliases repeated inside each other?); write the values out"
+            )
         if id(node) in self.active:
-            raise InputError(f"{here} {format_key_path(path)}: a YAML alias refers to the value that contains "
-                             "it; remove the self-reference")
+            raise InputError(
+                f"{here} {format_key_path(path)}: a YAML alias refers to the value that contains "
+                "it; remove the self-reference"
+            )
         if not isinstance(node, yaml.ScalarNode) and node.tag not in (_MAP_TAG, _SEQ_TAG):
             raise InputError(f"{here} {format_key_path(path)}: YAML tag '{node.tag}' is not allowed in specs")
         if isinstance(node, yaml.ScalarNode):
@@ -152,14 +162,19 @@ class _Converter:
             except yaml.MarkedYAMLError as exc:
                 raise InputError(f"{here} {format_key_path(path)}: {exc.problem or exc.context}") from None
             except ValueError:  # Python refuses to parse ints of more than 4300 digits
-                raise InputError(f"{here} {format_key_path(path)}: a number of {len(node.value)} characters; "
-                                 "no setting needs one that long") from None
+                raise InputError(
+                    f"{here} {format_key_path(path)}: a number of {len(node.value)} characters; "
+                    "no setting needs one that long"
+                ) from None
             except yaml.YAMLError as exc:
                 raise InputError(f"{here} {format_key_path(path)}: {' '.join(str(exc).split())[:200]}") from None
         self.active.add(id(node))
         try:
-            return self._mapping(node, path) if isinstance(node, yaml.MappingNode) else \
-                [self.value(item, path + (i,)) for i, item in enumerate(node.value)]
+            return (
+                self._mapping(node, path)
+                if isinstance(node, yaml.MappingNode)
+                else [self.value(item, path + (i,)) for i, item in enumerate(node.value)]
+            )
         finally:
             self.active.discard(id(node))
 
@@ -176,6 +191,7 @@ class _Converter:
                 raise InputError(f"{where} {format_key_path(path + (key,))}: duplicate key '{key}'")
             result[key] = self.value(value_node, path + (key,))
             # Point errors at the key, where a reader's eye goes, rather than at the value.
-            self.positions[path + (key,)] = Position(self.name, key_node.start_mark.line + 1,
-                                                     key_node.start_mark.column + 1)
+            self.positions[path + (key,)] = Position(
+                self.name, key_node.start_mark.line + 1, key_node.start_mark.column + 1
+            )
         return result

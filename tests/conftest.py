@@ -29,8 +29,14 @@ def cli(capsys, tmp_path):
     """Run ``specdeploy ARGS`` in-process with outputs under tmp_path; returns (rc, stdout, stderr)."""
 
     def run(*args: str) -> tuple[int, str, str]:
-        roots = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "triton_repo"),
-                 "--cache-dir", str(embedded_cache_dir())]
+        roots = [
+            "--engines-dir",
+            str(tmp_path / "engines"),
+            "--triton-repo",
+            str(tmp_path / "triton_repo"),
+            "--cache-dir",
+            str(embedded_cache_dir()),
+        ]
         rc = main(roots + list(args))
         captured = capsys.readouterr()
         return rc, captured.out, captured.err
@@ -57,10 +63,18 @@ def hf_config_dir(tmp_path):
 
     def make(name: str = "model", **overrides) -> Path:
         config = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
-            "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 128, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
-            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": False,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": 1000,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+            "tie_word_embeddings": False,
         }
         config.update(overrides)
         folder = tmp_path / name

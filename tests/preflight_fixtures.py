@@ -35,5 +35,7 @@ def model(tmp_path) -> Path:
 
 
 def spec_for(model: Path, extra: str = "", method: str = "lookahead") -> str:
-    return (f"name: tiny\nmodel:\n  path: {model}\n  dtype: float32\nspeculative:\n  method: {method}\n"
-            f"target: reference\n{extra}")
+    return (
+        f"name: tiny\nmodel:\n  path: {model}\n  dtype: float32\nspeculative:\n  method: {method}\n"
+        f"target: reference\n{extra}"
+    )

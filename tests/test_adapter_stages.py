@@ -21,8 +21,9 @@ def _adapter(model_dir, folder, seed, **config):
 
     base = LlamaForCausalLM.from_pretrained(model_dir).eval()
     torch.manual_seed(seed)
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"],
-                           init_lora_weights=False, **config)
+    lora = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False, **config
+    )
     model = peft.get_peft_model(copy.deepcopy(base), lora).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -44,9 +45,9 @@ def fleet(tmp_path, write_spec):
         variants:
           - name: base
           - name: ft
-            model: {{adapter: {tmp_path / 'ft'}}}
+            model: {{adapter: {tmp_path / "ft"}}}
           - name: ft-again
-            model: {{adapter: [{tmp_path / 'ft'}]}}
+            model: {{adapter: [{tmp_path / "ft"}]}}
             build: {{max_batch_size: 1}}
         """)
     return spec, model, peft_model
@@ -86,10 +87,13 @@ def test_engine_merges_then_converts_the_merged_model(fleet, cli, tmp_path):
     assert out.count("up to date, skipped") == 4 + 4 + 3
 
 
-@pytest.mark.parametrize("adapter, message", [
-    ("missing-folder", "adapter folder not found"),
-    ("[]", "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "adapter, message",
+    [
+        ("missing-folder", "adapter folder not found"),
+        ("[]", "non-empty list"),
+    ],
+)
 def test_bad_adapter_entries_are_spec_errors(tmp_path, write_spec, cli, adapter, message):
     model = build_tiny_llama(tmp_path / "tiny")
     spec = write_spec(f"name: t\nmodel: {{path: {model}, adapter: {adapter}}}\ntarget: reference\n")
@@ -116,12 +120,15 @@ def test_adapter_for_another_base_model_is_refused_at_plan_time(tmp_path, write_
 
 def test_quantize_reads_the_merged_checkpoint(fleet, tmp_path, write_spec):
     _, model, _ = fleet
-    spec = write_spec(f"""
+    spec = write_spec(
+        f"""
         name: fp8-ft
-        model: {{path: {model}, adapter: {tmp_path / 'ft'}}}
+        model: {{path: {model}, adapter: {tmp_path / "ft"}}}
         quantization: {{weights: fp8}}
         target: reference
-        """, name="fp8.yaml")
+        """,
+        name="fp8.yaml",
+    )
     plan = make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
     (variant,) = plan.variants
     assert [s.name for s in variant.stages] == ["merge", "quantize", "convert", "build", "package"]

@@ -38,9 +38,14 @@ BAD_INPUTS = {
     "unknown_key": ("name: x\nmodel: {preset: llama-3.1-8b}\nparalel: {tp: 2}\n", "unknown key 'paralel'"),
     "wrong_type": ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: two}\n", "parallel.tp: must be an integer"),
     "duplicate_key": ("name: x\nname: y\nmodel: {preset: llama-3.1-8b}\n", "duplicate key 'name'"),
-    "impossible_tp": ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: 3}\n", "does not divide the 32 attention heads"),
-    "lookahead_mismatch": ("name: x\nmodel: {preset: llama-3.1-8b}\nspeculative:\n  lookahead: {max_draft_len: 9}\n",
-                           "does not match (W=4, N=3, G=4)"),
+    "impossible_tp": (
+        "name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: 3}\n",
+        "does not divide the 32 attention heads",
+    ),
+    "lookahead_mismatch": (
+        "name: x\nmodel: {preset: llama-3.1-8b}\nspeculative:\n  lookahead: {max_draft_len: 9}\n",
+        "does not match (W=4, N=3, G=4)",
+    ),
     "path_traversal": ("name: x\nmodel: {preset: llama-3.1-8b}\nvariants:\n  - name: ../../etc\n", "variants[0].name"),
 }
 
@@ -63,7 +68,8 @@ def test_unreadable_file_exit_2(cli, tmp_path):
 def test_no_traceback_from_the_real_entry_point(tmp_path):
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: 0}\n")
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "validate", str(spec)], capture_output=True, text=True,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "validate", str(spec)], capture_output=True, text=True, cwd=REPO
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "parallel.tp: must be >= 1" in proc.stderr

@@ -171,8 +171,13 @@ def test_prepare_real_smollm2(tmp_path):
 
     config = json.loads((target / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["intermediate_size"]) == (576, 30, 9, 3, 1536)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["intermediate_size"],
+    ) == (576, 30, 9, 3, 1536)
     assert config["rope_parameters"]["rope_theta"] == 100000.0
     assert config["rope_theta"] == 100000.0  # legacy key for transformers-4 readers
     assert config["tie_word_embeddings"] is True and config["dtype"] == "float32"
@@ -197,10 +202,14 @@ def test_prepare_real_smollm2(tmp_path):
     assert generation["eos_token_id"] == 2
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         output = model.generate(**inputs, max_new_tokens=16, do_sample=False)
-    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
     assert int(output[0, -1]) == tokenizer.eos_token_id  # stops at <|im_end|>

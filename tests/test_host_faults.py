@@ -37,16 +37,19 @@ def one_line(exc: BaseException) -> str:
     return message
 
 
-@pytest.mark.parametrize("code, kind, exit_code, words", [
-    (errno.EROFS, HostFilesystemError, 4, "read-only filesystem"),
-    (errno.EACCES, HostFilesystemError, 4, "permission denied"),
-    (errno.EPERM, HostFilesystemError, 4, "not permitted"),
-    (errno.ENOTDIR, HostFilesystemError, 4, "regular file where a folder must be"),
-    (errno.EEXIST, HostFilesystemError, 4, "already exists as a file"),
-    (errno.ENOSPC, DiskFullError, 5, "full disk"),
-    (errno.EDQUOT, DiskFullError, 5, "quota"),
-    (errno.EIO, HostFilesystemError, 4, "Input/output error"),
-])
+@pytest.mark.parametrize(
+    "code, kind, exit_code, words",
+    [
+        (errno.EROFS, HostFilesystemError, 4, "read-only filesystem"),
+        (errno.EACCES, HostFilesystemError, 4, "permission denied"),
+        (errno.EPERM, HostFilesystemError, 4, "not permitted"),
+        (errno.ENOTDIR, HostFilesystemError, 4, "regular file where a folder must be"),
+        (errno.EEXIST, HostFilesystemError, 4, "already exists as a file"),
+        (errno.ENOSPC, DiskFullError, 5, "full disk"),
+        (errno.EDQUOT, DiskFullError, 5, "quota"),
+        (errno.EIO, HostFilesystemError, 4, "Input/output error"),
+    ],
+)
 def test_host_error_maps_errno_to_an_exit_code_and_advice(code, kind, exit_code, words):
     error = host_error(OSError(code, os.strerror(code), "/data/engines/v"), "writing the build stage's output")
     assert type(error) is kind and error.exit_code == exit_code
@@ -147,8 +150,16 @@ def test_cli_engine_with_engines_dir_a_regular_file(tmp_path, model, write_spec,
 
     engines = tmp_path / "engines-file"
     engines.write_text("")
-    rc = main(["--engines-dir", str(engines), "--triton-repo", str(tmp_path / "repo"),
-               "engine", str(write_spec(spec_for(model)))])
+    rc = main(
+        [
+            "--engines-dir",
+            str(engines),
+            "--triton-repo",
+            str(tmp_path / "repo"),
+            "engine",
+            str(write_spec(spec_for(model))),
+        ]
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert rc == 4 and len(err) == 1 and str(engines) in err[0]
 
@@ -188,10 +199,15 @@ def _in_mount_namespace(tmp_path: Path, mount: str, size: int) -> str:
     (tmp_path / "child.py").write_text(_CHILD)
     root = tmp_path / "mnt"
     root.mkdir(exist_ok=True)
-    script = (f"{mount} && {sys.executable} {tmp_path / 'child.py'} {source} {root / 'v' / 'checkpoint'} {size}")
+    script = f"{mount} && {sys.executable} {tmp_path / 'child.py'} {source} {root / 'v' / 'checkpoint'} {size}"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", script.replace("ROOT", str(root))], capture_output=True,
-                          text=True, env=env, timeout=120)
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script.replace("ROOT", str(root))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1]
 

@@ -92,8 +92,13 @@ def _layer(module: str) -> str | None:
 @pytest.mark.parametrize("layer", RUNTIME_LAYERS)
 def test_runtime_layers_import_downwards_only(layer):
     allowed = set(RUNTIME_LAYERS[: RUNTIME_LAYERS.index(layer) + 1])
-    wrong = sorted(f"{module} -> {target}" for module, targets in import_graph().items() if _layer(module) == layer
-                   for target in targets if _layer(target) not in allowed | {None})
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        if _layer(module) == layer
+        for target in targets
+        if _layer(target) not in allowed | {None}
+    )
     assert wrong == []
 
 

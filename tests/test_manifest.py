@@ -20,8 +20,9 @@ LIMITS = "build: {max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_nu
 def tiny_spec(tmp_path):
     model = build_tiny_llama(tmp_path / "model")
     spec = tmp_path / "tiny.yaml"
-    spec.write_text(f"name: tiny\nmodel: {{path: {model}, dtype: float32}}\n{LIMITS}target: reference\n"
-                    "parallel: {tp: 2}\n")
+    spec.write_text(
+        f"name: tiny\nmodel: {{path: {model}, dtype: float32}}\n{LIMITS}target: reference\nparallel: {{tp: 2}}\n"
+    )
     return spec, model
 
 
@@ -57,8 +58,10 @@ def test_engine_writes_the_manifest_and_verify_names_changed_and_missing_files(c
     (engine / "config.json").unlink()
     rc, out, err = cli("verify", str(manifest))
     assert rc == 1
-    assert err.splitlines() == [f"error: {engine / 'config.json'}: missing (tiny build)",
-                                f"error: {config}: changed (tiny package; sha256 differs from the manifest)"]
+    assert err.splitlines() == [
+        f"error: {engine / 'config.json'}: missing (tiny build)",
+        f"error: {config}: changed (tiny package; sha256 differs from the manifest)",
+    ]
     assert cli("verify", str(tmp_path / "nowhere.json"))[0] == 2
 
 
@@ -117,8 +120,11 @@ def test_runs_of_some_variants_keep_the_others_entries(write_spec, tmp_path):
     path = write_manifest(plan, tmp_path / "engines", {"a": {"convert": "unavailable"}}, HashCache(None))
     write_manifest(plan, tmp_path / "engines", {"b": {}}, HashCache(None))
     variants = json.loads(path.read_text())["variants"]
-    assert variants["a"]["outputs"]["convert"] == {"path": str(tmp_path / "engines" / "a" / "checkpoint"),
-                                                   "state": "unavailable", "files": {}}
+    assert variants["a"]["outputs"]["convert"] == {
+        "path": str(tmp_path / "engines" / "a" / "checkpoint"),
+        "state": "unavailable",
+        "files": {},
+    }
     assert variants["b"]["outputs"]["build"]["state"] == "not run"
     path.write_text("{not json")
     write_manifest(plan, tmp_path / "engines", {"b": {}}, HashCache(None))

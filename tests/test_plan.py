@@ -43,14 +43,18 @@ def medusa_heads(folder, num_heads: int, config_heads: int | None = None, hidden
         tensors[f"{h}.0.linear.bias"] = torch.zeros(hidden)
         tensors[f"{h}.1.weight"] = torch.zeros(vocab, hidden)
     save_file(tensors, str(folder / "medusa_lm_head.safetensors"))
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": config_heads or num_heads,
-                                                    "medusa_num_layers": 1}))
+    (folder / "config.json").write_text(
+        json.dumps({"medusa_num_heads": config_heads or num_heads, "medusa_num_layers": 1})
+    )
     return folder
 
 
 def eagle_heads(folder, *, with_bias: bool = True, hidden: int = 64):
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {"fc.weight": torch.zeros(hidden, 2 * hidden), "layers.0.self_attn.q_proj.weight": torch.zeros(hidden, hidden)}
+    tensors = {
+        "fc.weight": torch.zeros(hidden, 2 * hidden),
+        "layers.0.self_attn.q_proj.weight": torch.zeros(hidden, hidden),
+    }
     if with_bias:
         tensors["fc.bias"] = torch.zeros(hidden)
     save_file(tensors, str(folder / "model.safetensors"))
@@ -63,12 +67,15 @@ PRESET_8B = "name: p\nmodel: {preset: llama-3.1-8b}\n"
 
 # --- method choice -------------------------------------------------------------------------
 
+
 def test_auto_prefers_eagle_then_medusa_then_lookahead(plan_of, tmp_path, hf_config_dir):
     medusa_heads(tmp_path / "m", 4)
     eagle_heads(tmp_path / "e")
-    text = f"name: p\nmodel: {{path: {hf_config_dir()}}}\nspeculative: {{medusa: {{choices: chain_4}}}}\n" \
-        "heads:\n  medusa: {path: m}\n  eagle: {path: e}\nvariants:\n" \
+    text = (
+        f"name: p\nmodel: {{path: {hf_config_dir()}}}\nspeculative: {{medusa: {{choices: chain_4}}}}\n"
+        "heads:\n  medusa: {path: m}\n  eagle: {path: e}\nvariants:\n"
         "  - name: both\n  - name: medusa-only\n    heads: {eagle: null}\n  - name: none\n    heads: null\n"
+    )
     methods = {v.name: v.method for v in plan_of(text).variants}
     assert methods == {"both": "eagle", "medusa-only": "medusa", "none": "lookahead"}
 
@@ -85,6 +92,7 @@ def test_method_none_builds_plain(plan_of):
 
 # --- lookahead -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("wng,expected", [((4, 3, 4), 15), ((7, 7, 7), 83), ((1, 1, 0), 0), ((2, 2, 1), 2)])
 def test_lookahead_formula(wng, expected):
     assert lookahead_max_draft_len(*wng) == expected
@@ -96,8 +104,10 @@ def test_lookahead_plan_derives_draft_len_and_seq_len(plan_of):
     assert variant.build.speculative_decoding_mode == "lookahead_decoding"
     assert variant.build.engine_max_seq_len == 2048 + 15
     assert variant.build.engine_max_num_tokens == 4 * (15 + 1)  # raised like trtllm-build does
-    clamped = plan_of(PRESET_8B + "speculative: {method: none}\n"
-                      "build: {max_batch_size: 1, max_input_len: 128, max_seq_len: 256, max_num_tokens: 8192}\n")
+    clamped = plan_of(
+        PRESET_8B + "speculative: {method: none}\n"
+        "build: {max_batch_size: 1, max_input_len: 128, max_seq_len: 256, max_num_tokens: 8192}\n"
+    )
     assert clamped.variants[0].build.engine_max_num_tokens == 256  # capped at max_batch_size * max_seq_len
 
 
@@ -114,11 +124,14 @@ def test_lookahead_build_serve_mismatch(problems_of, plan_of):
 
 # --- medusa ------------------------------------------------------------------------------------
 
+
 def test_medusa_head_count_comes_from_weights_not_config(plan_of, tmp_path, hf_config_dir):
     model = hf_config_dir()
     medusa_heads(tmp_path / "heads", num_heads=4, config_heads=2)
-    variant = plan_of(f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: heads}}\n"
-                      "speculative:\n  medusa: {choices: chain_4}\n").variants[0]
+    variant = plan_of(
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: heads}}\n"
+        "speculative:\n  medusa: {choices: chain_4}\n"
+    ).variants[0]
     assert variant.speculative.medusa.num_heads == 4
     assert any("config.json says 2 Medusa heads but the weights hold 4" in note for note in variant.notes)
 
@@ -126,8 +139,9 @@ def test_medusa_head_count_comes_from_weights_not_config(plan_of, tmp_path, hf_c
 def test_medusa_spec_count_must_match_weights(problems_of, tmp_path, hf_config_dir):
     model = hf_config_dir()
     medusa_heads(tmp_path / "heads", num_heads=3)
-    assert "hold 3 heads, not 4" in problems_of(f"name: m\nmodel: {{path: {model}}}\nheads:\n"
-                                                 "  medusa: {path: heads, num_heads: 4}\n")
+    assert "hold 3 heads, not 4" in problems_of(
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: heads, num_heads: 4}}\n"
+    )
 
 
 def test_medusa_tree_depth_and_count(problems_of, plan_of):
@@ -141,8 +155,10 @@ def test_medusa_tree_depth_and_count(problems_of, plan_of):
 
 def test_medusa_vocab_must_divide_tp(problems_of, plan_of, hf_config_dir):
     model = hf_config_dir(vocab_size=1001, num_attention_heads=4, num_key_value_heads=2)
-    text = f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: x, num_heads: 3}}\n" \
-           "speculative:\n  medusa: {choices: chain_3}\nparallel: {tp: 2}\n"
+    text = (
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: x, num_heads: 3}}\n"
+        "speculative:\n  medusa: {choices: chain_3}\nparallel: {tp: 2}\n"
+    )
     assert "vocab_size 1001 divisible by tp 2" in problems_of(text)
     assert plan_of(text.replace("tp: 2", "tp: 1")).variants[0].method == "medusa"
 
@@ -159,7 +175,8 @@ EAGLE_8B = PRESET_8B + "heads:\n  eagle: {path: e}\n"
 
 def test_eagle_depth_must_equal_layers(problems_of, plan_of):
     assert "must equal the eagle_choices tree depth 4 (got 3)" in problems_of(
-        EAGLE_8B + "speculative:\n  eagle: {num_eagle_layers: 3}\n")
+        EAGLE_8B + "speculative:\n  eagle: {num_eagle_layers: 3}\n"
+    )
     variant = plan_of(EAGLE_8B).variants[0]
     assert variant.speculative.eagle.num_eagle_layers == 4
     assert variant.build.engine_max_seq_len == variant.build.max_seq_len + 63 + 4
@@ -167,7 +184,8 @@ def test_eagle_depth_must_equal_layers(problems_of, plan_of):
 
 def test_eagle_non_leaves_per_level(problems_of, plan_of):
     assert "10 non-leaf nodes, more than max_non_leaves_per_layer 9" in problems_of(
-        EAGLE_8B + "speculative:\n  eagle: {max_non_leaves_per_layer: 9}\n")
+        EAGLE_8B + "speculative:\n  eagle: {max_non_leaves_per_layer: 9}\n"
+    )
     assert plan_of(EAGLE_8B + "speculative:\n  eagle: {max_non_leaves_per_layer: 10}\n").variants
 
 
@@ -204,6 +222,7 @@ def test_eagle_fp8_is_flagged_experimental(plan_of):
 
 # --- tensor / pipeline parallelism ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("tp,ok", [(1, True), (3, True), (2, False), (9, False)])
 def test_smollm2_legal_tp(plan_of, problems_of, tp, ok):
     text = f"name: s\nmodel: {{builtin: smollm2-135m-instruct}}\nparallel: {{tp: {tp}}}\ntarget: reference\n"
@@ -222,23 +241,29 @@ def test_kv_head_replication_when_tp_exceeds_kv_heads(plan_of, problems_of, hf_c
 
 def test_intermediate_size_must_divide(problems_of, hf_config_dir):
     model = hf_config_dir(intermediate_size=130)
-    assert "does not divide intermediate_size 130" in problems_of(f"name: m\nmodel: {{path: {model}}}\nparallel: {{tp: 4}}\n")
+    assert "does not divide intermediate_size 130" in problems_of(
+        f"name: m\nmodel: {{path: {model}}}\nparallel: {{tp: 4}}\n"
+    )
 
 
 def test_world_size_against_gpus_and_device_ids(problems_of, plan_of):
     assert "2 GPUs cannot hold world size tp*pp = 4" in problems_of(
-        PRESET_8B + "parallel: {tp: 2, pp: 2}\ngpu: {type: h100-sxm-80gb, count: 2}\n")
+        PRESET_8B + "parallel: {tp: 2, pp: 2}\ngpu: {type: h100-sxm-80gb, count: 2}\n"
+    )
     assert "lists 1 GPUs; the engine needs tp*pp = 2" in problems_of(
-        PRESET_8B + "parallel: {tp: 2}\nserving: {gpu_device_ids: [0]}\n")
+        PRESET_8B + "parallel: {tp: 2}\nserving: {gpu_device_ids: [0]}\n"
+    )
     variant = plan_of(PRESET_8B + "parallel: {tp: 2, pp: 2}\ngpu: {type: h100-sxm-80gb, count: 4}\n").variants[0]
     assert variant.world_size == 4
 
 
 # --- FP8 and memory -------------------------------------------------------------------------------
 
+
 def test_fp8_needs_ada_or_newer(problems_of, plan_of):
     assert "FP8 needs compute capability >= 8.9" in problems_of(
-        PRESET_8B + "quantization: {weights: fp8}\ngpu: {type: a100-80gb}\n")
+        PRESET_8B + "quantization: {weights: fp8}\ngpu: {type: a100-80gb}\n"
+    )
     variant = plan_of(PRESET_8B + "quantization: {weights: fp8, kv_cache: fp8}\ngpu: {type: l40s}\n").variants[0]
     assert variant.quant.quant_algo == "FP8" and variant.quant.kv_cache_quant_algo == "FP8"
     assert variant.build.use_fp8_context_fmha
@@ -256,8 +281,10 @@ def test_memory_estimate_rejects_what_cannot_fit(problems_of, plan_of):
 
 def test_memory_estimate_scales_with_kv_dtype(plan_of):
     bf16 = plan_of(PRESET_8B + "build: {max_batch_size: 64, max_seq_len: 8192, max_input_len: 4096}\n").variants[0]
-    fp8 = plan_of(PRESET_8B + "build: {max_batch_size: 64, max_seq_len: 8192, max_input_len: 4096}\n"
-                  "quantization: {weights: fp8, kv_cache: fp8}\n").variants[0]
+    fp8 = plan_of(
+        PRESET_8B + "build: {max_batch_size: 64, max_seq_len: 8192, max_input_len: 4096}\n"
+        "quantization: {weights: fp8, kv_cache: fp8}\n"
+    ).variants[0]
     assert fp8.memory.kv_cache_gib == pytest.approx(bf16.memory.kv_cache_gib / 2)
     # 8B: 32 layers * 8 KV heads * 128 dims * 2 (K, V) * 2 bytes = 128 KiB per token.
     assert bf16.memory.kv_cache_gib == pytest.approx(64 * (8192 + 15) * 128 * 1024 / 1024**3)
@@ -276,8 +303,9 @@ def test_stage_layout_and_prequantized_input_skips_quantize(plan_of, hf_config_d
     assert [s.name for s in variant.stages] == ["quantize", "convert", "build", "package"]
     assert variant.stage("package").output == tmp_path / "triton_repo" / "p"
     model = hf_config_dir("fp8model")
-    (model / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
-                                                            "quantization": {"quant_algo": "FP8"}}))
+    (model / "hf_quant_config.json").write_text(
+        json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8"}})
+    )
     variant = plan_of(f"name: q\nmodel: {{path: {model}}}\n").variants[0]
     assert [s.name for s in variant.stages] == ["convert", "build", "package"]
     assert variant.quant.weights_fp8 and variant.quant.prequantized

@@ -54,15 +54,19 @@ def test_a_good_tiny_model_validates(validate, model):
 
 # -- build.extra_flags against the flag table, with file:line --------------------------------------
 
-@pytest.mark.parametrize("flags, message", [
-    ("{max_seqlen: 4}", "build.extra_flags.max_seqlen: not a trtllm-build 1.2"),
-    ("{max_batch_size: 4}", "build.extra_flags.max_batch_size: set by the plan (build.max_batch_size)"),
-    ("{gemm_plugin: float16}", "build.extra_flags.gemm_plugin: set by the plan"),
-    ("{use_fused_mlp: on}", "YAML reads on/off/yes/no as booleans"),
-    ("{use_fused_mlp: maybe}", "'maybe' is not legal; allowed: one of enable, disable"),
-    ("{low_latency_gemm_plugin: fp8}", "needs FP8 weights"),
-    ("{gather_context_logits: true}", "context logits with speculative decoding"),
-])
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ("{max_seqlen: 4}", "build.extra_flags.max_seqlen: not a trtllm-build 1.2"),
+        ("{max_batch_size: 4}", "build.extra_flags.max_batch_size: set by the plan (build.max_batch_size)"),
+        ("{gemm_plugin: float16}", "build.extra_flags.gemm_plugin: set by the plan"),
+        ("{use_fused_mlp: on}", "YAML reads on/off/yes/no as booleans"),
+        ("{use_fused_mlp: maybe}", "'maybe' is not legal; allowed: one of enable, disable"),
+        ("{low_latency_gemm_plugin: fp8}", "needs FP8 weights"),
+        ("{gather_context_logits: true}", "context logits with speculative decoding"),
+    ],
+)
 def test_extra_flags_are_checked_at_validate_time_with_their_line(validate, model, flags, message):
     err = refused(validate, spec_for(model, f"build:\n  extra_flags: {flags}\n"), message)
     assert ".yaml:9:17 build.extra_flags." in err and "[variant tiny]" in err
@@ -75,12 +79,16 @@ def test_extra_flags_of_a_preset_plan_are_checked_too(validate):
 
 # -- absurd numbers against TensorRT-LLM's limits and memory ---------------------------------------
 
-@pytest.mark.parametrize("build, message", [
-    ("max_batch_size: 1000000000000000000000000000000", "max_batch_size: must be <= 2147483647"),
-    ("max_seq_len: 100000000000000000000000000", "max_seq_len: must be <= 2147483647"),
-    ("{max_batch_size: 2000000, max_seq_len: 4096, max_input_len: 16}", "does not fit on any GPU"),
-    ("{max_batch_size: 65536, max_seq_len: 65536, max_input_len: 16}", "int32"),
-])
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        ("max_batch_size: 1000000000000000000000000000000", "max_batch_size: must be <= 2147483647"),
+        ("max_seq_len: 100000000000000000000000000", "max_seq_len: must be <= 2147483647"),
+        ("{max_batch_size: 2000000, max_seq_len: 4096, max_input_len: 16}", "does not fit on any GPU"),
+        ("{max_batch_size: 65536, max_seq_len: 65536, max_input_len: 16}", "int32"),
+    ],
+)
 def test_absurd_build_numbers_are_refused(validate, build, message):
     text = f"name: p\nmodel: {{preset: smollm2-135m-instruct}}\ntarget: reference\nbuild:\n  {build}\n"
     refused(validate, text, message)
@@ -88,34 +96,43 @@ def test_absurd_build_numbers_are_refused(validate, build, message):
 
 def test_huge_lookahead_window_is_refused_before_building(validate, model):
     text = spec_for(model, "")
-    text = text.replace("  method: lookahead\n", "  method: lookahead\n  lookahead: "
-                        "{window: 100000, ngram: 100000, verification_set: 100000}\n")
+    text = text.replace(
+        "  method: lookahead\n",
+        "  method: lookahead\n  lookahead: {window: 100000, ngram: 100000, verification_set: 100000}\n",
+    )
     refused(validate, text, "does not fit on any GPU")
 
 
 def test_too_big_for_the_named_gpu_and_for_any_gpu(validate):
     base = "name: p\nmodel: {preset: llama-3.1-70b}\n"
     refused(validate, base + "gpu: {type: l4}\n", "does not fit on l4")
-    refused(validate, base + "build: {max_batch_size: 4096, max_seq_len: 131072, max_input_len: 1024}\n",
-            "does not fit on any GPU")
+    refused(
+        validate,
+        base + "build: {max_batch_size: 4096, max_seq_len: 131072, max_input_len: 1024}\n",
+        "does not fit on any GPU",
+    )
 
 
 # -- config.json types and values, architectures ---------------------------------------------------
 
-@pytest.mark.parametrize("changes, message", [
-    ({"hidden_size": "sixty-four"}, "hidden_size must be a whole number, got str 'sixty-four'"),
-    ({"num_attention_heads": 4.7}, "num_attention_heads must be a whole number, got float 4.7"),
-    ({"num_hidden_layers": True}, "num_hidden_layers must be a whole number"),
-    ({"vocab_size": -5}, "vocab_size must be between 1"),
-    ({"intermediate_size": 10**12}, "intermediate_size must be between 1"),
-    ({"rope_theta": "nan", "rope_parameters": None}, "rope_theta must be a positive finite number, got 'nan'"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": float("nan")}}, "rope_theta must be a positive"),
-    ({"rms_norm_eps": float("inf")}, "rms_norm_eps must be a positive finite number"),
-    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
-    ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture MistralForCausalLM"),
-    ({"architectures": "LlamaForCausalLM"}, "unsupported architecture"),
-    ({"rope_scaling": [1, 2], "rope_parameters": None}, "rope_scaling must be an object"),
-])
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"hidden_size": "sixty-four"}, "hidden_size must be a whole number, got str 'sixty-four'"),
+        ({"num_attention_heads": 4.7}, "num_attention_heads must be a whole number, got float 4.7"),
+        ({"num_hidden_layers": True}, "num_hidden_layers must be a whole number"),
+        ({"vocab_size": -5}, "vocab_size must be between 1"),
+        ({"intermediate_size": 10**12}, "intermediate_size must be between 1"),
+        ({"rope_theta": "nan", "rope_parameters": None}, "rope_theta must be a positive finite number, got 'nan'"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": float("nan")}}, "rope_theta must be a positive"),
+        ({"rms_norm_eps": float("inf")}, "rms_norm_eps must be a positive finite number"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+        ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture MistralForCausalLM"),
+        ({"architectures": "LlamaForCausalLM"}, "unsupported architecture"),
+        ({"rope_scaling": [1, 2], "rope_parameters": None}, "rope_scaling must be an object"),
+    ],
+)
 def test_config_json_types_and_values(validate, model, changes, message):
     edit_config(model, **changes)
     err = refused(validate, spec_for(model), message, str(model / "config.json"))
@@ -130,6 +147,7 @@ def test_config_json_that_is_a_list_or_not_json(validate, model):
 
 
 # -- safetensors headers, readable without the data ------------------------------------------------
+
 
 def test_truncated_weights_fail_validate(validate, model):
     weights = model / "model.safetensors"
@@ -158,13 +176,17 @@ def test_tp_that_the_converter_refuses_fails_validate(validate, model):
 
 # -- heads' headers against the base ---------------------------------------------------------------
 
+
 def test_medusa_heads_of_another_base_fail_validate(validate, model, tmp_path):
     heads = tmp_path / "medusa"
     heads.mkdir()
     tensors = {}
     for head in range(3):
-        tensors |= {f"{head}.0.linear.weight": torch.zeros(64, 64), f"{head}.0.linear.bias": torch.zeros(64),
-                    f"{head}.1.weight": torch.zeros(97 if head == 0 else 96, 64)}
+        tensors |= {
+            f"{head}.0.linear.weight": torch.zeros(64, 64),
+            f"{head}.0.linear.bias": torch.zeros(64),
+            f"{head}.1.weight": torch.zeros(97 if head == 0 else 96, 64),
+        }
     save_file(tensors, str(heads / "medusa_lm_head.safetensors"))
     text = spec_for(model, "heads:\n  medusa: {path: " + str(heads) + "}\n", method="medusa")
     text = text.replace("  method: medusa\n", "  method: medusa\n  medusa: {choices: chain_3}\n")
@@ -180,6 +202,7 @@ def test_eagle_drafter_of_another_base_fails_validate(validate, model, tmp_path)
 
 
 # -- tokenizer present and parseable ---------------------------------------------------------------
+
 
 def test_missing_tokenizer_fails_validate(validate, model):
     (model / "tokenizer.json").unlink()
@@ -211,6 +234,7 @@ def test_corrupt_tokenizer_config_and_empty_sentencepiece(validate, model):
 
 # -- pickle-only base checkpoints on the FP8 path --------------------------------------------------
 
+
 def test_pickle_only_base_is_refused_on_the_fp8_path(validate, model):
     weights = load_file(str(model / "model.safetensors"))
     (model / "model.safetensors").unlink()
@@ -221,6 +245,7 @@ def test_pickle_only_base_is_refused_on_the_fp8_path(validate, model):
 
 
 # -- every problem at once, and nothing written -----------------------------------------------------
+
 
 def test_every_problem_is_reported_at_once(validate, model):
     (model / "tokenizer.json").unlink()
@@ -250,8 +275,10 @@ def test_shipped_medusa_heads_checked_against_the_base(validate, smollm2_dir, tm
 
     heads = tmp_path / "heads"
     shutil.copytree(REPO / "heads" / "smollm2-medusa", heads)
-    text = (f"name: m\nmodel: {{builtin: smollm2-135m-instruct, dtype: float32}}\nheads:\n  medusa: {{path: {heads}}}\n"
-            "speculative: {medusa: {choices: smollm2_medusa_10}}\ntarget: reference\n")
+    text = (
+        f"name: m\nmodel: {{builtin: smollm2-135m-instruct, dtype: float32}}\nheads:\n  medusa: {{path: {heads}}}\n"
+        "speculative: {medusa: {choices: smollm2_medusa_10}}\ntarget: reference\n"
+    )
     rc, err = validate(text)
     assert rc == 0, err
     blocks = load_file(str(heads / "medusa_resblocks.safetensors"))
@@ -266,8 +293,14 @@ def test_fifo_in_a_heads_folder_fails_validate_without_hanging(validate, model, 
 
     heads = tmp_path / "medusa"
     heads.mkdir()
-    save_file({"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": torch.zeros(64),
-               "0.1.weight": torch.zeros(96, 64)}, str(heads / "medusa_lm_head.safetensors"))
+    save_file(
+        {
+            "0.0.linear.weight": torch.zeros(64, 64),
+            "0.0.linear.bias": torch.zeros(64),
+            "0.1.weight": torch.zeros(96, 64),
+        },
+        str(heads / "medusa_lm_head.safetensors"),
+    )
     (heads / name).unlink(missing_ok=True)
     os.mkfifo(heads / name)
     text = spec_for(model, "heads:\n  medusa: {path: " + str(heads) + ", num_heads: 1}\n", method="medusa")
@@ -285,8 +318,10 @@ def test_fifo_tokenizer_fails_validate_without_hanging(validate, model):
 def test_a_broken_calibration_file_fails_validate_at_its_line(validate, tmp_path):
     data = tmp_path / "calib.jsonl"
     data.write_text('{"text": "fine"}\n{"text": \n')
-    text = (f"name: p\nmodel: {{preset: llama-3-8b}}\ngpu: {{type: h100-sxm-80gb}}\n"
-            f"quantization:\n  weights: fp8\n  calibration: {{data: {data}}}\n")
+    text = (
+        f"name: p\nmodel: {{preset: llama-3-8b}}\ngpu: {{type: h100-sxm-80gb}}\n"
+        f"quantization:\n  weights: fp8\n  calibration: {{data: {data}}}\n"
+    )
     err = refused(validate, text, f"{data}:2: not valid JSON")
     assert ".yaml:6:" in err and "quantization.calibration.data" in err
     data.write_text('{"text": "fine"}\n')

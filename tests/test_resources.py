@@ -55,8 +55,9 @@ def test_70b_eagle_quantizes_on_its_four_h100s_by_the_plans_own_numbers(cli):
     # ... and the ~140 GB of host RAM of a whole-model load is not needed: weights stream to the GPUs.
     assert quantize["host_memory_gib"] < 20
     assert stages["build"]["one_worker"]["gpus"] == 1
-    assert stages["build"]["one_worker"]["host_memory_gib"] * 4 == pytest.approx(stages["build"]["host_memory_gib"],
-                                                                                  abs=0.5)
+    assert stages["build"]["one_worker"]["host_memory_gib"] * 4 == pytest.approx(
+        stages["build"]["host_memory_gib"], abs=0.5
+    )
 
 
 def test_without_gpus_quantize_holds_the_float32_model_in_host_ram(plan_of):
@@ -77,8 +78,10 @@ def test_a_quantize_stage_that_cannot_fit_the_spec_gpus_is_a_plan_error(plan_of)
 
 @pytest.mark.parametrize("offload", ["cpu", "disk"])
 def test_offload_moves_what_does_not_fit_the_gpus_to_host_ram(plan_of, offload):
-    small = ("gpu: {type: gh200-96gb, count: 1}\n"
-             "build: {max_batch_size: 1, max_seq_len: 256, max_input_len: 128, max_num_tokens: 256}\n")
+    small = (
+        "gpu: {type: gh200-96gb, count: 1}\n"
+        "build: {max_batch_size: 1, max_seq_len: 256, max_input_len: 128, max_num_tokens: 256}\n"
+    )
     with pytest.raises(InputError, match="the quantize stage does not fit 1 x gh200-96gb"):
         plan_of(SPEC_70B + small)  # serving fits one GH200 in FP8; quantizing the 16-bit model does not
     spec = SPEC_70B.replace("kv_cache: fp8}", f"kv_cache: fp8, offload: {offload}}}") + small

@@ -30,7 +30,10 @@ def test_minimal_spec_has_one_variant_named_after_the_spec(write_spec):
 
 
 def test_variants_override_the_base_and_null_resets(write_spec):
-    spec = load_spec(write_spec(BASE + """
+    spec = load_spec(
+        write_spec(
+            BASE
+            + """
 heads:
   medusa: {path: heads, num_heads: 4}
 variants:
@@ -38,7 +41,9 @@ variants:
   - name: ft
     heads: null
     parallel: {tp: 4}
-"""))
+"""
+        )
+    )
     base, ft = spec.variants
     assert base.heads.medusa.num_heads == 4 and base.parallel.tp == 2
     assert ft.heads.medusa is None and ft.parallel.tp == 4
@@ -46,7 +51,9 @@ variants:
 
 
 def test_error_names_file_line_column_and_variant_key_path(write_spec):
-    path = write_spec(BASE + """
+    path = write_spec(
+        BASE
+        + """
 variants:
   - name: a
   - name: b
@@ -54,7 +61,8 @@ variants:
     speculative:
       lookahead:
         window: 0
-""")
+"""
+    )
     message = error_of(path)
     assert message == f"{path}:13:9 variants[2].speculative.lookahead.window: must be >= 1 (got 0)"
 
@@ -117,13 +125,16 @@ def test_duplicate_variant_names(write_spec):
 
 
 def test_all_problems_are_reported_at_once(write_spec):
-    path = write_spec(BASE + """
+    path = write_spec(
+        BASE
+        + """
 variants:
   - name: a
     parallel: {tp: 0}
   - name: b
     build: {max_batch_size: -1}
-""")
+"""
+    )
     lines = error_of(path).splitlines()
     assert len(lines) == 2 and "variants[0].parallel.tp" in lines[0] and "variants[1].build.max_batch_size" in lines[1]
 

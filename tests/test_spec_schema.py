@@ -58,15 +58,20 @@ def test_every_example_spec_matches_the_schema(schema, spec):
     assert problems(data, schema, schema["$defs"]) == []
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("name: x\nmodel: {preset: llama-3.1-8b}\nparalel: {tp: 2}\n", ".paralel: unknown key"),
-    ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: two}\n", ".parallel.tp: not an integer"),
-    ("name: x\nmodel: {preset: llama-3.1-8b}\ntarget: gpu\n", ".target: 'gpu' not allowed"),
-    ("model: {preset: llama-3.1-8b}\n", ".name: missing"),
-    ("name: x\nvariants:\n  - {name: a, build: {max_batch_sise: 4}}\n",
-     ".variants[0].build.max_batch_sise: unknown key"),
-    ("name: x\nvariants:\n  - {build: {max_batch_size: 4}}\n", ".variants[0].name: missing"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("name: x\nmodel: {preset: llama-3.1-8b}\nparalel: {tp: 2}\n", ".paralel: unknown key"),
+        ("name: x\nmodel: {preset: llama-3.1-8b}\nparallel: {tp: two}\n", ".parallel.tp: not an integer"),
+        ("name: x\nmodel: {preset: llama-3.1-8b}\ntarget: gpu\n", ".target: 'gpu' not allowed"),
+        ("model: {preset: llama-3.1-8b}\n", ".name: missing"),
+        (
+            "name: x\nvariants:\n  - {name: a, build: {max_batch_sise: 4}}\n",
+            ".variants[0].build.max_batch_sise: unknown key",
+        ),
+        ("name: x\nvariants:\n  - {build: {max_batch_size: 4}}\n", ".variants[0].name: missing"),
+    ],
+)
 def test_the_schema_rejects_what_the_loader_rejects(schema, write_spec, cli, text, expected):
     assert expected in problems(yaml.safe_load(text), schema, schema["$defs"])
     rc, _, _ = cli("validate", str(write_spec(text)))
@@ -75,8 +80,12 @@ def test_the_schema_rejects_what_the_loader_rejects(schema, write_spec, cli, tex
 
 def test_variant_overrides_need_no_nested_keys_and_may_reset(schema):
     # gpu.type is required in the base but a variant may override only the count, or reset heads.
-    data = {"name": "x", "model": {"preset": "llama-3.1-8b"}, "gpu": {"type": "l4"},
-            "variants": [{"name": "a", "gpu": {"count": 2}, "heads": None}]}
+    data = {
+        "name": "x",
+        "model": {"preset": "llama-3.1-8b"},
+        "gpu": {"type": "l4"},
+        "variants": [{"name": "a", "gpu": {"count": 2}, "heads": None}],
+    }
     assert problems(data, schema, schema["$defs"]) == []
     assert problems({"name": "x", "gpu": {"count": 2}}, schema, schema["$defs"]) == [".gpu.type: missing"]
 

@@ -56,11 +56,14 @@ def test_small_alias_use_is_still_allowed(tmp_path):
     assert len(document.data["l2"]) == 9 and document.data["l2"][0][0] == ["lol"] * 9
 
 
-@pytest.mark.parametrize("text, line", [
-    ("description: &a [*a]\n", 3),
-    ("description: &a {x: *a}\n", 3),
-    ("description: &a [1, [2, [3, *a]]]\n", 3),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("description: &a [*a]\n", 3),
+        ("description: &a {x: *a}\n", 3),
+        ("description: &a [1, [2, [3, *a]]]\n", 3),
+    ],
+)
 def test_self_referencing_alias_is_a_located_error(tmp_path, text, line):
     path = write_bytes(tmp_path, (HEAD + text).encode())
     message = error_of(path)
@@ -151,13 +154,16 @@ def test_an_integer_too_long_for_python_is_a_located_error(tmp_path):
     assert error_of(path).startswith(f"{path}:3:25 build.max_batch_size: a number of 5001 characters")
 
 
-@pytest.mark.parametrize("value, words", [
-    ("!!python/name:os.system", "could not determine a constructor"),
-    ("!!python/object/apply:os.system [echo]", "not allowed in specs"),
-    ("!!binary aGVsbG8=", "must be a string"),
-    ("2001-12-14", "must be a string"),
-    ("!!set {a, b}", "not allowed in specs"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("!!python/name:os.system", "could not determine a constructor"),
+        ("!!python/object/apply:os.system [echo]", "not allowed in specs"),
+        ("!!binary aGVsbG8=", "must be a string"),
+        ("2001-12-14", "must be a string"),
+        ("!!set {a, b}", "not allowed in specs"),
+    ],
+)
 def test_tags_and_implicit_types_end_in_one_line(tmp_path, value, words):
     path = write_bytes(tmp_path, (HEAD + f"description: {value}\n").encode())
     message = error_of(path)

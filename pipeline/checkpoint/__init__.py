@@ -11,5 +11,11 @@ from pipeline.checkpoint.convert import CheckpointSummary, convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
 from pipeline.checkpoint.reference_forward import ReferenceModel, forward_logits
 
-__all__ = ["CheckpointSummary", "EagleOptions", "MedusaOptions", "ReferenceModel", "convert_checkpoint",
-           "forward_logits"]
+__all__ = [
+    "CheckpointSummary",
+    "EagleOptions",
+    "MedusaOptions",
+    "ReferenceModel",
+    "convert_checkpoint",
+    "forward_logits",
+]

@@ -43,10 +43,18 @@ class CheckpointSummary:
         return self.tp * self.pp
 
 
-def convert_checkpoint(src: Path, out: Path, *, tp: int, pp: int, dtype: str,
-                       medusa: MedusaOptions | None = None, eagle: EagleOptions | None = None,
-                       kv_cache_fp8: bool = False, progress: Callable[[int, int], None] | None = None
-                       ) -> CheckpointSummary:
+def convert_checkpoint(
+    src: Path,
+    out: Path,
+    *,
+    tp: int,
+    pp: int,
+    dtype: str,
+    medusa: MedusaOptions | None = None,
+    eagle: EagleOptions | None = None,
+    kv_cache_fp8: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckpointSummary:
     """Convert ``src`` into ``out`` (an existing empty folder; the caller renames it into place).
 
     ``dtype`` is the dtype of every unquantized tensor; FP8 linears of a ModelOpt export stay FP8.
@@ -67,8 +75,13 @@ def convert_checkpoint(src: Path, out: Path, *, tp: int, pp: int, dtype: str,
     plan, config, medusa_heads = prepared.plan, prepared.config, prepared.medusa_heads
     files = tuple(f"rank{r.rank}.safetensors" for r in sorted(plan.ranks, key=lambda r: r.rank))
     return CheckpointSummary(
-        out=out, architecture=config["architecture"], dtype=dtype, tp=tp, pp=pp,
-        quant_algo=plan.quant_algo, kv_cache_quant_algo=plan.kv_cache_quant_algo,
+        out=out,
+        architecture=config["architecture"],
+        dtype=dtype,
+        tp=tp,
+        pp=pp,
+        quant_algo=plan.quant_algo,
+        kv_cache_quant_algo=plan.kv_cache_quant_algo,
         files=("config.json", *files),
         total_bytes=sum(t.nbytes for r in plan.ranks for t in r.tensors),
         num_tensors=sum(len(r.tensors) for r in plan.ranks),
@@ -78,8 +91,16 @@ def convert_checkpoint(src: Path, out: Path, *, tp: int, pp: int, dtype: str,
     )
 
 
-def check_checkpoint(src: Path, *, tp: int, pp: int, dtype: str, medusa: MedusaOptions | None = None,
-                     eagle: EagleOptions | None = None, kv_cache_fp8: bool = False) -> tuple[str, ...]:
+def check_checkpoint(
+    src: Path,
+    *,
+    tp: int,
+    pp: int,
+    dtype: str,
+    medusa: MedusaOptions | None = None,
+    eagle: EagleOptions | None = None,
+    kv_cache_fp8: bool = False,
+) -> tuple[str, ...]:
     """Every check :func:`convert_checkpoint` makes before it writes (config, safetensors headers, heads
     against the base, the per-rank plan), reading no tensor data but FP8 scales; returns the warnings.
 
@@ -111,19 +132,33 @@ class _Prepared:
     warnings: tuple[str, ...]
 
 
-def _prepare(ckpt: HFCheckpoint, tp: int, pp: int, dtype: str, medusa: MedusaOptions | None,
-             eagle: EagleOptions | None, kv_cache_fp8: bool) -> _Prepared:
+def _prepare(
+    ckpt: HFCheckpoint,
+    tp: int,
+    pp: int,
+    dtype: str,
+    medusa: MedusaOptions | None,
+    eagle: EagleOptions | None,
+    kv_cache_fp8: bool,
+) -> _Prepared:
     medusa_heads = load_medusa(medusa, ckpt) if medusa is not None else None
     drafter = load_eagle(eagle, ckpt) if eagle is not None else None
-    settings = Settings(tp=tp, pp=pp, dtype=DTYPES[dtype], kv_cache_fp8=kv_cache_fp8,
-                        num_eagle_layers=eagle.num_eagle_layers if eagle is not None else 0)
+    settings = Settings(
+        tp=tp,
+        pp=pp,
+        dtype=DTYPES[dtype],
+        kv_cache_fp8=kv_cache_fp8,
+        num_eagle_layers=eagle.num_eagle_layers if eagle is not None else 0,
+    )
     plan = build_plan(ckpt, settings, medusa_heads, drafter)
     heads = HeadsConfig(
         medusa=(medusa_heads.num_heads, medusa_heads.num_layers, medusa.max_draft_len)
-        if medusa_heads is not None and medusa is not None else None,
+        if medusa_heads is not None and medusa is not None
+        else None,
         eagle_spec=drafter.spec if drafter is not None else None,
         eagle=(eagle.num_eagle_layers, eagle.max_non_leaves_per_layer, eagle.max_draft_len)
-        if eagle is not None else None,
+        if eagle is not None
+        else None,
     )
     config = build_config(ckpt.spec, DTYPES[dtype], tp, pp, plan, heads)
     warnings = list(plan.warnings)

@@ -73,15 +73,17 @@ def load_pickle_state_dict(path: Path) -> dict[str, torch.Tensor]:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"{path}: refusing to unpickle: the file needs arbitrary code to load "
-                         f"({first[:160]}); convert it to safetensors") from None
+        raise InputError(
+            f"{path}: refusing to unpickle: the file needs arbitrary code to load "
+            f"({first[:160]}); convert it to safetensors"
+        ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{path}: cannot load weights ({type(exc).__name__}: {str(exc)[:160]}); "
-                         "re-save it or convert it to safetensors") from None
-    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                            for k, v in obj.items()):
-        raise InputError(f"{path}: expected a flat dict of tensor names to tensors; "
-                         "save the state_dict itself")
+        raise InputError(
+            f"{path}: cannot load weights ({type(exc).__name__}: {str(exc)[:160]}); "
+            "re-save it or convert it to safetensors"
+        ) from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise InputError(f"{path}: expected a flat dict of tensor names to tensors; save the state_dict itself")
     return obj
 
 
@@ -94,8 +96,10 @@ def _open_weights(path: Path) -> TensorSource:
 def _expect_shape(ref: TensorRef, shape: tuple[int, ...], what: str) -> None:
     got = ref.meta.shape
     if got != shape:
-        raise InputError(f"{ref.where}: shape {list(got)} does not match the base model ({what} expects "
-                         f"{list(shape)}); the heads were trained for a different base model")
+        raise InputError(
+            f"{ref.where}: shape {list(got)} does not match the base model ({what} expects "
+            f"{list(shape)}); the heads were trained for a different base model"
+        )
 
 
 def _src(source_name: str, lookup: dict[str, TensorRef], scales: dict[str, float]) -> Src:
@@ -126,15 +130,20 @@ class _MedusaInput:
 def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) -> _MedusaInput:
     if opts.dir is None:
         prefix = "medusa_heads."
-        lookup = {n[len(prefix):]: r for n, r in base.tensors.items() if n.startswith(prefix)}
+        lookup = {n[len(prefix) :]: r for n, r in base.tensors.items() if n.startswith(prefix)}
         if not lookup:
-            raise InputError(f"{base.path}: no medusa_heads.* tensors; pass the Medusa head folder "
-                             "(FasterDecoding layout) instead")
+            raise InputError(
+                f"{base.path}: no medusa_heads.* tensors; pass the Medusa head folder (FasterDecoding layout) instead"
+            )
         medusa = base.config.get("medusa")
         combined: dict = medusa if isinstance(medusa, dict) else {}
-        return _MedusaInput(lookup, prefix, f"{base.path} (medusa_heads.*)",
-                            (combined.get("num_medusa_heads"), combined.get("num_medusa_layers")),
-                            f"{base.path / 'config.json'} medusa")
+        return _MedusaInput(
+            lookup,
+            prefix,
+            f"{base.path} (medusa_heads.*)",
+            (combined.get("num_medusa_heads"), combined.get("num_medusa_layers")),
+            f"{base.path / 'config.json'} medusa",
+        )
     folder = Path(opts.dir)
     if not folder.is_dir():
         raise InputError(f"{folder}: Medusa head folder does not exist")
@@ -151,8 +160,13 @@ def _medusa_input(opts: MedusaOptions, base: HFCheckpoint, warnings: list[str]) 
             raise InputError(f"{cfg_path}: Medusa head config must be a JSON object")
     else:
         warnings.append(f"{cfg_path}: missing; head count taken from the weights")
-    return _MedusaInput({n: TensorRef(source, n) for n in source.names()}, "", str(path),
-                        (cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers")), str(cfg_path))
+    return _MedusaInput(
+        {n: TensorRef(source, n) for n in source.names()},
+        "",
+        str(path),
+        (cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers")),
+        str(cfg_path),
+    )
 
 
 def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
@@ -177,8 +191,10 @@ def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
         elif m := _MEDUSA_LM.match(key):
             lm[(int(m[1]), int(m[2]))] = key
         else:
-            raise InputError(f"{label}: unexpected tensor {prefix}{key}; expected "
-                             "{h}.{l}.linear.weight|bias and {h}.{L}.weight (Medusa heads)")
+            raise InputError(
+                f"{label}: unexpected tensor {prefix}{key}; expected "
+                "{h}.{l}.linear.weight|bias and {h}.{L}.weight (Medusa heads)"
+            )
     heads = sorted({h for h, _, _ in linear} | {h for h, _ in lm})
     if not heads:
         raise InputError(f"{label}: no Medusa head tensors found")
@@ -211,15 +227,19 @@ def load_medusa(opts: MedusaOptions, base: HFCheckpoint) -> MedusaHeads:
     stray = set(lm) - {(h, num_layers) for h in heads}
     if stray:
         h, layer = sorted(stray)[0]
-        raise InputError(f"{label}: unexpected tensor {prefix}{h}.{layer}.weight (LM layer index should be "
-                         f"{num_layers})")
+        raise InputError(
+            f"{label}: unexpected tensor {prefix}{h}.{layer}.weight (LM layer index should be {num_layers})"
+        )
     for what, claim, actual in (("heads", inp.claimed[0], num_heads), ("layers", inp.claimed[1], num_layers)):
         if claim is not None and claim != actual:
-            warnings.append(f"{inp.cfg_where}: says {claim} Medusa {what} but the weights have {actual}; "
-                            "using the weights")
+            warnings.append(
+                f"{inp.cfg_where}: says {claim} Medusa {what} but the weights have {actual}; using the weights"
+            )
     if any(s.scale is not None for row in lw for s in row) or any(s.scale is not None for s in lmh):
-        warnings.append(f"{label}: FP8 Medusa heads are dequantized to the model dtype "
-                        "(TRT-LLM builds fail on FP8 heads, NVIDIA/TensorRT-LLM#2115)")
+        warnings.append(
+            f"{label}: FP8 Medusa heads are dequantized to the model dtype "
+            "(TRT-LLM builds fail on FP8 heads, NVIDIA/TensorRT-LLM#2115)"
+        )
     consumed = {prefix + k for k in lookup} if opts.dir is None else set()
     return MedusaHeads(num_heads, num_layers, lw, lb, lmh, consumed, warnings)
 
@@ -233,8 +253,14 @@ def _scalar(ref: TensorRef) -> float:
 
 _EAGLE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _EAGLE_LAYER_KEYS = (
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "post_attention_layernorm.weight",
 )
 
 
@@ -255,8 +281,14 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     if not isinstance(cfg, dict):
         raise InputError(f"{cfg_path}: EAGLE drafter LlamaConfig must be a JSON object")
     spec = ModelGeometry.from_hf(cfg, str(cfg_path), name=cfg_path.parent.name, require_architecture=False)
-    path = next((p for p in (folder / "model.safetensors", folder / "pytorch_model.bin", folder / "pytorch_model.pt")
-                 if p.exists()), None)
+    path = next(
+        (
+            p
+            for p in (folder / "model.safetensors", folder / "pytorch_model.bin", folder / "pytorch_model.pt")
+            if p.exists()
+        ),
+        None,
+    )
     if path is None:
         raise InputError(f"{folder}: no model.safetensors or pytorch_model.bin (EAGLE drafter weights)")
     source = _open_weights(path)
@@ -275,16 +307,22 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     if layer_ids != list(range(len(layer_ids))):
         raise InputError(f"{path}: drafter layer indices {layer_ids} are not 0..{len(layer_ids) - 1}")
     if len(layer_ids) != spec.num_layers:
-        warnings.append(f"{cfg_path}: says {spec.num_layers} drafter layers but the weights have "
-                        f"{len(layer_ids)}; using the weights")
+        warnings.append(
+            f"{cfg_path}: says {spec.num_layers} drafter layers but the weights have "
+            f"{len(layer_ids)}; using the weights"
+        )
     spec = replace(spec, num_layers=len(layer_ids), vocab_size=V)
 
     q_out, kv_out = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     shapes = {
-        "self_attn.q_proj.weight": (q_out, H), "self_attn.k_proj.weight": (kv_out, H),
-        "self_attn.v_proj.weight": (kv_out, H), "self_attn.o_proj.weight": (H, q_out),
-        "mlp.gate_proj.weight": (spec.intermediate_size, H), "mlp.up_proj.weight": (spec.intermediate_size, H),
-        "mlp.down_proj.weight": (H, spec.intermediate_size), "post_attention_layernorm.weight": (H,),
+        "self_attn.q_proj.weight": (q_out, H),
+        "self_attn.k_proj.weight": (kv_out, H),
+        "self_attn.v_proj.weight": (kv_out, H),
+        "self_attn.o_proj.weight": (H, q_out),
+        "mlp.gate_proj.weight": (spec.intermediate_size, H),
+        "mlp.up_proj.weight": (spec.intermediate_size, H),
+        "mlp.down_proj.weight": (H, spec.intermediate_size),
+        "post_attention_layernorm.weight": (H,),
         "input_layernorm.weight": (H,),
     }
     used: set[str] = set()
@@ -304,8 +342,9 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
     if "fc.bias" in lookup:
         fc_bias = take("fc.bias", (H,), "EAGLE fc bias")
     else:
-        warnings.append(f"{path}: fc.bias missing; writing zeros (TRT-LLM's EagleNet fc has a bias, "
-                        "NVIDIA/TensorRT-LLM#2588)")
+        warnings.append(
+            f"{path}: fc.bias missing; writing zeros (TRT-LLM's EagleNet fc has a bias, NVIDIA/TensorRT-LLM#2588)"
+        )
     if "embed_tokens.weight" in lookup:
         embedding = take("embed_tokens.weight", (V, H), "EAGLE embedding")
     else:
@@ -317,8 +356,10 @@ def load_eagle(opts: EagleOptions, base: HFCheckpoint) -> EagleDrafter:
         layers.append({k: take(f"layers.{j}.{k}", shapes[k], f"EAGLE layer {j}") for k in keys})
     extra = sorted(set(names) - used)
     if extra:
-        raise InputError(f"{path}: unexpected tensor {extra[0]}"
-                         f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; an EAGLE-1 drafter has "
-                         "fc, embed_tokens and layers.N.{self_attn,mlp,post_attention_layernorm} "
-                         "(input_layernorm only for N>0)")
+        raise InputError(
+            f"{path}: unexpected tensor {extra[0]}"
+            f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}; an EAGLE-1 drafter has "
+            "fc, embed_tokens and layers.N.{self_attn,mlp,post_attention_layernorm} "
+            "(input_layernorm only for N>0)"
+        )
     return EagleDrafter(spec, fc_weight, fc_bias, embedding, layers, warnings)

@@ -50,28 +50,31 @@ def _detect_fp8(folder: Path, cfg: dict[str, Any]) -> FP8Info | None:
         producer = str((data.get("producer") or {}).get("name", ""))
         quant = data.get("quantization") if isinstance(data.get("quantization"), dict) else None
         if producer != "modelopt" or quant is None:
-            raise InputError(f"{where}: not a ModelOpt quantization config (producer {producer!r}); "
-                             "only ModelOpt FP8 exports are supported")
+            raise InputError(
+                f"{where}: not a ModelOpt quantization config (producer {producer!r}); "
+                "only ModelOpt FP8 exports are supported"
+            )
     elif isinstance(cfg.get("quantization_config"), dict):
         qc = cfg["quantization_config"]
         where = f"{folder / 'config.json'} quantization_config"
         if qc.get("quant_method") != "modelopt":
-            raise InputError(f"{where}: quant_method {qc.get('quant_method')!r} is not supported; "
-                             "only ModelOpt FP8 exports (quant_method modelopt) are")
+            raise InputError(
+                f"{where}: quant_method {qc.get('quant_method')!r} is not supported; "
+                "only ModelOpt FP8 exports (quant_method modelopt) are"
+            )
         producer = "modelopt"
         kv = qc.get("kv_cache_quant_algo") or ("FP8" if qc.get("kv_cache_scheme") else None)
-        quant = {"quant_algo": qc.get("quant_algo"), "kv_cache_quant_algo": kv,
-                 "exclude_modules": qc.get("ignore", [])}
+        quant = {"quant_algo": qc.get("quant_algo"), "kv_cache_quant_algo": kv, "exclude_modules": qc.get("ignore", [])}
     if quant is None:
         return None
     if quant.get("quant_algo") != "FP8":
-        raise InputError(f"{where}: quant_algo {quant.get('quant_algo')!r} is not supported; "
-                         "only per-tensor FP8 (quant_algo FP8) is")
+        raise InputError(
+            f"{where}: quant_algo {quant.get('quant_algo')!r} is not supported; only per-tensor FP8 (quant_algo FP8) is"
+        )
     kv = quant.get("kv_cache_quant_algo")
     if kv not in (None, "FP8"):
         raise InputError(f"{where}: kv_cache_quant_algo {kv!r} is not supported (FP8 or none)")
-    return FP8Info(producer=producer, kv_scales=kv == "FP8",
-                   exclude_modules=tuple(quant.get("exclude_modules") or ()))
+    return FP8Info(producer=producer, kv_scales=kv == "FP8", exclude_modules=tuple(quant.get("exclude_modules") or ()))
 
 
 def _weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
@@ -90,8 +93,10 @@ def _weight_files(folder: Path) -> tuple[list[Path], dict[str, str] | None]:
     if shards:
         return shards, None
     if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
-        raise InputError(f"{folder}: only pickle weights (*.bin/*.pt) found; the base model must be "
-                         "safetensors (re-save it with save_pretrained(safe_serialization=True))")
+        raise InputError(
+            f"{folder}: only pickle weights (*.bin/*.pt) found; the base model must be "
+            "safetensors (re-save it with save_pretrained(safe_serialization=True))"
+        )
     raise InputError(f"{folder}: no model.safetensors or model.safetensors.index.json")
 
 
@@ -113,8 +118,9 @@ class HFCheckpoint:
             return self.tensors[name]
         except KeyError:
             hint = f" ({why})" if why else ""
-            raise InputError(f"{self.path}: tensor {name} is missing{hint}; the checkpoint is incomplete "
-                             "or not a Llama checkpoint") from None
+            raise InputError(
+                f"{self.path}: tensor {name} is missing{hint}; the checkpoint is incomplete or not a Llama checkpoint"
+            ) from None
 
     def meta(self, name: str) -> TensorMeta:
         return self.ref(name).meta
@@ -126,8 +132,10 @@ class HFCheckpoint:
         ref = self.ref(name, "FP8 scale")
         meta = ref.meta
         if meta.dtype != torch.float32 or math.prod(meta.shape) != 1:
-            raise InputError(f"{ref.where}: expected one float32 per-tensor scale, got {meta.dtype} "
-                             f"{list(meta.shape)}; only per-tensor FP8 is supported")
+            raise InputError(
+                f"{ref.where}: expected one float32 per-tensor scale, got {meta.dtype} "
+                f"{list(meta.shape)}; only per-tensor FP8 is supported"
+            )
         value = float(ref.read().reshape(()))
         if not (value > 0 and math.isfinite(value)):
             raise InputError(f"{ref.where}: scale must be positive and finite, got {value}; re-export it")
@@ -158,21 +166,28 @@ def open_hf_checkpoint(folder: Path) -> HFCheckpoint:
         files.append(sf)
         for name in sf.names():
             if name in tensors:
-                raise InputError(f"{path}: tensor {name} also appears in {tensors[name].source.label}; "
-                                 "the shards overlap, re-export the checkpoint")
+                raise InputError(
+                    f"{path}: tensor {name} also appears in {tensors[name].source.label}; "
+                    "the shards overlap, re-export the checkpoint"
+                )
             tensors[name] = TensorRef(sf, name)
     if weight_map is not None:
         for name, fname in weight_map.items():
             ref = tensors.get(name)
             if ref is None or Path(ref.source.label).name != fname:
-                raise InputError(f"{folder / fname}: tensor {name} listed in model.safetensors.index.json "
-                                 "is not in that file; the checkpoint is incomplete")
+                raise InputError(
+                    f"{folder / fname}: tensor {name} listed in model.safetensors.index.json "
+                    "is not in that file; the checkpoint is incomplete"
+                )
     for ref in tensors.values():
         dtype = ref.meta.dtype
         if dtype == FP8 and fp8 is None:
-            raise InputError(f"{ref.where} is float8 but the folder has no ModelOpt quantization config "
-                             "(hf_quant_config.json); only ModelOpt FP8 exports are supported")
+            raise InputError(
+                f"{ref.where} is float8 but the folder has no ModelOpt quantization config "
+                "(hf_quant_config.json); only ModelOpt FP8 exports are supported"
+            )
         if dtype not in _FLOAT_DTYPES and dtype != FP8:
-            raise InputError(f"{ref.where} has dtype {dtype}; expected float32/float16/bfloat16"
-                             f"{' or float8_e4m3fn' if fp8 else ''}")
+            raise InputError(
+                f"{ref.where} has dtype {dtype}; expected float32/float16/bfloat16{' or float8_e4m3fn' if fp8 else ''}"
+            )
     return HFCheckpoint(folder, cfg, spec, fp8, files, tensors)

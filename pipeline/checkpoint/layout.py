@@ -92,8 +92,9 @@ class _Builder:
     def tensor(self, name: str, shape: tuple[int, ...], why: str) -> Src:
         ref = self.ckpt.ref(name, why)
         if ref.meta.shape != shape:
-            raise InputError(f"{ref.where}: shape {list(ref.meta.shape)} does not match config.json "
-                             f"({why} expects {list(shape)})")
+            raise InputError(
+                f"{ref.where}: shape {list(ref.meta.shape)} does not match config.json ({why} expects {list(shape)})"
+            )
         self.consumed.add(name)
         if ref.meta.dtype == FP8:
             scale_name = name[: -len("weight")] + "weight_scale"
@@ -106,8 +107,10 @@ class _Builder:
         if not self.fp8:
             return _Linear(src, None)
         if src.scale is None:
-            raise InputError(f"{src.ref.where} is not float8 in an FP8 checkpoint; mixed-precision decoder "
-                             "layers are not supported (quantize every decoder linear or none)")
+            raise InputError(
+                f"{src.ref.where} is not float8 in an FP8 checkpoint; mixed-precision decoder "
+                "layers are not supported (quantize every decoder linear or none)"
+            )
         input_scale = self.ckpt.scalar(prefix + ".input_scale")
         return _Linear(src, input_scale)
 
@@ -123,8 +126,14 @@ class _Builder:
             cols = None  # whole rows (tp=1): contiguous bytes, eligible for a kernel copy
         return Slice(src, rows, cols, requant)
 
-    def gemm(self, name: str, linears: list[tuple[_Linear, tuple[int, int]]], cols: tuple[int, int] | None,
-             width: int, shared: float | None = None) -> list[OutTensor]:
+    def gemm(
+        self,
+        name: str,
+        linears: list[tuple[_Linear, tuple[int, int]]],
+        cols: tuple[int, int] | None,
+        width: int,
+        shared: float | None = None,
+    ) -> list[OutTensor]:
         """One GEMM (qkv fuses three): concat of row ranges, plus FP8 scales when quantized.
 
         ``shared`` overrides the weight scale (default: max over the fused parts); parts with a
@@ -138,8 +147,9 @@ class _Builder:
         out = [OutTensor(name + ".weight", self.weight_dtype(quantized), (nrows, width), tuple(parts))]
         if quantized:
             act = max(_fp8_scale(lin.input_scale) for lin, _ in linears)
-            out.append(OutTensor(name + ".weights_scaling_factor", torch.float32, (1,),
-                                 (_scale_const(_fp8_scale(shared)),)))
+            out.append(
+                OutTensor(name + ".weights_scaling_factor", torch.float32, (1,), (_scale_const(_fp8_scale(shared)),))
+            )
             out.append(OutTensor(name + ".activation_scaling_factor", torch.float32, (1,), (_scale_const(act),)))
         return out
 
@@ -158,8 +168,17 @@ class _Builder:
 
     # -- model pieces ------------------------------------------------------------------------------
 
-    def decoder_layer(self, hf: str, trt: str, spec: ModelGeometry, tp_rank: int, *, input_norm: bool,
-                      srcs: dict[str, Src] | None = None, kv_scale: float | None = None) -> list[OutTensor]:
+    def decoder_layer(
+        self,
+        hf: str,
+        trt: str,
+        spec: ModelGeometry,
+        tp_rank: int,
+        *,
+        input_norm: bool,
+        srcs: dict[str, Src] | None = None,
+        kv_scale: float | None = None,
+    ) -> list[OutTensor]:
         """One Llama decoder layer; ``srcs`` supplies EAGLE drafter tensors instead of base-checkpoint names."""
         tp = self.s.tp
         H, d, inter = self.spec.hidden_size, spec.head_dim, spec.intermediate_size
@@ -179,15 +198,23 @@ class _Builder:
         if input_norm:
             out.append(self.plain(f"{trt}.input_layernorm.weight", norm("input_layernorm")))
         q_rows, kv_rows = qkv_rows(spec.num_heads, spec.num_kv_heads, d, tp, tp_rank)
-        q, k, v = (lin("self_attn.q_proj", (q_out, H)), lin("self_attn.k_proj", (kv_out, H)),
-                   lin("self_attn.v_proj", (kv_out, H)))
+        q, k, v = (
+            lin("self_attn.q_proj", (q_out, H)),
+            lin("self_attn.k_proj", (kv_out, H)),
+            lin("self_attn.v_proj", (kv_out, H)),
+        )
         out += self.gemm(f"{trt}.attention.qkv", [(q, q_rows), (k, kv_rows), (v, kv_rows)], None, H)
         dense = lin("self_attn.o_proj", (H, q_out))
-        out += self.gemm(f"{trt}.attention.dense", [(dense, (0, H))],
-                         chunk(q_out, tp, tp_rank, f"{hf}.self_attn.o_proj"), q_out // tp)
+        out += self.gemm(
+            f"{trt}.attention.dense",
+            [(dense, (0, H))],
+            chunk(q_out, tp, tp_rank, f"{hf}.self_attn.o_proj"),
+            q_out // tp,
+        )
         if kv_scale is not None:
-            out.append(OutTensor(f"{trt}.attention.kv_cache_scaling_factor", torch.float32, (1,),
-                                 (_scale_const(kv_scale),)))
+            out.append(
+                OutTensor(f"{trt}.attention.kv_cache_scaling_factor", torch.float32, (1,), (_scale_const(kv_scale),))
+            )
         out.append(self.plain(f"{trt}.post_layernorm.weight", norm("post_attention_layernorm")))
         rows = chunk(inter, tp, tp_rank, f"{hf}.mlp intermediate_size")
         gate, up = lin("mlp.gate_proj", (inter, H)), lin("mlp.up_proj", (inter, H))
@@ -205,8 +232,10 @@ class _Builder:
         found = next(((k, v) for k, v in names if self.ckpt.has(k) and self.ckpt.has(v)), None)
         if found is None:
             if self.s.kv_cache_fp8:
-                raise InputError(f"{self.ckpt.path}: tensor {names[0][0]} is missing; kv_cache_fp8 needs a "
-                                 "ModelOpt export calibrated with FP8_KV_CFG (k_scale/v_scale per layer)")
+                raise InputError(
+                    f"{self.ckpt.path}: tensor {names[0][0]} is missing; kv_cache_fp8 needs a "
+                    "ModelOpt export calibrated with FP8_KV_CFG (k_scale/v_scale per layer)"
+                )
             return None
         self.consumed.update(found)
         if not self.s.kv_cache_fp8:
@@ -222,8 +251,10 @@ class _Builder:
             return self.tensor("model.embed_tokens.weight", shape, "tied embedding used as lm_head")
         src = self.tensor("lm_head.weight", shape, "lm_head")
         if src.scale is not None:
-            self.warnings.append(f"{src.ref.where}: FP8 lm_head dequantized to {self.s.dtype} (lm_head stays "
-                                 "high precision in TRT-LLM FP8 checkpoints)")
+            self.warnings.append(
+                f"{src.ref.where}: FP8 lm_head dequantized to {self.s.dtype} (lm_head stays "
+                "high precision in TRT-LLM FP8 checkpoints)"
+            )
         return src
 
     def lm_head(self, name: str, src: Src, tp_rank: int) -> OutTensor:
@@ -231,8 +262,9 @@ class _Builder:
         return self.plain(name, src, rows, pad)
 
 
-def build_plan(ckpt: HFCheckpoint, settings: Settings, medusa: MedusaHeads | None = None,
-               eagle: EagleDrafter | None = None) -> Plan:
+def build_plan(
+    ckpt: HFCheckpoint, settings: Settings, medusa: MedusaHeads | None = None, eagle: EagleDrafter | None = None
+) -> Plan:
     spec = ckpt.spec
     tp, pp = settings.tp, settings.pp
     where = str(ckpt.path / "config.json")
@@ -240,23 +272,31 @@ def build_plan(ckpt: HFCheckpoint, settings: Settings, medusa: MedusaHeads | Non
     if pp > spec.num_layers:
         raise InputError(f"{where}: pp={pp} exceeds num_hidden_layers {spec.num_layers}")
     if settings.kv_cache_fp8 and (ckpt.fp8 is None or not ckpt.fp8.kv_scales):
-        raise InputError(f"{ckpt.path}: kv_cache_fp8 needs a ModelOpt FP8 export calibrated with FP8_KV_CFG "
-                         "(hf_quant_config.json kv_cache_quant_algo FP8); re-quantize or drop kv_cache_fp8")
+        raise InputError(
+            f"{ckpt.path}: kv_cache_fp8 needs a ModelOpt FP8 export calibrated with FP8_KV_CFG "
+            "(hf_quant_config.json kv_cache_quant_algo FP8); re-quantize or drop kv_cache_fp8"
+        )
     if eagle is not None:
         if pp != 1:
             raise InputError(f"EAGLE needs pp=1 (TRT-LLM: pipeline parallelism is not supported in EAGLE), got pp={pp}")
         if settings.kv_cache_fp8:
-            raise InputError("kv_cache_fp8 with EAGLE is not supported: the drafter shares the KV cache and has "
-                             "no calibrated KV scales; drop kv_cache_fp8")
+            raise InputError(
+                "kv_cache_fp8 with EAGLE is not supported: the drafter shares the KV cache and has "
+                "no calibrated KV scales; drop kv_cache_fp8"
+            )
         check_heads(eagle.spec.num_heads, eagle.spec.num_kv_heads, tp, f"{eagle.fc_weight.ref.source.label} drafter")
     if (medusa is not None or eagle is not None) and spec.hidden_size % tp:
-        raise InputError(f"{where}: hidden_size {spec.hidden_size} is not divisible by tp={tp} "
-                         "(Medusa/EAGLE head linears are split on it)")
+        raise InputError(
+            f"{where}: hidden_size {spec.hidden_size} is not divisible by tp={tp} "
+            "(Medusa/EAGLE head linears are split on it)"
+        )
 
     b = _Builder(ckpt, settings)
     if ckpt.fp8 is not None and ckpt.fp8.kv_scales and not settings.kv_cache_fp8:
-        b.warnings.append(f"{ckpt.path}: the export has FP8 KV-cache scales but kv_cache_fp8 is off; "
-                          "the KV cache stays in the model dtype")
+        b.warnings.append(
+            f"{ckpt.path}: the export has FP8 KV-cache scales but kv_cache_fp8 is off; "
+            "the KV cache stays in the model dtype"
+        )
     H, V = spec.hidden_size, spec.vocab_size
     lm_src = b.lm_head_src()
     ranks: list[RankPlan] = []
@@ -265,12 +305,16 @@ def build_plan(ckpt: HFCheckpoint, settings: Settings, medusa: MedusaHeads | Non
         for tp_rank in range(tp):
             out: list[OutTensor] = []
             if pp_rank == 0:
-                out.append(b.plain("transformer.vocab_embedding.weight",
-                                   b.tensor("model.embed_tokens.weight", (V, H), "embedding")))
+                out.append(
+                    b.plain(
+                        "transformer.vocab_embedding.weight", b.tensor("model.embed_tokens.weight", (V, H), "embedding")
+                    )
+                )
             for local, layer in enumerate(layers):
                 kv = b.kv_scale(layer)
-                out += b.decoder_layer(f"model.layers.{layer}", f"transformer.layers.{local}", spec, tp_rank,
-                                       input_norm=True, kv_scale=kv)
+                out += b.decoder_layer(
+                    f"model.layers.{layer}", f"transformer.layers.{local}", spec, tp_rank, input_norm=True, kv_scale=kv
+                )
             if pp_rank == pp - 1:
                 out.append(b.plain("transformer.ln_f.weight", b.tensor("model.norm.weight", (H,), "final norm")))
                 out.append(b.lm_head("lm_head.weight", lm_src, tp_rank))
@@ -308,16 +352,23 @@ def _medusa_tensors(b: _Builder, medusa: MedusaHeads, tp_rank: int) -> list[OutT
 def _eagle_tensors(b: _Builder, eagle: EagleDrafter, lm_src: Src, tp_rank: int, copies: int) -> list[OutTensor]:
     tp, H = b.s.tp, b.spec.hidden_size
     rows = chunk(H, tp, tp_rank, "EAGLE fc")
-    net: list[OutTensor] = [b.plain("drafter.vocab_embedding.weight", eagle.embedding),
-                            b.plain("drafter.fc.weight", eagle.fc_weight, rows)]
+    net: list[OutTensor] = [
+        b.plain("drafter.vocab_embedding.weight", eagle.embedding),
+        b.plain("drafter.fc.weight", eagle.fc_weight, rows),
+    ]
     if eagle.fc_bias is not None:
         net.append(b.plain("drafter.fc.bias", eagle.fc_bias, rows))
     else:
         net.append(b.zeros("drafter.fc.bias", (rows[1] - rows[0],)))
     for j, layer in enumerate(eagle.layers):
-        net += b.decoder_layer(f"{eagle.fc_weight.ref.source.label} layers.{j}", f"drafter.layers.{j}",
-                               eagle.spec, tp_rank,
-                               input_norm=j > 0, srcs=layer)
+        net += b.decoder_layer(
+            f"{eagle.fc_weight.ref.source.label} layers.{j}",
+            f"drafter.layers.{j}",
+            eagle.spec,
+            tp_rank,
+            input_norm=j > 0,
+            srcs=layer,
+        )
     net.append(b.lm_head("lm_head.weight", lm_src, tp_rank))
     return [OutTensor(f"eagle_nets.{i}.{t.name}", t.dtype, t.shape, t.parts) for i in range(copies) for t in net]
 

@@ -82,20 +82,26 @@ def _open_weights(folder: Path) -> tuple[Path, TensorSource]:
         try:
             state = torch.load(bin_path, map_location="cpu", weights_only=True)
         except Exception as exc:  # unpickling refused or a corrupt file: several unrelated types
-            raise InputError(f"{bin_path}: cannot be loaded safely ({type(exc).__name__}); only plain tensor "
-                             "state dicts are accepted (torch.load weights_only=True); re-save it as "
-                             "adapter_model.safetensors") from None
+            raise InputError(
+                f"{bin_path}: cannot be loaded safely ({type(exc).__name__}); only plain tensor "
+                "state dicts are accepted (torch.load weights_only=True); re-save it as "
+                "adapter_model.safetensors"
+            ) from None
         if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
             raise InputError(f"{bin_path}: expected a state dict of tensors; re-save it as adapter_model.safetensors")
         return bin_path, StateDictSource(str(bin_path), {str(k): v for k, v in state.items()})
-    raise InputError(f"{folder}: no adapter_model.safetensors or adapter_model.bin; model.adapter must name a "
-                     "PEFT LoRA folder")
+    raise InputError(
+        f"{folder}: no adapter_model.safetensors or adapter_model.bin; model.adapter must name a PEFT LoRA folder"
+    )
 
 
 _SUFFIXES = (
-    (".lora_A.weight", "linear", "a"), (".lora_B.weight", "linear", "b"),
-    (".lora_magnitude_vector.weight", "linear", "m"), (".lora_magnitude_vector", "linear", "m"),
-    (".lora_embedding_A", "embedding", "a"), (".lora_embedding_B", "embedding", "b"),
+    (".lora_A.weight", "linear", "a"),
+    (".lora_B.weight", "linear", "b"),
+    (".lora_magnitude_vector.weight", "linear", "m"),
+    (".lora_magnitude_vector", "linear", "m"),
+    (".lora_embedding_A", "embedding", "a"),
+    (".lora_embedding_B", "embedding", "b"),
 )
 
 
@@ -112,9 +118,11 @@ def open_adapter(folder: Path) -> Adapter:
     for name in source.names():
         where = f"{weights}: tensor {name}"
         if not name.startswith(PREFIX):
-            raise InputError(f"{where}: not a PEFT tensor name (expected the prefix {PREFIX!r}); re-save the adapter "
-                             "with PEFT's save_pretrained")
-        key = name[len(PREFIX):]
+            raise InputError(
+                f"{where}: not a PEFT tensor name (expected the prefix {PREFIX!r}); re-save the adapter "
+                "with PEFT's save_pretrained"
+            )
+        key = name[len(PREFIX) :]
         if key.endswith(".bias"):
             raise InputError(f"{where}: a trained bias; Llama layers have no biases to merge it into")
         for suffix, kind, part in _SUFFIXES:
@@ -125,8 +133,9 @@ def open_adapter(folder: Path) -> Adapter:
                 break
         else:
             if ".lora_" in key:
-                raise InputError(f"{where}: unknown LoRA tensor kind; only LoRA/DoRA Linear and Embedding "
-                                 "updates can be merged")
+                raise InputError(
+                    f"{where}: unknown LoRA tensor kind; only LoRA/DoRA Linear and Embedding updates can be merged"
+                )
             base = key.replace(".base_layer.weight", ".weight")
             if not base.endswith(".weight"):
                 raise InputError(f"{where}: not a weight; cannot be merged")
@@ -136,21 +145,27 @@ def open_adapter(folder: Path) -> Adapter:
         missing = [p for p in ("a", "b") if p not in found]
         if missing:
             have = next(iter(found.values()))
-            raise InputError(f"{weights}: tensor {have} has no matching lora_{missing[0].upper()} tensor; "
-                             "the adapter is incomplete")
+            raise InputError(
+                f"{weights}: tensor {have} has no matching lora_{missing[0].upper()} tensor; the adapter is incomplete"
+            )
         if "m" in found and kinds[module] == "embedding":
             raise InputError(f"{weights}: tensor {found['m']}: DoRA on an embedding is not supported")
         if "m" in found and not config.use_dora or config.use_dora and "m" not in found:
-            raise InputError(f"{weights}: module {module}: use_dora is {config.use_dora} in {config.file} but the "
-                             f"magnitude vector is {'present' if 'm' in found else 'missing'}")
+            raise InputError(
+                f"{weights}: module {module}: use_dora is {config.use_dora} in {config.file} but the "
+                f"magnitude vector is {'present' if 'm' in found else 'missing'}"
+            )
         rank, _ = config.rank_and_alpha(module)
         a_shape, b_shape = source.meta(found["a"]).shape, source.meta(found["b"]).shape
         if len(a_shape) != 2 or len(b_shape) != 2 or a_shape[0] != rank or b_shape[1] != rank:
-            raise InputError(f"{weights}: tensor {found['a']} {list(a_shape)} / {found['b']} {list(b_shape)}: "
-                             f"rank does not match r={rank} of {config.file} (lora_A must be [r, in], "
-                             "lora_B [out, r])")
-        updates[f"{module}.weight"] = LoraUpdate(f"{module}.weight", kinds[module], found["a"], found["b"],
-                                                 found.get("m"), config.scale(module), rank)
+            raise InputError(
+                f"{weights}: tensor {found['a']} {list(a_shape)} / {found['b']} {list(b_shape)}: "
+                f"rank does not match r={rank} of {config.file} (lora_A must be [r, in], "
+                "lora_B [out, r])"
+            )
+        updates[f"{module}.weight"] = LoraUpdate(
+            f"{module}.weight", kinds[module], found["a"], found["b"], found.get("m"), config.scale(module), rank
+        )
     both = sorted(set(updates) & set(replacements))
     if both and any(not replacements[b].endswith(".base_layer.weight") for b in both):
         raise InputError(f"{weights}: tensor {replacements[both[0]]} is both adapted and replaced (modules_to_save)")
@@ -163,33 +178,43 @@ def check_against_base(adapter: Adapter, base: HFCheckpoint) -> None:
     if isinstance(adapter.config.target_modules, tuple):
         for target in adapter.config.target_modules:
             if not any(n.endswith(f".{target}.weight") or n == f"{target}.weight" for n in names):
-                raise InputError(f"{adapter.config.file}: target module {target!r} is absent from the base model "
-                                 f"{base.path}; the adapter was trained on another architecture")
+                raise InputError(
+                    f"{adapter.config.file}: target module {target!r} is absent from the base model "
+                    f"{base.path}; the adapter was trained on another architecture"
+                )
     tied = base.spec.tie_word_embeddings
     for name, update in adapter.updates.items():
         where = adapter.where(update.a)
         if name not in base.tensors:
             raise InputError(f"{where}: targets {name}, which the base model {base.path} does not have")
         if tied and name in EMBEDDING_BASES:
-            raise InputError(f"{where}: updates {name} of a model with tied embeddings (embed_tokens = lm_head); "
-                             "merging it would change both; retrain without embed_tokens/lm_head")
+            raise InputError(
+                f"{where}: updates {name} of a model with tied embeddings (embed_tokens = lm_head); "
+                "merging it would change both; retrain without embed_tokens/lm_head"
+            )
         shape = base.meta(name).shape
         (_, a_in), (b_out, _) = adapter.shape(update.a), adapter.shape(update.b)
         expected = (b_out, a_in) if update.kind == "linear" else (a_in, b_out)
         if tuple(shape) != expected:
-            raise InputError(f"{where}: the update has shape {list(expected)} but base tensor {name} is "
-                             f"{list(shape)}; the adapter was trained on another model")
+            raise InputError(
+                f"{where}: the update has shape {list(expected)} but base tensor {name} is "
+                f"{list(shape)}; the adapter was trained on another model"
+            )
         if update.magnitude is not None and adapter.shape(update.magnitude) not in ((shape[0],), (1, shape[0])):
-            raise InputError(f"{adapter.where(update.magnitude)}: shape {list(adapter.shape(update.magnitude))}, "
-                             f"expected [{shape[0]}] (one magnitude per output row of {name})")
+            raise InputError(
+                f"{adapter.where(update.magnitude)}: shape {list(adapter.shape(update.magnitude))}, "
+                f"expected [{shape[0]}] (one magnitude per output row of {name})"
+            )
     for name, tensor in adapter.replacements.items():
         where = adapter.where(tensor)
         if name not in base.tensors:
             raise InputError(f"{where}: replaces {name}, which the base model {base.path} does not have")
         if tuple(adapter.shape(tensor)) != tuple(base.meta(name).shape):
-            raise InputError(f"{where}: shape {list(adapter.shape(tensor))} differs from the base's {name} "
-                             f"{list(base.meta(name).shape)} (a resized vocabulary?); only same-shape "
-                             "modules_to_save can be merged")
+            raise InputError(
+                f"{where}: shape {list(adapter.shape(tensor))} differs from the base's {name} "
+                f"{list(base.meta(name).shape)} (a resized vocabulary?); only same-shape "
+                "modules_to_save can be merged"
+            )
         if tied and name in EMBEDDING_BASES and not tensor.endswith(".base_layer.weight"):
             raise InputError(f"{where}: replaces {name} of a model with tied embeddings; not supported")
 

@@ -39,8 +39,9 @@ class MergeSummary:
     total_bytes: int
 
 
-def merge_adapters(base_dir: Path, adapter_dirs: list[Path], out: Path,
-                   progress: Callable[[int, int], None] | None = None) -> MergeSummary:
+def merge_adapters(
+    base_dir: Path, adapter_dirs: list[Path], out: Path, progress: Callable[[int, int], None] | None = None
+) -> MergeSummary:
     """Write the merged checkpoint into ``out`` (an existing empty folder the caller renames into place)."""
     out = Path(out)
     if not out.is_dir() or any(out.iterdir()):
@@ -51,8 +52,10 @@ def merge_adapters(base_dir: Path, adapter_dirs: list[Path], out: Path,
     adapters: list[Adapter] = []
     try:
         if base.fp8 is not None:
-            raise InputError(f"{base.path}: is an FP8 checkpoint; merge adapters into the unquantized base and set "
-                             "quantization.weights: fp8 to quantize the merged model")
+            raise InputError(
+                f"{base.path}: is an FP8 checkpoint; merge adapters into the unquantized base and set "
+                "quantization.weights: fp8 to quantize the merged model"
+            )
         for folder in adapter_dirs:
             adapter = open_adapter(Path(folder))
             adapters.append(adapter)
@@ -62,8 +65,11 @@ def merge_adapters(base_dir: Path, adapter_dirs: list[Path], out: Path,
         done = 0
         for source in base.files:
             metas = sorted((source.meta(name) for name in source.names()), key=lambda m: m.offset)
-            writer = StreamWriter(out / source.path.name, [HeaderEntry(m.name, m.dtype, m.shape) for m in metas],
-                                  metadata=source.metadata or None)
+            writer = StreamWriter(
+                out / source.path.name,
+                [HeaderEntry(m.name, m.dtype, m.shape) for m in metas],
+                metadata=source.metadata or None,
+            )
             try:
                 for meta in metas:
                     if meta.name in touched:
@@ -84,8 +90,12 @@ def merge_adapters(base_dir: Path, adapter_dirs: list[Path], out: Path,
         _copy_other_files(base.path, out)
         updated = {n for a in adapters for n in a.updates}
         summary = MergeSummary(
-            out=out, adapters=tuple(a.folder for a in adapters), updated_tensors=len(updated),
-            replaced_tensors=len(touched - updated), copied_tensors=len(base.tensors) - len(touched), total_bytes=total,
+            out=out,
+            adapters=tuple(a.folder for a in adapters),
+            updated_tensors=len(updated),
+            replaced_tensors=len(touched - updated),
+            copied_tensors=len(base.tensors) - len(touched),
+            total_bytes=total,
         )
         _write_provenance(out, adapters, summary)
         return summary
@@ -98,20 +108,33 @@ def merge_adapters(base_dir: Path, adapter_dirs: list[Path], out: Path,
 def _copy_other_files(base_dir: Path, out: Path) -> None:
     """config.json, the tokenizer, generation config, the shard index: everything but the weights."""
     for path in sorted(base_dir.iterdir()):
-        if path.is_file() and not path.name.startswith(".") and path.suffix != ".safetensors" \
-                and not (out / path.name).exists():
+        if (
+            path.is_file()
+            and not path.name.startswith(".")
+            and path.suffix != ".safetensors"
+            and not (out / path.name).exists()
+        ):
             shutil.copyfile(path, out / path.name)
 
 
 def _write_provenance(out: Path, adapters: list[Adapter], summary: MergeSummary) -> None:
     body = {
-        "adapters": [{
-            "path": str(a.folder), "weights": a.weights.name, "r": a.config.r, "lora_alpha": a.config.lora_alpha,
-            "use_rslora": a.config.use_rslora, "use_dora": a.config.use_dora,
-            "base_model_name_or_path": a.config.base_model_name_or_path,
-            "updated": len(a.updates), "replaced": len(a.replacements),
-        } for a in adapters],
-        "updated_tensors": summary.updated_tensors, "replaced_tensors": summary.replaced_tensors,
+        "adapters": [
+            {
+                "path": str(a.folder),
+                "weights": a.weights.name,
+                "r": a.config.r,
+                "lora_alpha": a.config.lora_alpha,
+                "use_rslora": a.config.use_rslora,
+                "use_dora": a.config.use_dora,
+                "base_model_name_or_path": a.config.base_model_name_or_path,
+                "updated": len(a.updates),
+                "replaced": len(a.replacements),
+            }
+            for a in adapters
+        ],
+        "updated_tensors": summary.updated_tensors,
+        "replaced_tensors": summary.replaced_tensors,
         "copied_tensors": summary.copied_tensors,
     }
     (out / PROVENANCE_FILE).write_text(json.dumps(body, indent=2) + "\n")

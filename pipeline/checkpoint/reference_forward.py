@@ -51,8 +51,15 @@ def causal_mask(q_len: int, past_len: int) -> torch.Tensor:
     return keys[None, :] <= (past_len + torch.arange(q_len))[:, None]
 
 
-def attention(w: LayerShard, x: torch.Tensor, position_ids: torch.Tensor, geo: Geometry, inv_freq: torch.Tensor,
-              past: PastKV | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, PastKV]:
+def attention(
+    w: LayerShard,
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    geo: Geometry,
+    inv_freq: torch.Tensor,
+    past: PastKV | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, PastKV]:
     T, d = x.shape[0], geo.head_size
     qkv = w.qkv(x)
     q, k, v = qkv.split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
@@ -72,9 +79,15 @@ def attention(w: LayerShard, x: torch.Tensor, position_ids: torch.Tensor, geo: G
     return w.dense(ctx.transpose(0, 1).reshape(T, geo.heads * d)), (k, v)
 
 
-def decoder_layer(shards: Sequence[LayerShard], h: torch.Tensor, position_ids: torch.Tensor, geo: Geometry,
-                  inv_freq: torch.Tensor, past: Sequence[PastKV] | None = None, mask: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, list[PastKV]]:
+def decoder_layer(
+    shards: Sequence[LayerShard],
+    h: torch.Tensor,
+    position_ids: torch.Tensor,
+    geo: Geometry,
+    inv_freq: torch.Tensor,
+    past: Sequence[PastKV] | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[PastKV]]:
     """Residual + all-reduced attention, residual + all-reduced MLP, over the tp shards of one layer."""
     norm_in = shards[0].input_layernorm
     x = rms_norm(h, norm_in, geo.eps) if norm_in is not None else h
@@ -136,8 +149,13 @@ class ReferenceModel:
         """Vocab-parallel projection: each rank's slice, concatenated, padding stripped."""
         return torch.cat([x @ s.T for s in shards], dim=-1)[..., : self.vocab]
 
-    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                      past: Past | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Past]:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past: Past | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, Past]:
         """Final-normed hidden states [T, H] of one sequence, and the updated KV caches."""
         past_len = 0 if not past else past[0][0][0].shape[1]
         if position_ids is None:
@@ -150,8 +168,9 @@ class ReferenceModel:
             stage = self.stage(pp_rank)
             for layer in sorted(stage[0].layers):
                 shards = [r.layers[layer] for r in stage]
-                h, kv = decoder_layer(shards, h, position_ids, self.geo, self.inv_freq,
-                                      None if past is None else past[layer], mask)
+                h, kv = decoder_layer(
+                    shards, h, position_ids, self.geo, self.inv_freq, None if past is None else past[layer], mask
+                )
                 presents.append(kv)
         last = self.stage(self.pp - 1)[0]
         assert last.ln_f is not None
@@ -180,9 +199,15 @@ class ReferenceModel:
             out.append(self._gather(x, [r.medusa[h].lm_head for r in stage]))
         return torch.stack(out)
 
-    def eagle_forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
-                      net: int = 0, past: Past | None = None, mask: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, Past]:
+    def eagle_forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        net: int = 0,
+        past: Past | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, Past]:
         """EAGLE-1 drafter: fc(concat[embed(token); feature]) -> decoder layers (first without
         input_layernorm, no final norm) -> lm_head. ``features`` are the base model's final-normed
         hidden states. Returns (logits [T, V], drafter hidden [T, H], KV caches)."""
@@ -195,8 +220,15 @@ class ReferenceModel:
         h = torch.cat([n.fc(x) for n in nets], dim=-1)
         presents: Past = []
         for j in sorted(nets[0].layers):
-            h, kv = decoder_layer([n.layers[j] for n in nets], h, position_ids, self.eagle_geo, self.eagle_inv_freq,
-                                  None if past is None else past[j], mask)
+            h, kv = decoder_layer(
+                [n.layers[j] for n in nets],
+                h,
+                position_ids,
+                self.eagle_geo,
+                self.eagle_inv_freq,
+                None if past is None else past[j],
+                mask,
+            )
             presents.append(kv)
         return self._gather(h, [n.lm_head for n in nets]), h, presents
 

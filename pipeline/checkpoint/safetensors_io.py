@@ -137,20 +137,24 @@ class SafetensorsFile:
             with open(self.path, "rb") as f:
                 head = f.read(8)
                 if len(head) < 8:
-                    raise InputError(f"{where}: truncated safetensors file ({size} bytes, no header); "
-                                     "re-download or re-export it")
+                    raise InputError(
+                        f"{where}: truncated safetensors file ({size} bytes, no header); re-download or re-export it"
+                    )
                 (n,) = struct.unpack("<Q", head)
                 if n > _MAX_HEADER or n > size - 8:
-                    raise InputError(f"{where}: corrupt or truncated safetensors file: header length {n} "
-                                     f"does not fit in {size} bytes; re-download or re-export it")
+                    raise InputError(
+                        f"{where}: corrupt or truncated safetensors file: header length {n} "
+                        f"does not fit in {size} bytes; re-download or re-export it"
+                    )
                 raw = f.read(n)
         except OSError as exc:
             raise InputError(f"{where}: cannot read safetensors file: {exc.strerror or exc}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise InputError(f"{where}: corrupt safetensors header (not valid JSON); "
-                             "re-download or re-export it") from None
+            raise InputError(
+                f"{where}: corrupt safetensors header (not valid JSON); re-download or re-export it"
+            ) from None
         if not isinstance(header, dict):
             raise InputError(f"{where}: corrupt safetensors header (not a JSON object); re-export it")
         data_start = 8 + n
@@ -166,33 +170,41 @@ class SafetensorsFile:
                 shape = tuple(int(d) for d in entry["shape"])
                 begin, end = (int(x) for x in entry["data_offsets"])
             except (TypeError, KeyError, ValueError):
-                raise InputError(f"{where}: corrupt safetensors header entry for tensor {name}; "
-                                 "re-export it") from None
+                raise InputError(f"{where}: corrupt safetensors header entry for tensor {name}; re-export it") from None
             if dtype_name not in DTYPES:
-                raise InputError(f"{where}: tensor {name} has unsupported dtype {dtype_name}; "
-                                 f"supported: {', '.join(DTYPES)}")
+                raise InputError(
+                    f"{where}: tensor {name} has unsupported dtype {dtype_name}; supported: {', '.join(DTYPES)}"
+                )
             if any(d < 0 for d in shape):
                 raise InputError(f"{where}: tensor {name} has a negative dimension {list(shape)}; re-export it")
             meta = TensorMeta(name, DTYPES[dtype_name], shape, data_start + begin)
             if end - begin != meta.nbytes or begin < 0:
-                raise InputError(f"{where}: tensor {name}: data_offsets [{begin}, {end}] do not match "
-                                 f"dtype {dtype_name} shape {list(shape)}; the file is corrupt, re-export it")
+                raise InputError(
+                    f"{where}: tensor {name}: data_offsets [{begin}, {end}] do not match "
+                    f"dtype {dtype_name} shape {list(shape)}; the file is corrupt, re-export it"
+                )
             tensors[name] = meta
             spans.append((begin, end, name))
         spans.sort()
         pos = 0
         for begin, end, name in spans:
             if begin != pos:
-                raise InputError(f"{where}: tensor {name}: data_offsets overlap or leave a gap at byte {pos}; "
-                                 "the file is corrupt, re-export it")
+                raise InputError(
+                    f"{where}: tensor {name}: data_offsets overlap or leave a gap at byte {pos}; "
+                    "the file is corrupt, re-export it"
+                )
             pos = end
         have = size - data_start
         if have < pos:
-            raise InputError(f"{where}: truncated safetensors file: header needs {pos} data bytes, "
-                             f"file has {have}; re-download or re-export it")
+            raise InputError(
+                f"{where}: truncated safetensors file: header needs {pos} data bytes, "
+                f"file has {have}; re-download or re-export it"
+            )
         if have > pos:
-            raise InputError(f"{where}: corrupt safetensors file: {have - pos} bytes after the last tensor; "
-                             "re-download or re-export it")
+            raise InputError(
+                f"{where}: corrupt safetensors file: {have - pos} bytes after the last tensor; "
+                "re-download or re-export it"
+            )
         return tensors
 
     @property
@@ -239,8 +251,10 @@ class SafetensorsFile:
         while got < nbytes:
             n = os.preadv(fd, [view[got:]], offset + got)
             if n <= 0:
-                raise InputError(f"{self.label}: tensor {name}: file ended early (truncated while reading); "
-                                 "re-download or re-export it")
+                raise InputError(
+                    f"{self.label}: tensor {name}: file ended early (truncated while reading); "
+                    "re-download or re-export it"
+                )
             got += n
         rest = meta.shape[1:] if len(meta.shape) > 1 else ()
         if nbytes == 0:
@@ -303,8 +317,11 @@ class StreamWriter:
         header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
         pos = 0
         for e in entries:
-            header[e.name] = {"dtype": DTYPE_NAMES[e.dtype], "shape": list(e.shape),
-                              "data_offsets": [pos, pos + e.nbytes]}
+            header[e.name] = {
+                "dtype": DTYPE_NAMES[e.dtype],
+                "shape": list(e.shape),
+                "data_offsets": [pos, pos + e.nbytes],
+            }
             pos += e.nbytes
         self.data_bytes = pos
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -351,15 +368,19 @@ class StreamWriter:
                 self._copy_ok = False  # e.g. across filesystems on old kernels: fall back to read/write
                 break
             if n == 0:
-                raise InputError(f"{label}: file ended early while copying (truncated during conversion?); "
-                                 "check the input and convert again")
+                raise InputError(
+                    f"{label}: file ended early while copying (truncated during conversion?); "
+                    "check the input and convert again"
+                )
             done += n
         step = 16 * 1024 * 1024
         while done < nbytes:
             chunk = os.pread(src_fd, min(step, nbytes - done), offset + done)
             if not chunk:
-                raise InputError(f"{label}: file ended early while copying (truncated during conversion?); "
-                                 "check the input and convert again")
+                raise InputError(
+                    f"{label}: file ended early while copying (truncated during conversion?); "
+                    "check the input and convert again"
+                )
             self._raw_write(chunk)
             done += len(chunk)
 
@@ -368,8 +389,9 @@ class StreamWriter:
         try:
             self._flush()
             if self._written != self.data_bytes:
-                raise RuntimeError(f"{self.path}: wrote {self._written} data bytes, header promises "
-                                   f"{self.data_bytes} (converter bug)")
+                raise RuntimeError(
+                    f"{self.path}: wrote {self._written} data bytes, header promises {self.data_bytes} (converter bug)"
+                )
             if sync:
                 os.fsync(self._fd)
         finally:

@@ -107,13 +107,17 @@ def chunk(n: int, tp: int, tp_rank: int, what: str) -> tuple[int, int]:
 
 def check_heads(num_heads: int, num_kv_heads: int, tp: int, where: str) -> None:
     if num_heads % tp:
-        raise InputError(f"{where}: num_attention_heads {num_heads} is not divisible by tp={tp}; "
-                         f"choose tp among {divisors(num_heads)}")
+        raise InputError(
+            f"{where}: num_attention_heads {num_heads} is not divisible by tp={tp}; "
+            f"choose tp among {divisors(num_heads)}"
+        )
     if num_kv_heads >= tp and num_kv_heads % tp:
         raise InputError(f"{where}: num_key_value_heads {num_kv_heads} is not divisible by tp={tp}")
     if num_kv_heads < tp and tp % num_kv_heads:
-        raise InputError(f"{where}: tp={tp} is not a multiple of num_key_value_heads {num_kv_heads} "
-                         "(KV heads can only be replicated a whole number of times)")
+        raise InputError(
+            f"{where}: tp={tp} is not a multiple of num_key_value_heads {num_kv_heads} "
+            "(KV heads can only be replicated a whole number of times)"
+        )
 
 
 def divisors(n: int) -> list[int]:
@@ -124,8 +128,9 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     return max(num_kv_heads // tp, 1)
 
 
-def qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp: int, tp_rank: int
-             ) -> tuple[tuple[int, int], tuple[int, int]]:
+def qkv_rows(
+    num_heads: int, num_kv_heads: int, head_dim: int, tp: int, tp_rank: int
+) -> tuple[tuple[int, int], tuple[int, int]]:
     """(rows of q_proj, rows of k_proj == rows of v_proj) held by tp_rank."""
     q_per = num_heads // tp
     q = (tp_rank * q_per * head_dim, (tp_rank + 1) * q_per * head_dim)

@@ -22,9 +22,18 @@ _POOL_ELEMENTS = 2 * _CHUNK_ELEMENTS
 
 
 # The default shape: a 1B-class Llama (vocab 32000, 8 layers of hidden 1024, GQA 16/4).
-DEFAULT_SYNTHETIC = ModelGeometry("synthetic-llama", vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16,
-                                  num_kv_heads=4, head_dim=64, intermediate_size=2816, max_position_embeddings=4096,
-                                  rope_theta=500000.0)
+DEFAULT_SYNTHETIC = ModelGeometry(
+    "synthetic-llama",
+    vocab_size=32000,
+    hidden_size=1024,
+    num_layers=8,
+    num_heads=16,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=2816,
+    max_position_embeddings=4096,
+    rope_theta=500000.0,
+)
 
 
 def tensors(model: ModelGeometry) -> list[tuple[str, tuple[int, ...]]]:
@@ -34,11 +43,17 @@ def tensors(model: ModelGeometry) -> list[tuple[str, tuple[int, ...]]]:
     out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (model.vocab_size, H))]
     for i in range(model.num_layers):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (q, H)),
-                (p + "self_attn.k_proj.weight", (kv, H)), (p + "self_attn.v_proj.weight", (kv, H)),
-                (p + "self_attn.o_proj.weight", (H, q)), (p + "post_attention_layernorm.weight", (H,)),
-                (p + "mlp.gate_proj.weight", (inter, H)), (p + "mlp.up_proj.weight", (inter, H)),
-                (p + "mlp.down_proj.weight", (H, inter))]
+        out += [
+            (p + "input_layernorm.weight", (H,)),
+            (p + "self_attn.q_proj.weight", (q, H)),
+            (p + "self_attn.k_proj.weight", (kv, H)),
+            (p + "self_attn.v_proj.weight", (kv, H)),
+            (p + "self_attn.o_proj.weight", (H, q)),
+            (p + "post_attention_layernorm.weight", (H,)),
+            (p + "mlp.gate_proj.weight", (inter, H)),
+            (p + "mlp.up_proj.weight", (inter, H)),
+            (p + "mlp.down_proj.weight", (H, inter)),
+        ]
     out.append(("model.norm.weight", (H,)))
     if not model.tie_word_embeddings:
         out.append(("lm_head.weight", (model.vocab_size, H)))
@@ -53,19 +68,27 @@ def nbytes(model: ModelGeometry, dtype: torch.dtype) -> int:
 def hf_config(model: ModelGeometry, dtype: torch.dtype) -> dict:
     """The checkpoint's config.json."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "intermediate_size": model.intermediate_size,
-        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
-        "num_key_value_heads": model.num_kv_heads, "head_dim": model.head_dim,
-        "tie_word_embeddings": model.tie_word_embeddings, "max_position_embeddings": model.max_position_embeddings,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.intermediate_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.num_kv_heads,
+        "head_dim": model.head_dim,
+        "tie_word_embeddings": model.tie_word_embeddings,
+        "max_position_embeddings": model.max_position_embeddings,
         "rms_norm_eps": model.norm_epsilon,
         "rope_parameters": {"rope_type": "default", "rope_theta": model.rope_theta},
         "dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype],
     }
 
 
-def scaled_to(target_bytes: int, dtype: torch.dtype = torch.bfloat16, base: ModelGeometry = DEFAULT_SYNTHETIC
-              ) -> ModelGeometry:
+def scaled_to(
+    target_bytes: int, dtype: torch.dtype = torch.bfloat16, base: ModelGeometry = DEFAULT_SYNTHETIC
+) -> ModelGeometry:
     """``base`` with as many layers as fit ``target_bytes`` (at least one)."""
     one, two = replace(base, num_layers=1), replace(base, num_layers=2)
     per_layer = nbytes(two, dtype) - nbytes(one, dtype)
@@ -73,8 +96,9 @@ def scaled_to(target_bytes: int, dtype: torch.dtype = torch.bfloat16, base: Mode
     return replace(base, num_layers=int(max(1, (target_bytes - fixed) // per_layer)))
 
 
-def write_synthetic_llama(folder: Path, model: ModelGeometry, dtype: torch.dtype = torch.bfloat16,
-                          seed: int = 0) -> int:
+def write_synthetic_llama(
+    folder: Path, model: ModelGeometry, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> int:
     """Write config.json + model.safetensors into ``folder``; returns the safetensors file size."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -93,7 +117,7 @@ def write_synthetic_llama(folder: Path, model: ModelGeometry, dtype: torch.dtype
             for start in range(0, n, _CHUNK_ELEMENTS):
                 count = min(_CHUNK_ELEMENTS, n - start, src.numel())
                 offset = (i * 7919 + start // _CHUNK_ELEMENTS * 104729) % (src.numel() - count + 1)
-                writer.write_tensor_bytes(src[offset:offset + count])
+                writer.write_tensor_bytes(src[offset : offset + count])
         writer.close(sync=False)
     finally:
         writer.abort()

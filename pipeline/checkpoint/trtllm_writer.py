@@ -81,24 +81,38 @@ class HeadsConfig:
     eagle: tuple[int, int, int] | None = None  # (num_eagle_layers, max_non_leaves_per_layer, max_draft_len)
 
 
-def build_config(spec: ModelGeometry, dtype: torch.dtype, tp: int, pp: int, plan: Plan, heads: HeadsConfig
-                 ) -> dict[str, Any]:
+def build_config(
+    spec: ModelGeometry, dtype: torch.dtype, tp: int, pp: int, plan: Plan, heads: HeadsConfig
+) -> dict[str, Any]:
     cfg = llama_config_dict(spec, dtype, tp, pp)
     exclude = ["lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding"]
     if heads.medusa is not None:
         n, layers, max_draft = heads.medusa
-        cfg.update(architecture="MedusaForCausalLM", num_medusa_heads=n, num_medusa_layers=layers,
-                   max_draft_len=max_draft, model_type="llama")
+        cfg.update(
+            architecture="MedusaForCausalLM",
+            num_medusa_heads=n,
+            num_medusa_layers=layers,
+            max_draft_len=max_draft,
+            model_type="llama",
+        )
         exclude.append("*medusa_heads*")
     if heads.eagle is not None and heads.eagle_spec is not None:
         n, non_leaves, max_draft = heads.eagle
         net = llama_config_dict(heads.eagle_spec, dtype, tp * pp, 1)
         net["quantization"] = {"quant_algo": None, "kv_cache_quant_algo": None}
-        cfg.update(architecture="EagleForCausalLM", num_eagle_layers=n, max_non_leaves_per_layer=non_leaves,
-                   max_draft_len=max_draft, eagle_net_config=net)
+        cfg.update(
+            architecture="EagleForCausalLM",
+            num_eagle_layers=n,
+            max_non_leaves_per_layer=non_leaves,
+            max_draft_len=max_draft,
+            eagle_net_config=net,
+        )
         exclude += ["*eagle_nets*"] + [f"eagle_nets.{i}.lm_head" for i in range(n)]
-    cfg["quantization"] = {"quant_algo": plan.quant_algo, "kv_cache_quant_algo": plan.kv_cache_quant_algo,
-                           "exclude_modules": exclude if (plan.quant_algo or plan.kv_cache_quant_algo) else None}
+    cfg["quantization"] = {
+        "quant_algo": plan.quant_algo,
+        "kv_cache_quant_algo": plan.kv_cache_quant_algo,
+        "exclude_modules": exclude if (plan.quant_algo or plan.kv_cache_quant_algo) else None,
+    }
     return cfg
 
 
@@ -139,7 +153,7 @@ def _take_columns(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     rows runs ~10x slower on this path, and row-parallel weights are a third of a model)."""
     size = x.element_size()
     raw = x.view(torch.uint8).numpy()
-    block = np.ascontiguousarray(raw[:, start * size:stop * size])
+    block = np.ascontiguousarray(raw[:, start * size : stop * size])
     return torch.from_numpy(block).view(x.dtype)
 
 
@@ -187,8 +201,9 @@ def _check_finite(y: torch.Tensor, part: Slice, first_row: int, t: OutTensor) ->
     raise InputError(f"{ref.where} {cause} at row {row} (for {t.name}); {fix}")
 
 
-def _write_stage(out: Path, ranks: list[RankPlan], done: list[int], total: int, progress: Progress | None,
-                 created: list[Path]) -> None:
+def _write_stage(
+    out: Path, ranks: list[RankPlan], done: list[int], total: int, progress: Progress | None, created: list[Path]
+) -> None:
     names = [[(t.name, t.dtype, t.shape) for t in r.tensors] for r in ranks]
     assert all(n == names[0] for n in names), "tp ranks of a stage must share one tensor layout"
     writers: list[StreamWriter] = []

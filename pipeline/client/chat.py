@@ -33,11 +33,12 @@ class ChatTemplate:
 
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         specials: dict[str, Any] = dict(self.special_tokens)  # bos_token etc., as the tokenizer passes them
-        result: Any = render_jinja_template(conversations=[messages], chat_template=self.template,
-                                            add_generation_prompt=True, **specials)
+        result: Any = render_jinja_template(
+            conversations=[messages], chat_template=self.template, add_generation_prompt=True, **specials
+        )
         text = result[0][0]  # (rendered conversations, generation indices)
         if self.strip_prefix and text.startswith(self.strip_prefix):
-            text = text[len(self.strip_prefix):]
+            text = text[len(self.strip_prefix) :]
         return text
 
     def to_parameter(self) -> str:
@@ -47,8 +48,11 @@ class ChatTemplate:
     def from_parameter(cls, value: str, source: str) -> ChatTemplate:
         try:
             data = json.loads(value)
-            return cls(str(data["template"]), {str(k): str(v) for k, v in data.get("special_tokens", {}).items()},
-                       str(data.get("strip_prefix", "")))
+            return cls(
+                str(data["template"]),
+                {str(k): str(v) for k, v in data.get("special_tokens", {}).items()},
+                str(data.get("strip_prefix", "")),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"{source}: parameter {PARAMETER} is not a chat template ({exc})") from None
 
@@ -64,8 +68,11 @@ def from_tokenizer(tokenizer_dir: Path, add_special_tokens: bool = True) -> Chat
         return None
     special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
     bos = tokenizer.bos_token
-    adds_bos = (add_special_tokens and bos is not None
-                and tokenizer("x", add_special_tokens=True).input_ids[:1] == [tokenizer.bos_token_id])
+    adds_bos = (
+        add_special_tokens
+        and bos is not None
+        and tokenizer("x", add_special_tokens=True).input_ids[:1] == [tokenizer.bos_token_id]
+    )
     return ChatTemplate(template, special, bos if adds_bos else "")
 
 
@@ -102,7 +109,8 @@ def repo_template(repo: Path) -> ChatTemplate | None:
     config_path = Path(repo) / "preprocessing" / "config.pbtxt"
     folder = Path(repo) / TOKENIZER_IN_REPO
     if not config_path.is_file() or not folder.is_dir():
-        raise InputError(f"{repo}: no preprocessing model with a tokenizer (not a packaged repository; run "
-                         "`specdeploy engine SPEC`)")
+        raise InputError(
+            f"{repo}: no preprocessing model with a tokenizer (not a packaged repository; run `specdeploy engine SPEC`)"
+        )
     config = json_format.MessageToDict(pbtxt.load(config_path), preserving_proto_field_name=True)
     return served_template(config, str(config_path)) or from_tokenizer(folder)

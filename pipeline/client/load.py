@@ -55,12 +55,14 @@ def load_prompts(path: Path) -> list[str]:
         raise InputError(f"{path}: cannot read prompts ({exc.strerror})") from None
     if Path(path).suffix in (".json", ".jsonl"):
         try:
-            items = json.loads(text) if Path(path).suffix == ".json" else [
-                json.loads(line) for line in text.splitlines() if line.strip()]
+            items = (
+                json.loads(text)
+                if Path(path).suffix == ".json"
+                else [json.loads(line) for line in text.splitlines() if line.strip()]
+            )
         except ValueError as exc:
             raise InputError(f"{path}: not valid JSON ({exc})") from None
-        prompts = [item if isinstance(item, str) else str(item.get("prompt", item.get("text", "")))
-                   for item in items]
+        prompts = [item if isinstance(item, str) else str(item.get("prompt", item.get("text", ""))) for item in items]
     else:
         prompts = text.splitlines()
     prompts = [prompt for prompt in prompts if prompt.strip()]
@@ -69,8 +71,16 @@ def load_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def run_load(url: str, model: str, prompts: list[str], *, concurrency: int, requests: int,
-             make_request: Callable[[str], GenerationRequest], time_limit: float = 600.0) -> LoadRun:
+def run_load(
+    url: str,
+    model: str,
+    prompts: list[str],
+    *,
+    concurrency: int,
+    requests: int,
+    make_request: Callable[[str], GenerationRequest],
+    time_limit: float = 600.0,
+) -> LoadRun:
     """``requests`` requests over ``concurrency`` clients, prompts taken round-robin; stops at the time limit."""
     if concurrency < 1 or requests < 1:
         raise InputError("--concurrency and --requests must be >= 1")
@@ -110,8 +120,12 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float |
     if not values:
         return {"p50": None, "p90": None, "p99": None, "mean": None}
     array = np.asarray(values, dtype=float) * scale
-    return {"p50": float(np.percentile(array, 50)), "p90": float(np.percentile(array, 90)),
-            "p99": float(np.percentile(array, 99)), "mean": float(array.mean())}
+    return {
+        "p50": float(np.percentile(array, 50)),
+        "p90": float(np.percentile(array, 90)),
+        "p99": float(np.percentile(array, 99)),
+        "mean": float(array.mean()),
+    }
 
 
 def inter_token_latencies(record: RequestRecord) -> list[float]:
@@ -129,20 +143,25 @@ def summarize(run: LoadRun) -> dict[str, Any]:
     steps = sum(r.tokens - 1 for r in done if r.tokens > 1) - accepted  # see GenerationResult.mean_acceptance_length
     has_perf = any("total_draft_tokens" in r.perf for r in done)
     return {
-        "concurrency": run.concurrency, "requests": len(run.records), "completed": len(done),
+        "concurrency": run.concurrency,
+        "requests": len(run.records),
+        "completed": len(done),
         "failed": len(run.records) - len(done),
         "errors": [r.error for r in run.records if r.error][:MAX_ERRORS_KEPT],
-        "wall_seconds": run.wall_seconds, "output_tokens": tokens,
+        "wall_seconds": run.wall_seconds,
+        "output_tokens": tokens,
         "tokens_per_second": tokens / run.wall_seconds if run.wall_seconds > 0 else 0.0,
         "requests_per_second": len(done) / run.wall_seconds if run.wall_seconds > 0 else 0.0,
         "ttft_ms": percentiles([r.ttft for r in done if r.ttft is not None]),
         "itl_ms": percentiles([gap for r in done for gap in inter_token_latencies(r)]),
         "latency_ms": percentiles([r.total for r in done if r.total is not None]),
         "acceptance": {
-            "accepted_draft_tokens": int(accepted), "draft_tokens": int(drafted),
+            "accepted_draft_tokens": int(accepted),
+            "draft_tokens": int(drafted),
             "acceptance_rate": accepted / drafted if has_perf and drafted else None,
-            "mean_acceptance_length": (sum(r.tokens - 1 for r in done if r.tokens > 1) / steps
-                                       if has_perf and steps > 0 else None),
+            "mean_acceptance_length": (
+                sum(r.tokens - 1 for r in done if r.tokens > 1) / steps if has_perf and steps > 0 else None
+            ),
         },
     }
 
@@ -172,8 +191,11 @@ def plot(run: LoadRun, summary: dict[str, Any], path: Path) -> None:
     if events:
         times, counts = zip(*events)
         timeline.plot(times, np.cumsum(counts), color="tab:green")
-    timeline.set(title=f"output tokens ({summary['tokens_per_second']:.1f} tok/s, concurrency {run.concurrency})",
-                 xlabel="s", ylabel="tokens")
+    timeline.set(
+        title=f"output tokens ({summary['tokens_per_second']:.1f} tok/s, concurrency {run.concurrency})",
+        xlabel="s",
+        ylabel="tokens",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

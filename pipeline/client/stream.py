@@ -102,20 +102,25 @@ def _tensor(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:
 
 def build_inputs(request: GenerationRequest) -> list[grpcclient.InferInput]:
     """Shapes [1, 1] (batch of one): the ensemble has max_batch_size > 0."""
-    inputs = [_tensor("text_input", np.array([[request.prompt.encode("utf-8")]], dtype=object), "BYTES"),
-              _tensor("max_tokens", np.array([[request.max_tokens]], dtype=np.int32), "INT32"),
-              _tensor("stream", np.array([[request.stream]], dtype=bool), "BOOL")]
+    inputs = [
+        _tensor("text_input", np.array([[request.prompt.encode("utf-8")]], dtype=object), "BYTES"),
+        _tensor("max_tokens", np.array([[request.max_tokens]], dtype=np.int32), "INT32"),
+        _tensor("stream", np.array([[request.stream]], dtype=bool), "BOOL"),
+    ]
     optional: list[tuple[str, object, type, str]] = [
-        ("temperature", request.temperature, np.float32, "FP32"), ("top_k", request.top_k, np.int32, "INT32"),
-        ("top_p", request.top_p, np.float32, "FP32"), ("seed", request.seed, np.uint64, "UINT64"),
+        ("temperature", request.temperature, np.float32, "FP32"),
+        ("top_k", request.top_k, np.int32, "INT32"),
+        ("top_p", request.top_p, np.float32, "FP32"),
+        ("seed", request.seed, np.uint64, "UINT64"),
         ("end_id", request.end_id, np.int32, "INT32"),
         ("exclude_input_in_output", request.exclude_input_in_output, bool, "BOOL"),
     ]
     if request.return_perf_metrics:
         optional.append(("return_perf_metrics", True, bool, "BOOL"))
     if request.lookahead is not None:
-        optional.extend((name, value, np.int32, "INT32")
-                        for name, value in zip(LOOKAHEAD_TRITON_KEYS, request.lookahead))
+        optional.extend(
+            (name, value, np.int32, "INT32") for name, value in zip(LOOKAHEAD_TRITON_KEYS, request.lookahead)
+        )
     for name, value, np_type, dtype in optional:
         if value is not None:
             inputs.append(_tensor(name, np.array([[value]], dtype=np_type), dtype))
@@ -136,9 +141,14 @@ def grpc_client(url: str) -> grpcclient.InferenceServerClient:
     if host not in ("127.0.0.1", "localhost", "::1"):
         return grpcclient.InferenceServerClient(url)
     size = 2**31 - 1  # tritonclient's own default limits, which channel_args would otherwise drop
-    return grpcclient.InferenceServerClient(url, channel_args=[
-        ("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
-        ("grpc.enable_http_proxy", 0)])
+    return grpcclient.InferenceServerClient(
+        url,
+        channel_args=[
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            ("grpc.enable_http_proxy", 0),
+        ],
+    )
 
 
 def one_line(error: object) -> str:
@@ -159,12 +169,17 @@ class TritonClient:
         except InferenceServerException:
             return False
 
-    def generate(self, request: GenerationRequest, on_piece: Callable[[Piece], None] | None = None,
-                 timeout: float | None = None) -> GenerationResult:
+    def generate(
+        self, request: GenerationRequest, on_piece: Callable[[Piece], None] | None = None, timeout: float | None = None
+    ) -> GenerationResult:
         return self.generate_raw(build_inputs(request), on_piece, timeout)
 
-    def generate_raw(self, inputs: list[grpcclient.InferInput], on_piece: Callable[[Piece], None] | None = None,
-                     timeout: float | None = None) -> GenerationResult:
+    def generate_raw(
+        self,
+        inputs: list[grpcclient.InferInput],
+        on_piece: Callable[[Piece], None] | None = None,
+        timeout: float | None = None,
+    ) -> GenerationResult:
         """Send prepared inputs (tests use this for malformed requests)."""
         events: queue.Queue = queue.Queue()
         deadline = time.monotonic() + (timeout or self.timeout)
@@ -177,14 +192,14 @@ class TritonClient:
         done = False
         request_id = uuid.uuid4().hex
         try:
-            self._client.async_stream_infer(self.model, inputs, request_id=request_id,
-                                            enable_empty_final_response=True)
+            self._client.async_stream_infer(self.model, inputs, request_id=request_id, enable_empty_final_response=True)
             while not done:
                 try:
                     response, error = events.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
-                    raise ClientError(f"{self.url}: no answer from {self.model} within "
-                                      f"{timeout or self.timeout:.0f} s") from None
+                    raise ClientError(
+                        f"{self.url}: no answer from {self.model} within {timeout or self.timeout:.0f} s"
+                    ) from None
                 if error is not None:
                     done = True  # an error ends the request on the server too
                     raise ClientError(f"{self.model}: {one_line(error)}")
@@ -202,14 +217,22 @@ class TritonClient:
         result.total_seconds = time.perf_counter() - start
         return result
 
-    def _take(self, response: grpcclient.InferResult, result: GenerationResult, start: float,
-              on_piece: Callable[[Piece], None] | None) -> bool:
+    def _take(
+        self,
+        response: grpcclient.InferResult,
+        result: GenerationResult,
+        start: float,
+        on_piece: Callable[[Piece], None] | None,
+    ) -> bool:
         """Record one response; True when it was the request's last."""
         text = _first(response, "text_output")
         if text is not None:
             counts = _first(response, "text_output_tokens")
-            piece = Piece(text[0].decode("utf-8", errors="replace"), int(counts[0]) if counts is not None else 0,
-                          time.perf_counter() - start)
+            piece = Piece(
+                text[0].decode("utf-8", errors="replace"),
+                int(counts[0]) if counts is not None else 0,
+                time.perf_counter() - start,
+            )
             result.pieces.append(piece)
             if on_piece is not None:
                 on_piece(piece)
@@ -242,8 +265,12 @@ class TritonClient:
         A second channel: this client's own stream may still be busy with the request."""
         answers: queue.Queue = queue.Queue()
         one = np.array([[1]], dtype=np.int32)
-        inputs = [_tensor("input_ids", one, "INT32"), _tensor("input_lengths", one, "INT32"),
-                  _tensor("request_output_len", one, "INT32"), _tensor("stop", np.array([[True]]), "BOOL")]
+        inputs = [
+            _tensor("input_ids", one, "INT32"),
+            _tensor("input_lengths", one, "INT32"),
+            _tensor("request_output_len", one, "INT32"),
+            _tensor("stop", np.array([[True]]), "BOOL"),
+        ]
         client = grpc_client(self.url)
         try:
             client.start_stream(callback=lambda result, error: answers.put(error))

@@ -22,20 +22,28 @@ def _ms(value: float | None) -> str:
 
 
 def print_summary(summary: dict, console: Console) -> None:
-    table = Table(title=f"concurrency {summary['concurrency']}: {summary['completed']}/{summary['requests']} "
-                        f"requests in {summary['wall_seconds']:.1f} s, {summary['tokens_per_second']:.1f} tokens/s")
+    table = Table(
+        title=f"concurrency {summary['concurrency']}: {summary['completed']}/{summary['requests']} "
+        f"requests in {summary['wall_seconds']:.1f} s, {summary['tokens_per_second']:.1f} tokens/s"
+    )
     for column in ("", "p50 ms", "p90 ms", "p99 ms", "mean ms"):
         table.add_column(column, justify="right")
-    for label, key in (("time to first token", "ttft_ms"), ("inter-token latency", "itl_ms"),
-                       ("request latency", "latency_ms")):
+    for label, key in (
+        ("time to first token", "ttft_ms"),
+        ("inter-token latency", "itl_ms"),
+        ("request latency", "latency_ms"),
+    ):
         values = summary[key]
         table.add_row(label, *(_ms(values[p]) for p in ("p50", "p90", "p99", "mean")))
     console.print(table)
     acceptance = summary["acceptance"]
     if acceptance["acceptance_rate"] is not None:
-        console.print(f"acceptance rate {acceptance['acceptance_rate']:.2f} ({acceptance['accepted_draft_tokens']} of "
-                      f"{acceptance['draft_tokens']} draft tokens), mean acceptance length "
-                      f"{acceptance['mean_acceptance_length'] or 0:.2f} tokens/step", highlight=False)
+        console.print(
+            f"acceptance rate {acceptance['acceptance_rate']:.2f} ({acceptance['accepted_draft_tokens']} of "
+            f"{acceptance['draft_tokens']} draft tokens), mean acceptance length "
+            f"{acceptance['mean_acceptance_length'] or 0:.2f} tokens/step",
+            highlight=False,
+        )
     for error in summary["errors"]:
         console.print(f"[red]error[/red]: {error}", highlight=False)
 
@@ -44,13 +52,23 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from pipeline.commands.query import request_from_args
 
     prompts = load_prompts(Path(args.prompts))
-    run = run_load(args.url, args.model, prompts, concurrency=args.concurrency, requests=args.requests,
-                   make_request=lambda prompt: request_from_args(args, prompt, perf=True),
-                   time_limit=args.time_limit)
+    run = run_load(
+        args.url,
+        args.model,
+        prompts,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        make_request=lambda prompt: request_from_args(args, prompt, perf=True),
+        time_limit=args.time_limit,
+    )
     summary = summarize(run)
     out = Path(args.out or Path("bench") / "out" / time.strftime("%Y%m%d-%H%M%S"))
-    path = write_report(run, summary, out, extra={"url": args.url, "model": args.model,
-                                                  "max_tokens": args.max_tokens, "prompts": str(args.prompts)})
+    path = write_report(
+        run,
+        summary,
+        out,
+        extra={"url": args.url, "model": args.model, "max_tokens": args.max_tokens, "prompts": str(args.prompts)},
+    )
     print_summary(summary, console)
     console.print(f"wrote {path} and {path.with_suffix('.png')}", highlight=False)
     return 0 if summary["completed"] else 1

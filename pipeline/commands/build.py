@@ -32,8 +32,10 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
     wanted = set(args.variant or ())
     unknown = wanted - {variant.name for variant in plan.variants}
     if unknown:
-        raise InputError(f"--variant {', '.join(sorted(unknown))}: not in {plan.spec_file} "
-                         f"(variants: {', '.join(v.name for v in plan.variants)})")
+        raise InputError(
+            f"--variant {', '.join(sorted(unknown))}: not in {plan.spec_file} "
+            f"(variants: {', '.join(v.name for v in plan.variants)})"
+        )
     variants = [variant for variant in plan.variants if not wanted or variant.name in wanted]
     if args.dry_run:
         for variant in variants:
@@ -71,6 +73,8 @@ def _build(variant, force: bool, console: Console) -> int:
     except StageUnavailable as exc:
         say(f"[{variant.name}] build: {exc}")
         return exc.exit_code
-    say(f"[{variant.name}] build: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
-        f" ({result.seconds:.1f} s)")
+    say(
+        f"[{variant.name}] build: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
+        f" ({result.seconds:.1f} s)"
+    )
     return 0

@@ -48,8 +48,10 @@ def spec_path(value: str, specs_dir: Path = SPECS_DIR) -> Path:
             return candidate
     known = sorted(p.name for p in specs_dir.glob("*.yaml")) if specs_dir.is_dir() else []
     listed = f"known specs in {specs_dir}: {', '.join(known)}" if known else f"{specs_dir} has no specs"
-    raise InputError(f"{value}: spec file not found here or in the project's specs folder ({listed}); "
-                     "give a path or one of those names")
+    raise InputError(
+        f"{value}: spec file not found here or in the project's specs folder ({listed}); "
+        "give a path or one of those names"
+    )
 
 
 def load_plan(args: argparse.Namespace, *, resolve: bool = False) -> Plan:

@@ -12,8 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-STATUS_STYLE = {"ok": "[green]ok[/green]", "missing": "[red]missing[/red]", "warn": "[yellow]warn[/yellow]",
-                "info": "[cyan]info[/cyan]"}
+STATUS_STYLE = {
+    "ok": "[green]ok[/green]",
+    "missing": "[red]missing[/red]",
+    "warn": "[yellow]warn[/yellow]",
+    "info": "[cyan]info[/cyan]",
+}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -51,8 +55,9 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
             for verdict in verdicts:
                 why = "; ".join(verdict.reasons + verdict.notes)
                 mark = "[green]yes[/green]" if verdict.can_build else "[red]no[/red]"
-                table.add_row(escape(verdict.variant), verdict.target, verdict.method, str(verdict.world_size), mark,
-                              escape(why))
+                table.add_row(
+                    escape(verdict.variant), verdict.target, verdict.method, str(verdict.world_size), mark, escape(why)
+                )
             console.print(table)
             for verdict in verdicts:
                 _print_stages(verdict, console)
@@ -66,6 +71,12 @@ def _print_stages(verdict, console: Console) -> None:
         table.add_column(column, justify="right" if "GiB" in column or column == "GPUs" else "left")
     for fit in verdict.stages:
         here = "[green]ok[/green]" if fit.fits else f"[red]no[/red]: {escape(fit.why)}"
-        table.add_row(fit.stage, str(fit.gpus), f"{fit.gpu_memory_gib_per_gpu:.1f}" if fit.gpus else "-",
-                      f"{fit.host_memory_gib:.1f}", f"{fit.disk_gib:.1f}", here)
+        table.add_row(
+            fit.stage,
+            str(fit.gpus),
+            f"{fit.gpu_memory_gib_per_gpu:.1f}" if fit.gpus else "-",
+            f"{fit.host_memory_gib:.1f}",
+            f"{fit.disk_gib:.1f}",
+            here,
+        )
     console.print(table)

@@ -40,15 +40,22 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
     from pipeline.stages.execute import execute_plan
 
     plan = load_plan(args)
-    outcomes = execute_plan(plan, only=set(args.variant or ()), force=args.force, hashes=hashes,
-                            say=lambda text: console.print(text, highlight=False, markup=False))
+    outcomes = execute_plan(
+        plan,
+        only=set(args.variant or ()),
+        force=args.force,
+        hashes=hashes,
+        say=lambda text: console.print(text, highlight=False, markup=False),
+    )
     from pipeline.evaluation.result import RELEASE_EXIT_CODE
 
     for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
         if outcome.exit_code == RELEASE_EXIT_CODE:
             print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
-    states = {o.variant: {r.name: r.status for r in o.results} | ({o.stopped_at: "unavailable"} if o.stopped_at
-                                                                   else {}) for o in outcomes}
+    states = {
+        o.variant: {r.name: r.status for r in o.results} | ({o.stopped_at: "unavailable"} if o.stopped_at else {})
+        for o in outcomes
+    }
     stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]
     if stopped:
         console.print(f"[yellow]{len(stopped)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
@@ -65,23 +72,34 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
 
     require_ray()  # before planning: a clear line when the extra is not installed
     if args.ray.endswith((".yaml", ".yml")):  # `engine --ray SPEC`: argparse gave SPEC to --ray
-        raise InputError(f"--ray took {args.ray} as the Ray cluster's address; write the spec first "
-                         f"(specdeploy engine {args.ray} --ray) or give an address (--ray auto)")
+        raise InputError(
+            f"--ray took {args.ray} as the Ray cluster's address; write the spec first "
+            f"(specdeploy engine {args.ray} --ray) or give an address (--ray auto)"
+        )
     # Workers run in another folder: every path absolute (the spec's relative paths too).
     args.engines_dir, args.triton_repo, args.cache_dir = (
-        str(Path(p).resolve()) for p in (args.engines_dir, args.triton_repo, args.cache_dir))
+        str(Path(p).resolve()) for p in (args.engines_dir, args.triton_repo, args.cache_dir)
+    )
     plan = load_plan(args, resolve=True)
     graph = build_graph(plan, only=set(args.variant or ()))
     roots = output_roots(args)
     needs_cache = any(variant.builtin for variant in plan.variants)
-    result = run_fleet(graph, address=None if args.ray == "local" else args.ray, force=args.force, hashes=hashes,
-                       max_retries=args.ray_retries, console=console,
-                       roots=(roots.engines, roots.triton_repo) + ((roots.cache,) if needs_cache else ()))
+    result = run_fleet(
+        graph,
+        address=None if args.ray == "local" else args.ray,
+        force=args.force,
+        hashes=hashes,
+        max_retries=args.ray_retries,
+        console=console,
+        roots=(roots.engines, roots.triton_repo) + ((roots.cache,) if needs_cache else ()),
+    )
     states = {variant: result.stage_states(variant) for variant in graph.variants}
     code = result.exit_code
     done = sum(result.stopped(variant) is None for variant in graph.variants)
-    console.print(f"{'[green]done[/green]' if code == 0 else '[yellow]stopped[/yellow]'}: {done} of "
-                  f"{len(graph.variants)} variant(s) complete")
+    console.print(
+        f"{'[green]done[/green]' if code == 0 else '[yellow]stopped[/yellow]'}: {done} of "
+        f"{len(graph.variants)} variant(s) complete"
+    )
     return plan, states, code
 
 
@@ -91,11 +109,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_spec_argument(engine)
     add_variant_filter(engine)
     engine.add_argument("--force", action="store_true", help="re-run stages even if up to date")
-    engine.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                        help="run the stages as Ray tasks: no address starts a local cluster, 'auto' joins the "
-                             "running one (pip install 'specdeploy[ray]')")
-    engine.add_argument("--ray-retries", type=int, default=3, metavar="N",
-                        help="Ray re-runs a task whose worker died up to N times (default 3)")
-    engine.add_argument("--hash-inputs", action="store_true",
-                        help="fingerprint stage inputs by content (sha256, cached) instead of size and mtime")
+    engine.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="run the stages as Ray tasks: no address starts a local cluster, 'auto' joins the "
+        "running one (pip install 'specdeploy[ray]')",
+    )
+    engine.add_argument(
+        "--ray-retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="Ray re-runs a task whose worker died up to N times (default 3)",
+    )
+    engine.add_argument(
+        "--hash-inputs",
+        action="store_true",
+        help="fingerprint stage inputs by content (sha256, cached) instead of size and mtime",
+    )
     engine.set_defaults(handler=cmd_engine)

@@ -31,8 +31,9 @@ def with_default_evaluation(spec):
 
     from pipeline.spec import EvaluationSpec
 
-    variants = tuple(v if v.evaluation is not None else v.model_copy(update={"evaluation": EvaluationSpec()})
-                     for v in spec.variants)
+    variants = tuple(
+        v if v.evaluation is not None else v.model_copy(update={"evaluation": EvaluationSpec()}) for v in spec.variants
+    )
     return dataclasses.replace(spec, variants=variants)
 
 
@@ -49,8 +50,10 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
     only = set(args.variant or ())
     unknown = only - {v.name for v in plan.variants}
     if unknown:
-        raise InputError(f"{args.spec}: no variant {', '.join(sorted(unknown))} (variants: "
-                         f"{', '.join(v.name for v in plan.variants)})")
+        raise InputError(
+            f"{args.spec}: no variant {', '.join(sorted(unknown))} (variants: "
+            f"{', '.join(v.name for v in plan.variants)})"
+        )
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     code, failures = 0, []
     for variant in plan.variants:
@@ -64,8 +67,12 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
         for stage in variant.stages[: names.index("evaluate") + 1]:
             body = stage_body(stage.name)
             try:
-                result = run_stage(stage, functools.partial(body, variant, stage),
-                                   force=args.force and stage.name == "evaluate", on_wait=say)
+                result = run_stage(
+                    stage,
+                    functools.partial(body, variant, stage),
+                    force=args.force and stage.name == "evaluate",
+                    on_wait=say,
+                )
             except StageUnavailable as exc:
                 say(f"[{variant.name}] {stage.name}: {exc}")
                 code = max(code, exc.exit_code)
@@ -75,8 +82,11 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             evaluation = read_result(variant.stage("evaluate").output)
             assert evaluation is not None  # the stage just wrote it (or found it up to date)
             console.print(summary_table(evaluation))
-            console.print(f"[{variant.name}] choice: {evaluation['choice']['candidate']}: "
-                          f"{evaluation['choice']['reason']}", highlight=False, markup=False)
+            console.print(
+                f"[{variant.name}] choice: {evaluation['choice']['candidate']}: {evaluation['choice']['reason']}",
+                highlight=False,
+                markup=False,
+            )
             if evaluation["choice"].get("failed"):
                 failures.append(f"{variant.name}: release gate failed: {evaluation['choice']['failed']}")
     for failure in failures:  # after every variant, so a release pipeline sees them all at once
@@ -87,16 +97,35 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
 def summary_table(evaluation: dict) -> Table:
     batches = evaluation["settings"]["batch_sizes"]
     gpu = evaluation["gpu"]
-    table = Table(title=f"{evaluation['variant']}: {evaluation['prompts']['count']} prompts, predicted on "
-                        f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}", title_justify="left")
-    for column in ("candidate", "AL", "rows/step", "CPU step", "CPU speedup", "= plain",
-                   *[f"GPU b{b}" for b in batches]):
+    table = Table(
+        title=f"{evaluation['variant']}: {evaluation['prompts']['count']} prompts, predicted on "
+        f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}",
+        title_justify="left",
+    )
+    for column in (
+        "candidate",
+        "AL",
+        "rows/step",
+        "CPU step",
+        "CPU speedup",
+        "= plain",
+        *[f"GPU b{b}" for b in batches],
+    ):
         table.add_column(column)
     for c in evaluation["candidates"]:
         ident = c["identity"]
-        same = "yes" if ident["identical"] == ident["prompts"] else (
-            f"{ident['identical']}/{ident['prompts']}" + ("" if ident["lossless"] else " NOT LOSSLESS"))
-        table.add_row(c["name"], f"{c['mean_acceptance_length']:.2f}", f"{c['rows_per_step']:.1f}",
-                      f"{c['cpu_step_cost']:.2f}", f"{c['cpu_speedup']:.2f}x", same,
-                      *[f"{c['predicted_speedup'][str(b)]:.2f}x" for b in batches])
+        same = (
+            "yes"
+            if ident["identical"] == ident["prompts"]
+            else (f"{ident['identical']}/{ident['prompts']}" + ("" if ident["lossless"] else " NOT LOSSLESS"))
+        )
+        table.add_row(
+            c["name"],
+            f"{c['mean_acceptance_length']:.2f}",
+            f"{c['rows_per_step']:.1f}",
+            f"{c['cpu_step_cost']:.2f}",
+            f"{c['cpu_speedup']:.2f}x",
+            same,
+            *[f"{c['predicted_speedup'][str(b)]:.2f}x" for b in batches],
+        )
     return table

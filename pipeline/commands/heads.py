@@ -34,9 +34,17 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    train_heads(args.method, _base_dir(args), Path(args.out), Path(args.cache_dir), seed=args.seed,
-                epochs=args.epochs, report=Path(args.report) if args.report else None,
-                command=command if "train-heads" in command else "", say=say)
+    train_heads(
+        args.method,
+        _base_dir(args),
+        Path(args.out),
+        Path(args.cache_dir),
+        seed=args.seed,
+        epochs=args.epochs,
+        report=Path(args.report) if args.report else None,
+        command=command if "train-heads" in command else "",
+        say=say,
+    )
     return 0
 
 
@@ -56,8 +64,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, help="head folder to write (e.g. heads/smollm2-medusa)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--epochs", type=int, help="override the method's default number of epochs")
-    train.add_argument("--threads", type=int, default=1,
-                       help="torch threads (default 1: reproducible, and fastest on a shared 2-core CPU)")
+    train.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: reproducible, and fastest on a shared 2-core CPU)",
+    )
     train.add_argument("--report", help="merge the evaluation into this JSON file (e.g. bench/heads.json)")
     train.set_defaults(handler=cmd_train_heads)
 
@@ -65,6 +77,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     expand.add_argument("heads", help="shipped folder, e.g. heads/smollm2-medusa")
     expand.add_argument("--out", required=True)
     expand.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
-    expand.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                        help="cast all tensors (default: keep stored dtypes, exact)")
+    expand.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        help="cast all tensors (default: keep stored dtypes, exact)",
+    )
     expand.set_defaults(handler=cmd_expand_heads)

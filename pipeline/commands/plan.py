@@ -33,8 +33,9 @@ def plan_with_commands(plan: Plan) -> dict:
     body = json.loads(plan.to_json())
     for data, variant in zip(body["variants"], plan.variants):
         data["commands"] = {
-            "trtllm_build": trtllm_build_argv(variant, variant.stage("convert").output,
-                                              variant.stage("build").output, visible_gpus=None),
+            "trtllm_build": trtllm_build_argv(
+                variant, variant.stage("convert").output, variant.stage("build").output, visible_gpus=None
+            ),
             "gpu_launch": gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size),
         }
     return body

@@ -36,8 +36,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--eagle-layers", type=int, default=4, help="EAGLE-2 tree depth (default 4)")
     parser.add_argument("--max-draft-len", type=int, help="EAGLE-2 nodes verified (default top_k x layers)")
     parser.add_argument("--lookahead", metavar="W,N,G", help=f"Lookahead (W, N, G) (default {DEFAULT_LOOKAHEAD})")
-    parser.add_argument("--acceptance-length", type=float, default=1.0,
-                        help="mean acceptance length: tokens per step per request (1 for --method none)")
+    parser.add_argument(
+        "--acceptance-length",
+        type=float,
+        default=1.0,
+        help="mean acceptance length: tokens per step per request (1 for --method none)",
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32], help="batch sizes (requests in flight)")
     parser.add_argument("--context-len", type=int, default=1024, help="cached tokens per request")
     parser.add_argument("--json", action="store_true", help='{"speedup": {"1": ...}, "step_cost": {...}}')
@@ -85,8 +89,10 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     arch = presets.preset(args.preset)
     gpu = gpus.gpu_type(args.gpu)
     if args.dtype == "fp8" and not gpu.supports_fp8:
-        raise InputError(f"--dtype fp8 needs FP8 tensor cores (compute capability >= 8.9); {gpu.name} is "
-                         f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}")
+        raise InputError(
+            f"--dtype fp8 needs FP8 tensor cores (compute capability >= 8.9); {gpu.name} is "
+            f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
+        )
     if args.tp < 1 or args.pp < 1 or args.context_len < 0:
         raise InputError("--tp and --pp must be >= 1 and --context-len >= 0")
     deployment = Deployment(arch, gpu_perf(args.gpu), args.dtype, args.dtype, args.tp, args.pp, args.context_len)
@@ -96,13 +102,22 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if args.json:
-        print(json.dumps({"speedup": {str(p.batch): p.speedup for p in rows},
-                          "step_cost": {str(p.batch): p.to_dict() for p in rows},
-                          "rows_per_step": drafting.rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "speedup": {str(p.batch): p.speedup for p in rows},
+                    "step_cost": {str(p.batch): p.to_dict() for p in rows},
+                    "rows_per_step": drafting.rows,
+                },
+                indent=2,
+            )
+        )
         return 0
-    table = Table(title=f"{args.method} on {args.preset}, {args.gpu} x tp{args.tp} pp{args.pp}, {args.dtype}, "
-                        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}",
-                  title_justify="left")
+    table = Table(
+        title=f"{args.method} on {args.preset}, {args.gpu} x tp{args.tp} pp{args.pp}, {args.dtype}, "
+        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}",
+        title_justify="left",
+    )
     for column in ("batch", "plain step ms", "method step ms", "speedup", "method step parts (ms)"):
         table.add_column(column)
     for p in rows:

@@ -28,23 +28,36 @@ def chat_template(args: argparse.Namespace, client: TritonClient) -> ChatTemplat
 
 
 def request_from_args(args: argparse.Namespace, prompt: str, *, perf: bool) -> GenerationRequest:
-    return GenerationRequest(prompt=prompt, max_tokens=args.max_tokens, stream=getattr(args, "stream", True),
-                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                             stop_words=tuple(args.stop or ()), return_perf_metrics=perf)
+    return GenerationRequest(
+        prompt=prompt,
+        max_tokens=args.max_tokens,
+        stream=getattr(args, "stream", True),
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_words=tuple(args.stop or ()),
+        return_perf_metrics=perf,
+    )
 
 
 def perf_lines(result: GenerationResult) -> list[str]:
     first = result.first_token_seconds
     rate = result.tokens / result.total_seconds if result.total_seconds > 0 else 0.0
-    lines = [f"-- {result.tokens} tokens in {result.total_seconds:.2f} s: {rate:.1f} tokens/s"
-             + (f", first token after {first * 1000:.0f} ms" if first is not None else "")]
+    lines = [
+        f"-- {result.tokens} tokens in {result.total_seconds:.2f} s: {rate:.1f} tokens/s"
+        + (f", first token after {first * 1000:.0f} ms" if first is not None else "")
+    ]
     perf = result.perf
     if "total_draft_tokens" in perf:
         length = result.mean_acceptance_length
-        lines.append(f"-- acceptance rate {perf.get('acceptance_rate', 0.0):.2f} "
-                     f"({perf.get('total_accepted_draft_tokens', 0):.0f} of {perf['total_draft_tokens']:.0f} draft "
-                     f"tokens accepted), mean acceptance length "
-                     + (f"{length:.2f}" if length is not None else "n/a") + " tokens/step")
+        lines.append(
+            f"-- acceptance rate {perf.get('acceptance_rate', 0.0):.2f} "
+            f"({perf.get('total_accepted_draft_tokens', 0):.0f} of {perf['total_draft_tokens']:.0f} draft "
+            f"tokens accepted), mean acceptance length "
+            + (f"{length:.2f}" if length is not None else "n/a")
+            + " tokens/step"
+        )
     else:
         lines.append("-- no acceptance statistics in the response (plain decoding, or the backend sent none)")
     return lines
@@ -65,9 +78,11 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
                 prompt = template.render(prompt, args.system)
             elif args.chat:  # asked for explicitly: say why it cannot be done
                 source = args.repo or f"the server at {args.url}"
-                raise InputError(f"{source}: the served model has no chat template (a tokenizer without one, or "
-                                 "packaged by an older specdeploy: re-run `specdeploy engine`); send raw text "
-                                 "(--no-chat)")
+                raise InputError(
+                    f"{source}: the served model has no chat template (a tokenizer without one, or "
+                    "packaged by an older specdeploy: re-run `specdeploy engine`); send raw text "
+                    "(--no-chat)"
+                )
             # Default: without a chat template there is nothing to format with; the text goes as it is.
         result = client.generate(request_from_args(args, prompt, perf=args.perf), on_piece=show)
     sys.stdout.write("\n")
@@ -93,12 +108,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     query = commands.add_parser("query", help="send a prompt to a running server and stream the answer")
     query.add_argument("prompt")
     add_sampling_arguments(query)
-    query.add_argument("--no-stream", dest="stream", action="store_false",
-                       help="one response at the end (still over the streaming RPC)")
+    query.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="one response at the end (still over the streaming RPC)",
+    )
     query.add_argument("--perf", action="store_true", help="print speed and speculative acceptance")
-    query.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                       help="wrap the prompt in the served model's chat template (default: when it has "
-                            "one; --no-chat sends raw text)")
+    query.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap the prompt in the served model's chat template (default: when it has one; --no-chat sends raw text)",
+    )
     query.add_argument("--system", help="system message for --chat")
     query.add_argument("--repo", help="take the chat template from this repository on disk instead of the server")
     query.set_defaults(handler=cmd_query)

@@ -38,8 +38,11 @@ def resolve_variant(args: argparse.Namespace) -> VariantPlan:
 
 def with_overrides(variant: VariantPlan, args: argparse.Namespace) -> VariantPlan:
     """Command-line host/ports win over the spec's serving section."""
-    update = {key: getattr(args, key) for key in ("host", "grpc_port", "http_port", "metrics_port")
-              if getattr(args, key, None) is not None}
+    update = {
+        key: getattr(args, key)
+        for key in ("host", "grpc_port", "http_port", "metrics_port")
+        if getattr(args, key, None) is not None
+    }
     ports = [update.get(k, getattr(variant.serving, k)) for k in ("grpc_port", "http_port", "metrics_port")]
     if len(set(ports)) != 3:
         raise InputError(f"grpc, http and metrics ports must differ (got {ports})")
@@ -51,19 +54,24 @@ def package_dir(variant: VariantPlan, args: argparse.Namespace, console: Console
 
     repo = Path(args.repo) if getattr(args, "repo", None) else variant.stage("package").output
     if not repo.is_dir():
-        raise InputError(f"{repo}: no Triton repository for variant {variant.name}; build and package it first "
-                         f"(`specdeploy engine {args.spec} --variant {variant.name}`)")
+        raise InputError(
+            f"{repo}: no Triton repository for variant {variant.name}; build and package it first "
+            f"(`specdeploy engine {args.spec} --variant {variant.name}`)"
+        )
     validate_repository(repo)
     stale = stale_models(repo)
     if stale:
-        console.print(f"[yellow]warning[/yellow]: {repo}: {', '.join(stale)} packaged by another specdeploy version; "
-                      f"re-package with `specdeploy engine {args.spec} --variant {variant.name} --force`",
-                      highlight=False)
+        console.print(
+            f"[yellow]warning[/yellow]: {repo}: {', '.join(stale)} packaged by another specdeploy version; "
+            f"re-package with `specdeploy engine {args.spec} --variant {variant.name} --force`",
+            highlight=False,
+        )
     return repo
 
 
 def _stop_on_signals() -> None:
     """SIGTERM, and SIGINT even when inherited as ignored (a background job): an orderly stop."""
+
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
@@ -75,22 +83,36 @@ def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
     from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
 
     s = variant.serving
-    config = CpuServerConfig(repositories=(repo,), cache_dir=Path(args.cache_dir), host=s.host,
-                             http_port=s.http_port, http=s.http, grpc_port=s.grpc_port, metrics_port=s.metrics_port,
-                             ready_timeout=args.ready_timeout, models=(s.model_name,),
-                             backend_model=Path(args.backend_model) if args.backend_model else None,
-                             log_file=Path(args.log_file) if args.log_file else None)
+    config = CpuServerConfig(
+        repositories=(repo,),
+        cache_dir=Path(args.cache_dir),
+        host=s.host,
+        http_port=s.http_port,
+        http=s.http,
+        grpc_port=s.grpc_port,
+        metrics_port=s.metrics_port,
+        ready_timeout=args.ready_timeout,
+        models=(s.model_name,),
+        backend_model=Path(args.backend_model) if args.backend_model else None,
+        log_file=Path(args.log_file) if args.log_file else None,
+    )
     server = CpuTritonServer(config)
     _stop_on_signals()
-    console.print(f"starting tritonserver for {variant.name} ({variant.method}, CPU reference backend); "
-                  f"log: {server.log_file}", highlight=False)
+    console.print(
+        f"starting tritonserver for {variant.name} ({variant.method}, CPU reference backend); log: {server.log_file}",
+        highlight=False,
+    )
     try:
         server.start()
-        console.print(f"[green]ready[/green]: model '{s.model_name}' on grpc {server.grpc_url}, "
-                      f"{f'http {server.http_url}' if s.http else 'http off (serving.http)'}, "
-                      f"metrics {s.host}:{s.metrics_port}. Ctrl-C stops.", highlight=False)
-        console.print(f'try: specdeploy query "Hello" --url {server.grpc_url} --model {s.model_name} --perf',
-                      highlight=False)
+        console.print(
+            f"[green]ready[/green]: model '{s.model_name}' on grpc {server.grpc_url}, "
+            f"{f'http {server.http_url}' if s.http else 'http off (serving.http)'}, "
+            f"metrics {s.host}:{s.metrics_port}. Ctrl-C stops.",
+            highlight=False,
+        )
+        console.print(
+            f'try: specdeploy query "Hello" --url {server.grpc_url} --model {s.model_name} --perf', highlight=False
+        )
         while server.is_alive():
             time.sleep(0.5)
         raise StageError(f"tritonserver stopped unexpectedly: {server.failure_reason()} (full log: {server.log_file})")
@@ -120,8 +142,11 @@ def serve_gpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
         print(command)
         return 0
     if not _gpu_host():
-        console.print(f"[yellow]no GPU on this host[/yellow]: run this on the GPU host ({variant.world_size} "
-                      f"GPU(s), ranks = tp*pp):", highlight=False)
+        console.print(
+            f"[yellow]no GPU on this host[/yellow]: run this on the GPU host ({variant.world_size} "
+            f"GPU(s), ranks = tp*pp):",
+            highlight=False,
+        )
         print(command)
         return 3
     console.print(f"running: {command}", highlight=False)
@@ -163,6 +188,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for READY")
     serve.add_argument("--log-file", help="server log (default: <cache>/tritonserver/logs/)")
     serve.add_argument("--print-command", action="store_true", help="GPU: print the mpirun command, do not run")
-    serve.add_argument("--backend-model", help="CPU: serve this Python file as the tensorrtllm backend instead of "
-                                               "the reference backend (debugging)")
+    serve.add_argument(
+        "--backend-model",
+        help="CPU: serve this Python file as the tensorrtllm backend instead of the reference backend (debugging)",
+    )
     serve.set_defaults(handler=cmd_serve)

@@ -33,13 +33,28 @@ def cmd_train_adapter(args: argparse.Namespace, console) -> int:
         from pipeline.embedded import prepare_embedded_model
 
         base, name = prepare_embedded_model(Path(args.cache_dir)), SMOLLM2_HUB_NAME
-    data = DataSettings(block=args.block, max_train_prompts=args.max_train_prompts,
-                        max_heldout_blocks=args.heldout_blocks, answer_tokens=args.answer_tokens)
-    settings = TrainSettings(task=args.task, rank=args.rank, alpha=args.alpha, last_layers=args.last_layers,
-                             steps=args.steps, batch=args.batch,
-                             lr=args.lr, seed=args.seed, max_minutes=args.max_minutes,
-                             bf16_autocast=args.bf16, save_dtype=args.save_dtype, eval_new_tokens=args.eval_new_tokens,
-                             base_model_name=name, data=data)
+    data = DataSettings(
+        block=args.block,
+        max_train_prompts=args.max_train_prompts,
+        max_heldout_blocks=args.heldout_blocks,
+        answer_tokens=args.answer_tokens,
+    )
+    settings = TrainSettings(
+        task=args.task,
+        rank=args.rank,
+        alpha=args.alpha,
+        last_layers=args.last_layers,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        bf16_autocast=args.bf16,
+        save_dtype=args.save_dtype,
+        eval_new_tokens=args.eval_new_tokens,
+        base_model_name=name,
+        data=data,
+    )
     argv = sys.argv[1:]
     command = "specdeploy " + " ".join(shlex.quote(a) for a in argv) if "train-adapter" in argv else ""
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
@@ -51,8 +66,12 @@ def cmd_train_adapter(args: argparse.Namespace, console) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train-adapter", help="train a LoRA adapter (PEFT, CPU) on data the project derives")
-    train.add_argument("--task", choices=("code", "json"), required=True,
-                       help="code: stdlib Python source; json: answers as {\"answer\": ...} objects")
+    train.add_argument(
+        "--task",
+        choices=("code", "json"),
+        required=True,
+        help='code: stdlib Python source; json: answers as {"answer": ...} objects',
+    )
     train.add_argument("--out", required=True, help="adapter folder to write (e.g. adapters/smollm2-code)")
     train.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
     train.add_argument("--steps", type=int, default=200)
@@ -70,6 +89,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--max-minutes", type=float, default=30.0, help="stop training after this long")
     train.add_argument("--bf16", action="store_true", help="bfloat16 autocast (default: float32)")
     train.add_argument("--save-dtype", choices=("float32", "bfloat16"), default="float32")
-    train.add_argument("--threads", type=int, default=1,
-                       help="torch threads (default 1: reproducible, and fair on a shared CPU)")
+    train.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: reproducible, and fair on a shared CPU)"
+    )
     train.set_defaults(handler=cmd_train_adapter)

@@ -33,9 +33,16 @@ PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 def gemm_shapes(arch: ModelGeometry) -> dict[str, tuple[int, int]]:
     """(out, in) of each weight GEMM of one decoder layer, the lm_head and the EAGLE fc."""
     h, d = arch.hidden_size, arch.head_dim
-    return {"qkv": ((arch.num_heads + 2 * arch.num_kv_heads) * d, h), "dense": (h, arch.num_heads * d),
-            "fc": (arch.intermediate_size, h), "gate": (arch.intermediate_size, h), "proj": (h, arch.intermediate_size),
-            "lm_head": (arch.vocab_size, h), "eagle_fc": (h, 2 * h), "medusa_resblock": (h, h)}
+    return {
+        "qkv": ((arch.num_heads + 2 * arch.num_kv_heads) * d, h),
+        "dense": (h, arch.num_heads * d),
+        "fc": (arch.intermediate_size, h),
+        "gate": (arch.intermediate_size, h),
+        "proj": (h, arch.intermediate_size),
+        "lm_head": (arch.vocab_size, h),
+        "eagle_fc": (h, 2 * h),
+        "medusa_resblock": (h, h),
+    }
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,14 @@ def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting,
     return total
 
 
-def predicted_cpu_speedup(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float,
-                          acceptance_length: float, plain_step_s: float) -> tuple[float, float]:
+def predicted_cpu_speedup(
+    profile: CpuProfile,
+    arch: ModelGeometry,
+    drafting: Drafting,
+    rows: float,
+    acceptance_length: float,
+    plain_step_s: float,
+) -> tuple[float, float]:
     """(speedup, step cost in plain steps) from the probe, with ``other`` = plain's measured step - its GEMMs."""
     other = max(plain_step_s - method_gemms_s(profile, arch, Drafting.plain(), 1), 0.0)
     step = method_gemms_s(profile, arch, drafting, rows) + other

@@ -23,29 +23,36 @@ class BatchPrediction:
     parts: dict[str, float]  # the method step's parts, seconds
 
     def to_dict(self) -> dict:
-        return {"plain_ms": self.plain_s * 1e3, "method_ms": self.method_s * 1e3,
-                "parts_ms": {k: v * 1e3 for k, v in self.parts.items()}}
+        return {
+            "plain_ms": self.plain_s * 1e3,
+            "method_ms": self.method_s * 1e3,
+            "parts_ms": {k: v * 1e3 for k, v in self.parts.items()},
+        }
 
 
-def predict(deployment: Deployment, drafting: Drafting, acceptance_length: float,
-            batches: Iterable[int]) -> list[BatchPrediction]:
+def predict(
+    deployment: Deployment, drafting: Drafting, acceptance_length: float, batches: Iterable[int]
+) -> list[BatchPrediction]:
     """One prediction per batch size. ValueError for an acceptance length outside [1, rows]."""
     if not 1.0 <= acceptance_length <= drafting.rows:
-        raise ValueError(f"acceptance length {acceptance_length} must be between 1 and the rows a step feeds "
-                         f"({drafting.rows})")
+        raise ValueError(
+            f"acceptance length {acceptance_length} must be between 1 and the rows a step feeds ({drafting.rows})"
+        )
     out = []
     for batch in batches:
         if batch < 1:
             raise ValueError(f"batch size {batch} must be >= 1")
         plain = target_step(deployment, batch, 1, logit_rows=1).total_s
         step = method_step(deployment, drafting, batch)
-        out.append(BatchPrediction(batch, plain, step.total_s, acceptance_length * plain / step.total_s,
-                                   dict(step.parts)))
+        out.append(
+            BatchPrediction(batch, plain, step.total_s, acceptance_length * plain / step.total_s, dict(step.parts))
+        )
     return out
 
 
-def break_even_batch(deployment: Deployment, drafting: Drafting, acceptance_length: float,
-                     limit: int = 1024) -> int | None:
+def break_even_batch(
+    deployment: Deployment, drafting: Drafting, acceptance_length: float, limit: int = 1024
+) -> int | None:
     """The smallest batch size (powers of two up to ``limit``) where the method no longer beats plain
     decoding, or None if it pays up to ``limit``."""
     batch = 1

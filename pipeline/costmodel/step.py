@@ -132,8 +132,9 @@ def _kv_heads_per_gpu(arch: ModelGeometry, tp: int) -> float:
 def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
     """KV-cache read vs attention FLOPs of ``layers`` layers."""
     arch = d.arch
-    kv_bytes = (batch * d.context_len * layers * 2 * _kv_heads_per_gpu(arch, d.tp) * arch.head_dim
-                * DTYPE_BYTES[d.kv_dtype])
+    kv_bytes = (
+        batch * d.context_len * layers * 2 * _kv_heads_per_gpu(arch, d.tp) * arch.head_dim * DTYPE_BYTES[d.kv_dtype]
+    )
     flops = 4 * batch * rows * d.context_len * (arch.num_heads / d.tp) * arch.head_dim * layers
     return roofline_s(d.gpu, kv_bytes, flops, "bfloat16")
 

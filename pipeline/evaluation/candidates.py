@@ -45,8 +45,9 @@ class Loaded:
 
 def engine_as(engine: Engine, method: Method, max_draft_len: int) -> Engine:
     """The same weights with the build config of a ``method`` engine (shallow: nothing is copied)."""
-    limits = dataclasses.replace(engine.config.limits, speculative_decoding_mode=METHODS[method].engine_mode,
-                                 max_draft_len=max_draft_len)
+    limits = dataclasses.replace(
+        engine.config.limits, speculative_decoding_mode=METHODS[method].engine_mode, max_draft_len=max_draft_len
+    )
     view = copy.copy(engine)
     view.config = dataclasses.replace(engine.config, limits=limits)
     return view
@@ -71,41 +72,76 @@ def lookahead_sweep(spec: LookaheadConfig) -> list[LookaheadConfig]:
 def similar_trees(tree: trees.Tree, max_depth: int, max_nodes: int) -> list[trees.Tree]:
     """The project's tree presets of a similar size to ``tree`` (it first) that fit the heads and the build."""
     low, high = len(tree) * (1 - SIMILAR_SIZE), len(tree) * (1 + SIMILAR_SIZE)
-    others = [t for t in trees.TREE_PRESETS.values() if t != tree and low <= len(t) <= high
-              and trees.tree_depth(t) <= max_depth and len(t) <= max_nodes]
+    others = [
+        t
+        for t in trees.TREE_PRESETS.values()
+        if t != tree and low <= len(t) <= high and trees.tree_depth(t) <= max_depth and len(t) <= max_nodes
+    ]
     return [tree, *sorted(others, key=len)]
 
 
-def candidates(engine: Engine, lookahead: LookaheadConfig, medusa_tree: trees.Tree | None,
-               eagle_tree: trees.Tree | None, eagle_top_k: int) -> list[Candidate]:
+def candidates(
+    engine: Engine,
+    lookahead: LookaheadConfig,
+    medusa_tree: trees.Tree | None,
+    eagle_tree: trees.Tree | None,
+    eagle_top_k: int,
+) -> list[Candidate]:
     """Every candidate this engine's weights can serve (see the module docstring)."""
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     out = [Candidate("plain", "none", MethodSettings(), Drafting.plain(), describe="plain decoding")]
     for config in lookahead_sweep(lookahead):
         w, n, g = config
-        out.append(Candidate(f"lookahead({w},{n},{g})", "lookahead", MethodSettings("lookahead", lookahead=lookahead),
-                             Drafting.lookahead(config), config if config != lookahead else None,
-                             f"(w, n, g) = ({w}, {n}, {g}) on a ({lookahead.window}, {lookahead.ngram}, "
-                             f"{lookahead.verification_set}) server", lookahead.max_draft_len))
+        out.append(
+            Candidate(
+                f"lookahead({w},{n},{g})",
+                "lookahead",
+                MethodSettings("lookahead", lookahead=lookahead),
+                Drafting.lookahead(config),
+                config if config != lookahead else None,
+                f"(w, n, g) = ({w}, {n}, {g}) on a ({lookahead.window}, {lookahead.ngram}, "
+                f"{lookahead.verification_set}) server",
+                lookahead.max_draft_len,
+            )
+        )
     stage = engine.stage(engine.pp - 1)[0]
     limit = engine.config.limits.max_draft_len
     if built == "medusa" and stage.medusa:
         heads = len(stage.medusa)
         for tree in similar_trees(medusa_tree or trees.MC_SIM_7B_63, heads, limit):
-            out.append(Candidate(f"medusa[{tree_name(tree)}]", "medusa", MethodSettings("medusa", medusa_choices=tree),
-                                 Drafting.medusa(tree, heads), describe=f"medusa_choices {tree_name(tree)}, "
-                                 f"{len(tree)} nodes", max_draft_len=limit))
+            out.append(
+                Candidate(
+                    f"medusa[{tree_name(tree)}]",
+                    "medusa",
+                    MethodSettings("medusa", medusa_choices=tree),
+                    Drafting.medusa(tree, heads),
+                    describe=f"medusa_choices {tree_name(tree)}, {len(tree)} nodes",
+                    max_draft_len=limit,
+                )
+            )
     if built == "eagle":
         layers = int(engine.config.raw["pretrained_config"].get("num_eagle_layers") or 0)
         tree = eagle_tree or trees.MC_SIM_7B_63
-        out.append(Candidate(f"eagle[{tree_name(tree)}]", "eagle", MethodSettings("eagle", eagle_choices=tree),
-                             Drafting.eagle(tree), describe=f"EAGLE-1, eagle_choices {tree_name(tree)}",
-                             max_draft_len=limit))
-        out.append(Candidate(f"eagle2(top_k {eagle_top_k})", "eagle",
-                             MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=eagle_top_k),
-                             Drafting.eagle_dynamic(eagle_top_k, layers, limit),
-                             describe=f"EAGLE-2 dynamic tree, top_k {eagle_top_k}, at most {limit} nodes",
-                             max_draft_len=limit))
+        out.append(
+            Candidate(
+                f"eagle[{tree_name(tree)}]",
+                "eagle",
+                MethodSettings("eagle", eagle_choices=tree),
+                Drafting.eagle(tree),
+                describe=f"EAGLE-1, eagle_choices {tree_name(tree)}",
+                max_draft_len=limit,
+            )
+        )
+        out.append(
+            Candidate(
+                f"eagle2(top_k {eagle_top_k})",
+                "eagle",
+                MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=eagle_top_k),
+                Drafting.eagle_dynamic(eagle_top_k, layers, limit),
+                describe=f"EAGLE-2 dynamic tree, top_k {eagle_top_k}, at most {limit} nodes",
+                max_draft_len=limit,
+            )
+        )
     return out
 
 

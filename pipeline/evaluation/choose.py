@@ -42,8 +42,13 @@ class Choice:
     misses: dict[str, str] = field(default_factory=dict)  # candidate -> the gate it missed
 
     def to_dict(self) -> dict[str, Any]:
-        return {"candidate": self.candidate, "method": self.method, "reason": self.reason, "failed": self.failed,
-                "misses": dict(self.misses)}
+        return {
+            "candidate": self.candidate,
+            "method": self.method,
+            "reason": self.reason,
+            "failed": self.failed,
+            "misses": dict(self.misses),
+        }
 
 
 def gate_miss(record: dict, gates: Gates, batch: int) -> str | None:
@@ -54,8 +59,7 @@ def gate_miss(record: dict, gates: Gates, batch: int) -> str | None:
     if not record["identity"]["lossless"]:
         return "lossless: its outputs differ from plain decoding beyond the near-tie rule"
     if gates.max_batch_for_speculation is not None and batch > gates.max_batch_for_speculation:
-        return (f"max_batch_for_speculation {gates.max_batch_for_speculation}: the expected concurrency is "
-                f"{batch}")
+        return f"max_batch_for_speculation {gates.max_batch_for_speculation}: the expected concurrency is {batch}"
     if gates.min_acceptance_length is not None and al < gates.min_acceptance_length:
         return f"min_acceptance_length {gates.min_acceptance_length}: measured {al:.2f}"
     if gates.min_speedup is not None and speedup < gates.min_speedup:
@@ -76,13 +80,18 @@ def choose(records: list[dict], batch: int, gpu: str, gates: Gates, planned: str
     misses = {r["name"]: miss for r in ranked if (miss := gate_miss(r, gates, batch))}
 
     def why(r: dict) -> str:
-        return (f"predicted {r['predicted_speedup'][str(batch)]:.2f}x on {gpu} at batch {batch} with measured "
-                f"acceptance length {r['mean_acceptance_length']:.2f}")
+        return (
+            f"predicted {r['predicted_speedup'][str(batch)]:.2f}x on {gpu} at batch {batch} with measured "
+            f"acceptance length {r['mean_acceptance_length']:.2f}"
+        )
 
     if best["method"] == "none":
-        reason = ("planned: plain decoding" if planned is not None else
-                  f"no candidate beats plain decoding on {gpu} at batch {batch} (best: {ranked[0]['name']}, "
-                  f"{why(ranked[0])})")
+        reason = (
+            "planned: plain decoding"
+            if planned is not None
+            else f"no candidate beats plain decoding on {gpu} at batch {batch} (best: {ranked[0]['name']}, "
+            f"{why(ranked[0])})"
+        )
         return Choice("plain", "none", reason, misses=misses)
     if best["name"] not in misses:
         prefix = "planned " if planned is not None else ""
@@ -90,7 +99,17 @@ def choose(records: list[dict], batch: int, gpu: str, gates: Gates, planned: str
     missed = f"{best['name']} misses release gate {misses[best['name']]}"
     if gates.on_fail == "fail":
         return Choice(best["name"], best["method"], missed, failed=missed, misses=misses)
-    passing = next((r for r in ranked if r["name"] not in misses and
-                    (r["method"] == "none" or r["predicted_speedup"][str(batch)] > 1.0)), plain)
-    return Choice(passing["name"], passing["method"], f"{missed}; fell back to {passing['name']}"
-                  + (f": {why(passing)}" if passing["method"] != "none" else ""), misses=misses)
+    passing = next(
+        (
+            r
+            for r in ranked
+            if r["name"] not in misses and (r["method"] == "none" or r["predicted_speedup"][str(batch)] > 1.0)
+        ),
+        plain,
+    )
+    return Choice(
+        passing["name"],
+        passing["method"],
+        f"{missed}; fell back to {passing['name']}" + (f": {why(passing)}" if passing["method"] != "none" else ""),
+        misses=misses,
+    )

@@ -48,9 +48,12 @@ class Tally:
 
 def clone_cache(cache: KVCache, limit: int) -> KVCache:
     """A private copy of a prefilled cache that may grow to ``limit`` tokens."""
-    return dataclasses.replace(cache, limit=max(limit, cache.capacity),
-                               keys=[[t.clone() for t in rank] for rank in cache.keys],
-                               values=[[t.clone() for t in rank] for rank in cache.values])
+    return dataclasses.replace(
+        cache,
+        limit=max(limit, cache.capacity),
+        keys=[[t.clone() for t in rank] for rank in cache.keys],
+        values=[[t.clone() for t in rank] for rank in cache.values],
+    )
 
 
 Clock = Callable[[], float]
@@ -70,12 +73,14 @@ def prefill(engine: Engine, prompt: list[int]) -> Prefill:
     return Prefill(cache, rows, clock() - start)
 
 
-def decode(loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: int, end_id: int | None,
-           tally: Tally) -> None:
+def decode(
+    loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: int, end_id: int | None, tally: Tally
+) -> None:
     """One request from the shared prefill to its end; adds to ``tally``."""
     candidate, method = loaded.candidate, loaded.method
-    request = GenerationRequest("0", tuple(prompt), max_new_tokens, end_id=end_id, exclude_input_in_output=True,
-                                lookahead=candidate.lookahead)
+    request = GenerationRequest(
+        "0", tuple(prompt), max_new_tokens, end_id=end_id, exclude_input_in_output=True, lookahead=candidate.lookahead
+    )
     limits = dataclasses.replace(loaded.engine.config.limits, max_batch_size=1)
     now_s = step_clock(loaded.engine)
     clock = [0.0]
@@ -102,8 +107,13 @@ def decode(loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: i
     tally.outputs.append(list(out.tokens))
 
 
-def measure(loaded: list[Loaded], prompts: list[list[int]], max_new_tokens: int, end_id: int | None,
-            say: Callable[[str], None] = lambda _: None) -> tuple[dict[str, Tally], float]:
+def measure(
+    loaded: list[Loaded],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    end_id: int | None,
+    say: Callable[[str], None] = lambda _: None,
+) -> tuple[dict[str, Tally], float]:
     """Tallies by candidate name, and the shared prefills' total CPU seconds."""
     tallies = {item.candidate.name: Tally() for item in loaded}
     base = loaded[0].engine
@@ -124,9 +134,13 @@ def identity(engine: Engine, prompts: list[list[int]], plain: list[list[int]], o
     found = [divergence(engine, p, want, got) for p, want, got in zip(prompts, plain, other)]
     gaps = [d.gap_bf16_steps for d in found if d is not None]
     lossless = not gaps or (engine.bf16 and all(g <= NEAR_TIE_BF16_STEPS for g in gaps))
-    return {"identical": sum(d is None for d in found), "prompts": len(found),
-            "max_gap_bf16_steps": max(gaps, default=0.0), "lossless": lossless,
-            "rule": "near-tie (bf16)" if engine.bf16 else "token-identical (float32)"}
+    return {
+        "identical": sum(d is None for d in found),
+        "prompts": len(found),
+        "max_gap_bf16_steps": max(gaps, default=0.0),
+        "lossless": lossless,
+        "rule": "near-tie (bf16)" if engine.bf16 else "token-identical (float32)",
+    }
 
 
 def tokens_per_step(stats: SpecDecodingStats, positions: int) -> dict[str, float]:
@@ -136,8 +150,7 @@ def tokens_per_step(stats: SpecDecodingStats, positions: int) -> dict[str, float
     if not steps:
         return {}
     counts = [steps, *stats.accepted_per_position] + [0] * max(0, positions - len(stats.accepted_per_position))
-    return {str(k + 1): (counts[k] - (counts[k + 1] if k + 1 < len(counts) else 0)) / steps
-            for k in range(len(counts))}
+    return {str(k + 1): (counts[k] - (counts[k + 1] if k + 1 < len(counts) else 0)) / steps for k in range(len(counts))}
 
 
 def summarize(tally: Tally, plain: Tally, positions: int) -> dict:

@@ -80,23 +80,29 @@ def _read(path: Path, chat: bool) -> list[Prompt]:
 def _record(record: Any, where: str, chat: bool) -> Prompt:
     fields = [key for key in ("prompt", "messages", "input_ids") if isinstance(record, dict) and key in record]
     if len(fields) != 1:
-        raise InputError(f"{where}: each line must be an object with one of the fields \"prompt\", \"messages\" "
-                         "or \"input_ids\"")
+        raise InputError(
+            f'{where}: each line must be an object with one of the fields "prompt", "messages" or "input_ids"'
+        )
     if "input_ids" in record:
         ids = record["input_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-            raise InputError(f"{where}: \"input_ids\" must be a non-empty list of token ids (integers >= 0)")
+            raise InputError(f'{where}: "input_ids" must be a non-empty list of token ids (integers >= 0)')
         return Prompt(where, input_ids=tuple(ids))
     if "prompt" in record:
         text = record["prompt"]
         if not isinstance(text, str) or not text:
-            raise InputError(f"{where}: \"prompt\" must be a non-empty string")
+            raise InputError(f'{where}: "prompt" must be a non-empty string')
         return Prompt(where, messages=({"role": "user", "content": text},)) if chat else Prompt(where, text=text)
     messages = record["messages"]
-    if not isinstance(messages, list) or not messages or not all(
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        raise InputError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}}")
+            for m in messages
+        )
+    ):
+        raise InputError(f'{where}: "messages" must be a non-empty list of {{"role": str, "content": str}}')
     return Prompt(where, messages=tuple({"role": m["role"], "content": m["content"]} for m in messages))
 
 
@@ -116,8 +122,10 @@ def encode(prompts: list[Prompt], tokenizer, vocab_size: int) -> list[list[int]]
             continue
         if prompt.messages is not None:
             if not getattr(tokenizer, "chat_template", None):
-                raise InputError(f"{prompt.where}: \"messages\" need a chat template, and the model's tokenizer "
-                                 "has none; give \"prompt\" text instead")
+                raise InputError(
+                    f'{prompt.where}: "messages" need a chat template, and the model\'s tokenizer '
+                    'has none; give "prompt" text instead'
+                )
             text = tokenizer.apply_chat_template(list(prompt.messages), add_generation_prompt=True, tokenize=False)
         else:
             text = prompt.text

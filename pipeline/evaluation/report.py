@@ -35,30 +35,44 @@ def markdown(result: dict) -> str:
     batches = result["settings"]["batch_sizes"]
     gpu = result["gpu"]
     choice = result["choice"]
-    lines = [f"# Evaluation of {result['variant']}", "",
-             f"{result['prompts']['count']} prompts ({result['prompts']['source']}), "
-             f"{result['settings']['max_new_tokens']} new tokens each, greedy, reference runtime on "
-             f"{result['settings']['device']}. GPU predictions: {gpu['type']}"
-             f"{' (assumed: the plan names no GPU)' if gpu['assumed'] else ''}, {gpu['dtype']}, "
-             f"context {gpu['context_len']} tokens.", "",
-             f"**Choice: {choice['candidate']}** ({choice['method']}): {choice['reason']}.", ""]
+    lines = [
+        f"# Evaluation of {result['variant']}",
+        "",
+        f"{result['prompts']['count']} prompts ({result['prompts']['source']}), "
+        f"{result['settings']['max_new_tokens']} new tokens each, greedy, reference runtime on "
+        f"{result['settings']['device']}. GPU predictions: {gpu['type']}"
+        f"{' (assumed: the plan names no GPU)' if gpu['assumed'] else ''}, {gpu['dtype']}, "
+        f"context {gpu['context_len']} tokens.",
+        "",
+        f"**Choice: {choice['candidate']}** ({choice['method']}): {choice['reason']}.",
+        "",
+    ]
     if choice.get("failed"):
         lines += [f"**Release gate failed**: {choice['failed']}.", ""]
-    lines += ["| candidate | AL | per-position acceptance | rows/step | CPU step cost | CPU speedup | "
-              + " | ".join(f"GPU b{b}" for b in batches) + " | = plain |",
-              "|---|---|---|---|---|---|" + "---|" * len(batches) + "---|"]
+    lines += [
+        "| candidate | AL | per-position acceptance | rows/step | CPU step cost | CPU speedup | "
+        + " | ".join(f"GPU b{b}" for b in batches)
+        + " | = plain |",
+        "|---|---|---|---|---|---|" + "---|" * len(batches) + "---|",
+    ]
     for c in result["candidates"]:
         per_pos = ", ".join(f"{a:.2f}" for a in c["acceptance_per_position"]) or "-"
-        lines.append(f"| {c['name']} | {c['mean_acceptance_length']:.2f} | {per_pos} | {c['rows_per_step']:.1f} | "
-                     f"{c['cpu_step_cost']:.2f} | {c['cpu_speedup']:.2f}x | "
-                     + " | ".join(f"{c['predicted_speedup'][str(b)]:.2f}x" for b in batches)
-                     + f" | {identity_text(c['identity'])} |")
+        lines.append(
+            f"| {c['name']} | {c['mean_acceptance_length']:.2f} | {per_pos} | {c['rows_per_step']:.1f} | "
+            f"{c['cpu_step_cost']:.2f} | {c['cpu_speedup']:.2f}x | "
+            + " | ".join(f"{c['predicted_speedup'][str(b)]:.2f}x" for b in batches)
+            + f" | {identity_text(c['identity'])} |"
+        )
     timing = result["timing"]
-    lines += ["", f"AL: mean acceptance length (1 + accepted drafts / verification steps). CPU step cost: a "
-              "decode step's CPU time in plain decoding steps; CPU speedup: decode tokens per CPU-second over "
-              "plain decoding's. Evaluation: "
-              f"{timing['wall_s']:.0f} s wall; the shared prefill took {timing['prefill_cpu_s']:.1f} CPU-s and "
-              f"saved {timing['prefill_saved_cpu_s']:.1f} CPU-s.", ""]
+    lines += [
+        "",
+        f"AL: mean acceptance length (1 + accepted drafts / verification steps). CPU step cost: a "
+        "decode step's CPU time in plain decoding steps; CPU speedup: decode tokens per CPU-second over "
+        "plain decoding's. Evaluation: "
+        f"{timing['wall_s']:.0f} s wall; the shared prefill took {timing['prefill_cpu_s']:.1f} CPU-s and "
+        f"saved {timing['prefill_saved_cpu_s']:.1f} CPU-s.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -76,8 +90,13 @@ def charts(result: dict, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for c in result["candidates"]:
         if c["acceptance_per_position"]:
-            ax.plot(range(1, len(c["acceptance_per_position"]) + 1), c["acceptance_per_position"], marker="o",
-                    color=colour[c["name"]], label=f"{c['name']} (AL {c['mean_acceptance_length']:.2f})")
+            ax.plot(
+                range(1, len(c["acceptance_per_position"]) + 1),
+                c["acceptance_per_position"],
+                marker="o",
+                color=colour[c["name"]],
+                label=f"{c['name']} (AL {c['mean_acceptance_length']:.2f})",
+            )
     ax.set_xlabel("draft position (depth)")
     ax.set_ylabel("acceptance per verification step")
     ax.set_title(f"{result['variant']}: per-position acceptance")
@@ -117,7 +136,14 @@ def spec_table(rows: list[tuple[str, dict | None]]) -> list[list[str]]:
         choice = result["choice"]
         chosen = next(c for c in result["candidates"] if c["name"] == choice["candidate"])
         batch = str(result["settings"]["batch_sizes"][0])
-        table.append([name, choice["candidate"], f"{chosen['mean_acceptance_length']:.2f}",
-                      f"{chosen['predicted_speedup'][batch]:.2f}x (b{batch}, {result['gpu']['type']})",
-                      "FAILED: " + choice["failed"] if choice.get("failed") else "pass", choice["reason"]])
+        table.append(
+            [
+                name,
+                choice["candidate"],
+                f"{chosen['mean_acceptance_length']:.2f}",
+                f"{chosen['predicted_speedup'][batch]:.2f}x (b{batch}, {result['gpu']['type']})",
+                "FAILED: " + choice["failed"] if choice.get("failed") else "pass",
+                choice["reason"],
+            ]
+        )
     return table

@@ -62,8 +62,9 @@ def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path, device: s
     try:
         checkpoint_config = json.loads((checkpoint / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise StageError(f"{checkpoint / 'config.json'}: no readable checkpoint ({exc}); "
-                         "run the convert stage") from None
+        raise StageError(
+            f"{checkpoint / 'config.json'}: no readable checkpoint ({exc}); run the convert stage"
+        ) from None
     folder = scratch / "engine"
     folder.mkdir()
     for rank in range(variant.world_size):
@@ -82,8 +83,10 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     settings = params["evaluation"]
     device = settings["device"]
     if device == "cuda" and not torch.cuda.is_available():
-        raise StageUnavailable("evaluation.device cuda: this host has no CUDA device (torch.cuda.is_available() "
-                               "is false); use device: cpu, or run the evaluation on a GPU host")
+        raise StageUnavailable(
+            "evaluation.device cuda: this host has no CUDA device (torch.cuda.is_available() "
+            "is false); use device: cpu, or run the evaluation on a GPU host"
+        )
     started = time.perf_counter()
     prompt_path = stage.inputs["prompts0"] if settings["prompts"] else None  # resolved against the spec file
     prompts_read = read_prompts(prompt_path, settings["count"])
@@ -96,8 +99,10 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except (OSError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InputError(f"{folder}: cannot load the model's tokenizer for the text prompts ({first}); add the "
-                             "tokenizer files, or give evaluation.prompts with \"input_ids\"") from None
+            raise InputError(
+                f"{folder}: cannot load the model's tokenizer for the text prompts ({first}); add the "
+                'tokenizer files, or give evaluation.prompts with "input_ids"'
+            ) from None
     prompts = encode(prompts_read, tokenizer, variant.arch.vocab_size)
     look = LookaheadConfig(*params["lookahead"])
     spec = variant.speculative
@@ -109,23 +114,35 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         limit = engine.config.limits.max_input_len
         for prompt, ids in zip(prompts_read, prompts):
             if len(ids) + settings["max_new_tokens"] > engine.config.limits.max_seq_len or len(ids) > limit:
-                raise InputError(f"{prompt.where}: the prompt has {len(ids)} tokens; with max_new_tokens "
-                                 f"{settings['max_new_tokens']} it exceeds the build's max_input_len {limit} / "
-                                 f"max_seq_len {engine.config.limits.max_seq_len}")
-        listed = cands.candidates(engine, look, spec.medusa.tree if spec.medusa else None,
-                                  spec.eagle.tree if spec.eagle else None, params["eagle_dynamic_top_k"])
+                raise InputError(
+                    f"{prompt.where}: the prompt has {len(ids)} tokens; with max_new_tokens "
+                    f"{settings['max_new_tokens']} it exceeds the build's max_input_len {limit} / "
+                    f"max_seq_len {engine.config.limits.max_seq_len}"
+                )
+        listed = cands.candidates(
+            engine,
+            look,
+            spec.medusa.tree if spec.medusa else None,
+            spec.eagle.tree if spec.eagle else None,
+            params["eagle_dynamic_top_k"],
+        )
         loaded = [cands.load(engine, candidate) for candidate in listed]
-        say(f"[{variant.name}] evaluate: {len(listed)} candidates ({', '.join(c.name for c in listed)}) on "
-            f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens")
+        say(
+            f"[{variant.name}] evaluate: {len(listed)} candidates ({', '.join(c.name for c in listed)}) on "
+            f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens"
+        )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
         tallies, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
         plain = tallies["plain"]
         records = []
         for item in loaded:
             tally = tallies[item.candidate.name]
-            record: dict[str, Any] = {"name": item.candidate.name, "method": item.candidate.method,
-                                      "describe": item.candidate.describe,
-                                      **summarize(tally, plain, item.method.draft_positions)}
+            record: dict[str, Any] = {
+                "name": item.candidate.name,
+                "method": item.candidate.method,
+                "describe": item.candidate.describe,
+                **summarize(tally, plain, item.method.draft_positions),
+            }
             record["identity"] = identity(engine, prompts, plain.outputs, tally.outputs)
             records.append(record)
     wall = time.perf_counter() - started
@@ -136,16 +153,25 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     planned = None if params["method"] == "best" else planned_candidate(listed, variant)
     choice = choose(records, batch, gpu, Gates.from_dict(params["release"]), planned)
     result = {
-        "variant": variant.name, "settings": settings, "method_planned": variant.method,
+        "variant": variant.name,
+        "settings": settings,
+        "method_planned": variant.method,
         "engine_dtype": variant.build.dtype,
-        "prompts": {"source": str(prompt_path) if prompt_path else "default: chat_eval + code_eval",
-                    "count": len(prompts), "mean_tokens": sum(len(p) for p in prompts) / len(prompts)},
-        "gpu": {"type": gpu, "assumed": params["gpu"] is None, "context_len": context,
-                "dtype": _weights_dtype(params)},
-        "timing": {"wall_s": wall, "prefill_cpu_s": prefill_cpu,
-                   "prefill_saved_cpu_s": prefill_cpu * (len(listed) - 1),
-                   "decode_cpu_s": sum(t.decode_cpu_s for t in tallies.values())},
-        "candidates": records, "choice": choice.to_dict(), "method_requested": params["method"],
+        "prompts": {
+            "source": str(prompt_path) if prompt_path else "default: chat_eval + code_eval",
+            "count": len(prompts),
+            "mean_tokens": sum(len(p) for p in prompts) / len(prompts),
+        },
+        "gpu": {"type": gpu, "assumed": params["gpu"] is None, "context_len": context, "dtype": _weights_dtype(params)},
+        "timing": {
+            "wall_s": wall,
+            "prefill_cpu_s": prefill_cpu,
+            "prefill_saved_cpu_s": prefill_cpu * (len(listed) - 1),
+            "decode_cpu_s": sum(t.decode_cpu_s for t in tallies.values()),
+        },
+        "candidates": records,
+        "choice": choice.to_dict(),
+        "method_requested": params["method"],
     }
     (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     write_report(result, out)
@@ -163,17 +189,29 @@ def planned_candidate(listed: list[cands.Candidate], variant: VariantPlan) -> st
     return next(c.name for c in listed if c.method == spec.method)
 
 
-
 def _weights_dtype(params: dict) -> str:
     return "fp8" if params["quantization"]["weights"] == "fp8" else "bfloat16"
 
 
-def add_predictions(records: list[dict], listed: list[cands.Candidate], variant: VariantPlan, gpu: str,
-                    batch_sizes: list[int], context_len: int) -> None:
+def add_predictions(
+    records: list[dict],
+    listed: list[cands.Candidate],
+    variant: VariantPlan,
+    gpu: str,
+    batch_sizes: list[int],
+    context_len: int,
+) -> None:
     """Each record's predicted GPU speedup per batch size, at its measured mean acceptance length."""
     quant = variant.quant
-    deployment = Deployment(variant.arch, gpu_perf(gpu), "fp8" if quant.weights_fp8 else "bfloat16",
-                            "fp8" if quant.kv_cache_fp8 else "bfloat16", variant.tp, variant.pp, context_len)
+    deployment = Deployment(
+        variant.arch,
+        gpu_perf(gpu),
+        "fp8" if quant.weights_fp8 else "bfloat16",
+        "fp8" if quant.kv_cache_fp8 else "bfloat16",
+        variant.tp,
+        variant.pp,
+        context_len,
+    )
     for record, candidate in zip(records, listed):
         drafting = candidate.drafting
         if drafting.method == "lookahead":  # it feeds fewer than (W + G)(N - 1) rows when the pool has no match

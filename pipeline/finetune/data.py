@@ -85,7 +85,7 @@ def _blocks(tokenizer, modules: list[str], block: int, limit: int) -> list[Examp
             continue
         ids = tokenizer(f"# {name}\n{source}", add_special_tokens=False).input_ids
         for start in range(0, len(ids) - block // 4, block):
-            chunk = ids[start:start + block]
+            chunk = ids[start : start + block]
             examples.append(Example(chunk, list(chunk)))
     examples.sort(key=lambda e: stable_rank(json.dumps(e.input_ids[:16])))  # mix modules, deterministically
     return examples[:limit]
@@ -124,15 +124,22 @@ def _answers_cache(cache: Path, base_dir: Path, part: str, settings: DataSetting
     return cache / "adapter-data" / f"chat_{part}-answers-{digest.hexdigest()[:16]}.json"
 
 
-def _base_answers(model, tokenizer, prompts: list[list[int]], path: Path, settings: DataSettings,
-                  say) -> list[list[int]]:
+def _base_answers(
+    model, tokenizer, prompts: list[list[int]], path: Path, settings: DataSettings, say
+) -> list[list[int]]:
     if path.is_file():
         return json.loads(path.read_text())["answers"]
     # float32: bfloat16 matmuls are emulated (and slow) on CPUs without AVX512-BF16/AMX
     say(f"generating {len(prompts)} base answers (greedy, float32, once; cached in {path.parent})")
-    answers = greedy_answers(model, prompts, max_new_tokens=settings.answer_tokens, batch=settings.gen_batch,
-                             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-                             stops=stop_ids(tokenizer), say=say)
+    answers = greedy_answers(
+        model,
+        prompts,
+        max_new_tokens=settings.answer_tokens,
+        batch=settings.gen_batch,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        stops=stop_ids(tokenizer),
+        say=say,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"answers": answers}))
@@ -145,13 +152,18 @@ def json_task(model, tokenizer, base_dir: Path, cache: Path, settings: DataSetti
     for part in ("train", "eval"):
         records = load_prompts("chat", part)
         if part == "train" and settings.max_train_prompts is not None:
-            records = records[:settings.max_train_prompts]
+            records = records[: settings.max_train_prompts]
         prompts = [encode_prompt(tokenizer, "chat", r["prompt"]) for r in records]
-        answers = _base_answers(model, tokenizer, prompts, _answers_cache(cache, base_dir, part, settings),
-                                settings, say)
+        answers = _base_answers(
+            model, tokenizer, prompts, _answers_cache(cache, base_dir, part, settings), settings, say
+        )
         parts[part] = (prompts, _json_examples(tokenizer, prompts, answers))
-    return TaskData(train=parts["train"][1], heldout=parts["eval"][1], eval_prompts=parts["eval"][0],
-                    description="the base's own chat answers as {\"answer\": ...} JSON objects")
+    return TaskData(
+        train=parts["train"][1],
+        heldout=parts["eval"][1],
+        eval_prompts=parts["eval"][0],
+        description='the base\'s own chat answers as {"answer": ...} JSON objects',
+    )
 
 
 def settings_dict(settings: DataSettings) -> dict:

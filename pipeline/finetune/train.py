@@ -65,9 +65,9 @@ def _batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Te
     labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
     for row, e in enumerate(examples):
-        ids[row, :len(e.input_ids)] = torch.tensor(e.input_ids)
-        labels[row, :len(e.labels)] = torch.tensor(e.labels)
-        mask[row, :len(e.input_ids)] = 1
+        ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        labels[row, : len(e.labels)] = torch.tensor(e.labels)
+        mask[row, : len(e.input_ids)] = 1
     return ids, labels, mask
 
 
@@ -76,19 +76,27 @@ def heldout_loss(model, examples: list[Example], pad_id: int, batch: int = 4) ->
     """Mean next-token cross-entropy over every labelled token (float32)."""
     total, count = 0.0, 0
     for first in range(0, len(examples), batch):
-        ids, labels, mask = _batch(examples[first:first + batch], pad_id)
+        ids, labels, mask = _batch(examples[first : first + batch], pad_id)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         target = labels[:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                 ignore_index=IGNORE, reduction="sum")
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE, reduction="sum"
+        )
         total += float(loss)
         count += int((target != IGNORE).sum())
     return total / max(count, 1)
 
 
 def _greedy(model, tokenizer, prompts: list[list[int]], new_tokens: int, pad_id: int) -> list[list[int]]:
-    return greedy_answers(model, prompts, max_new_tokens=new_tokens, batch=len(prompts), pad_id=pad_id,
-                          stops=stop_ids(tokenizer), say=lambda _: None)
+    return greedy_answers(
+        model,
+        prompts,
+        max_new_tokens=new_tokens,
+        batch=len(prompts),
+        pad_id=pad_id,
+        stops=stop_ids(tokenizer),
+        say=lambda _: None,
+    )
 
 
 def _lr(step: int, settings: TrainSettings) -> float:
@@ -98,8 +106,7 @@ def _lr(step: int, settings: TrainSettings) -> float:
     return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _train(peft_model, data: TaskData, settings: TrainSettings, pad_id: int,
-           say: Callable[[str], None]) -> dict:
+def _train(peft_model, data: TaskData, settings: TrainSettings, pad_id: int, say: Callable[[str], None]) -> dict:
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(settings.seed)
@@ -114,7 +121,7 @@ def _train(peft_model, data: TaskData, settings: TrainSettings, pad_id: int,
             break
         while len(order) < settings.batch:
             order += torch.randperm(len(data.train), generator=generator).tolist()
-        chosen, order = order[:settings.batch], order[settings.batch:]
+        chosen, order = order[: settings.batch], order[settings.batch :]
         ids, labels, mask = _batch([data.train[i] for i in chosen], pad_id)
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, settings)
@@ -128,10 +135,13 @@ def _train(peft_model, data: TaskData, settings: TrainSettings, pad_id: int,
         if step % 10 == 0 or step == settings.steps - 1:
             say(f"  step {step + 1}/{settings.steps}: loss {losses[-1]:.3f} ({time.monotonic() - start:.0f} s)")
     peft_model.eval()
-    return {"steps_done": len(losses), "stopped_early_by_time": stopped_early,
-            "train_seconds": round(time.monotonic() - start, 1),
-            "train_loss_first10": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
-            "train_loss_last10": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4)}
+    return {
+        "steps_done": len(losses),
+        "stopped_early_by_time": stopped_early,
+        "train_seconds": round(time.monotonic() - start, 1),
+        "train_loss_first10": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
+        "train_loss_last10": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+    }
 
 
 def _save_adapter(peft_model, folder: Path, settings: TrainSettings) -> int:
@@ -146,16 +156,25 @@ def _save_adapter(peft_model, folder: Path, settings: TrainSettings) -> int:
     weights.chmod(0o644)  # safetensors writes 0600; the folder ships and is read by other accounts
     size = weights.stat().st_size
     if size > settings.max_adapter_mib * 2**20:
-        raise InputError(f"{weights}: {size / 2**20:.2f} MiB exceeds the {settings.max_adapter_mib} MiB budget; "
-                         "lower --rank or target fewer modules")
+        raise InputError(
+            f"{weights}: {size / 2**20:.2f} MiB exceeds the {settings.max_adapter_mib} MiB budget; "
+            "lower --rank or target fewer modules"
+        )
     for extra in folder.iterdir():  # PEFT writes a README.md model card; the training report replaces it
         if extra.name not in ("adapter_config.json", "adapter_model.safetensors"):
             extra.unlink()
     return size
 
 
-def train_adapter(base_dir: Path, out: Path, cache: Path, settings: TrainSettings, *, command: str = "",
-                  say: Callable[[str], None] = print) -> dict:
+def train_adapter(
+    base_dir: Path,
+    out: Path,
+    cache: Path,
+    settings: TrainSettings,
+    *,
+    command: str = "",
+    say: Callable[[str], None] = print,
+) -> dict:
     """Train, save into ``out`` (replaced atomically) and return the report (also in out/training_report.json)."""
     settings.check()
     import peft
@@ -165,8 +184,11 @@ def train_adapter(base_dir: Path, out: Path, cache: Path, settings: TrainSetting
     torch.manual_seed(settings.seed)
     model, tokenizer = load_base(base_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    data = code_task(tokenizer, settings.data) if settings.task == "code" else \
-        json_task(model, tokenizer, base_dir, cache, settings.data, say)
+    data = (
+        code_task(tokenizer, settings.data)
+        if settings.task == "code"
+        else json_task(model, tokenizer, base_dir, cache, settings.data, say)
+    )
     if not data.train or not data.heldout:
         raise InputError(f"task {settings.task}: no training or held-out data could be built")
     say(f"{settings.task}: {len(data.train)} training / {len(data.heldout)} held-out examples; {data.description}")
@@ -177,9 +199,15 @@ def train_adapter(base_dir: Path, out: Path, cache: Path, settings: TrainSetting
     torch.manual_seed(settings.seed)
     layers = model.config.num_hidden_layers
     chosen = None if settings.last_layers is None else list(range(max(0, layers - settings.last_layers), layers))
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha,  # type: ignore[arg-type]  # a float works
-                             target_modules=list(settings.targets), layers_to_transform=chosen, lora_dropout=0.0,
-                             bias="none", task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]  # a float works
+        target_modules=list(settings.targets),
+        layers_to_transform=chosen,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     peft_model = peft.get_peft_model(model, config)
     training = _train(peft_model, data, settings, pad_id, say)
 
@@ -196,16 +224,30 @@ def train_adapter(base_dir: Path, out: Path, cache: Path, settings: TrainSetting
             after = _greedy(tuned, tokenizer, data.eval_prompts, settings.eval_new_tokens, pad_id)
         changed = sum(a != b for a, b in zip(before, after))
         report = {
-            "task": settings.task, "data": data.description, "base": str(base_dir), "command": command,
+            "task": settings.task,
+            "data": data.description,
+            "base": str(base_dir),
+            "command": command,
             "settings": {k: v for k, v in asdict(settings).items()},
-            "train_examples": len(data.train), "heldout_examples": len(data.heldout), **training,
-            "heldout_loss_before": round(before_loss, 4), "heldout_loss_after": round(after_loss, 4),
-            "eval_prompts": len(data.eval_prompts), "eval_greedy_changed": changed,
-            "eval_new_tokens": settings.eval_new_tokens, "adapter_bytes": size,
-            "examples": [{"before": tokenizer.decode(b, skip_special_tokens=True),
-                          "after": tokenizer.decode(a, skip_special_tokens=True)}
-                         for b, a in list(zip(before, after))[:3]],
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "peft": peft.__version__,
+            "train_examples": len(data.train),
+            "heldout_examples": len(data.heldout),
+            **training,
+            "heldout_loss_before": round(before_loss, 4),
+            "heldout_loss_after": round(after_loss, 4),
+            "eval_prompts": len(data.eval_prompts),
+            "eval_greedy_changed": changed,
+            "eval_new_tokens": settings.eval_new_tokens,
+            "adapter_bytes": size,
+            "examples": [
+                {
+                    "before": tokenizer.decode(b, skip_special_tokens=True),
+                    "after": tokenizer.decode(a, skip_special_tokens=True),
+                }
+                for b, a in list(zip(before, after))[:3]
+            ],
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "peft": peft.__version__,
         }
         if settings.task == "json":
             report["eval_answers_json_before"] = sum(_is_json_answer(tokenizer, b) for b in before)
@@ -216,8 +258,10 @@ def train_adapter(base_dir: Path, out: Path, cache: Path, settings: TrainSetting
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"{settings.task}: held-out loss {before_loss:.4f} -> {after_loss:.4f}; greedy output changed on "
-        f"{changed}/{len(before)} eval prompts; adapter {size / 2**20:.2f} MiB -> {out}")
+    say(
+        f"{settings.task}: held-out loss {before_loss:.4f} -> {after_loss:.4f}; greedy output changed on "
+        f"{changed}/{len(before)} eval prompts; adapter {size / 2**20:.2f} MiB -> {out}"
+    )
     return report
 
 

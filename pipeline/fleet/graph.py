@@ -71,8 +71,7 @@ class FleetGraph:
 
     def chain(self, variant: str) -> list[FleetTask]:
         """The tasks of one variant, in order."""
-        return [self.tasks[self.cells[(variant, column)]] for column in self.columns
-                if (variant, column) in self.cells]
+        return [self.tasks[self.cells[(variant, column)]] for column in self.columns if (variant, column) in self.cells]
 
 
 def stage_request(stage: StagePlan) -> TaskRequest:
@@ -94,8 +93,12 @@ def build_graph(plan: Plan, *, only: set[str] | None = None) -> FleetGraph:
         previous: tuple[str, ...] = ()
         if variant.builtin and variant.model_dir is not None:
             key = f"{PREPARE}:{variant.model_dir}"
-            _add(tasks, FleetTask(key, PREPARE, variant, (variant.name,), None, (),
-                                  TaskRequest(1, 0, int(PREPARE_MEMORY_GIB * GIB))))
+            _add(
+                tasks,
+                FleetTask(
+                    key, PREPARE, variant, (variant.name,), None, (), TaskRequest(1, 0, int(PREPARE_MEMORY_GIB * GIB))
+                ),
+            )
             cells[(variant.name, PREPARE)] = key
             _column(columns, PREPARE)
             previous = (key,)
@@ -103,10 +106,15 @@ def build_graph(plan: Plan, *, only: set[str] | None = None) -> FleetGraph:
             _check_absolute(variant, stage)
             key = str(stage.output)
             existing = tasks.get(key)
-            if existing is not None and existing.stage is not None and (
-                    existing.stage.params != stage.params or existing.stage.inputs != stage.inputs):
-                raise InputError(f"variants {existing.variant.name} and {variant.name} both write {stage.output} "
-                                 f"({stage.name}) with different settings; give them different names")
+            if (
+                existing is not None
+                and existing.stage is not None
+                and (existing.stage.params != stage.params or existing.stage.inputs != stage.inputs)
+            ):
+                raise InputError(
+                    f"variants {existing.variant.name} and {variant.name} both write {stage.output} "
+                    f"({stage.name}) with different settings; give them different names"
+                )
             _add(tasks, FleetTask(key, stage.name, variant, (variant.name,), stage, previous, stage_request(stage)))
             cells[(variant.name, stage.name)] = key
             _column(columns, stage.name)
@@ -133,5 +141,7 @@ def _column(columns: list[str], name: str) -> None:
 def _check_absolute(variant: VariantPlan, stage: StagePlan) -> None:
     for path in (stage.output, *stage.inputs.values()):
         if not Path(path).is_absolute() and not str(path).startswith("<"):
-            raise InputError(f"{path} ({variant.name} {stage.name}) is relative; Ray workers run in another "
-                             "folder, so plan with absolute output roots and spec paths")
+            raise InputError(
+                f"{path} ({variant.name} {stage.name}) is relative; Ray workers run in another "
+                "folder, so plan with absolute output roots and spec paths"
+            )

@@ -84,8 +84,12 @@ class _Need:
 def _need(variant: VariantPlan) -> _Need:
     m = variant.memory
     tokens = variant.build.max_batch_size * variant.build.engine_max_seq_len
-    return _Need(variant, m.weights_gib + m.heads_gib + m.activations_gib + m.overhead_gib, m.kv_cache_gib,
-                 m.kv_cache_gib * GIB / tokens)
+    return _Need(
+        variant,
+        m.weights_gib + m.heads_gib + m.activations_gib + m.overhead_gib,
+        m.kv_cache_gib,
+        m.kv_cache_gib * GIB / tokens,
+    )
 
 
 def place_fleet(plan: Plan) -> FleetPlacement | None:
@@ -106,9 +110,11 @@ def place_fleet(plan: Plan) -> FleetPlacement | None:
                 load[index] += need.total_gib
     for need in sorted((n for n in needs if n.variant.name not in gpus_of), key=lambda n: -n.total_gib):
         if need.variant.world_size > count:
-            raise InputError(f"variant {need.variant.name} has {need.variant.world_size} ranks but the server has "
-                             f"{count} GPUs (gpu.count); raise gpu.count or lower tp x pp")
-        chosen = sorted(sorted(range(count), key=lambda i: (load[i], i))[:need.variant.world_size])
+            raise InputError(
+                f"variant {need.variant.name} has {need.variant.world_size} ranks but the server has "
+                f"{count} GPUs (gpu.count); raise gpu.count or lower tp x pp"
+            )
+        chosen = sorted(sorted(range(count), key=lambda i: (load[i], i))[: need.variant.world_size])
         gpus_of[need.variant.name] = tuple(chosen)
         for index in chosen:
             load[index] += need.total_gib
@@ -121,8 +127,10 @@ def _server_gpus(variants: list[VariantPlan]) -> tuple[GpuType, int]:
     types = {v.gpu.name for v in variants if v.gpu is not None}
     missing = [v.name for v in variants if v.gpu is None]
     if missing:
-        raise InputError(f"variant(s) {', '.join(missing)} name no gpu.type; variants served together need the "
-                         "server's GPU type and count (gpu: {type: ..., count: ...})")
+        raise InputError(
+            f"variant(s) {', '.join(missing)} name no gpu.type; variants served together need the "
+            "server's GPU type and count (gpu: {type: ..., count: ...})"
+        )
     if len(types) > 1:
         raise InputError(f"variants served together must be planned for one GPU type, not {', '.join(sorted(types))}")
     gpu = variants[0].gpu
@@ -132,25 +140,33 @@ def _server_gpus(variants: list[VariantPlan]) -> tuple[GpuType, int]:
 
 def _given_ids(variant: VariantPlan, ids: list[int], count: int) -> tuple[int, ...]:
     if len(ids) != variant.world_size or len(set(ids)) != len(ids) or any(i < 0 or i >= count for i in ids):
-        raise InputError(f"variant {variant.name}: serving.gpu_device_ids {ids} must name {variant.world_size} "
-                         f"distinct GPUs (one per rank) among 0..{count - 1}")
+        raise InputError(
+            f"variant {variant.name}: serving.gpu_device_ids {ids} must name {variant.world_size} "
+            f"distinct GPUs (one per rank) among 0..{count - 1}"
+        )
     return tuple(ids)
 
 
-def _check_fits(needs: list[_Need], gpus_of: dict[str, tuple[int, ...]], gpu: GpuType, count: int,
-                usable: float) -> None:
+def _check_fits(
+    needs: list[_Need], gpus_of: dict[str, tuple[int, ...]], gpu: GpuType, count: int, usable: float
+) -> None:
     lines = []
     for index in range(count):
         placed = [(n, gpus_of[n.variant.name].index(index)) for n in needs if index in gpus_of[n.variant.name]]
         used = sum(n.total_gib for n, _ in placed)
         if used > usable:
-            parts = ", ".join(f"{n.variant.name} rank {rank} {n.total_gib:.1f} (KV cache {n.kv_gib:.1f})"
-                              for n, rank in placed)
-            lines.append(f"GPU {index} ({gpu.name}, {usable:.1f} of {gpu.memory_gib:.1f} GiB usable): {parts} = "
-                         f"{used:.1f} GiB, over by {used - usable:.1f} GiB")
+            parts = ", ".join(
+                f"{n.variant.name} rank {rank} {n.total_gib:.1f} (KV cache {n.kv_gib:.1f})" for n, rank in placed
+            )
+            lines.append(
+                f"GPU {index} ({gpu.name}, {usable:.1f} of {gpu.memory_gib:.1f} GiB usable): {parts} = "
+                f"{used:.1f} GiB, over by {used - usable:.1f} GiB"
+            )
     if lines:
-        lines.append("the variants do not fit together on these GPUs: lower max_batch_size or max_seq_len, use FP8 "
-                     "(weights or KV cache), raise tp or gpu.count, or place them with serving.gpu_device_ids")
+        lines.append(
+            "the variants do not fit together on these GPUs: lower max_batch_size or max_seq_len, use FP8 "
+            "(weights or KV cache), raise tp or gpu.count, or place them with serving.gpu_device_ids"
+        )
         raise InputError("\n".join(lines))
 
 
@@ -165,5 +181,12 @@ def _limits(need: _Need, gpus_of: dict[str, tuple[int, ...]], needs: list[_Need]
     kv = need.kv_gib + min(shares)
     block = need.variant.build.tokens_per_block
     tokens = math.floor(kv * GIB / need.bytes_per_token / block) * block
-    return Instance(name, gpus_of[name], need.fixed_gib, need.kv_gib, tokens * need.bytes_per_token / GIB,
-                    need.bytes_per_token, tokens)
+    return Instance(
+        name,
+        gpus_of[name],
+        need.fixed_gib,
+        need.kv_gib,
+        tokens * need.bytes_per_token / GIB,
+        need.bytes_per_token,
+        tokens,
+    )

@@ -42,8 +42,21 @@ DEFAULT_RETRIES = 3
 POLL_SECONDS = 0.25
 RAY_LOGS = "/tmp/ray/session_latest/logs"  # Ray's default temp dir (ray start --temp-dir moves it)
 # Not shipped to the workers with the project folder: outputs, caches, environments, weights.
-WORKING_DIR_EXCLUDES = [".git", ".venv", ".cache", "engines", "triton_repo", "tests", "heads", "bench",
-                        "*.safetensors", "*.gguf", "*.bin", "*.pt", "__pycache__"]
+WORKING_DIR_EXCLUDES = [
+    ".git",
+    ".venv",
+    ".cache",
+    "engines",
+    "triton_repo",
+    "tests",
+    "heads",
+    "bench",
+    "*.safetensors",
+    "*.gguf",
+    "*.bin",
+    "*.pt",
+    "__pycache__",
+]
 
 
 @dataclass(frozen=True)
@@ -56,8 +69,11 @@ class FleetResult:
         return next((self.reports[t.key] for t in self.graph.chain(variant) if not self.reports[t.key].ok), None)
 
     def stage_states(self, variant: str) -> dict[str, str]:
-        return {column: self.reports[self.graph.cells[(variant, column)]].state for column in self.graph.columns
-                if (variant, column) in self.graph.cells}
+        return {
+            column: self.reports[self.graph.cells[(variant, column)]].state
+            for column in self.graph.columns
+            if (variant, column) in self.graph.cells
+        }
 
     @property
     def exit_code(self) -> int:
@@ -93,22 +109,33 @@ def connect(address: str | None) -> bool:
         ray.init(address=address or "local", runtime_env=project_runtime_env(), logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = "a local Ray cluster" if not address else f"the Ray cluster at {address}"
-        raise StageError(f"cannot start or join {where}: {exc}; start one with `ray start --head` and pass "
-                         "--ray auto, or give its address") from None
+        raise StageError(
+            f"cannot start or join {where}: {exc}; start one with `ray start --head` and pass "
+            "--ray auto, or give its address"
+        ) from None
     return True
 
 
-def run_fleet(graph: FleetGraph, *, address: str | None = None, force: bool = False, hashes: HashCache | None = None,
-              bodies: dict[str, Callable] | None = None, max_retries: int = DEFAULT_RETRIES,
-              roots: tuple[Path, ...] = (), console: Console | None = None) -> FleetResult:
+def run_fleet(
+    graph: FleetGraph,
+    *,
+    address: str | None = None,
+    force: bool = False,
+    hashes: HashCache | None = None,
+    bodies: dict[str, Callable] | None = None,
+    max_retries: int = DEFAULT_RETRIES,
+    roots: tuple[Path, ...] = (),
+    console: Console | None = None,
+) -> FleetResult:
     """Run every task of ``graph`` on Ray; ``roots`` are the output folders every node must see."""
     ray = require_ray()
     console = console or Console(stderr=True)
     owned = connect(address)
     try:
         check_storage(ray, graph, roots)
-        return _Driver(ray, graph, force=force, hashes=hashes, bodies=bodies, max_retries=max_retries,
-                       console=console).run()
+        return _Driver(
+            ray, graph, force=force, hashes=hashes, bodies=bodies, max_retries=max_retries, console=console
+        ).run()
     finally:
         if owned:
             ray.shutdown()
@@ -119,34 +146,55 @@ def alive_nodes(ray) -> list[dict[str, Any]]:
 
 
 def fits(request: TaskRequest, resources: dict[str, float]) -> bool:
-    return (resources.get("CPU", 0) >= request.num_cpus and resources.get("GPU", 0) >= request.num_gpus
-            and resources.get("memory", 0) >= request.memory_bytes)
+    return (
+        resources.get("CPU", 0) >= request.num_cpus
+        and resources.get("GPU", 0) >= request.num_gpus
+        and resources.get("memory", 0) >= request.memory_bytes
+    )
 
 
 def infeasible_message(task: FleetTask, nodes: list[dict[str, Any]]) -> str:
-    have = "; ".join(f"{n.get('NodeManagerAddress', '?')}: {n['Resources'].get('CPU', 0):g} CPU, "
-                     f"{n['Resources'].get('GPU', 0):g} GPU, {n['Resources'].get('memory', 0) / GIB:.1f} GiB RAM"
-                     for n in nodes) or "none alive"
+    have = (
+        "; ".join(
+            f"{n.get('NodeManagerAddress', '?')}: {n['Resources'].get('CPU', 0):g} CPU, "
+            f"{n['Resources'].get('GPU', 0):g} GPU, {n['Resources'].get('memory', 0) / GIB:.1f} GiB RAM"
+            for n in nodes
+        )
+        or "none alive"
+    )
     detail = f" ({task.stage.resources.detail})" if task.stage is not None and task.stage.resources else ""
-    return (f"no node of the Ray cluster can run it: it needs {task.request.describe()} on one node{detail}; "
-            f"the nodes have {have}; add a node that large (GPU workers in the TensorRT-LLM container), or "
-            "lower parallel.tp or build.workers")
+    return (
+        f"no node of the Ray cluster can run it: it needs {task.request.describe()} on one node{detail}; "
+        f"the nodes have {have}; add a node that large (GPU workers in the TensorRT-LLM container), or "
+        "lower parallel.tp or build.workers"
+    )
 
 
 def check_storage(ray, graph: FleetGraph, roots: tuple[Path, ...]) -> None:
     """InputError naming each node that cannot see an output root or an input."""
-    inputs = sorted({str(path) for task in graph.tasks.values() if task.stage is not None
-                     for path in task.stage.inputs.values() if Path(path).exists()}
-                    - {str(task.stage.output) for task in graph.tasks.values() if task.stage is not None})
+    inputs = sorted(
+        {
+            str(path)
+            for task in graph.tasks.values()
+            if task.stage is not None
+            for path in task.stage.inputs.values()
+            if Path(path).exists()
+        }
+        - {str(task.stage.output) for task in graph.tasks.values() if task.stage is not None}
+    )
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     tokens = storage.write_tokens(roots)
     try:
         remote = ray.remote(storage.probe)
         nodes = alive_nodes(ray)
-        refs = {node.get("NodeManagerAddress", node["NodeID"]): remote.options(
-            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-        ).remote(tokens, inputs) for node in nodes}
+        refs = {
+            node.get("NodeManagerAddress", node["NodeID"]): remote.options(
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(tokens, inputs)
+            for node in nodes
+        }
         problems = dict(zip(refs, ray.get(list(refs.values()))))
     finally:
         storage.remove_tokens(tokens)
@@ -158,8 +206,17 @@ def check_storage(ray, graph: FleetGraph, roots: tuple[Path, ...]) -> None:
 class _Driver:
     """Submits ready tasks, follows them, keeps the board; one per run."""
 
-    def __init__(self, ray, graph: FleetGraph, *, force: bool, hashes: HashCache | None,
-                 bodies: dict[str, Callable] | None, max_retries: int, console: Console) -> None:
+    def __init__(
+        self,
+        ray,
+        graph: FleetGraph,
+        *,
+        force: bool,
+        hashes: HashCache | None,
+        bodies: dict[str, Callable] | None,
+        max_retries: int,
+        console: Console,
+    ) -> None:
         self.ray, self.graph, self.console = ray, graph, console
         self.force, self.hashes, self.bodies, self.max_retries = force, hashes, bodies, max_retries
         self.board = Board(graph)
@@ -176,8 +233,9 @@ class _Driver:
             if not any(fits(task.request, node["Resources"]) for node in nodes):
                 self._finish(TaskReport(task.key, UNAVAILABLE, 3, infeasible_message(task, nodes)))
         try:
-            with Live(self.board.table("specdeploy engine --ray"), console=self.console, transient=True,
-                      auto_refresh=False) as live:
+            with Live(
+                self.board.table("specdeploy engine --ray"), console=self.console, transient=True, auto_refresh=False
+            ) as live:
                 while len(self.reports) < len(self.graph.tasks):
                     self._submit_ready()
                     self._collect()
@@ -207,22 +265,33 @@ class _Driver:
 
     def _submit(self, task: FleetTask) -> None:
         request = task.request
-        options: dict[str, Any] = dict(num_cpus=request.num_cpus, num_gpus=request.num_gpus,
-                                       memory=request.memory_bytes or None, max_retries=self.max_retries,
-                                       name=f"{task.kind}:{task.variant.name}")
+        options: dict[str, Any] = dict(
+            num_cpus=request.num_cpus,
+            num_gpus=request.num_gpus,
+            memory=request.memory_bytes or None,
+            max_retries=self.max_retries,
+            name=f"{task.kind}:{task.variant.name}",
+        )
         if request.placement_strategy:
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            group = placement_group([request.bundle()], strategy=request.placement_strategy,
-                                    name=f"specdeploy-{task.kind}-{task.variant.name}")
+            group = placement_group(
+                [request.bundle()],
+                strategy=request.placement_strategy,
+                name=f"specdeploy-{task.kind}-{task.variant.name}",
+            )
             self.groups[task.key] = group
-            self.placements[task.key] = {"placement_group": group.id.hex(), "strategy": request.placement_strategy,
-                                         "bundle": repr(request.bundle())}
+            self.placements[task.key] = {
+                "placement_group": group.id.hex(),
+                "strategy": request.placement_strategy,
+                "bundle": repr(request.bundle()),
+            }
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
         produced = tuple(self.graph.tasks[dep].key for dep in task.deps)
-        ref = self.remote.options(**options).remote(task, produced, bodies=self.bodies, force=self.force,
-                                                    hashes=self.hashes, board=self.started)
+        ref = self.remote.options(**options).remote(
+            task, produced, bodies=self.bodies, force=self.force, hashes=self.hashes, board=self.started
+        )
         self.pending[ref] = task.key
         self.board.queued(task.key)
 
@@ -236,9 +305,14 @@ class _Driver:
                 report = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                report = TaskReport(key, FAILED, 1, f"the Ray worker was lost {self.max_retries + 1} time(s) "
-                                                    f"running it ({first}); see the worker logs "
-                                                    f"({RAY_LOGS} on its node)")
+                report = TaskReport(
+                    key,
+                    FAILED,
+                    1,
+                    f"the Ray worker was lost {self.max_retries + 1} time(s) "
+                    f"running it ({first}); see the worker logs "
+                    f"({RAY_LOGS} on its node)",
+                )
             self._release(key)
             self._finish(report)
 
@@ -264,8 +338,9 @@ class _Driver:
             for task in self.graph.chain(variant):
                 report = self.reports[task.key]
                 if report.state in (FAILED, UNAVAILABLE):
-                    self.console.print(f"[{variant}] {task.kind}: {report.state}: {report.message}",
-                                       markup=False, highlight=False)
+                    self.console.print(
+                        f"[{variant}] {task.kind}: {report.state}: {report.message}", markup=False, highlight=False
+                    )
                     break
 
 

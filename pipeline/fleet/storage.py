@@ -60,7 +60,9 @@ def storage_error(problems_by_node: dict[str, list[str]]) -> InputError | None:
     lines = [f"node {node} {problem}" for node, problems in sorted(problems_by_node.items()) for problem in problems]
     if not lines:
         return None
-    lines.append("every Ray node must see the engines, Triton repository and cache folders, and the models, at the "
-                 "same paths: put them on shared storage (NFS, a shared volume) mounted at one path on every node, "
-                 "and pass that path with --engines-dir, --triton-repo and --cache-dir")
+    lines.append(
+        "every Ray node must see the engines, Triton repository and cache folders, and the models, at the "
+        "same paths: put them on shared storage (NFS, a shared volume) mounted at one path on every node, "
+        "and pass that path with --engines-dir, --triton-repo and --cache-dir"
+    )
     return InputError("\n".join(lines))

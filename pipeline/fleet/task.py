@@ -53,8 +53,15 @@ def node_name() -> str:
     return f"{socket.gethostname()} {ip}"
 
 
-def run_task(task: FleetTask, produced: tuple[str, ...], *, bodies: dict | None, force: bool,
-             hashes: HashCache | None, board=None) -> TaskReport:
+def run_task(
+    task: FleetTask,
+    produced: tuple[str, ...],
+    *,
+    bodies: dict | None,
+    force: bool,
+    hashes: HashCache | None,
+    board=None,
+) -> TaskReport:
     """Run ``task`` here; ``produced`` are the outputs its dependencies wrote."""
     from pipeline.stages.execute import STAGE_BODIES, require_inputs
     from pipeline.stages.runner import run_stage
@@ -63,8 +70,9 @@ def run_task(task: FleetTask, produced: tuple[str, ...], *, bodies: dict | None,
     if board is not None:
         board.started.remote(task.key, node)
     gpu_ids, group = _ray_context()
-    base: dict[str, Any] = dict(key=task.key, node=node, gpu_ids=gpu_ids, placement_group=group,
-                                attempt_pid=os.getpid())
+    base: dict[str, Any] = dict(
+        key=task.key, node=node, gpu_ids=gpu_ids, placement_group=group, attempt_pid=os.getpid()
+    )
     try:
         if task.kind == PREPARE:
             from pipeline.embedded import prepare_embedded_model
@@ -79,20 +87,31 @@ def run_task(task: FleetTask, produced: tuple[str, ...], *, bodies: dict | None,
             body = (bodies or STAGE_BODIES)[stage.name]
             require_inputs(variant, stage, {Path(p) for p in produced})
             print(f"[{variant.name}] {stage.name} -> {stage.output} on {node}", flush=True)
-            result = run_stage(stage, lambda out: body(variant, stage, out), force=force, hashes=hashes,
-                               on_wait=lambda text: print(f"[{variant.name}] {stage.name}: {text}", flush=True))
+            result = run_stage(
+                stage,
+                lambda out: body(variant, stage, out),
+                force=force,
+                hashes=hashes,
+                on_wait=lambda text: print(f"[{variant.name}] {stage.name}: {text}", flush=True),
+            )
             state = result.status
     except StageUnavailable as exc:
-        return TaskReport(state=UNAVAILABLE, exit_code=exc.exit_code, message=str(exc),
-                          seconds=time.monotonic() - start, **base)
+        return TaskReport(
+            state=UNAVAILABLE, exit_code=exc.exit_code, message=str(exc), seconds=time.monotonic() - start, **base
+        )
     except SpecdeployError as exc:
-        return TaskReport(state=FAILED, exit_code=exc.exit_code, message=str(exc),
-                          seconds=time.monotonic() - start, **base)
+        return TaskReport(
+            state=FAILED, exit_code=exc.exit_code, message=str(exc), seconds=time.monotonic() - start, **base
+        )
     except Exception as exc:  # a bug: the traceback goes to the worker's log, one line to the user
         traceback.print_exc()
-        return TaskReport(state=FAILED, exit_code=1, message=f"{type(exc).__name__}: {exc} (traceback in the "
-                                                             "Ray worker log)", seconds=time.monotonic() - start,
-                          **base)
+        return TaskReport(
+            state=FAILED,
+            exit_code=1,
+            message=f"{type(exc).__name__}: {exc} (traceback in the Ray worker log)",
+            seconds=time.monotonic() - start,
+            **base,
+        )
     return TaskReport(state=state, seconds=time.monotonic() - start, **base)
 
 

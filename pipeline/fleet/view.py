@@ -16,8 +16,16 @@ from pipeline.fleet.graph import FleetGraph
 from pipeline.fleet.task import BLOCKED, FAILED, RAN, SKIPPED, UNAVAILABLE, TaskReport
 
 WAITING, QUEUED, RUNNING = "waiting", "queued", "running"
-_STYLE = {WAITING: "dim", QUEUED: "cyan", RUNNING: "bold yellow", RAN: "green", SKIPPED: "green",
-          FAILED: "bold red", UNAVAILABLE: "yellow", BLOCKED: "dim"}
+_STYLE = {
+    WAITING: "dim",
+    QUEUED: "cyan",
+    RUNNING: "bold yellow",
+    RAN: "green",
+    SKIPPED: "green",
+    FAILED: "bold red",
+    UNAVAILABLE: "yellow",
+    BLOCKED: "dim",
+}
 _SHOWN = {SKIPPED: "up to date", BLOCKED: "not run"}
 
 

@@ -78,12 +78,14 @@ class SeqData:
     def select(self, kind: str) -> SeqData:
         keep = [s for s in range(len(self)) if int(self.kinds[s]) == KINDS.index(kind)]
         parts = [self.seq(s) for s in keep]
-        return SeqData.from_sequences([p[0] for p in parts], [p[1] for p in parts],
-                                      [p[2] for p in parts], [KINDS.index(kind)] * len(parts))
+        return SeqData.from_sequences(
+            [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], [KINDS.index(kind)] * len(parts)
+        )
 
     @staticmethod
-    def from_sequences(tokens: list[torch.Tensor], hidden: list[torch.Tensor], prompt_lens: list[int],
-                       kinds: list[int]) -> SeqData:
+    def from_sequences(
+        tokens: list[torch.Tensor], hidden: list[torch.Tensor], prompt_lens: list[int], kinds: list[int]
+    ) -> SeqData:
         lengths = torch.tensor([0] + [len(t) for t in tokens], dtype=torch.int64)
         width = hidden[0].shape[-1] if hidden else 0
         return SeqData(
@@ -95,8 +97,16 @@ class SeqData:
         )
 
     def save(self, path: Path) -> None:
-        save_file({"tokens": self.tokens, "hidden": self.hidden.contiguous(), "offsets": self.offsets,
-                   "prompt_lens": self.prompt_lens, "kinds": self.kinds}, str(path))
+        save_file(
+            {
+                "tokens": self.tokens,
+                "hidden": self.hidden.contiguous(),
+                "offsets": self.offsets,
+                "prompt_lens": self.prompt_lens,
+                "kinds": self.kinds,
+            },
+            str(path),
+        )
 
     @staticmethod
     def load(path: Path) -> SeqData:
@@ -113,9 +123,12 @@ class ShardSpec:
     gen_dtype: str = "float32"  # answers only; features are always float32
 
     def apply(self, settings: DataSettings) -> DataSettings:
-        return DataSettings(max_new_tokens=self.max_new_tokens or settings.max_new_tokens,
-                            gen_batch=self.gen_batch or settings.gen_batch, feature_batch=settings.feature_batch,
-                            max_train_per_kind=settings.max_train_per_kind)
+        return DataSettings(
+            max_new_tokens=self.max_new_tokens or settings.max_new_tokens,
+            gen_batch=self.gen_batch or settings.gen_batch,
+            feature_batch=settings.feature_batch,
+            max_train_per_kind=settings.max_train_per_kind,
+        )
 
 
 SHARDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -154,8 +167,9 @@ def load_base(base_dir: Path):
 def encode_prompt(tokenizer, kind: str, prompt: str) -> list[int]:
     """Token ids the serving stack would feed: chat via the chat template, code as raw text."""
     if kind == "chat":
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
         return tokenizer(text, add_special_tokens=False).input_ids
     return tokenizer(prompt, add_special_tokens=False).input_ids
 
@@ -170,27 +184,34 @@ def stop_ids(tokenizer) -> list[int]:
 
 
 @torch.no_grad()
-def greedy_answers(model, prompts: list[list[int]], *, max_new_tokens: int, batch: int, pad_id: int,
-                   stops: list[int], say: Progress) -> list[list[int]]:
+def greedy_answers(
+    model, prompts: list[list[int]], *, max_new_tokens: int, batch: int, pad_id: int, stops: list[int], say: Progress
+) -> list[list[int]]:
     """Greedy continuation of each prompt (batched, left padded, KV cache), stop token kept."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: list[list[int]] = [[] for _ in prompts]
     start = time.monotonic()
     for first in range(0, len(order), batch):
-        chunk = order[first:first + batch]
+        chunk = order[first : first + batch]
         width = max(len(prompts[i]) for i in chunk)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, i in enumerate(chunk):
-            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad_id, eos_token_id=stops)
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=stops,
+        )
         for row, i in enumerate(chunk):
             answer = out[row, width:].tolist()
             for cut, token in enumerate(answer):
                 if token in stops:
-                    answer = answer[:cut + 1]
+                    answer = answer[: cut + 1]
                     break
             answers[i] = answer
         done = first + len(chunk)
@@ -204,34 +225,46 @@ def final_hidden_states(model, sequences: list[list[int]], *, batch: int) -> lis
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     hidden: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     for first in range(0, len(order), batch):
-        chunk = order[first:first + batch]
+        chunk = order[first : first + batch]
         width = max(len(sequences[i]) for i in chunk)
         ids = torch.zeros((len(chunk), width), dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, i in enumerate(chunk):
-            ids[row, :len(sequences[i])] = torch.tensor(sequences[i])
-            mask[row, :len(sequences[i])] = 1
+            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+            mask[row, : len(sequences[i])] = 1
         states = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
         for row, i in enumerate(chunk):
-            hidden[i] = states[row, :len(sequences[i])].to(torch.float16)
+            hidden[i] = states[row, : len(sequences[i])].to(torch.float16)
     return hidden
 
 
-def build_split(model, tokenizer, records: list[tuple[str, dict]], settings: DataSettings,
-                say: Progress, gen_dtype: str = "float32") -> SeqData:
+def build_split(
+    model, tokenizer, records: list[tuple[str, dict]], settings: DataSettings, say: Progress, gen_dtype: str = "float32"
+) -> SeqData:
     prompts = [encode_prompt(tokenizer, kind, r["prompt"]) for kind, r in records]
     # A cast copy: casting ``model`` in place and back would round its float32 weights.
     generator = model if gen_dtype == "float32" else copy.deepcopy(model).to(getattr(torch, gen_dtype))
-    answers = greedy_answers(generator, prompts, max_new_tokens=settings.max_new_tokens, batch=settings.gen_batch,
-                             pad_id=tokenizer.pad_token_id, stops=stop_ids(tokenizer), say=say)
+    answers = greedy_answers(
+        generator,
+        prompts,
+        max_new_tokens=settings.max_new_tokens,
+        batch=settings.gen_batch,
+        pad_id=tokenizer.pad_token_id,
+        stops=stop_ids(tokenizer),
+        say=say,
+    )
     del generator
     sequences = [p + a for p, a in zip(prompts, answers)]
     say(f"  sample answer: {tokenizer.decode(answers[0])[:200]!r}")
     start = time.monotonic()
     hidden = final_hidden_states(model, sequences, batch=settings.feature_batch)
     say(f"  features for {len(sequences)} sequences ({time.monotonic() - start:.0f} s)")
-    return SeqData.from_sequences([torch.tensor(s) for s in sequences], hidden, [len(p) for p in prompts],
-                                  [KINDS.index(kind) for kind, _ in records])
+    return SeqData.from_sequences(
+        [torch.tensor(s) for s in sequences],
+        hidden,
+        [len(p) for p in prompts],
+        [KINDS.index(kind) for kind, _ in records],
+    )
 
 
 def _records(shard: str, settings: DataSettings) -> list[tuple[str, dict]]:
@@ -239,7 +272,7 @@ def _records(shard: str, settings: DataSettings) -> list[tuple[str, dict]]:
     for kind, part in SHARDS[shard]:
         records = load_prompts(kind, part)
         if shard in TRAIN_SHARDS and settings.max_train_per_kind is not None:
-            records = records[:settings.max_train_per_kind]
+            records = records[: settings.max_train_per_kind]
         out.extend((kind, r) for r in records)
     return out
 
@@ -250,8 +283,9 @@ def concat(parts: list[SeqData]) -> SeqData:
     return SeqData.from_sequences([q[0] for q in seqs], [q[1] for q in seqs], [q[2] for q in seqs], kinds)
 
 
-def prepare_data(base_dir: Path, cache_dir: Path, settings: DataSettings = DataSettings(),
-                 say: Progress = print) -> tuple[SeqData, SeqData, dict]:
+def prepare_data(
+    base_dir: Path, cache_dir: Path, settings: DataSettings = DataSettings(), say: Progress = print
+) -> tuple[SeqData, SeqData, dict]:
     """(train, eval, meta) from the cache, generating missing shards first."""
     folder = Path(cache_dir) / "heads-data"
     folder.mkdir(parents=True, exist_ok=True)
@@ -272,9 +306,13 @@ def prepare_data(base_dir: Path, cache_dir: Path, settings: DataSettings = DataS
         spec = SHARD_SPECS.get(shard, ShardSpec())
         data = build_split(base[0], base[1], records, spec.apply(settings), say, gen_dtype=spec.gen_dtype)
         data.save(stem.with_suffix(".safetensors"))
-        info = {"sequences": len(data), "tokens": int(data.tokens.numel()), "generation": asdict(spec),
-                "answer_tokens": int(data.tokens.numel() - data.prompt_lens.sum()),
-                "seconds": round(time.monotonic() - start, 1)}
+        info = {
+            "sequences": len(data),
+            "tokens": int(data.tokens.numel()),
+            "generation": asdict(spec),
+            "answer_tokens": int(data.tokens.numel() - data.prompt_lens.sum()),
+            "seconds": round(time.monotonic() - start, 1),
+        }
         stem.with_suffix(".json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")  # marks it complete
         loaded[shard], meta["shards"][shard] = data, info
     return concat([loaded[s] for s in TRAIN_SHARDS]), loaded["eval"], meta

@@ -46,14 +46,27 @@ Progress = Callable[[str], None]
 def drafter_llama_config(c: ModelGeometry, dtype: str) -> dict:
     """The drafter's LlamaConfig (config.json of the EAGLE-1 folder): one decoder layer of the base's shape."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
-        "rms_norm_eps": c.norm_epsilon, "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": dtype,
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.norm_epsilon,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": c.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
     }
 
 
@@ -129,8 +142,13 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-           extra: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    extra: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+) -> torch.Tensor:
     """Softmax attention of q [B,h,T,d] over k/v [B,h,S,d] where ``allowed`` [B or 1,1,T,S] is True,
     plus per-row extra keys: each (k_m, v_m) [B,h,T,d] is one more key for row t only."""
     scale = q.shape[-1] ** -0.5
@@ -142,7 +160,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
         S = k.shape[2]
         ctx = probs[..., :S] @ v
         for m, (_, vm) in enumerate(extra):
-            ctx = ctx + probs[..., S + m:S + m + 1] * vm
+            ctx = ctx + probs[..., S + m : S + m + 1] * vm
         return ctx
     return scores.softmax(-1) @ v
 
@@ -162,8 +180,9 @@ class EagleDrafter(nn.Module):
     def export_state(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
 
-    def unrolled(self, embed: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, valid: torch.Tensor,
-                 steps: int) -> list[torch.Tensor]:
+    def unrolled(
+        self, embed: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, valid: torch.Tensor, steps: int
+    ) -> list[torch.Tensor]:
         """Teacher-forced drafting for every anchor at once.
 
         tokens [B, T], feats [B, T, H] (true features), valid [B, T] (real, non-pad tokens).
@@ -240,12 +259,13 @@ def pad_batch(data: SeqData, seqs: list[int]) -> tuple[torch.Tensor, torch.Tenso
     feats = torch.zeros(len(parts), T, H)
     valid = torch.zeros(len(parts), T, dtype=torch.bool)
     for b, (tk, hd, _) in enumerate(parts):
-        tokens[b, :len(tk)], feats[b, :len(tk)], valid[b, :len(tk)] = tk, hd.float(), True
+        tokens[b, : len(tk)], feats[b, : len(tk)], valid[b, : len(tk)] = tk, hd.float(), True
     return tokens, feats, valid, torch.tensor([p[2] for p in parts])
 
 
-def step_targets(tokens: torch.Tensor, valid: torch.Tensor, start: torch.Tensor, s: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def step_targets(
+    tokens: torch.Tensor, valid: torch.Tensor, start: torch.Tensor, s: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For draft step s: (target feature index [B,T], target token [B,T], mask [B,T]).
 
     Row j predicts feature j+s and token j+s+1; only answer tokens (index >= start) count.
@@ -259,9 +279,16 @@ def step_targets(tokens: torch.Tensor, valid: torch.Tensor, start: torch.Tensor,
     return feat_idx, tokens.gather(1, tok_idx), mask
 
 
-def eagle_loss(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor, batch, cfg: EagleTrainConfig,
-               noise_amp: float, gen: torch.Generator | None, table: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, list[dict]]:
+def eagle_loss(
+    drafter: EagleDrafter,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    batch,
+    cfg: EagleTrainConfig,
+    noise_amp: float,
+    gen: torch.Generator | None,
+    table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, list[dict]]:
     """Loss of one padded batch; ``lm_head`` may be a vocabulary subset, ``table`` maps ids into it."""
     tokens, feats, valid, start = batch
     noisy = feats
@@ -284,9 +311,15 @@ def eagle_loss(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor
     return total, stats
 
 
-def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, config: ModelGeometry,
-                cfg: EagleTrainConfig, say: Progress = print, validate: Callable[[EagleDrafter], float] | None = None
-                ) -> tuple[EagleDrafter, list[dict]]:
+def train_eagle(
+    data: SeqData,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    config: ModelGeometry,
+    cfg: EagleTrainConfig,
+    say: Progress = print,
+    validate: Callable[[EagleDrafter], float] | None = None,
+) -> tuple[EagleDrafter, list[dict]]:
     """AdamW with warmup + cosine decay; with ``validate``, the best epoch's weights are returned."""
     from pipeline.heads.medusa import keep_best
 
@@ -325,12 +358,17 @@ def train_eagle(data: SeqData, embed: torch.Tensor, lm_head: torch.Tensor, confi
             sums = flat if sums is None else [a + b for a, b in zip(sums, flat)]
             n += 1
         keys = [f"step{s + 1}_{k}" for s in range(cfg.unroll) for k in ("reg", "cls", "acc")]
-        entry = {"epoch": epoch + 1, **{k: round(v / n, 4) for k, v in zip(keys, sums or [])},
-                 "seconds": round(time.monotonic() - start, 1)}
+        entry = {
+            "epoch": epoch + 1,
+            **{k: round(v / n, 4) for k, v in zip(keys, sums or [])},
+            "seconds": round(time.monotonic() - start, 1),
+        }
         best = keep_best(drafter, validate, entry, best)
         log.append(entry)
-        say(f"  eagle epoch {epoch + 1}/{cfg.epochs}: " +
-            ", ".join(f"{k} {v}" for k, v in entry.items() if k != "epoch"))
+        say(
+            f"  eagle epoch {epoch + 1}/{cfg.epochs}: "
+            + ", ".join(f"{k} {v}" for k, v in entry.items() if k != "epoch")
+        )
     if best is not None:
         drafter.load_state_dict(best[1])
     return drafter.eval(), log

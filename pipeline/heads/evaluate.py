@@ -38,7 +38,7 @@ def true_ranks(logits: torch.Tensor, targets: torch.Tensor, cap: int) -> torch.T
 
 def accepted_depth(ranks: list[int], tree: set[tuple[int, ...]]) -> int:
     depth = 0
-    while depth < len(ranks) and tuple(ranks[:depth + 1]) in tree:
+    while depth < len(ranks) and tuple(ranks[: depth + 1]) in tree:
         depth += 1
     return depth
 
@@ -52,7 +52,7 @@ def simulate(ranks: torch.Tensor, start: int, tree: Tree) -> tuple[int, int]:
     table = ranks.tolist()
     while t + 1 <= T - 1:
         room = (T - 1) - (t + 1)
-        d = accepted_depth(table[t][:min(depth_max, room)], paths)
+        d = accepted_depth(table[t][: min(depth_max, room)], paths)
         steps += 1
         t += 1 + d
     return T - start, steps
@@ -66,16 +66,24 @@ def _shifted_targets(tokens: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def medusa_ranks(blocks: MedusaResBlocks, lm_head: torch.Tensor, tokens: torch.Tensor, hidden: torch.Tensor,
-                 cap: int) -> torch.Tensor:
+def medusa_ranks(
+    blocks: MedusaResBlocks, lm_head: torch.Tensor, tokens: torch.Tensor, hidden: torch.Tensor, cap: int
+) -> torch.Tensor:
     targets = _shifted_targets(tokens, blocks.num_heads)
     cols = [true_ranks(x @ lm_head.T, targets[:, i], cap) for i, x in enumerate(blocks(hidden.float()))]
     return torch.stack(cols, 1)
 
 
 @torch.no_grad()
-def eagle_ranks(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor, tokens: torch.Tensor,
-                hidden: torch.Tensor, depth: int, cap: int) -> torch.Tensor:
+def eagle_ranks(
+    drafter: EagleDrafter,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    tokens: torch.Tensor,
+    hidden: torch.Tensor,
+    depth: int,
+    cap: int,
+) -> torch.Tensor:
     T = tokens.numel()
     preds = drafter.unrolled(embed, tokens[None], hidden.float()[None], torch.ones(1, T, dtype=torch.bool), depth)
     targets = _shifted_targets(tokens, depth)
@@ -120,8 +128,13 @@ def evaluate_medusa(blocks: MedusaResBlocks, lm_head: torch.Tensor, data: SeqDat
     return summarize(lambda tk, hd: medusa_ranks(blocks, lm_head, tk, hd, cap=16), data, trees, blocks.num_heads)
 
 
-def evaluate_eagle(drafter: EagleDrafter, embed: torch.Tensor, lm_head: torch.Tensor, data: SeqData,
-                   trees: dict[str, Tree], depth: int = 4) -> dict:
+def evaluate_eagle(
+    drafter: EagleDrafter,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    data: SeqData,
+    trees: dict[str, Tree],
+    depth: int = 4,
+) -> dict:
     embed, lm_head = embed.float(), lm_head.float()
-    return summarize(lambda tk, hd: eagle_ranks(drafter, embed, lm_head, tk, hd, depth, cap=16),
-                     data, trees, depth)
+    return summarize(lambda tk, hd: eagle_ranks(drafter, embed, lm_head, tk, hd, depth, cap=16), data, trees, depth)

@@ -91,8 +91,10 @@ def expand_medusa(heads_dir: Path, base_model_dir: Path, out_dir: Path, *, dtype
     lm_head = base_lm_head(base_model_dir)
     hidden = blocks["0.0.linear.weight"].shape[0]
     if lm_head.shape[1] != hidden or lm_head.shape[0] != config.get("vocab_size", lm_head.shape[0]):
-        raise InputError(f"{base_model_dir}: lm_head {list(lm_head.shape)} does not fit heads with hidden "
-                         f"{hidden} and vocab {config.get('vocab_size')}; wrong base model for {heads_dir}")
+        raise InputError(
+            f"{base_model_dir}: lm_head {list(lm_head.shape)} does not fit heads with hidden "
+            f"{hidden} and vocab {config.get('vocab_size')}; wrong base model for {heads_dir}"
+        )
     cast = _DTYPES[dtype] if dtype else None
     state = {key: (t.to(cast) if cast else t).contiguous() for key, t in blocks.items()}
     for h in range(num_heads):
@@ -101,11 +103,19 @@ def expand_medusa(heads_dir: Path, base_model_dir: Path, out_dir: Path, *, dtype
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         save_file(state, str(tmp / "medusa_lm_head.safetensors"), metadata={"format": "pt"})
-        write_json(tmp / "config.json", {
-            "medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
-            "hidden_size": hidden, "vocab_size": int(lm_head.shape[0]),
-            "expanded_from": {"heads": heads_dir.name, "resblocks_sha256": sha256_file(heads_dir / MEDUSA_RESBLOCKS)},
-        })
+        write_json(
+            tmp / "config.json",
+            {
+                "medusa_num_heads": num_heads,
+                "medusa_num_layers": num_layers,
+                "hidden_size": hidden,
+                "vocab_size": int(lm_head.shape[0]),
+                "expanded_from": {
+                    "heads": heads_dir.name,
+                    "resblocks_sha256": sha256_file(heads_dir / MEDUSA_RESBLOCKS),
+                },
+            },
+        )
         for path in tmp.iterdir():
             path.chmod(0o644)
         tmp.chmod(0o755)
@@ -131,8 +141,7 @@ def expansion_key(heads_dir: Path, base_model_dir: Path, dtype: str | None = Non
     return digest.hexdigest()[:12]
 
 
-def ensure_expanded_medusa(heads_dir: Path, base_model_dir: Path, cache_dir: Path, *,
-                           dtype: str | None = None) -> Path:
+def ensure_expanded_medusa(heads_dir: Path, base_model_dir: Path, cache_dir: Path, *, dtype: str | None = None) -> Path:
     """``<cache_dir>/heads/<name>-<key>/``, expanded once and reused while the inputs are unchanged."""
     heads_dir = Path(heads_dir)
     out = Path(cache_dir) / "heads" / f"{heads_dir.resolve().name}-{expansion_key(heads_dir, base_model_dir, dtype)}"

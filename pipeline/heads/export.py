@@ -61,8 +61,9 @@ def medusa_config(blocks: MedusaResBlocks, hidden_size: int, vocab_size: int, ba
     }
 
 
-def export_medusa(blocks: MedusaResBlocks, out: Path, *, hidden_size: int, vocab_size: int, base_model: str,
-                  info: dict, readme: str) -> dict:
+def export_medusa(
+    blocks: MedusaResBlocks, out: Path, *, hidden_size: int, vocab_size: int, base_model: str, info: dict, readme: str
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.float().contiguous() for k, v in blocks.fasterdecoding_state().items()}
     save_file(state, str(out / MEDUSA_RESBLOCKS), metadata={"format": "pt"})
@@ -71,8 +72,9 @@ def export_medusa(blocks: MedusaResBlocks, out: Path, *, hidden_size: int, vocab
     return write_manifest(out, ["config.json", MEDUSA_RESBLOCKS, "README.md"], info)
 
 
-def export_eagle(drafter: EagleDrafter, out: Path, *, info: dict, readme: str,
-                 dtype: torch.dtype = torch.float16) -> dict:
+def export_eagle(
+    drafter: EagleDrafter, out: Path, *, info: dict, readme: str, dtype: torch.dtype = torch.float16
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     save_file(drafter.export_state(dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
     name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]

@@ -52,8 +52,9 @@ class MedusaResBlocks(nn.Module):
     def __init__(self, hidden: int, num_heads: int, num_layers: int = 1):
         super().__init__()
         self.num_heads, self.num_layers = num_heads, num_layers
-        self.heads = nn.ModuleList(nn.Sequential(*(ResBlock(hidden) for _ in range(num_layers)))
-                                   for _ in range(num_heads))
+        self.heads = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden) for _ in range(num_layers))) for _ in range(num_heads)
+        )
 
     def forward(self, hidden: torch.Tensor) -> list[torch.Tensor]:
         """Features each head feeds to its lm_head, one [..., H] tensor per head."""
@@ -61,8 +62,11 @@ class MedusaResBlocks(nn.Module):
 
     def fasterdecoding_state(self) -> dict[str, torch.Tensor]:
         """``{h}.{l}.linear.weight|bias`` (FasterDecoding names, without the lm_heads)."""
-        return {f"{h}.{layer}.linear.{kind}": getattr(block.linear, kind).detach().clone()
-                for h, layer, block in self._blocks() for kind in ("weight", "bias")}
+        return {
+            f"{h}.{layer}.linear.{kind}": getattr(block.linear, kind).detach().clone()
+            for h, layer, block in self._blocks()
+            for kind in ("weight", "bias")
+        }
 
     def load_fasterdecoding_state(self, state: dict[str, torch.Tensor]) -> None:
         for h, layer, block in self._blocks():
@@ -85,8 +89,8 @@ def medusa_targets(tokens: torch.Tensor, start: int, num_heads: int) -> torch.Te
     for i in range(num_heads):
         shift = 2 + i
         if T > shift:
-            out[:T - shift, i] = tokens[shift:]
-            out[:max(0, start - shift), i] = IGNORE
+            out[: T - shift, i] = tokens[shift:]
+            out[: max(0, start - shift), i] = IGNORE
     return out
 
 
@@ -102,8 +106,9 @@ def flat_examples(data: SeqData, num_heads: int) -> tuple[torch.Tensor, torch.Te
     return torch.cat(feats), torch.cat(labels)
 
 
-def head_losses(blocks: MedusaResBlocks, lm_head: torch.Tensor, feats: torch.Tensor,
-                labels: torch.Tensor) -> list[torch.Tensor]:
+def head_losses(
+    blocks: MedusaResBlocks, lm_head: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
+) -> list[torch.Tensor]:
     """Mean cross-entropy per head (0 for a head with no target in the batch)."""
     xs = blocks(feats.float())
     out = []
@@ -126,9 +131,13 @@ class MedusaTrainConfig:
     seed: int = 0
 
 
-def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
-                 say: Progress = print, validate: Callable[[MedusaResBlocks], float] | None = None
-                 ) -> tuple[MedusaResBlocks, list[dict]]:
+def train_medusa(
+    data: SeqData,
+    lm_head: torch.Tensor,
+    cfg: MedusaTrainConfig,
+    say: Progress = print,
+    validate: Callable[[MedusaResBlocks], float] | None = None,
+) -> tuple[MedusaResBlocks, list[dict]]:
     """Adam on the ResBlocks with cosine decay; returns the blocks and a per-epoch log.
 
     ``validate`` (optional) scores the model after each epoch on training-side validation data
@@ -151,7 +160,7 @@ def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
         start, sums, n = time.monotonic(), torch.zeros(cfg.num_heads), 0
         order = torch.randperm(len(feats), generator=gen)
         for first in range(0, len(order), cfg.batch_tokens):
-            idx = order[first:first + cfg.batch_tokens]
+            idx = order[first : first + cfg.batch_tokens]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 losses = head_losses(blocks, lm_head, feats[idx], labels[idx])
             opt.zero_grad(set_to_none=True)
@@ -160,19 +169,23 @@ def train_medusa(data: SeqData, lm_head: torch.Tensor, cfg: MedusaTrainConfig,
             sched.step()
             sums += torch.stack([l.detach() for l in losses])
             n += 1
-        entry = {"epoch": epoch + 1, "loss_per_head": [round(float(v), 4) for v in sums / n],
-                 "seconds": round(time.monotonic() - start, 1)}
+        entry = {
+            "epoch": epoch + 1,
+            "loss_per_head": [round(float(v), 4) for v in sums / n],
+            "seconds": round(time.monotonic() - start, 1),
+        }
         best = keep_best(blocks, validate, entry, best)
         log.append(entry)
-        say(f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)"
-            + (f", valid {entry['valid_score']}" if "valid_score" in entry else ""))
+        say(
+            f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)"
+            + (f", valid {entry['valid_score']}" if "valid_score" in entry else "")
+        )
     if best is not None:
         blocks.load_state_dict(best[1])
     return blocks.eval(), log
 
 
-def keep_best(model: Any, validate: Callable[[Any], float] | None, entry: dict, best: tuple | None
-              ) -> tuple | None:
+def keep_best(model: Any, validate: Callable[[Any], float] | None, entry: dict, best: tuple | None) -> tuple | None:
     """Scores ``model`` into ``entry['valid_score']``; returns (score, state) of the best epoch so far."""
     if validate is None:
         return best

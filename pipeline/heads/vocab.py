@@ -22,13 +22,14 @@ def training_vocab(data: SeqData, lm_head: torch.Tensor, top_k: int = 10, chunk:
     keep[data.tokens] = True
     weight = lm_head.to(torch.bfloat16)
     for first in range(0, data.hidden.shape[0], chunk):
-        logits = data.hidden[first:first + chunk].to(torch.bfloat16) @ weight.T
+        logits = data.hidden[first : first + chunk].to(torch.bfloat16) @ weight.T
         keep[logits.topk(top_k, dim=-1).indices.reshape(-1)] = True
     return keep.nonzero().squeeze(1)
 
 
-def loss_lm_head(data: SeqData, lm_head: torch.Tensor, top_k: int | None, bf16: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def loss_lm_head(
+    data: SeqData, lm_head: torch.Tensor, top_k: int | None, bf16: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The frozen lm_head the training losses use, and the full id -> row table (None: every row).
 
     With ``top_k``, only the rows of :func:`training_vocab`. With ``bf16`` (training under bf16

@@ -9,6 +9,13 @@ from pipeline.quantize.checks import is_modelopt_fp8_checkpoint, verify_fp8_expo
 from pipeline.quantize.fp8 import AmaxStats, QuantizeSummary, fp8_quant_config, quantize_fp8
 
 __all__ = [
-    "DEFAULT_CALIBRATION", "AmaxStats", "CalibrationSample", "QuantizeSummary", "fp8_quant_config",
-    "is_modelopt_fp8_checkpoint", "quantize_fp8", "read_calibration", "verify_fp8_export",
+    "DEFAULT_CALIBRATION",
+    "AmaxStats",
+    "CalibrationSample",
+    "QuantizeSummary",
+    "fp8_quant_config",
+    "is_modelopt_fp8_checkpoint",
+    "quantize_fp8",
+    "read_calibration",
+    "verify_fp8_export",
 ]

@@ -42,8 +42,10 @@ def read_calibration(path: Path) -> list[CalibrationSample]:
     """All samples of a calibration file; InputError (one line, naming the line) when malformed."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"{path}: calibration file not found; point quantization.calibration.data "
-                         f"at a .txt or .jsonl file, or leave it unset for the shipped set")
+        raise InputError(
+            f"{path}: calibration file not found; point quantization.calibration.data "
+            f"at a .txt or .jsonl file, or leave it unset for the shipped set"
+        )
     if path.suffix not in SUFFIXES:
         raise InputError(f"{path}: calibration data must be a .txt or .jsonl file (got '{path.suffix}')")
     try:
@@ -64,7 +66,7 @@ def _parse_txt(path: Path, content: str) -> list[CalibrationSample]:
     if not filled:
         return []
     # Blank lines before the first or after the last text do not make it a paragraph file.
-    if all(line.strip() for line in lines[filled[0]:filled[-1] + 1]):
+    if all(line.strip() for line in lines[filled[0] : filled[-1] + 1]):
         return [CalibrationSample(f"{path}:{i + 1}", text=lines[i].strip()) for i in filled]
     samples: list[CalibrationSample] = []
     block: list[str] = []
@@ -90,8 +92,9 @@ def _parse_jsonl(path: Path, content: str) -> list[CalibrationSample]:
             record = json.loads(line)
         except ValueError as exc:
             msg = getattr(exc, "msg", str(exc))
-            raise InputError(f"{where}: not valid JSON ({msg}); each line must be one object with "
-                             f"'text' or 'messages'") from None
+            raise InputError(
+                f"{where}: not valid JSON ({msg}); each line must be one object with 'text' or 'messages'"
+            ) from None
         samples.append(_sample_from_record(where, record))
     return samples
 
@@ -109,11 +112,13 @@ def _sample_from_record(where: str, record: Any) -> CalibrationSample:
         if not isinstance(messages, list) or not messages:
             raise InputError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
         for i, message in enumerate(messages):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
                 raise InputError(f"{where}: messages[{i}] needs string 'role' and 'content'")
-        return CalibrationSample(where, messages=tuple({"role": m["role"], "content": m["content"]}
-                                                       for m in messages))
+        return CalibrationSample(where, messages=tuple({"role": m["role"], "content": m["content"]} for m in messages))
     keys = ", ".join(sorted(record)) or "none"
     raise InputError(f"{where}: needs a 'text' string or a 'messages' list (keys found: {keys})")
 
@@ -125,8 +130,9 @@ class TokenizedCalibration:
     num_truncated: int
 
 
-def tokenize_samples(samples: list[CalibrationSample], tokenizer: Any, max_len: int,
-                     model_dir: Path) -> TokenizedCalibration:
+def tokenize_samples(
+    samples: list[CalibrationSample], tokenizer: Any, max_len: int, model_dir: Path
+) -> TokenizedCalibration:
     """Render chat samples with the tokenizer's template and tokenize, one sample per batch."""
     import torch
 
@@ -135,13 +141,16 @@ def tokenize_samples(samples: list[CalibrationSample], tokenizer: Any, max_len: 
     for sample in samples:
         if sample.messages is not None:
             if not getattr(tokenizer, "chat_template", None):
-                raise InputError(f"{sample.where}: 'messages' need a chat template, but the tokenizer in "
-                                 f"{model_dir} has none; use 'text' samples instead")
+                raise InputError(
+                    f"{sample.where}: 'messages' need a chat template, but the tokenizer in "
+                    f"{model_dir} has none; use 'text' samples instead"
+                )
             try:
                 text = tokenizer.apply_chat_template(list(sample.messages), tokenize=False)
             except Exception as exc:  # jinja raises its own types, e.g. "roles must alternate"
-                raise InputError(f"{sample.where}: the chat template of {model_dir} rejects these messages "
-                                 f"({exc})") from None
+                raise InputError(
+                    f"{sample.where}: the chat template of {model_dir} rejects these messages ({exc})"
+                ) from None
             # The template already wrote BOS/special tokens; adding them again would double BOS.
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
@@ -168,5 +177,5 @@ def batch_equal_lengths(batches: list[torch.Tensor], size: int) -> list[torch.Te
     stacked = []
     for group in by_length.values():
         for start in range(0, len(group), size):
-            stacked.append(torch.cat(group[start:start + size], dim=0))
+            stacked.append(torch.cat(group[start : start + size], dim=0))
     return stacked

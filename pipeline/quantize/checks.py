@@ -57,8 +57,14 @@ def _is_fp8(algo: Any) -> bool:
     return isinstance(algo, str) and algo.upper() == "FP8"
 
 
-def verify_fp8_export(out_dir: Path, quantized_linears: Iterable[str], kv_attention: Iterable[str],
-                      *, kv_cache_fp8: bool, has_input_scale: bool = True) -> int:
+def verify_fp8_export(
+    out_dir: Path,
+    quantized_linears: Iterable[str],
+    kv_attention: Iterable[str],
+    *,
+    kv_cache_fp8: bool,
+    has_input_scale: bool = True,
+) -> int:
     """Check an ``export_hf_checkpoint`` folder; StageError naming the first missing/bad tensor.
 
     ``quantized_linears``: module names whose weight quantizer was enabled; each needs an F8_E4M3
@@ -78,8 +84,9 @@ def verify_fp8_export(out_dir: Path, quantized_linears: Iterable[str], kv_attent
         raise StageError(f"{quant_file}: quant_algo is {quant.get('quant_algo')!r}, expected 'FP8'")
     want_kv = "FP8" if kv_cache_fp8 else None
     if quant.get("kv_cache_quant_algo") != want_kv:
-        raise StageError(f"{quant_file}: kv_cache_quant_algo is {quant.get('kv_cache_quant_algo')!r}, "
-                         f"expected {want_kv!r}")
+        raise StageError(
+            f"{quant_file}: kv_cache_quant_algo is {quant.get('kv_cache_quant_algo')!r}, expected {want_kv!r}"
+        )
 
     files = sorted(out_dir.glob("*.safetensors"))
     if not files:
@@ -135,8 +142,10 @@ def _check_scale_values(names: list[str], where: dict[str, Path], out_dir: Path)
             for key in keys:
                 values = handle.get_tensor(key).float().flatten().tolist()
                 if not values or not all(math.isfinite(v) and v > 0 for v in values):
-                    raise StageError(f"{out_dir}: tensor '{key}' has a non-positive or non-finite value "
-                                     f"({values[:4]}); its quantizer saw no calibration data")
+                    raise StageError(
+                        f"{out_dir}: tensor '{key}' has a non-positive or non-finite value "
+                        f"({values[:4]}); its quantizer saw no calibration data"
+                    )
 
 
 def require_plain_checkpoint(hf_dir: Path) -> None:
@@ -147,9 +156,9 @@ def require_plain_checkpoint(hf_dir: Path) -> None:
     if not (hf_dir / "config.json").is_file():
         raise InputError(f"{hf_dir}: no config.json; give a Hugging Face model folder (config.json + *.safetensors)")
     if is_modelopt_fp8_checkpoint(hf_dir):
-        raise InputError(f"{hf_dir}: already a ModelOpt FP8 checkpoint; skip the quantize stage "
-                         f"(convert it directly)")
+        raise InputError(f"{hf_dir}: already a ModelOpt FP8 checkpoint; skip the quantize stage (convert it directly)")
     method = existing_quantization(hf_dir)
     if method is not None:
-        raise InputError(f"{hf_dir}: already quantized (quant_method '{method}'); FP8 PTQ needs the "
-                         f"unquantized checkpoint")
+        raise InputError(
+            f"{hf_dir}: already quantized (quant_method '{method}'); FP8 PTQ needs the unquantized checkpoint"
+        )

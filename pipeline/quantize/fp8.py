@@ -102,9 +102,19 @@ def fp8_quant_config(*, kv_cache_fp8: bool, exclude: Sequence[str] = ()) -> dict
     return config
 
 
-def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path: Path | None, calib_size: int,
-                 calib_max_len: int, dtype: str = "bfloat16", exclude: Sequence[str] = (),
-                 placement: place.Placement | None = None, progress: Progress | None = None) -> QuantizeSummary:
+def quantize_fp8(
+    hf_dir: Path,
+    out_dir: Path,
+    *,
+    kv_cache_fp8: bool,
+    calib_path: Path | None,
+    calib_size: int,
+    calib_max_len: int,
+    dtype: str = "bfloat16",
+    exclude: Sequence[str] = (),
+    placement: place.Placement | None = None,
+    progress: Progress | None = None,
+) -> QuantizeSummary:
     """Calibrate ``hf_dir`` with ModelOpt FP8 PTQ and export the FP8 checkpoint into ``out_dir``.
 
     ``out_dir`` may exist (the stage runner passes an empty temp folder) but must hold no weights.
@@ -137,8 +147,9 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
         from modelopt.torch.quantization.nn import TensorQuantizer
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        raise StageError(f"FP8 quantization needs torch, transformers and nvidia-modelopt==0.47.0 ({exc}); "
-                         f"run `make setup`") from None
+        raise StageError(
+            f"FP8 quantization needs torch, transformers and nvidia-modelopt==0.47.0 ({exc}); run `make setup`"
+        ) from None
 
     placement = placement or place.Placement()
     cuda = torch.cuda.is_available()
@@ -154,12 +165,15 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
         model: Any
         loading: dict[str, Any]
         model, loading = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
-            hf_dir, dtype=calib_dtype, local_files_only=True, output_loading_info=True, **load_kwargs)
+            hf_dir, dtype=calib_dtype, local_files_only=True, output_loading_info=True, **load_kwargs
+        )
     except ValueError as exc:
         if load_kwargs and "offload" in str(exc):  # the dispatch needs a folder it was not given
-            raise StageUnavailable(f"{hf_dir} does not fit the GPU memory given to the quantize stage "
-                                   f"({placement.max_memory_gib or 'all visible GPUs'}); run on a host with "
-                                   "more GPU memory, or set quantization.offload: cpu or disk") from None
+            raise StageUnavailable(
+                f"{hf_dir} does not fit the GPU memory given to the quantize stage "
+                f"({placement.max_memory_gib or 'all visible GPUs'}); run on a host with "
+                "more GPU memory, or set quantization.offload: cpu or disk"
+            ) from None
         raise InputError(f"{hf_dir}: transformers cannot load this model ({_first_line(exc)})") from None
     except (OSError, KeyError) as exc:
         raise InputError(f"{hf_dir}: transformers cannot load this model ({_first_line(exc)})") from None
@@ -167,9 +181,11 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     if dropped:
         # e.g. Medusa/EAGLE heads merged into the folder: the model class does not load them, so
         # the export would silently lose them.
-        raise InputError(f"{hf_dir}: {len(dropped)} tensors (e.g. '{dropped[0]}') are not part of "
-                         f"{type(model).__name__} and would be dropped by the FP8 export; quantize the base "
-                         f"model folder and keep heads separate")
+        raise InputError(
+            f"{hf_dir}: {len(dropped)} tensors (e.g. '{dropped[0]}') are not part of "
+            f"{type(model).__name__} and would be dropped by the FP8 export; quantize the base "
+            f"model folder and keep heads separate"
+        )
     missing = sorted(loading.get("missing_keys") or ())
     if missing:  # randomly initialised weights would be quantized and exported as if real
         raise InputError(f"{hf_dir}: {len(missing)} weights missing from the checkpoint (e.g. '{missing[0]}')")
@@ -181,13 +197,22 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     inputs_on = place.input_device(mapped, device)
     tokens = calib.tokenize_samples(samples, tokenizer, calib_max_len, hf_dir)
     config = model.config
-    per_sample = calibration_bytes(config.hidden_size, config.intermediate_size, config.vocab_size,
-                                   config.num_attention_heads, calib_max_len, calib_dtype.itemsize)
-    batch = place.calibration_batch(placement, mapped, cuda=cuda, bytes_per_sample=per_sample,
-                                    samples=len(tokens.batches))
+    per_sample = calibration_bytes(
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+        config.num_attention_heads,
+        calib_max_len,
+        calib_dtype.itemsize,
+    )
+    batch = place.calibration_batch(
+        placement, mapped, cuda=cuda, bytes_per_sample=per_sample, samples=len(tokens.batches)
+    )
     forwards = calib.batch_equal_lengths(tokens.batches, batch)
-    say(f"calibrating on {where}: {len(tokens.batches)} samples / {tokens.num_tokens} tokens from {calib_file}, "
-        f"{len(forwards)} forward passes of up to {batch}")
+    say(
+        f"calibrating on {where}: {len(tokens.batches)} samples / {tokens.num_tokens} tokens from {calib_file}, "
+        f"{len(forwards)} forward passes of up to {batch}"
+    )
 
     def forward_loop(m: torch.nn.Module) -> None:
         with torch.no_grad():
@@ -210,8 +235,10 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
     # but a typo would silently quantize the layer it meant to protect.
     unmatched = tuple(p for p in exclude if not any(fnmatch.fnmatch(name, p) for name in module_names))
     if not linears:
-        raise StageError(f"{hf_dir}: ModelOpt quantized no Linear layer (architecture not supported, or "
-                         f"everything excluded by {list(exclude)})")
+        raise StageError(
+            f"{hf_dir}: ModelOpt quantized no Linear layer (architecture not supported, or "
+            f"everything excluded by {list(exclude)})"
+        )
 
     say(f"exporting FP8 checkpoint to {out_dir}")
     t0 = time.monotonic()
@@ -228,19 +255,35 @@ def quantize_fp8(hf_dir: Path, out_dir: Path, *, kv_cache_fp8: bool, calib_path:
 
     _finish_export_folder(hf_dir, out_dir, dtype)
     verify_fp8_export(out_dir, linears, kv_attention, kv_cache_fp8=kv_cache_fp8)
-    excluded = tuple((read_json(out_dir / "hf_quant_config.json").get("quantization") or {})
-                     .get("exclude_modules") or ())
+    excluded = tuple(
+        (read_json(out_dir / "hf_quant_config.json").get("quantization") or {}).get("exclude_modules") or ()
+    )
     summary = QuantizeSummary(
-        output=out_dir, device=where, calib_dtype=_dtype_name(calib_dtype), export_dtype=dtype,
-        kv_cache_fp8=kv_cache_fp8, num_quantizers=len(amax), num_quantized_linears=len(linears),
-        excluded_modules=excluded, unmatched_exclude=unmatched, calib_file=calib_file,
-        calib_samples=len(tokens.batches), calib_tokens=tokens.num_tokens, calib_truncated=tokens.num_truncated,
-        calibrate_s=calibrate_s, export_s=export_s, elapsed_s=time.monotonic() - start,
-        amax_stats=_amax_stats(amax), amax=amax, calib_batch=batch,
+        output=out_dir,
+        device=where,
+        calib_dtype=_dtype_name(calib_dtype),
+        export_dtype=dtype,
+        kv_cache_fp8=kv_cache_fp8,
+        num_quantizers=len(amax),
+        num_quantized_linears=len(linears),
+        excluded_modules=excluded,
+        unmatched_exclude=unmatched,
+        calib_file=calib_file,
+        calib_samples=len(tokens.batches),
+        calib_tokens=tokens.num_tokens,
+        calib_truncated=tokens.num_truncated,
+        calibrate_s=calibrate_s,
+        export_s=export_s,
+        elapsed_s=time.monotonic() - start,
+        amax_stats=_amax_stats(amax),
+        amax=amax,
+        calib_batch=batch,
         device_map={name: str(d) for name, d in mapped.items()} if mapped else None,
     )
-    say(f"quantized {len(linears)} linears ({len(amax)} quantizers), cast {cast} other tensors to {dtype}, "
-        f"in {summary.elapsed_s:.1f} s")
+    say(
+        f"quantized {len(linears)} linears ({len(amax)} quantizers), cast {cast} other tensors to {dtype}, "
+        f"in {summary.elapsed_s:.1f} s"
+    )
     return summary
 
 
@@ -252,8 +295,10 @@ def _calibrated_quantizers(model: Any, quantizer_type: Any) -> tuple[dict[str, f
             value = module.amax
             if value is None:
                 # Never saw data: e.g. a layer the forward pass skips. Its scale would be garbage.
-                raise StageError(f"quantizer '{name}' was never calibrated (no calibration data reached it); "
-                                 f"use more varied calibration data or exclude that module")
+                raise StageError(
+                    f"quantizer '{name}' was never calibrated (no calibration data reached it); "
+                    f"use more varied calibration data or exclude that module"
+                )
             amax[name] = float(value.float().max())
     linears = sorted(n.rsplit(".", 1)[0] for n in amax if n.endswith(".weight_quantizer"))
     kv_attention = sorted(n.rsplit(".", 1)[0] for n in amax if n.endswith(".k_bmm_quantizer"))
@@ -280,8 +325,11 @@ def _cast_unquantized_tensors(out_dir: Path, dtype: str) -> int:
     cast_total = 0
     for file in sorted(out_dir.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
-            names = [k for k in handle.keys() if not k.endswith("_scale")
-                     and high.get(handle.get_slice(k).get_dtype(), target) != target]
+            names = [
+                k
+                for k in handle.keys()
+                if not k.endswith("_scale") and high.get(handle.get_slice(k).get_dtype(), target) != target
+            ]
             if not names:
                 continue
             metadata = handle.metadata() or {"format": "pt"}
@@ -310,8 +358,20 @@ def _cast_unquantized_tensors(out_dir: Path, dtype: str) -> int:
     return cast_total
 
 
-_ELEMENT_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
-                 "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_ELEMENT_SIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 def _finish_export_folder(hf_dir: Path, out_dir: Path, dtype: str) -> None:

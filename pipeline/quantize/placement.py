@@ -52,8 +52,14 @@ class Placement:
         return kwargs
 
 
-def gpu_placement(gpu_memory_gib: list[float], *, working_gib: float, offload: str, offload_dir: Path,
-                  host_memory_gib: float | None = None) -> Placement:
+def gpu_placement(
+    gpu_memory_gib: list[float],
+    *,
+    working_gib: float,
+    offload: str,
+    offload_dir: Path,
+    host_memory_gib: float | None = None,
+) -> Placement:
     """Dispatch over these GPUs, keeping ``working_gib`` free on each for calibration."""
     if offload not in OFFLOADS:
         raise ValueError(f"offload must be one of {OFFLOADS}, not {offload!r}")
@@ -85,9 +91,11 @@ def check_device_map(model: Any, placement: Placement, cuda: bool) -> dict[str, 
         spilled = sorted({str(device) for device in mapped.values() if device in ("cpu", "disk")})
         if spilled:
             gpus = sorted(d for d in placement.max_memory_gib if isinstance(d, int))
-            raise StageUnavailable(f"the model does not fit the {len(gpus) or 'visible'} GPU(s) of this host "
-                                   f"(it would spill to {' and '.join(spilled)}); run on a host with more GPU "
-                                   "memory, or set quantization.offload: cpu or disk (much slower)")
+            raise StageUnavailable(
+                f"the model does not fit the {len(gpus) or 'visible'} GPU(s) of this host "
+                f"(it would spill to {' and '.join(spilled)}); run on a host with more GPU "
+                "memory, or set quantization.offload: cpu or disk (much slower)"
+            )
     return dict(mapped)
 
 
@@ -107,8 +115,9 @@ def describe(mapped: dict[str, Any] | None, default: str) -> str:
     return "+".join(devices)
 
 
-def calibration_batch(placement: Placement, mapped: dict[str, Any] | None, *, cuda: bool,
-                      bytes_per_sample: int, samples: int) -> int:
+def calibration_batch(
+    placement: Placement, mapped: dict[str, Any] | None, *, cuda: bool, bytes_per_sample: int, samples: int
+) -> int:
     """Samples per calibration forward: as asked, else one on the CPU, else what fits in
     half of the smallest free memory of the GPUs the model is on."""
     if placement.calib_batch is not None:

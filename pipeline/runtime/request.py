@@ -49,17 +49,26 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.min_tokens > 0 or bool(self.bad_words) or bool(self.embedding_bias))
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.min_tokens > 0
+            or bool(self.bad_words)
+            or bool(self.embedding_bias)
+        )
 
     def __post_init__(self) -> None:
-        checks = (("temperature", self.temperature, self.temperature >= 0.0, ">= 0 (0 is greedy)"),
-                  ("runtime_top_k", self.top_k, self.top_k >= 0, ">= 0 (0 means not set)"),
-                  ("runtime_top_p", self.top_p, 0.0 <= self.top_p <= 1.0, "in (0, 1] (0 means not set)"))
+        checks = (
+            ("temperature", self.temperature, self.temperature >= 0.0, ">= 0 (0 is greedy)"),
+            ("runtime_top_k", self.top_k, self.top_k >= 0, ">= 0 (0 means not set)"),
+            ("runtime_top_p", self.top_p, 0.0 <= self.top_p <= 1.0, "in (0, 1] (0 means not set)"),
+        )
         for name, value, ok, allowed in checks:
             if not ok:  # NaN fails every comparison
-                raise InputError(f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor "
-                                 "requires")
+                raise InputError(
+                    f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor requires"
+                )
 
     def regularized(self) -> tuple[int, float]:
         """(top_k, top_p) after TensorRT-LLM's clipping and defaulting."""
@@ -152,8 +161,9 @@ class StepOutput:
     generation_logits: list[np.ndarray] = field(default_factory=list)  # [vocab] each, with log_probs' tokens
 
 
-def parse_words_list(rows: Sequence[Sequence[int]] | np.ndarray, what: str = "stop_words_list"
-                     ) -> tuple[tuple[int, ...], ...]:
+def parse_words_list(
+    rows: Sequence[Sequence[int]] | np.ndarray, what: str = "stop_words_list"
+) -> tuple[tuple[int, ...], ...]:
     """TensorRT-LLM's [2, L] words format -> a tuple of token sequences.
 
     Row 0 holds all words' tokens back to back, row 1 each word's *end* offset into row 0,

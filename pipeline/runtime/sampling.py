@@ -40,8 +40,9 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     return int(ids[choice])
 
 
-def adjust_logits(logits: torch.Tensor, params: SamplingParams, context: list[int], generated: int,
-                  end_id: int | None) -> torch.Tensor:
+def adjust_logits(
+    logits: torch.Tensor, params: SamplingParams, context: list[int], generated: int, end_id: int | None
+) -> torch.Tensor:
     """A copy of a [vocab] logits row with the request's bias, penalties and bans applied."""
     if not params.adjusts_logits:
         return logits
@@ -64,7 +65,7 @@ def adjust_logits(logits: torch.Tensor, params: SamplingParams, context: list[in
         out[end_id] = float("-inf")
     for word in params.bad_words:
         head, last = word[:-1], word[-1]
-        if 0 <= last < vocab and (not head or tuple(context[-len(head):]) == head):
+        if 0 <= last < vocab and (not head or tuple(context[-len(head) :]) == head):
             out[last] = float("-inf")
     return out
 

@@ -41,8 +41,10 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     if variant.target == "tensorrt":
         missing = host.engine_flow_missing()
         if missing:  # checked first: "not here" is the answer even before a checkpoint exists
-            raise StageUnavailable(f"{'; '.join(missing)}, so the TensorRT engine cannot be built here; "
-                                   f"{container_hint()} and run there: {display(shown_argv)}")
+            raise StageUnavailable(
+                f"{'; '.join(missing)}, so the TensorRT engine cannot be built here; "
+                f"{container_hint()} and run there: {display(shown_argv)}"
+            )
     config = read_checkpoint(variant, checkpoint)
     if variant.target == "reference":
         _build_reference(variant, stage, out, checkpoint, config)
@@ -59,18 +61,22 @@ def read_checkpoint(variant: VariantPlan, checkpoint: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise StageError(f"{path}: unreadable checkpoint config ({exc}); re-run the convert stage") from None
     problems = check_checkpoint_config(config, variant)
-    missing = [f"rank{r}.safetensors" for r in range(variant.world_size)
-               if not (checkpoint / f"rank{r}.safetensors").is_file()]
+    missing = [
+        f"rank{r}.safetensors" for r in range(variant.world_size) if not (checkpoint / f"rank{r}.safetensors").is_file()
+    ]
     if missing:
         problems.append(f"missing {', '.join(missing)}")
     if problems:
-        raise StageError(f"{checkpoint} does not match the plan of variant {variant.name}: {'; '.join(problems)}; "
-                         "re-run the convert stage (specdeploy engine SPEC --force)")
+        raise StageError(
+            f"{checkpoint} does not match the plan of variant {variant.name}: {'; '.join(problems)}; "
+            "re-run the convert stage (specdeploy engine SPEC --force)"
+        )
     return config
 
 
-def _build_reference(variant: VariantPlan, stage: StagePlan, out: Path, checkpoint: Path,
-                     checkpoint_config: dict[str, Any]) -> None:
+def _build_reference(
+    variant: VariantPlan, stage: StagePlan, out: Path, checkpoint: Path, checkpoint_config: dict[str, Any]
+) -> None:
     config = predict_engine_config(variant, checkpoint_config, output_dir=stage.output)
     for rank in range(variant.world_size):
         name = REFERENCE_RANK_FILE.format(rank=rank)
@@ -97,8 +103,9 @@ def _build_tensorrt(variant: VariantPlan, out: Path, checkpoint: Path) -> None:
     log = out.parent / LOG_NAME
     code, last_line = run_logged(argv, cwd=out, log=log)
     if code != 0:
-        raise StageError(f"trtllm-build failed for {variant.name} (exit {code}): {last_line or 'no output'}; "
-                         f"full log: {log}")
+        raise StageError(
+            f"trtllm-build failed for {variant.name} (exit {code}): {last_line or 'no output'}; full log: {log}"
+        )
     config_path = out / "config.json"
     try:
         actual = json.loads(config_path.read_text())
@@ -106,8 +113,10 @@ def _build_tensorrt(variant: VariantPlan, out: Path, checkpoint: Path) -> None:
         raise StageError(f"trtllm-build exited 0 but {config_path} is unreadable ({exc}); full log: {log}") from None
     problems = check_engine_config(actual, variant, engine_dir=out)
     if problems:
-        raise StageError(f"the engine trtllm-build wrote for {variant.name} disagrees with the plan: "
-                         f"{'; '.join(problems)}; full log: {log}")
+        raise StageError(
+            f"the engine trtllm-build wrote for {variant.name} disagrees with the plan: "
+            f"{'; '.join(problems)}; full log: {log}"
+        )
 
 
 def run_logged(argv: list[str], *, cwd: Path, log: Path) -> tuple[int, str]:
@@ -119,8 +128,9 @@ def run_logged(argv: list[str], *, cwd: Path, log: Path) -> tuple[int, str]:
         handle.write(f"$ (cd {cwd} && {display(argv)})\n")
         handle.flush()
         task = progress.add_task(f"{argv[0]}: starting", total=None)
-        process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace", bufsize=1)
+        process = subprocess.Popen(
+            argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1
+        )
         try:
             assert process.stdout is not None
             for line in process.stdout:

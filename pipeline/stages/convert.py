@@ -32,14 +32,28 @@ def _convert(variant: VariantPlan, stage: StagePlan, out: Path, heads: Path | No
         if spec.medusa is not None:
             medusa = MedusaOptions(dir=heads, max_draft_len=spec.medusa.max_draft_len)
         if spec.eagle is not None:
-            eagle = EagleOptions(dir=heads, num_eagle_layers=spec.eagle.num_eagle_layers,
-                                 max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
-                                 max_draft_len=spec.eagle.max_draft_len)
+            eagle = EagleOptions(
+                dir=heads,
+                num_eagle_layers=spec.eagle.num_eagle_layers,
+                max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
+                max_draft_len=spec.eagle.max_draft_len,
+            )
     with byte_progress(f"[{variant.name}] convert tp={variant.tp} pp={variant.pp}") as progress:
-        summary = convert_checkpoint(stage.inputs["model"], out, tp=variant.tp, pp=variant.pp,
-                                     dtype=variant.build.dtype, medusa=medusa, eagle=eagle,
-                                     kv_cache_fp8=variant.quant.kv_cache_fp8, progress=progress)
+        summary = convert_checkpoint(
+            stage.inputs["model"],
+            out,
+            tp=variant.tp,
+            pp=variant.pp,
+            dtype=variant.build.dtype,
+            medusa=medusa,
+            eagle=eagle,
+            kv_cache_fp8=variant.quant.kv_cache_fp8,
+            progress=progress,
+        )
     for warning in summary.warnings:
         print(f"[{variant.name}] convert: note: {warning}", flush=True)
-    print(f"[{variant.name}] convert: {summary.architecture}, {summary.num_tensors} tensors, "
-          f"{summary.total_bytes / 2**30:.2f} GiB in {len(summary.files) - 1} rank file(s)", flush=True)
+    print(
+        f"[{variant.name}] convert: {summary.architecture}, {summary.num_tensors} tensors, "
+        f"{summary.total_bytes / 2**30:.2f} GiB in {len(summary.files) - 1} rank file(s)",
+        flush=True,
+    )

@@ -48,8 +48,14 @@ def stage_body(name: str) -> StageBody:
     return STAGE_BODIES[name]
 
 
-def execute_plan(plan: Plan, *, only: set[str] | None = None, force: bool = False,
-                 say: Callable[[str], None] = print, hashes: HashCache | None = None) -> list[VariantOutcome]:
+def execute_plan(
+    plan: Plan,
+    *,
+    only: set[str] | None = None,
+    force: bool = False,
+    say: Callable[[str], None] = print,
+    hashes: HashCache | None = None,
+) -> list[VariantOutcome]:
     outcomes = []
     for variant in plan.variants:
         if only and variant.name not in only:
@@ -58,8 +64,9 @@ def execute_plan(plan: Plan, *, only: set[str] | None = None, force: bool = Fals
     return outcomes
 
 
-def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], None],
-                     hashes: HashCache | None = None) -> VariantOutcome:
+def _execute_variant(
+    variant: VariantPlan, *, force: bool, say: Callable[[str], None], hashes: HashCache | None = None
+) -> VariantOutcome:
     if variant.builtin and variant.model_dir is not None:
         from pipeline.embedded import prepare_embedded_model
 
@@ -76,8 +83,10 @@ def _execute_variant(variant: VariantPlan, *, force: bool, say: Callable[[str], 
         except StageUnavailable as exc:
             say(f"[{variant.name}] {stage.name}: {exc}")
             return VariantOutcome(variant.name, tuple(results), stage.name, str(exc), exc.exit_code)
-        say(f"[{variant.name}] {stage.name}: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
-            f" ({result.seconds:.1f} s)")
+        say(
+            f"[{variant.name}] {stage.name}: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
+            f" ({result.seconds:.1f} s)"
+        )
         results.append(result)
         produced.add(stage.output)
         if stage.name == "evaluate":
@@ -111,5 +120,7 @@ def require_inputs(variant: VariantPlan, stage: StagePlan, produced: set[Path]) 
         where = str(path)
         if variant.model_dir is None and name in ("model", "tokenizer"):
             where, fix = "no model.path in the spec", "give model.path, a Hugging Face checkpoint folder"
-        raise StageUnavailable(f"the {what} are not on this host ({where}): {fix}, or run on a host that has "
-                               f"them; plan/validate work without them")
+        raise StageUnavailable(
+            f"the {what} are not on this host ({where}): {fix}, or run on a host that has "
+            f"them; plan/validate work without them"
+        )

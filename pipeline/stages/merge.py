@@ -17,5 +17,8 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     adapters = [Path(path) for path in stage.params["adapters"]]  # in order; each is also a fingerprinted input
     with byte_progress(f"[{variant.name}] merge {len(adapters)} adapter(s)") as progress:
         summary = merge_adapters(stage.inputs["model"], adapters, out, progress=progress)
-    print(f"[{variant.name}] merge: {summary.updated_tensors} tensors updated, {summary.replaced_tensors} replaced, "
-          f"{summary.copied_tensors} copied ({summary.total_bytes / 2**30:.2f} GiB)", flush=True)
+    print(
+        f"[{variant.name}] merge: {summary.updated_tensors} tensors updated, {summary.replaced_tensors} replaced, "
+        f"{summary.copied_tensors} copied ({summary.total_bytes / 2**30:.2f} GiB)",
+        flush=True,
+    )

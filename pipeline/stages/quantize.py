@@ -27,8 +27,9 @@ def placement_for(variant: VariantPlan, stage: StagePlan, offload_dir: Path) -> 
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
     except (ValueError, OSError):
         host = None
-    return gpu_placement(gpus, working_gib=working, offload=variant.quant.offload, offload_dir=offload_dir,
-                         host_memory_gib=host)
+    return gpu_placement(
+        gpus, working_gib=working, offload=variant.quant.offload, offload_dir=offload_dir, host_memory_gib=host
+    )
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
@@ -37,7 +38,8 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     try:
         # Heads live in their own folder and are merged by the convert stage, unquantized.
         summary = quantize_fp8(
-            stage.inputs["model"], out,
+            stage.inputs["model"],
+            out,
             kv_cache_fp8=quant.kv_cache_fp8,
             calib_path=quant.calibration_data,
             calib_size=quant.calibration_size,
@@ -48,6 +50,9 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
         )
     finally:
         shutil.rmtree(offload_dir, ignore_errors=True)
-    print(f"[{variant.name}] quantize: {summary.num_quantized_linears} linears FP8 on {summary.device}, "
-          f"{summary.calib_samples} calibration samples ({summary.calib_tokens} tokens), "
-          f"{summary.elapsed_s:.1f} s", flush=True)
+    print(
+        f"[{variant.name}] quantize: {summary.num_quantized_linears} linears FP8 on {summary.device}, "
+        f"{summary.calib_samples} calibration samples ({summary.calib_tokens} tokens), "
+        f"{summary.elapsed_s:.1f} s",
+        flush=True,
+    )

@@ -60,8 +60,10 @@ def fingerprint_mode() -> str:
     """``stat`` (default) or ``content`` (``SPECDEPLOY_FINGERPRINT=content``: hash every input byte)."""
     mode = os.environ.get(FINGERPRINT_ENV, "stat")
     if mode not in ("stat", "content"):
-        raise InputError(f"{FINGERPRINT_ENV}={mode!r}: use 'stat' (size, mtime, inode, ctime) or 'content' "
-                         "(sha256 of every input file)")
+        raise InputError(
+            f"{FINGERPRINT_ENV}={mode!r}: use 'stat' (size, mtime, inode, ctime) or 'content' "
+            "(sha256 of every input file)"
+        )
     return mode
 
 
@@ -82,8 +84,10 @@ def _identity(path: Path) -> Any:
         return _file_identity(path, ctime=True)
     if path.is_dir():
         owned = (path / FINGERPRINT_FILE).is_file()
-        return [[str(file.relative_to(path)), *_file_identity(file, ctime=not owned)]
-                for file in sorted(p for p in path.rglob("*") if p.is_file() and _is_content(p))]
+        return [
+            [str(file.relative_to(path)), *_file_identity(file, ctime=not owned)]
+            for file in sorted(p for p in path.rglob("*") if p.is_file() and _is_content(p))
+        ]
     return None
 
 

@@ -16,21 +16,57 @@ from pipeline.errors import StageError
 from pipeline.plan import VariantPlan
 from pipeline.speculative import METHODS
 
-TENSORRT_LLM_PARAMETER_KEYS: frozenset[str] = frozenset({
-    "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
-    "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
-    "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes",
-    "kv_cache_onboard_blocks", "enable_trt_overlap", "exclude_input_in_output", "cancellation_check_period_ms",
-    "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
-    "normalize_log_probs", "enable_chunked_context", "gpu_device_ids", "participant_ids", "num_nodes",
-    "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
-    "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode", "executor_worker_path",
-    "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices",
-    "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
-    "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
-    "xgrammar_tokenizer_info_path", "recv_poll_period_ms",
-})
-
+TENSORRT_LLM_PARAMETER_KEYS: frozenset[str] = frozenset(
+    {
+        "max_beam_width",
+        "FORCE_CPU_ONLY_INPUT_TENSORS",
+        "gpt_model_type",
+        "gpt_model_path",
+        "encoder_model_path",
+        "max_tokens_in_paged_kv_cache",
+        "max_attention_window_size",
+        "sink_token_length",
+        "batch_scheduler_policy",
+        "kv_cache_free_gpu_mem_fraction",
+        "cross_kv_cache_fraction",
+        "kv_cache_host_memory_bytes",
+        "kv_cache_onboard_blocks",
+        "enable_trt_overlap",
+        "exclude_input_in_output",
+        "cancellation_check_period_ms",
+        "stats_check_period_ms",
+        "iter_stats_max_iterations",
+        "request_stats_max_iterations",
+        "enable_kv_cache_reuse",
+        "normalize_log_probs",
+        "enable_chunked_context",
+        "gpu_device_ids",
+        "participant_ids",
+        "num_nodes",
+        "lora_cache_optimal_adapter_size",
+        "lora_cache_max_adapter_size",
+        "lora_cache_gpu_memory_fraction",
+        "lora_cache_host_memory_bytes",
+        "lora_prefetch_dir",
+        "decoding_mode",
+        "executor_worker_path",
+        "lookahead_window_size",
+        "lookahead_ngram_size",
+        "lookahead_verification_set_size",
+        "medusa_choices",
+        "eagle_choices",
+        "gpu_weights_percent",
+        "enable_context_fmha_fp32_acc",
+        "multi_block_mode",
+        "cuda_graph_mode",
+        "cuda_graph_cache_size",
+        "speculative_decoding_fast_logits",
+        "tokenizer_dir",
+        "guided_decoding_backend",
+        "xgrammar_tokenizer_info_path",
+        "recv_poll_period_ms",
+    }
+)
 
 
 def _bool(value: bool) -> str:
@@ -77,8 +113,9 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
 
 
 # Parameters only the CPU reference backend reads; the C++ backend ignores keys it does not know.
-REFERENCE_PARAMETER_KEYS = frozenset({"reference_eagle_use_dynamic_tree", "reference_eagle_dynamic_tree_max_top_k",
-                                      "reference_num_threads"})
+REFERENCE_PARAMETER_KEYS = frozenset(
+    {"reference_eagle_use_dynamic_tree", "reference_eagle_dynamic_tree_max_top_k", "reference_num_threads"}
+)
 
 
 def check_parameter_keys(params: dict[str, str]) -> None:

@@ -50,8 +50,13 @@ class RepositorySettings:
 
 
 def model_input(tensor: Tensor) -> mc.ModelInput:
-    message = mc.ModelInput(name=tensor.name, data_type=DTYPES[contract.data_type(tensor)], dims=list(tensor.dims),
-                            optional=tensor.optional, allow_ragged_batch=tensor.ragged)
+    message = mc.ModelInput(
+        name=tensor.name,
+        data_type=DTYPES[contract.data_type(tensor)],
+        dims=list(tensor.dims),
+        optional=tensor.optional,
+        allow_ragged_batch=tensor.ragged,
+    )
     if tensor.reshape is not None:
         message.reshape.shape.extend(tensor.reshape)
         message.reshape.SetInParent()  # an empty shape is still a reshape: [1] -> []
@@ -150,9 +155,13 @@ def bls_config(settings: RepositorySettings) -> mc.ModelConfig:
     config = _python_model(BLS, settings, settings.bls_instances)
     config.model_transaction_policy.decoupled = settings.decoupled
     _declare(config, BLS, settings)
-    parameters = {"accumulate_tokens": "false", "tensorrt_llm_model_name": TENSORRT_LLM,
-                  "tensorrt_llm_draft_model_name": "", "multimodal_encoders_name": "",
-                  BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings), separators=(",", ":"))}
+    parameters = {
+        "accumulate_tokens": "false",
+        "tensorrt_llm_model_name": TENSORRT_LLM,
+        "tensorrt_llm_draft_model_name": "",
+        "multimodal_encoders_name": "",
+        BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings), separators=(",", ":")),
+    }
     set_parameters(config, {**parameters, **settings.bls_parameters})
     return config
 

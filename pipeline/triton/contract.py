@@ -42,8 +42,15 @@ class Tensor:
     ragged: bool = False  # allow_ragged_batch (inputs only)
 
 
-def _in(name: str, dtype: str, dims: tuple[int, ...] = (1,), *, required: bool = False, scalar: bool = False,
-        ragged: bool = False) -> Tensor:
+def _in(
+    name: str,
+    dtype: str,
+    dims: tuple[int, ...] = (1,),
+    *,
+    required: bool = False,
+    scalar: bool = False,
+    ragged: bool = False,
+) -> Tensor:
     return Tensor(name, dtype, dims, optional=not required, reshape=() if scalar else None, ragged=ragged)
 
 
@@ -85,9 +92,18 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     _in("min_tokens", "INT32", scalar=True),
     *_scalars("FP32", "beam_search_diversity_rate", "presence_penalty", "frequency_penalty"),
     _in("seed", "UINT64", scalar=True),
-    *_scalars("BOOL", "return_log_probs", "return_context_logits", "return_generation_logits",
-              "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens",
-              "exclude_input_in_output", "stop", "streaming"),
+    *_scalars(
+        "BOOL",
+        "return_log_probs",
+        "return_context_logits",
+        "return_generation_logits",
+        "return_perf_metrics",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+        "exclude_input_in_output",
+        "stop",
+        "streaming",
+    ),
     _in("prompt_embedding_table", "${prompt_embedding_table_data_type}", (-1, -1), ragged=True),
     _in("prompt_table_extra_ids", "UINT64", (-1,), ragged=True),
     _in("prompt_vocab_size", "INT32", scalar=True),
@@ -99,8 +115,10 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     _in("lora_config", "INT32", (-1, 3), ragged=True),
     _in("context_phase_params", "UINT8", (-1,), ragged=True),
     _in("skip_cross_attn_blocks", "BOOL", ragged=True),
-    *(_in(f"retention_token_range_{part}", "INT32", (-1,), ragged=True)
-      for part in ("starts", "ends", "priorities", "durations_ms")),
+    *(
+        _in(f"retention_token_range_{part}", "INT32", (-1,), ragged=True)
+        for part in ("starts", "ends", "priorities", "durations_ms")
+    ),
     _in("retention_decode_priority", "INT32", ragged=True),
     _in("retention_decode_duration_ms", "INT32", ragged=True),
     _in("guided_decoding_guide_type", "STRING", ragged=True),
@@ -194,9 +212,15 @@ POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (_out("OUTPUT", "STRING", (-1,)),)
 # -- ensemble and tensorrt_llm_bls: the client-facing API -----------------------------------------------
 
 _CLIENT_SAMPLING: tuple[Tensor, ...] = (
-    _in("top_k", "INT32"), _in("top_p", "FP32"), _in("temperature", "FP32"), _in("length_penalty", "FP32"),
-    _in("repetition_penalty", "FP32"), _in("min_tokens", "INT32"), _in("presence_penalty", "FP32"),
-    _in("frequency_penalty", "FP32"), _in("seed", "UINT64"),
+    _in("top_k", "INT32"),
+    _in("top_p", "FP32"),
+    _in("temperature", "FP32"),
+    _in("length_penalty", "FP32"),
+    _in("repetition_penalty", "FP32"),
+    _in("min_tokens", "INT32"),
+    _in("presence_penalty", "FP32"),
+    _in("frequency_penalty", "FP32"),
+    _in("seed", "UINT64"),
 )
 
 ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
@@ -210,9 +234,17 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _in("end_id", "INT32"),
     _in("pad_id", "INT32"),
     *_CLIENT_SAMPLING,
-    *(_in(name, "BOOL") for name in ("return_log_probs", "return_context_logits", "return_generation_logits",
-                                     "return_perf_metrics", "return_num_input_tokens",
-                                     "return_num_output_tokens")),
+    *(
+        _in(name, "BOOL")
+        for name in (
+            "return_log_probs",
+            "return_context_logits",
+            "return_generation_logits",
+            "return_perf_metrics",
+            "return_num_input_tokens",
+            "return_num_output_tokens",
+        )
+    ),
     _in("beam_width", "INT32"),
     _in("stream", "BOOL"),
     _in("prompt_embedding_table", "FP16", (-1, -1)),
@@ -266,37 +298,72 @@ BLS_OUTPUTS: tuple[Tensor, ...] = ENSEMBLE_OUTPUTS
 # -- the ensemble's wiring: (model tensor -> ensemble tensor), per step, as NVIDIA's ensemble maps them ---
 
 PREPROCESSING_STEP_INPUTS: dict[str, str] = {
-    "QUERY": "text_input", "DECODER_QUERY": "decoder_text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
-    "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
-    "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights", "END_ID": "end_id", "PAD_ID": "pad_id",
+    "QUERY": "text_input",
+    "DECODER_QUERY": "decoder_text_input",
+    "REQUEST_OUTPUT_LEN": "max_tokens",
+    "BAD_WORDS_DICT": "bad_words",
+    "STOP_WORDS_DICT": "stop_words",
+    "EMBEDDING_BIAS_WORDS": "embedding_bias_words",
+    "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights",
+    "END_ID": "end_id",
+    "PAD_ID": "pad_id",
     "PROMPT_TABLE_EXTRA_ID": "prompt_table_extra_id",
 }
 PREPROCESSING_STEP_OUTPUTS: dict[str, str] = {
-    "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "INPUT_ID": "_INPUT_ID",
-    "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN", "DECODER_INPUT_ID": "_DECODER_INPUT_ID",
-    "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
-    "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "EMBEDDING_BIAS": "_EMBEDDING_BIAS", "OUT_END_ID": "_PREPROCESSOR_END_ID",
-    "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID", "OUT_PROMPT_TABLE_EXTRA_IDS": "_OUT_PROMPT_TABLE_EXTRA_IDS",
+    "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+    "INPUT_ID": "_INPUT_ID",
+    "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN",
+    "DECODER_INPUT_ID": "_DECODER_INPUT_ID",
+    "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+    "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+    "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+    "EMBEDDING_BIAS": "_EMBEDDING_BIAS",
+    "OUT_END_ID": "_PREPROCESSOR_END_ID",
+    "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+    "OUT_PROMPT_TABLE_EXTRA_IDS": "_OUT_PROMPT_TABLE_EXTRA_IDS",
 }
 TENSORRT_LLM_STEP_INPUTS: dict[str, str] = {
-    "input_ids": "_INPUT_ID", "decoder_input_ids": "_DECODER_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-    "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN", "exclude_input_in_output": "exclude_input_in_output",
-    "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID", "pad_id": "_PREPROCESSOR_PAD_ID",
-    "embedding_bias": "_EMBEDDING_BIAS", "runtime_top_k": "top_k", "runtime_top_p": "top_p",
-    "temperature": "temperature", "len_penalty": "length_penalty", "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "seed": "seed", "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
-    "return_generation_logits": "return_generation_logits", "return_perf_metrics": "return_perf_metrics",
-    "return_num_input_tokens": "return_num_input_tokens", "return_num_output_tokens": "return_num_output_tokens",
-    "num_return_sequences": "num_return_sequences", "beam_width": "beam_width", "streaming": "stream",
-    "prompt_embedding_table": "prompt_embedding_table", "prompt_vocab_size": "prompt_vocab_size",
-    "stop_words_list": "_STOP_WORDS_IDS", "bad_words_list": "_BAD_WORDS_IDS",
-    "prompt_table_extra_ids": "_OUT_PROMPT_TABLE_EXTRA_IDS", "lora_task_id": "lora_task_id",
-    "lora_weights": "lora_weights", "lora_config": "lora_config",
-    "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
+    "input_ids": "_INPUT_ID",
+    "decoder_input_ids": "_DECODER_INPUT_ID",
+    "input_lengths": "_REQUEST_INPUT_LEN",
+    "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "request_output_len": "_REQUEST_OUTPUT_LEN",
+    "end_id": "_PREPROCESSOR_END_ID",
+    "pad_id": "_PREPROCESSOR_PAD_ID",
+    "embedding_bias": "_EMBEDDING_BIAS",
+    "runtime_top_k": "top_k",
+    "runtime_top_p": "top_p",
+    "temperature": "temperature",
+    "len_penalty": "length_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
+    "num_return_sequences": "num_return_sequences",
+    "beam_width": "beam_width",
+    "streaming": "stream",
+    "prompt_embedding_table": "prompt_embedding_table",
+    "prompt_vocab_size": "prompt_vocab_size",
+    "stop_words_list": "_STOP_WORDS_IDS",
+    "bad_words_list": "_BAD_WORDS_IDS",
+    "prompt_table_extra_ids": "_OUT_PROMPT_TABLE_EXTRA_IDS",
+    "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights",
+    "lora_config": "lora_config",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 TENSORRT_LLM_STEP_OUTPUTS: dict[str, str] = {
-    "output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH",
+    "output_ids": "_TOKENS_BATCH",
+    "sequence_length": "_SEQUENCE_LENGTH",
     **{t.name: t.name for t in RESULT_OUTPUTS + PERF_OUTPUTS},
 }
 POSTPROCESSING_STEP_INPUTS: dict[str, str] = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
@@ -327,9 +394,11 @@ EXTENSIONS: dict[str, tuple[Extension, ...]] = {
         Extension(inputs=tuple(_in(name, "INT32") for name in LOOKAHEAD_CLIENT_INPUTS), lookahead_only=True),
     ),
     "preprocessing": (
-        Extension(inputs=tuple(_in(name.upper(), "INT32") for name in LOOKAHEAD_CLIENT_INPUTS),
-                  outputs=tuple(_out(f"OUT_{name.upper()}", "INT32") for name in LOOKAHEAD_CLIENT_INPUTS),
-                  lookahead_only=True),
+        Extension(
+            inputs=tuple(_in(name.upper(), "INT32") for name in LOOKAHEAD_CLIENT_INPUTS),
+            outputs=tuple(_out(f"OUT_{name.upper()}", "INT32") for name in LOOKAHEAD_CLIENT_INPUTS),
+            lookahead_only=True,
+        ),
     ),
     "tensorrt_llm_bls": (Extension(outputs=(_out("text_output_tokens", "INT32", (-1,)),)),),
 }

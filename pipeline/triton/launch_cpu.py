@@ -108,8 +108,9 @@ def prepare_runtime(cache_dir: Path) -> Path:
     source = _site_packages() / "pytriton" / "tritonserver"
     stub = source / "python_backend_stubs" / _python_version() / "triton_python_backend_stub"
     if not (source / "bin" / "tritonserver").is_file() or not stub.is_file():
-        raise StageError(f"{source}: no tritonserver binary or no Python {_python_version()} stub in "
-                         f"nvidia-pytriton {version}")
+        raise StageError(
+            f"{source}: no tritonserver binary or no Python {_python_version()} stub in nvidia-pytriton {version}"
+        )
     target = Path(cache_dir).resolve() / "tritonserver" / f"{version}-py{_python_version()}"
     if (target / "bin" / "tritonserver").is_file():
         return target
@@ -151,15 +152,18 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise InputError(f"{host}:{port} is not free ({exc.strerror}); is another tritonserver running? "
-                             "pick other ports with --grpc-port/--http-port/--metrics-port") from None
+            raise InputError(
+                f"{host}:{port} is not free ({exc.strerror}); is another tritonserver running? "
+                "pick other ports with --grpc-port/--http-port/--metrics-port"
+            ) from None
 
 
 def _check_repositories(repositories: Sequence[Path]) -> None:
     for repo in repositories:
         if not any(repo.glob("*/config.pbtxt")):
-            raise InputError(f"{repo}: not a Triton model repository (no */config.pbtxt); "
-                             "run `specdeploy engine SPEC` to package it")
+            raise InputError(
+                f"{repo}: not a Triton model repository (no */config.pbtxt); run `specdeploy engine SPEC` to package it"
+            )
 
 
 class CpuTritonServer:
@@ -170,8 +174,9 @@ class CpuTritonServer:
         self.process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
         self._shm_prefix = f"specdeploy{os.getpid()}x{config.grpc_port}_"
-        self.log_file = config.log_file or (Path(config.cache_dir).resolve() / "tritonserver" / "logs"
-                                            / f"tritonserver-{config.grpc_port}.log")
+        self.log_file = config.log_file or (
+            Path(config.cache_dir).resolve() / "tritonserver" / "logs" / f"tritonserver-{config.grpc_port}.log"
+        )
 
     @property
     def grpc_url(self) -> str:
@@ -186,13 +191,19 @@ class CpuTritonServer:
         argv = [str(runtime / "bin" / "tritonserver")]
         argv += [f"--model-repository={repo.resolve()}" for repo in c.repositories]
         argv += [
-            f"--backend-directory={backend_dir}", f"--cache-directory={runtime / 'caches'}",
+            f"--backend-directory={backend_dir}",
+            f"--cache-directory={runtime / 'caches'}",
             *([f"--http-address={c.host}", f"--http-port={c.http_port}"] if c.http else ["--allow-http=false"]),
-            f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
-            "--allow-metrics=true", "--allow-gpu-metrics=false", "--allow-cpu-metrics=true",
-            f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",
+            f"--grpc-address={c.host}",
+            f"--grpc-port={c.grpc_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=true",
+            f"--metrics-address={c.host}",
+            f"--metrics-port={c.metrics_port}",
             # The config files were validated by the emitter; auto-complete would only hide mistakes.
-            "--disable-auto-complete-config", "--exit-on-error=true",
+            "--disable-auto-complete-config",
+            "--exit-on-error=true",
             # Unloading a Python model that imported torch can take >10 s on a busy host.
             f"--exit-timeout-secs={EXIT_TIMEOUT_SECONDS}",
             # Unique per server, so two servers on one host never share shared-memory regions.
@@ -216,8 +227,10 @@ class CpuTritonServer:
         elif reference_backend_available():
             model.write_text(BACKEND_SHIM)
         else:
-            raise StageError(f"the reference backend ({REFERENCE_BACKEND_MODULE.replace('.', '/')}.py) is not in "
-                             "this checkout; the CPU server cannot serve the tensorrt_llm model without it")
+            raise StageError(
+                f"the reference backend ({REFERENCE_BACKEND_MODULE.replace('.', '/')}.py) is not in "
+                "this checkout; the CPU server cannot serve the tensorrt_llm model without it"
+            )
         return backends
 
     def start(self) -> CpuTritonServer:
@@ -230,11 +243,23 @@ class CpuTritonServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "wb") as log:
             # Own session: Ctrl-C in the terminal reaches us, not the server; we stop it in order.
-            argv = [sys.executable, "-I", "-c", _EXEC_WITH_PARENT_DEATH_SIGNAL, str(os.getpid()),
-                    *self.command(runtime, backend_dir)]
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=server_env(c.extra_env),
-                                            cwd=self._workdir, start_new_session=True)
+            argv = [
+                sys.executable,
+                "-I",
+                "-c",
+                _EXEC_WITH_PARENT_DEATH_SIGNAL,
+                str(os.getpid()),
+                *self.command(runtime, backend_dir),
+            ]
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=server_env(c.extra_env),
+                cwd=self._workdir,
+                start_new_session=True,
+            )
         try:
             self.wait_ready()
         except BaseException:
@@ -247,13 +272,17 @@ class CpuTritonServer:
         while True:
             code = self.process.poll() if self.process else -1
             if code is not None:
-                raise StageError(f"tritonserver exited with code {code} while starting: {self.failure_reason()} "
-                                 f"(full log: {self.log_file})")
+                raise StageError(
+                    f"tritonserver exited with code {code} while starting: {self.failure_reason()} "
+                    f"(full log: {self.log_file})"
+                )
             if self._ready(self.config.models):
                 return
             if time.monotonic() > deadline:
-                raise StageError(f"tritonserver not ready after {self.config.ready_timeout:.0f} s: "
-                                 f"{self.failure_reason()} (full log: {self.log_file})")
+                raise StageError(
+                    f"tritonserver not ready after {self.config.ready_timeout:.0f} s: "
+                    f"{self.failure_reason()} (full log: {self.log_file})"
+                )
             time.sleep(0.25)
 
     def _ready(self, models: Sequence[str] = ()) -> bool:
@@ -265,7 +294,8 @@ class CpuTritonServer:
         try:
             with grpc_client(self.grpc_url) as client:
                 return bool(client.is_server_ready(client_timeout=2)) and all(
-                    client.is_model_ready(name, client_timeout=2) for name in models)
+                    client.is_model_ready(name, client_timeout=2) for name in models
+                )
         except (InferenceServerException, OSError):
             return False
 
@@ -330,9 +360,11 @@ class CpuTritonServer:
             except subprocess.TimeoutExpired:
                 pass
             if ensembles and only_leaked_ensembles(self._log_text(), ensembles):
-                log.warning("tritonserver: only cancelled ensemble requests are left in flight (a Triton 2.51 "
-                            "leak, triton-inference-server/core#263); ending the server instead of waiting %d s",
-                            EXIT_TIMEOUT_SECONDS)
+                log.warning(
+                    "tritonserver: only cancelled ensemble requests are left in flight (a Triton 2.51 "
+                    "leak, triton-inference-server/core#263); ending the server instead of waiting %d s",
+                    EXIT_TIMEOUT_SECONDS,
+                )
                 return None
         return None
 
@@ -352,8 +384,9 @@ class CpuTritonServer:
     def __enter__(self) -> CpuTritonServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -367,7 +400,7 @@ def only_leaked_ensembles(log_text: str, ensembles: set[str]) -> bool:
     ticks = _DRAIN_TICK.split(log_text)[1:]  # the text after each tick line
     if len(ticks) < LEAK_TICKS + 1:  # the last tick may still be being written
         return False
-    for tick in ticks[-LEAK_TICKS - 1:-1]:
+    for tick in ticks[-LEAK_TICKS - 1 : -1]:
         models = set(_IN_FLIGHT.findall(tick))
         if not models or not models <= ensembles:
             return False

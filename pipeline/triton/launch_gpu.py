@@ -19,8 +19,15 @@ TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 TENSORRT_LLM_MODEL = "tensorrt_llm"
 
 
-def gpu_launch_argv(variant: VariantPlan, repo_dir: Path, *, world_size: int, hostfile: Path | None = None,
-                    multi_model: bool = False, tritonserver: str = TRITONSERVER) -> list[str]:
+def gpu_launch_argv(
+    variant: VariantPlan,
+    repo_dir: Path,
+    *,
+    world_size: int,
+    hostfile: Path | None = None,
+    multi_model: bool = False,
+    tritonserver: str = TRITONSERVER,
+) -> list[str]:
     """mpirun argv serving ``repo_dir`` (the variant's Triton repository) on GPUs.
 
     ``multi_model`` is the orchestrator mode: one tritonserver (world size 1) whose backend
@@ -28,14 +35,19 @@ def gpu_launch_argv(variant: VariantPlan, repo_dir: Path, *, world_size: int, ho
     """
     if multi_model:
         if world_size != 1:
-            raise InputError(f"orchestrator (multi-model) mode runs one tritonserver: world_size must be 1, "
-                             f"got {world_size} [variant {variant.name}]")
+            raise InputError(
+                f"orchestrator (multi-model) mode runs one tritonserver: world_size must be 1, "
+                f"got {world_size} [variant {variant.name}]"
+            )
         if hostfile is not None:
-            raise InputError(f"orchestrator (multi-model) mode is single-node: drop the hostfile "
-                             f"[variant {variant.name}]")
+            raise InputError(
+                f"orchestrator (multi-model) mode is single-node: drop the hostfile [variant {variant.name}]"
+            )
     elif world_size != variant.world_size:
-        raise InputError(f"world_size {world_size} does not match the engine's tp*pp = {variant.tp}*{variant.pp} = "
-                         f"{variant.world_size} [variant {variant.name}]")
+        raise InputError(
+            f"world_size {world_size} does not match the engine's tp*pp = {variant.tp}*{variant.pp} = "
+            f"{variant.world_size} [variant {variant.name}]"
+        )
     serving = variant.serving
     argv: list[str] = []
     if multi_model:
@@ -49,11 +61,21 @@ def gpu_launch_argv(variant: VariantPlan, repo_dir: Path, *, world_size: int, ho
             argv.append(":")
         # HTTP only with serving.http: a ~4 MB HTTP body can crash tritonserver (server#5840).
         http = [f"--http-port={serving.http_port}"] if serving.http else ["--allow-http=false"]
-        argv += ["-n", "1", tritonserver, f"--model-repository={repo_dir}",
-                 f"--grpc-port={serving.grpc_port}", *http, f"--metrics-port={serving.metrics_port}"]
+        argv += [
+            "-n",
+            "1",
+            tritonserver,
+            f"--model-repository={repo_dir}",
+            f"--grpc-port={serving.grpc_port}",
+            *http,
+            f"--metrics-port={serving.metrics_port}",
+        ]
         if rank == 0:
-            argv += [*([f"--http-address={serving.host}"] if serving.http else []), f"--grpc-address={serving.host}",
-                     f"--metrics-address={serving.host}"]
+            argv += [
+                *([f"--http-address={serving.host}"] if serving.http else []),
+                f"--grpc-address={serving.host}",
+                f"--metrics-address={serving.host}",
+            ]
         else:
             argv += ["--model-control-mode=explicit", f"--load-model={TENSORRT_LLM_MODEL}"]
         if multi_model:
@@ -66,5 +88,6 @@ def _orchestrator_memory_flags(variant: VariantPlan) -> list[str]:
     """The spawned workers own the GPUs: tritonserver itself keeps no pinned or CUDA pools
     (what the launch script adds on NGC >= 24.06), for every GPU the engine uses."""
     devices = variant.serving.gpu_device_ids or list(range(variant.world_size))
-    return (["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
-            + [f"--cuda-memory-pool-byte-size={device}:0" for device in devices])
+    return ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"] + [
+        f"--cuda-memory-pool-byte-size={device}:0" for device in devices
+    ]

@@ -20,8 +20,14 @@ from pipeline.errors import StageError
 ModelConfig = mc.ModelConfig
 
 DTYPES: dict[str, int] = {
-    "BOOL": mc.TYPE_BOOL, "UINT8": mc.TYPE_UINT8, "INT32": mc.TYPE_INT32, "INT64": mc.TYPE_INT64,
-    "UINT64": mc.TYPE_UINT64, "FP16": mc.TYPE_FP16, "FP32": mc.TYPE_FP32, "BF16": mc.TYPE_BF16,
+    "BOOL": mc.TYPE_BOOL,
+    "UINT8": mc.TYPE_UINT8,
+    "INT32": mc.TYPE_INT32,
+    "INT64": mc.TYPE_INT64,
+    "UINT64": mc.TYPE_UINT64,
+    "FP16": mc.TYPE_FP16,
+    "FP32": mc.TYPE_FP32,
+    "BF16": mc.TYPE_BF16,
     "STRING": mc.TYPE_STRING,
 }
 

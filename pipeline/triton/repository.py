@@ -50,24 +50,38 @@ PYTHON_MODELS = (PREPROCESSING, POSTPROCESSING, BLS)  # model.py copied from pip
 # Files a Hugging Face tokenizer may need; never weights. config.json lets AutoTokenizer pick
 # the class when tokenizer_config.json does not name one.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
-    "chat_template.json", "generation_config.json", "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "config.json",
 )
 
 
 def settings_from_plan(variant: VariantPlan, engine_dir: Path) -> RepositorySettings:
     serving, build, look = variant.serving, variant.build, variant.speculative.lookahead
     if serving.model_name in (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING, BLS):
-        raise InputError(f"[{variant.name}] serving.model_name '{serving.model_name}' collides with a model of the "
-                         "repository; pick another name (default: ensemble)")
-    pre = {"tokenizer_dir": TOKENIZER_SUBDIR, "add_special_tokens": "true",
-           "max_input_len": str(build.max_input_len)}
+        raise InputError(
+            f"[{variant.name}] serving.model_name '{serving.model_name}' collides with a model of the "
+            "repository; pick another name (default: ensemble)"
+        )
+    pre = {"tokenizer_dir": TOKENIZER_SUBDIR, "add_special_tokens": "true", "max_input_len": str(build.max_input_len)}
     if look is not None:  # preprocessing fills and bounds the per-request (W, N, G)
         pre.update(look.triton_parameters())
     return RepositorySettings(
-        ensemble_name=serving.model_name, max_batch_size=build.max_batch_size, decoupled=serving.decoupled,
-        lookahead=look is not None, preprocessing_instances=serving.preprocessing_instances,
+        ensemble_name=serving.model_name,
+        max_batch_size=build.max_batch_size,
+        decoupled=serving.decoupled,
+        lookahead=look is not None,
+        preprocessing_instances=serving.preprocessing_instances,
         postprocessing_instances=serving.postprocessing_instances,
         max_queue_delay_microseconds=serving.max_queue_delay_microseconds,
         preprocessing_parameters=pre,
@@ -82,29 +96,40 @@ def check_engine(variant: VariantPlan, engine_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
-        raise StageError(f"[{variant.name}] {path}: no engine here; run the build stage first "
-                         f"(`specdeploy engine SPEC --variant {variant.name}`)") from None
+        raise StageError(
+            f"[{variant.name}] {path}: no engine here; run the build stage first "
+            f"(`specdeploy engine SPEC --variant {variant.name}`)"
+        ) from None
     except ValueError as exc:
         raise StageError(f"[{variant.name}] {path}: not JSON ({exc})") from None
     build = config.get("build_config", {})
     mapping = config.get("pretrained_config", {}).get("mapping", {})
-    expected = {("build_config", "max_batch_size"): (build.get("max_batch_size"), variant.build.max_batch_size),
-                ("build_config", "max_draft_len"): (build.get("max_draft_len"), variant.build.max_draft_len),
-                ("mapping", "tp_size"): (mapping.get("tp_size"), variant.tp),
-                ("mapping", "pp_size"): (mapping.get("pp_size"), variant.pp)}
-    wrong = [f"{'.'.join(key)} is {got}, the plan says {want}"
-             for key, (got, want) in expected.items() if got is not None and got != want]
+    expected = {
+        ("build_config", "max_batch_size"): (build.get("max_batch_size"), variant.build.max_batch_size),
+        ("build_config", "max_draft_len"): (build.get("max_draft_len"), variant.build.max_draft_len),
+        ("mapping", "tp_size"): (mapping.get("tp_size"), variant.tp),
+        ("mapping", "pp_size"): (mapping.get("pp_size"), variant.pp),
+    }
+    wrong = [
+        f"{'.'.join(key)} is {got}, the plan says {want}"
+        for key, (got, want) in expected.items()
+        if got is not None and got != want
+    ]
     if wrong:
-        raise StageError(f"[{variant.name}] {path}: engine does not match the plan ({'; '.join(wrong)}); "
-                         "rebuild it (`specdeploy engine SPEC --force`)")
+        raise StageError(
+            f"[{variant.name}] {path}: engine does not match the plan ({'; '.join(wrong)}); "
+            "rebuild it (`specdeploy engine SPEC --force`)"
+        )
     return config
 
 
 def copy_tokenizer(source: Path, target: Path) -> list[str]:
     files = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
     if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json")):
-        raise StageError(f"{source}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json); the "
-                         "pre/postprocessing models need the model's tokenizer")
+        raise StageError(
+            f"{source}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json); the "
+            "pre/postprocessing models need the model's tokenizer"
+        )
     target.mkdir(parents=True, exist_ok=True)
     for name in files:
         shutil.copyfile(Path(source) / name, target / name)
@@ -120,8 +145,9 @@ def _link_tree(source: Path, target: Path) -> None:
             shutil.copyfile(file, target / file.name)
 
 
-def emit_repository(variant: VariantPlan, out: Path, *, engine_dir: Path, tokenizer_dir: Path,
-                    check_engine_config: bool = True) -> dict[str, pbtxt.ModelConfig]:
+def emit_repository(
+    variant: VariantPlan, out: Path, *, engine_dir: Path, tokenizer_dir: Path, check_engine_config: bool = True
+) -> dict[str, pbtxt.ModelConfig]:
     """Write the repository into ``out`` (an empty or new folder) and return the configs written."""
     out = Path(out)
     if check_engine_config:
@@ -143,14 +169,25 @@ def emit_repository(variant: VariantPlan, out: Path, *, engine_dir: Path, tokeni
     for name in PYTHON_MODELS:
         shutil.copyfile(MODELS_SOURCE / f"{name}.py", out / name / "1" / "model.py")
     manifest = {
-        "variant": variant.name, "method": variant.method, "target": variant.target,
-        "ensemble": settings.ensemble_name, "engine_dir": str(Path(engine_dir).resolve()),
-        "tp": variant.tp, "pp": variant.pp, "world_size": variant.world_size,
-        "gpu_device_ids": gpu_device_ids(variant), "decoupled": settings.decoupled,
-        "max_batch_size": settings.max_batch_size, "max_input_len": variant.build.max_input_len,
-        "tokenizer": f"{PREPROCESSING}/{TOKENIZER_SUBDIR}", "tokenizer_files": files,
-        "ports": {"grpc": variant.serving.grpc_port, "http": variant.serving.http_port,
-                  "metrics": variant.serving.metrics_port},
+        "variant": variant.name,
+        "method": variant.method,
+        "target": variant.target,
+        "ensemble": settings.ensemble_name,
+        "engine_dir": str(Path(engine_dir).resolve()),
+        "tp": variant.tp,
+        "pp": variant.pp,
+        "world_size": variant.world_size,
+        "gpu_device_ids": gpu_device_ids(variant),
+        "decoupled": settings.decoupled,
+        "max_batch_size": settings.max_batch_size,
+        "max_input_len": variant.build.max_input_len,
+        "tokenizer": f"{PREPROCESSING}/{TOKENIZER_SUBDIR}",
+        "tokenizer_files": files,
+        "ports": {
+            "grpc": variant.serving.grpc_port,
+            "http": variant.serving.http_port,
+            "metrics": variant.serving.metrics_port,
+        },
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     validate_repository(out)
@@ -161,9 +198,12 @@ def stale_models(repo: Path) -> list[str]:
     """Python models whose model.py differs from this specdeploy's (packaged by another version).
 
     The stage fingerprint covers the plan and the inputs, not this package's own code."""
-    return [name for name in PYTHON_MODELS
-            if not (Path(repo) / name / "1" / "model.py").is_file()
-            or (Path(repo) / name / "1" / "model.py").read_bytes() != (MODELS_SOURCE / f"{name}.py").read_bytes()]
+    return [
+        name
+        for name in PYTHON_MODELS
+        if not (Path(repo) / name / "1" / "model.py").is_file()
+        or (Path(repo) / name / "1" / "model.py").read_bytes() != (MODELS_SOURCE / f"{name}.py").read_bytes()
+    ]
 
 
 def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
@@ -207,8 +247,10 @@ def _check_ensemble(ensemble: pbtxt.ModelConfig, configs: dict[str, pbtxt.ModelC
                 raise StageError(f"{repo}: {step.model_name}.{inner} reads '{outer}', which nothing produces first")
         required = {name for name, t in model_inputs.items() if not t.optional}
         if required - set(step.input_map):
-            raise StageError(f"{repo}: {step.model_name} required inputs not mapped: "
-                             f"{', '.join(sorted(required - set(step.input_map)))}")
+            raise StageError(
+                f"{repo}: {step.model_name} required inputs not mapped: "
+                f"{', '.join(sorted(required - set(step.input_map)))}"
+            )
         model_outputs = {t.name for t in model.output}
         for inner, outer in step.output_map.items():
             if inner not in model_outputs:

@@ -22,11 +22,16 @@ TIMING_CACHE = "model.cache"
 
 # Where a plan-owned flag comes from, for the error when extra_flags tries to set it.
 _PLAN_SOURCE = {
-    "checkpoint_dir": "the convert stage's output", "output_dir": "the build stage's output",
-    "max_batch_size": "build.max_batch_size", "max_input_len": "build.max_input_len",
-    "max_seq_len": "build.max_seq_len", "max_num_tokens": "build.max_num_tokens",
-    "speculative_decoding_mode": "speculative.method", "max_draft_len": "the speculative settings",
-    "use_fp8_context_fmha": "quantization.weights and gpu.type", "workers": "parallel.tp * parallel.pp",
+    "checkpoint_dir": "the convert stage's output",
+    "output_dir": "the build stage's output",
+    "max_batch_size": "build.max_batch_size",
+    "max_input_len": "build.max_input_len",
+    "max_seq_len": "build.max_seq_len",
+    "max_num_tokens": "build.max_num_tokens",
+    "speculative_decoding_mode": "speculative.method",
+    "max_draft_len": "the speculative settings",
+    "use_fp8_context_fmha": "quantization.weights and gpu.type",
+    "workers": "parallel.tp * parallel.pp",
     "gemm_plugin": "quantization.weights and build.max_batch_size",
 }
 # Switches that only make sense with FP8 weights (TensorRT-LLM would fail or silently ignore them).
@@ -44,27 +49,43 @@ def workers(world_size: int, visible_gpus: int | None) -> int:
     return world_size if visible_gpus is None else max(1, min(world_size, visible_gpus))
 
 
-def trtllm_build_argv(variant: VariantPlan, checkpoint_dir: Path, output_dir: Path, *,
-                      visible_gpus: int | None) -> list[str]:
+def trtllm_build_argv(
+    variant: VariantPlan, checkpoint_dir: Path, output_dir: Path, *, visible_gpus: int | None
+) -> list[str]:
     b = variant.build
     output_dir = Path(output_dir)
     argv = [
         PROGRAM,
-        "--checkpoint_dir", str(checkpoint_dir),
-        "--output_dir", str(output_dir),
-        "--max_batch_size", str(b.max_batch_size),
-        "--max_input_len", str(b.max_input_len),
-        "--max_seq_len", str(b.max_seq_len),
-        "--max_num_tokens", str(b.max_num_tokens),
-        "--max_beam_width", str(b.max_beam_width),
-        "--kv_cache_type", b.kv_cache_type,
-        "--remove_input_padding", _switch(b.remove_input_padding),
-        "--gpt_attention_plugin", "auto",
-        "--gemm_plugin", b.gemm_plugin,
-        "--use_paged_context_fmha", _switch(b.use_paged_context_fmha),
-        "--use_fp8_context_fmha", _switch(b.use_fp8_context_fmha),
-        "--tokens_per_block", str(b.tokens_per_block),
-        "--multiple_profiles", _switch(b.multiple_profiles),
+        "--checkpoint_dir",
+        str(checkpoint_dir),
+        "--output_dir",
+        str(output_dir),
+        "--max_batch_size",
+        str(b.max_batch_size),
+        "--max_input_len",
+        str(b.max_input_len),
+        "--max_seq_len",
+        str(b.max_seq_len),
+        "--max_num_tokens",
+        str(b.max_num_tokens),
+        "--max_beam_width",
+        str(b.max_beam_width),
+        "--kv_cache_type",
+        b.kv_cache_type,
+        "--remove_input_padding",
+        _switch(b.remove_input_padding),
+        "--gpt_attention_plugin",
+        "auto",
+        "--gemm_plugin",
+        b.gemm_plugin,
+        "--use_paged_context_fmha",
+        _switch(b.use_paged_context_fmha),
+        "--use_fp8_context_fmha",
+        _switch(b.use_fp8_context_fmha),
+        "--tokens_per_block",
+        str(b.tokens_per_block),
+        "--multiple_profiles",
+        _switch(b.multiple_profiles),
     ]
     if b.speculative_decoding_mode is not None:
         # Always explicit: 0 would make trtllm-build read the checkpoint's value, and Lookahead
@@ -78,8 +99,10 @@ def trtllm_build_argv(variant: VariantPlan, checkpoint_dir: Path, output_dir: Pa
 
 def extra_flag_args(variant: VariantPlan) -> list[str]:
     """build.extra_flags as argv, or InputError listing every flag that is not allowed."""
-    problems = [f"build.extra_flags.{key.lstrip('-')}: {problem} [variant {variant.name}]"
-                for key, problem in extra_flag_problems(variant)]
+    problems = [
+        f"build.extra_flags.{key.lstrip('-')}: {problem} [variant {variant.name}]"
+        for key, problem in extra_flag_problems(variant)
+    ]
     if problems:
         raise InputError("\n".join(problems))
     args = []
@@ -140,8 +163,10 @@ def _variant_rule(variant: VariantPlan, name: str, value: Any) -> str | None:
     if name == "reduce_fusion" and value == "enable":
         architecture = checkpoint_architecture(variant)
         if variant.tp < 2 or architecture not in _REDUCE_FUSION_ARCHS:
-            return (f"enable needs tp > 1 and one of {', '.join(_REDUCE_FUSION_ARCHS)} (this is tp {variant.tp}, "
-                    f"{architecture}); trtllm-build would silently turn it off; allowed here: disable")
+            return (
+                f"enable needs tp > 1 and one of {', '.join(_REDUCE_FUSION_ARCHS)} (this is tp {variant.tp}, "
+                f"{architecture}); trtllm-build would silently turn it off; allowed here: disable"
+            )
     given = {key.lstrip("-"): setting for key, setting in variant.build.extra_flags.items()}
     if name == "user_buffer" and value == "enable" and given.get("reduce_fusion") != "enable":
         return "enable needs build.extra_flags.reduce_fusion: enable; allowed here: disable"

@@ -57,10 +57,16 @@ def load_flags() -> dict[str, Flag]:
         if entry["type"] not in TYPES:
             raise ValueError(f"{TABLE_FILE}: {entry['name']} has unknown type {entry['type']!r}")
         flag = Flag(
-            name=entry["name"], type=entry["type"], default=entry["default"],
-            choices=tuple(entry["choices"]) if entry.get("choices") else None, notes=entry.get("notes", ""),
-            config=tuple(entry.get("config", ())), aliases=tuple(entry.get("aliases", ())),
-            nargs=entry.get("nargs"), owner=entry.get("owner"), forbid=entry.get("forbid"),
+            name=entry["name"],
+            type=entry["type"],
+            default=entry["default"],
+            choices=tuple(entry["choices"]) if entry.get("choices") else None,
+            notes=entry.get("notes", ""),
+            config=tuple(entry.get("config", ())),
+            aliases=tuple(entry.get("aliases", ())),
+            nargs=entry.get("nargs"),
+            owner=entry.get("owner"),
+            forbid=entry.get("forbid"),
             reject_values=dict(entry.get("reject_values") or {}),
         )
         for name in (flag.name, *flag.aliases):

@@ -46,8 +46,10 @@ def engine_flow_missing() -> list[str]:
     else:
         version = trtllm_version()
         if version is not None and not version.startswith(TRTLLM_SERIES):
-            missing.append(f"TensorRT-LLM {version} is installed but engines need {TRTLLM_SERIES}x "
-                           "(the TensorRT engine flow was removed after 1.2)")
+            missing.append(
+                f"TensorRT-LLM {version} is installed but engines need {TRTLLM_SERIES}x "
+                "(the TensorRT engine flow was removed after 1.2)"
+            )
     return missing
 
 
@@ -71,8 +73,13 @@ def local_gpus(run=subprocess.run) -> list[LocalGpu]:
     """GPUs via nvidia-smi, else via torch.cuda; empty on a CPU host."""
     if shutil.which("nvidia-smi"):
         try:
-            result = run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=30, check=False)
+            result = run(
+                ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired):
             result = None
         if result is not None and result.returncode == 0:

@@ -19,10 +19,19 @@ def llama_config(**overrides: Any):
     from transformers import LlamaConfig
 
     cfg: dict[str, Any] = dict(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        initializer_range=0.08, architectures=["LlamaForCausalLM"],
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        initializer_range=0.08,
+        architectures=["LlamaForCausalLM"],
     )
     cfg.update(overrides)
     return LlamaConfig(**cfg)
@@ -79,8 +88,9 @@ def convert(tmp_path):
     """run(src, tp=1, pp=1, dtype="float32", **kw) -> (out_dir, summary), into a fresh empty folder."""
     counter = [0]
 
-    def run(src: Path, *, tp: int = 1, pp: int = 1, dtype: str = "float32", **kw: Any
-            ) -> tuple[Path, CheckpointSummary]:
+    def run(
+        src: Path, *, tp: int = 1, pp: int = 1, dtype: str = "float32", **kw: Any
+    ) -> tuple[Path, CheckpointSummary]:
         counter[0] += 1
         out = tmp_path / f"trt{counter[0]}"
         out.mkdir()
@@ -116,8 +126,17 @@ def modelopt_fp8(tmp_path_factory) -> ModelOptFP8:
     mte = pytest.importorskip("modelopt.torch.export")
     root = tmp_path_factory.mktemp("modelopt")
     # heads/kv divisible by 2 so ModelOpt's own TRT-LLM export is valid at tp=2 (it does not check).
-    model = random_llama(seed=3, vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1)
+    model = random_llama(
+        seed=3,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        initializer_range=0.1,
+    )
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)  # peakier next-token distributions make top-1 agreement meaningful
     base = copy.deepcopy(model)
@@ -141,15 +160,33 @@ def eagle_drafter_dir(tmp_path: Path, hidden: int = 64, vocab: int = 96, fc_shap
     """An EAGLE-1 drafter folder (config.json + zero weights) of the tiny test shapes."""
     heads = tmp_path / "eagle"
     heads.mkdir()
-    (heads / "config.json").write_text(json.dumps({
-        "hidden_size": hidden, "intermediate_size": 96, "vocab_size": vocab, "num_hidden_layers": 1,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}))
+    (heads / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": hidden,
+                "intermediate_size": 96,
+                "vocab_size": vocab,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+            }
+        )
+    )
     sd = {"fc.weight": torch.zeros(*fc_shape), "fc.bias": torch.zeros(64)}
     p = "layers.0."
-    sd.update({p + "self_attn.q_proj.weight": torch.zeros(64, 64), p + "self_attn.k_proj.weight": torch.zeros(32, 64),
-               p + "self_attn.v_proj.weight": torch.zeros(32, 64), p + "self_attn.o_proj.weight": torch.zeros(64, 64),
-               p + "mlp.gate_proj.weight": torch.zeros(96, 64), p + "mlp.up_proj.weight": torch.zeros(96, 64),
-               p + "mlp.down_proj.weight": torch.zeros(64, 96), p + "post_attention_layernorm.weight": torch.ones(64)})
+    sd.update(
+        {
+            p + "self_attn.q_proj.weight": torch.zeros(64, 64),
+            p + "self_attn.k_proj.weight": torch.zeros(32, 64),
+            p + "self_attn.v_proj.weight": torch.zeros(32, 64),
+            p + "self_attn.o_proj.weight": torch.zeros(64, 64),
+            p + "mlp.gate_proj.weight": torch.zeros(96, 64),
+            p + "mlp.up_proj.weight": torch.zeros(96, 64),
+            p + "mlp.down_proj.weight": torch.zeros(64, 96),
+            p + "post_attention_layernorm.weight": torch.ones(64),
+        }
+    )
     save_file(sd, str(heads / "model.safetensors"))
     return heads
 
@@ -158,8 +195,13 @@ def make_adapter(model, folder, seed: int = 1, **config):
     """A random LoRA adapter made by PEFT on a copy of ``model``; returns the PEFT model."""
     import peft
 
-    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"],
-              "init_lora_weights": False, **config}
+    config = {
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["q_proj", "v_proj", "down_proj"],
+        "init_lora_weights": False,
+        **config,
+    }
     torch.manual_seed(seed)
     peft_model = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**config)).eval()
     with torch.no_grad():  # PEFT's own init leaves B small; make the update large enough to matter

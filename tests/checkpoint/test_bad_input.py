@@ -49,15 +49,19 @@ def test_missing_tensor(tiny_llama, out):
 
 def test_extra_unexpected_tensor(tiny_llama, out):
     tiny = tiny_llama()
-    _rewrite(tiny.path / "model.safetensors",
-             lambda w: w.__setitem__("model.layers.0.self_attn.q_norm.weight", torch.ones(16)))
+    _rewrite(
+        tiny.path / "model.safetensors",
+        lambda w: w.__setitem__("model.layers.0.self_attn.q_norm.weight", torch.ones(16)),
+    )
     expect_error(tiny.path, out, "model.layers.0.self_attn.q_norm.weight: unexpected tensor", "model.safetensors")
 
 
 def test_shape_mismatch_with_config(tiny_llama, out):
     tiny = tiny_llama()
-    _rewrite(tiny.path / "model.safetensors",
-             lambda w: w.__setitem__("model.layers.0.mlp.down_proj.weight", torch.zeros(64, 95)))
+    _rewrite(
+        tiny.path / "model.safetensors",
+        lambda w: w.__setitem__("model.layers.0.mlp.down_proj.weight", torch.zeros(64, 95)),
+    )
     expect_error(tiny.path, out, "model.layers.0.mlp.down_proj.weight: shape [64, 95]", "[64, 96]")
 
 
@@ -68,10 +72,13 @@ def test_truncated_safetensors(tiny_llama, out):
     expect_error(tiny.path, out, f"{path}: truncated safetensors file")
 
 
-@pytest.mark.parametrize("garbage,pattern", [
-    (b"\xff" * 8, "header length"),  # absurd length field
-    (None, "corrupt safetensors header"),  # JSON destroyed
-])
+@pytest.mark.parametrize(
+    "garbage,pattern",
+    [
+        (b"\xff" * 8, "header length"),  # absurd length field
+        (None, "corrupt safetensors header"),  # JSON destroyed
+    ],
+)
 def test_corrupt_header(tiny_llama, out, garbage, pattern):
     tiny = tiny_llama()
     path = tiny.path / "model.safetensors"
@@ -122,8 +129,17 @@ def test_malicious_pickle_is_refused_and_never_executed(tmp_path, tiny_llama, ou
     payload = {"0.0.linear.weight": torch.zeros(64, 64), "evil": Exploit(str(marker))}
     name = "medusa_lm_head.pt" if kind == "medusa" else "pytorch_model.bin"
     torch.save(payload, heads / name)  # zip-format pickle, as real checkpoints are
-    (heads / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 96, "vocab_size": 96,
-                                                   "num_hidden_layers": 1, "num_attention_heads": 4}))
+    (heads / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 64,
+                "intermediate_size": 96,
+                "vocab_size": 96,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+            }
+        )
+    )
     opts = {"medusa": MedusaOptions(heads)} if kind == "medusa" else {"eagle": EagleOptions(heads)}
     expect_error(tiny.path, out, str(heads / name), "refusing to unpickle", "convert it to safetensors", **opts)
     assert not marker.exists()
@@ -138,19 +154,35 @@ def test_medusa_shape_mismatch_with_base(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
     heads = tmp_path / "medusa"
     heads.mkdir()
-    save_file({"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": torch.zeros(64),
-               "0.1.weight": torch.zeros(97, 64)}, str(heads / "medusa_lm_head.safetensors"))
-    expect_error(tiny.path, out, "medusa_lm_head.safetensors: tensor 0.1.weight: shape [97, 64]",
-                 "[96, 64]", "different base model", medusa=MedusaOptions(heads))
+    save_file(
+        {
+            "0.0.linear.weight": torch.zeros(64, 64),
+            "0.0.linear.bias": torch.zeros(64),
+            "0.1.weight": torch.zeros(97, 64),
+        },
+        str(heads / "medusa_lm_head.safetensors"),
+    )
+    expect_error(
+        tiny.path,
+        out,
+        "medusa_lm_head.safetensors: tensor 0.1.weight: shape [97, 64]",
+        "[96, 64]",
+        "different base model",
+        medusa=MedusaOptions(heads),
+    )
 
 
 def test_medusa_incomplete_head(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
     heads = tmp_path / "medusa"
     heads.mkdir()
-    sd = {"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": torch.zeros(64),
-          "0.1.weight": torch.zeros(96, 64),
-          "1.0.linear.weight": torch.zeros(64, 64), "1.1.weight": torch.zeros(96, 64)}
+    sd = {
+        "0.0.linear.weight": torch.zeros(64, 64),
+        "0.0.linear.bias": torch.zeros(64),
+        "0.1.weight": torch.zeros(96, 64),
+        "1.0.linear.weight": torch.zeros(64, 64),
+        "1.1.weight": torch.zeros(96, 64),
+    }
     save_file(sd, str(heads / "medusa_lm_head.safetensors"))
     expect_error(tiny.path, out, "1.0.linear.bias is missing", medusa=MedusaOptions(heads))
 
@@ -193,8 +225,9 @@ def test_bad_arguments(tiny_llama, out, tmp_path):
 
 def test_unsupported_quantization(tiny_llama, out):
     tiny = tiny_llama()
-    (tiny.path / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}))
+    (tiny.path / "hf_quant_config.json").write_text(
+        json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}})
+    )
     expect_error(tiny.path, out, "hf_quant_config.json: quant_algo 'NVFP4' is not supported")
 
 

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow  # the session fixture imports ModelOpt (~10 s)
 
 def fp8_step(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     """Spacing of the E4M3 grid (times scale) at |x|: 3 mantissa bits, subnormal step 2^-9."""
-    code = (x.abs() / scale).clamp_min(2.0 ** -6)
-    return scale * torch.exp2(torch.floor(torch.log2(code)) - 3).clamp_min(2.0 ** -9)
+    code = (x.abs() / scale).clamp_min(2.0**-6)
+    return scale * torch.exp2(torch.floor(torch.log2(code)) - 3).clamp_min(2.0**-9)
 
 
 def read(path, name):
@@ -87,9 +87,12 @@ def test_scale_fusion_is_max_of_parts(fp8_tp1, modelopt_fp8):
         assert read(rank0, t + "mlp.fc.weights_scaling_factor").item() == max(gate_up)
         assert read(rank0, t + "mlp.gate.weights_scaling_factor").item() == max(gate_up)
         assert read(rank0, t + "mlp.fc.activation_scaling_factor").item() == hf_scale(
-            modelopt_fp8, p + "mlp.gate_proj.input_scale")
-        kv = max(hf_scale(modelopt_fp8, p + "self_attn.k_proj.k_scale"),
-                 hf_scale(modelopt_fp8, p + "self_attn.v_proj.v_scale"))
+            modelopt_fp8, p + "mlp.gate_proj.input_scale"
+        )
+        kv = max(
+            hf_scale(modelopt_fp8, p + "self_attn.k_proj.k_scale"),
+            hf_scale(modelopt_fp8, p + "self_attn.v_proj.v_scale"),
+        )
         assert read(rank0, t + "attention.kv_cache_scaling_factor").item() == kv
         # And the shared scale is ModelOpt's own calibration: max amax / 448.
         attn = modelopt_fp8.quant.model.layers[i].self_attn
@@ -104,11 +107,14 @@ def test_dequantized_weights_match_modelopt_fake_quant(fp8_tp1, modelopt_fp8):
     for i, layer in enumerate(modelopt_fp8.quant.model.layers):
         t, p = f"transformer.layers.{i}.", f"model.layers.{i}."
         groups = {
-            "attention.qkv": [("self_attn.q_proj", layer.self_attn.q_proj),
-                              ("self_attn.k_proj", layer.self_attn.k_proj),
-                              ("self_attn.v_proj", layer.self_attn.v_proj)],
+            "attention.qkv": [
+                ("self_attn.q_proj", layer.self_attn.q_proj),
+                ("self_attn.k_proj", layer.self_attn.k_proj),
+                ("self_attn.v_proj", layer.self_attn.v_proj),
+            ],
             "attention.dense": [("self_attn.o_proj", layer.self_attn.o_proj)],
-            "mlp.fc": [("mlp.gate_proj", layer.mlp.gate_proj)], "mlp.gate": [("mlp.up_proj", layer.mlp.up_proj)],
+            "mlp.fc": [("mlp.gate_proj", layer.mlp.gate_proj)],
+            "mlp.gate": [("mlp.up_proj", layer.mlp.up_proj)],
             "mlp.proj": [("mlp.down_proj", layer.mlp.down_proj)],
         }
         for name, parts in groups.items():

@@ -43,8 +43,9 @@ def write_medusa_dir(folder: Path, sd: dict[str, torch.Tensor], fmt: str, config
     return folder
 
 
-def direct_medusa(sd: dict[str, torch.Tensor], hidden: torch.Tensor, heads: int, layers: int,
-                  prefix: str = "") -> torch.Tensor:
+def direct_medusa(
+    sd: dict[str, torch.Tensor], hidden: torch.Tensor, heads: int, layers: int, prefix: str = ""
+) -> torch.Tensor:
     out = []
     for h in range(heads):
         x = hidden
@@ -81,8 +82,12 @@ def test_medusa_on_every_pp_rank(tmp_path, tiny_llama, convert):
     from safetensors import safe_open
 
     tiny = tiny_llama()
-    heads_dir = write_medusa_dir(tmp_path / "medusa", medusa_weights(64, 96, 2, 1), "safetensors",
-                                 {"medusa_num_heads": 2, "medusa_num_layers": 1})
+    heads_dir = write_medusa_dir(
+        tmp_path / "medusa",
+        medusa_weights(64, 96, 2, 1),
+        "safetensors",
+        {"medusa_num_heads": 2, "medusa_num_layers": 1},
+    )
     out, _ = convert(tiny.path, tp=2, pp=2, medusa=MedusaOptions(heads_dir))
     for r in range(4):
         with safe_open(str(out / f"rank{r}.safetensors"), "pt") as f:
@@ -145,10 +150,21 @@ def test_medusa_modelopt_export_matches_modelopt_forward(tmp_path, convert, make
 
 
 def drafter_config(**overrides) -> dict:
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96, "hidden_size": 64,
-           "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 30000.0,
-           "hidden_act": "silu"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 30000.0,
+        "hidden_act": "silu",
+    }
     cfg.update(overrides)
     return cfg
 
@@ -168,10 +184,18 @@ def eagle_weights(cfg: dict, seed: int = 0, fc_bias: bool = True, embed: bool = 
         sd["embed_tokens.weight"] = rnd(cfg["vocab_size"], H, s=0.5)
     for j in range(cfg["num_hidden_layers"]):
         p = f"layers.{j}."
-        sd.update({p + "self_attn.q_proj.weight": rnd(q, H), p + "self_attn.k_proj.weight": rnd(kv, H),
-                   p + "self_attn.v_proj.weight": rnd(kv, H), p + "self_attn.o_proj.weight": rnd(H, q),
-                   p + "mlp.gate_proj.weight": rnd(inter, H), p + "mlp.up_proj.weight": rnd(inter, H),
-                   p + "mlp.down_proj.weight": rnd(H, inter), p + "post_attention_layernorm.weight": 1 + rnd(H)})
+        sd.update(
+            {
+                p + "self_attn.q_proj.weight": rnd(q, H),
+                p + "self_attn.k_proj.weight": rnd(kv, H),
+                p + "self_attn.v_proj.weight": rnd(kv, H),
+                p + "self_attn.o_proj.weight": rnd(H, q),
+                p + "mlp.gate_proj.weight": rnd(inter, H),
+                p + "mlp.up_proj.weight": rnd(inter, H),
+                p + "mlp.down_proj.weight": rnd(H, inter),
+                p + "post_attention_layernorm.weight": 1 + rnd(H),
+            }
+        )
         if j > 0:
             sd[p + "input_layernorm.weight"] = 1 + rnd(H)
     return sd
@@ -203,7 +227,7 @@ def direct_eagle(cfg: dict, sd: dict[str, torch.Tensor], base, ids: torch.Tensor
     h = h[None]
     for j in range(cfg["num_hidden_layers"]):
         layer = LlamaDecoderLayer(lcfg, j).eval()
-        state = {k[len(f"layers.{j}."):]: v for k, v in sd.items() if k.startswith(f"layers.{j}.")}
+        state = {k[len(f"layers.{j}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{j}.")}
         if j == 0:
             layer.input_layernorm = torch.nn.Identity()  # EAGLE-1: no input norm on the first layer
         layer.load_state_dict(state, strict=True)
@@ -220,8 +244,11 @@ def test_eagle_drafter_matches_direct_evaluation(tmp_path, tiny_llama, convert, 
     cfg = drafter_config(vocab_size=101, num_hidden_layers=layers)
     sd = eagle_weights(cfg)
     eagle_dir = write_eagle_dir(tmp_path / "eagle", cfg, sd, fmt)
-    out, summary = convert(tiny.path, tp=tp, eagle=EagleOptions(eagle_dir, num_eagle_layers=3,
-                                                                 max_non_leaves_per_layer=5, max_draft_len=40))
+    out, summary = convert(
+        tiny.path,
+        tp=tp,
+        eagle=EagleOptions(eagle_dir, num_eagle_layers=3, max_non_leaves_per_layer=5, max_draft_len=40),
+    )
     assert summary.architecture == "EagleForCausalLM" and summary.num_eagle_layers == 3
     cfg_out = json.loads((out / "config.json").read_text())
     net = cfg_out["eagle_net_config"]

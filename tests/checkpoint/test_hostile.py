@@ -45,12 +45,19 @@ def poke(path: Path, name: str, value: float, index: tuple[int, ...] = (0,)) -> 
 def medusa_heads(tmp_path: Path, hidden: int = 64, vocab: int = 96) -> Path:
     heads = tmp_path / "medusa"
     heads.mkdir()
-    save_file({"0.0.linear.weight": torch.randn(hidden, hidden) * 0.01, "0.0.linear.bias": torch.zeros(hidden),
-               "0.1.weight": torch.randn(vocab, hidden) * 0.01}, str(heads / "medusa_lm_head.safetensors"))
+    save_file(
+        {
+            "0.0.linear.weight": torch.randn(hidden, hidden) * 0.01,
+            "0.0.linear.bias": torch.zeros(hidden),
+            "0.1.weight": torch.randn(vocab, hidden) * 0.01,
+        },
+        str(heads / "medusa_lm_head.safetensors"),
+    )
     return heads
 
 
 # -- files that are not files ---------------------------------------------------------------------
+
 
 def test_fifo_as_model_safetensors_is_refused_without_blocking(tiny_llama, out):
     tiny = tiny_llama()
@@ -119,13 +126,17 @@ def test_truncated_json_config_names_line_and_column(tiny_llama, out):
 
 # -- values inside the tensors --------------------------------------------------------------------
 
-@pytest.mark.parametrize("tensor, value", [
-    ("model.layers.1.mlp.down_proj.weight", float("nan")),
-    ("model.layers.0.self_attn.q_proj.weight", float("inf")),
-    ("model.embed_tokens.weight", float("-inf")),
-    ("model.norm.weight", float("nan")),
-    ("lm_head.weight", float("nan")),
-])
+
+@pytest.mark.parametrize(
+    "tensor, value",
+    [
+        ("model.layers.1.mlp.down_proj.weight", float("nan")),
+        ("model.layers.0.self_attn.q_proj.weight", float("inf")),
+        ("model.embed_tokens.weight", float("-inf")),
+        ("model.norm.weight", float("nan")),
+        ("lm_head.weight", float("nan")),
+    ],
+)
 def test_non_finite_base_weight_is_refused_naming_the_tensor(tiny_llama, out, tensor, value):
     tiny = tiny_llama()
     poke(tiny.path / "model.safetensors", tensor, value, (3,) if "norm" in tensor else (5, 7))
@@ -171,8 +182,13 @@ def test_non_finite_medusa_head_is_refused(tmp_path, tiny_llama, out):
     tiny = tiny_llama()
     heads = medusa_heads(tmp_path)
     poke(heads / "medusa_lm_head.safetensors", "0.0.linear.weight", float("nan"), (1, 2))
-    refused(tiny.path, out, "medusa_lm_head.safetensors: tensor 0.0.linear.weight", "NaN or Inf",
-            medusa=MedusaOptions(heads))
+    refused(
+        tiny.path,
+        out,
+        "medusa_lm_head.safetensors: tensor 0.0.linear.weight",
+        "NaN or Inf",
+        medusa=MedusaOptions(heads),
+    )
 
 
 def test_non_finite_pickled_medusa_head_is_refused(tmp_path, tiny_llama, out):
@@ -181,8 +197,10 @@ def test_non_finite_pickled_medusa_head_is_refused(tmp_path, tiny_llama, out):
     heads.mkdir()
     bias = torch.zeros(64)
     bias[4] = float("inf")
-    torch.save({"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": bias,
-                "0.1.weight": torch.zeros(96, 64)}, heads / "medusa_lm_head.pt")
+    torch.save(
+        {"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": bias, "0.1.weight": torch.zeros(96, 64)},
+        heads / "medusa_lm_head.pt",
+    )
     refused(tiny.path, out, "medusa_lm_head.pt", "0.0.linear.bias", "NaN or Inf", medusa=MedusaOptions(heads))
 
 

@@ -18,9 +18,16 @@ SHAPES = {
     "mqa": {"num_key_value_heads": 1},
     "tied_odd_vocab": {"tie_word_embeddings": True, "vocab_size": 101},
     "head_dim_not_hidden_over_heads": {"head_dim": 32, "num_key_value_heads": 2},
-    "llama3_rope": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
-                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                        "original_max_position_embeddings": 32}},
+    "llama3_rope": {
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 50000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
+    },
     "linear_rope": {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
     "three_layers": {"num_hidden_layers": 3},
 }
@@ -59,22 +66,34 @@ def test_kv_replication_and_padding_shapes(tiny_llama, convert):
             assert lm.shape == (padded_vocab(101, 4) // 4, 64)
             start = r * 26
             real = max(0, min(101 - start, 26))
-            assert torch.equal(lm[:real], embed[start:start + real])
+            assert torch.equal(lm[:real], embed[start : start + real])
             assert not lm[real:].any()  # zero padding rows
             assert f.get_tensor("transformer.vocab_embedding.weight").shape == (101, 64)  # replicated
 
 
 def test_config_json(tiny_llama, convert):
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     tiny = tiny_llama(rope_parameters=rope, num_hidden_layers=3)
     out, summary = convert(tiny.path, tp=2, dtype="bfloat16")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architecture"] == "LlamaForCausalLM" and summary.architecture == "LlamaForCausalLM"
     assert cfg["dtype"] == "bfloat16"
     assert cfg["rotary_base"] == 500000.0  # from rope_parameters (transformers 5 has no rope_theta attribute)
-    assert cfg["rotary_scaling"] == {"type": "llama3", "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    assert cfg["rotary_scaling"] == {
+        "type": "llama3",
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     assert cfg["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1}
     assert cfg["quantization"] == {"quant_algo": None, "kv_cache_quant_algo": None, "exclude_modules": None}
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_size"]) == (4, 2, 16)
@@ -101,8 +120,10 @@ def test_pp_layer_split_and_stage_contents(tiny_llama, convert):
 
 def test_sharded_input_and_legacy_rope_config(tiny_llama, convert):
     # Several safetensors shards + index, and a transformers-4 style config (rope_theta / rope_scaling).
-    tiny = tiny_llama(save_kwargs={"max_shard_size": "40KB"},
-                      rope_parameters={"rope_type": "linear", "rope_theta": 20000.0, "factor": 2.0})
+    tiny = tiny_llama(
+        save_kwargs={"max_shard_size": "40KB"},
+        rope_parameters={"rope_type": "linear", "rope_theta": 20000.0, "factor": 2.0},
+    )
     assert (tiny.path / "model.safetensors.index.json").exists()
     cfg_path = tiny.path / "config.json"
     cfg = json.loads(cfg_path.read_text())
@@ -137,7 +158,7 @@ def test_incremental_decoding_with_kv_cache_matches_full_forward(tiny_llama, con
     hidden, past = model.hidden_states(ids[:8])
     steps = [model.logits_from_hidden(hidden)]
     for t in range(8, 12):
-        hidden, past = model.hidden_states(ids[t:t + 1], past=past)  # caches come back extended
+        hidden, past = model.hidden_states(ids[t : t + 1], past=past)  # caches come back extended
         steps.append(model.logits_from_hidden(hidden))
     assert (torch.cat(steps) - full).abs().max().item() < TOL
 

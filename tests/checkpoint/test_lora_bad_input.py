@@ -71,9 +71,15 @@ def test_target_module_absent_from_base(setup):
 
 def test_tensor_for_a_module_the_base_lacks(setup):
     _, folder, merge = setup
-    edit_tensors(folder, lambda t: t.update({
-        Q0.replace("layers.0", "layers.7") + ".lora_A.weight": t[Q0 + ".lora_A.weight"].clone(),
-        Q0.replace("layers.0", "layers.7") + ".lora_B.weight": t[Q0 + ".lora_B.weight"].clone()}))
+    edit_tensors(
+        folder,
+        lambda t: t.update(
+            {
+                Q0.replace("layers.0", "layers.7") + ".lora_A.weight": t[Q0 + ".lora_A.weight"].clone(),
+                Q0.replace("layers.0", "layers.7") + ".lora_B.weight": t[Q0 + ".lora_B.weight"].clone(),
+            }
+        ),
+    )
     refused(merge, "adapter_model.safetensors", "layers.7.self_attn.q_proj", "does not have")
 
 
@@ -87,8 +93,9 @@ def test_adapter_of_another_shape(setup, tiny_llama, tmp_path):
     other = tiny_llama("wider", intermediate_size=128)
     make_adapter(other.model, tmp_path / "wide")
     _, _, merge = setup
-    refused(lambda: merge(tmp_path / "wide"), "down_proj.lora_A.weight", "[64, 128]", "[64, 96]",
-            "trained on another model")
+    refused(
+        lambda: merge(tmp_path / "wide"), "down_proj.lora_A.weight", "[64, 128]", "[64, 96]", "trained on another model"
+    )
 
 
 def test_missing_half_of_a_pair(setup):
@@ -116,8 +123,7 @@ def test_modules_to_save_with_another_vocabulary(setup, tiny_llama, tmp_path):
     other = tiny_llama("bigvocab", vocab_size=128)
     make_adapter(other.model, tmp_path / "vocab", target_modules=["q_proj"], modules_to_save=["lm_head"])
     _, _, merge = setup
-    refused(lambda: merge(tmp_path / "vocab"), "base_model.model.lm_head.weight", "[128, 64]",
-            "resized vocabulary")
+    refused(lambda: merge(tmp_path / "vocab"), "base_model.model.lm_head.weight", "[128, 64]", "resized vocabulary")
 
 
 def test_tied_embeddings_are_not_updated(tiny_llama, tmp_path):
@@ -143,14 +149,17 @@ def test_pickled_objects_are_never_unpickled(setup, tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize("content, needle", [
-    (None, "adapter_config.json: missing"),
-    ("{not json", "not valid JSON"),
-    ('{"peft_type": "IA3"}', "peft_type 'IA3' is not supported"),
-    ('{"peft_type": "LORA", "r": 0, "lora_alpha": 8}', "r must be a positive integer"),
-    ('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "fan_in_fan_out": true}', "fan_in_fan_out"),
-    ('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "layer_replication": [[0, 2]]}', "layer_replication"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (None, "adapter_config.json: missing"),
+        ("{not json", "not valid JSON"),
+        ('{"peft_type": "IA3"}', "peft_type 'IA3' is not supported"),
+        ('{"peft_type": "LORA", "r": 0, "lora_alpha": 8}', "r must be a positive integer"),
+        ('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "fan_in_fan_out": true}', "fan_in_fan_out"),
+        ('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "layer_replication": [[0, 2]]}', "layer_replication"),
+    ],
+)
 def test_bad_adapter_config(setup, content, needle):
     _, folder, merge = setup
     path = folder / "adapter_config.json"

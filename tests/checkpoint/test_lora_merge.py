@@ -44,13 +44,17 @@ def logits_of(folder):
         return LlamaForCausalLM.from_pretrained(folder).eval()(IDS).logits
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"use_rslora": True, "r": 8, "lora_alpha": 16},
-    {"rank_pattern": {"v_proj": 2}, "alpha_pattern": {"down_proj": 3}},
-    {"use_dora": True},
-    {"target_modules": ["q_proj", "embed_tokens"], "modules_to_save": ["lm_head"]},
-], ids=["lora", "rslora", "patterns", "dora", "embedding+modules_to_save"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"use_rslora": True, "r": 8, "lora_alpha": 16},
+        {"rank_pattern": {"v_proj": 2}, "alpha_pattern": {"down_proj": 3}},
+        {"use_dora": True},
+        {"target_modules": ["q_proj", "embed_tokens"], "modules_to_save": ["lm_head"]},
+    ],
+    ids=["lora", "rslora", "patterns", "dora", "embedding+modules_to_save"],
+)
 def test_merge_equals_peft_merge_and_unload(tiny_llama, tmp_path, options):
     base = tiny_llama()
     peft_model = make_adapter(base.model, tmp_path / "adapter", **options)

@@ -41,17 +41,28 @@ def _hand_written_adapter(folder: Path, model: ModelGeometry, rank: int = 8) -> 
     folder.mkdir()
     gen = torch.Generator().manual_seed(0)
     tensors = {}
-    shapes = {"mlp.down_proj": (model.hidden_size, model.intermediate_size),
-              "self_attn.q_proj": (model.hidden_size, model.hidden_size)}
+    shapes = {
+        "mlp.down_proj": (model.hidden_size, model.intermediate_size),
+        "self_attn.q_proj": (model.hidden_size, model.hidden_size),
+    }
     for layer in range(model.num_layers):
         for module, (out, inp) in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) * 0.01
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, rank, generator=gen) * 0.01
     save_file(tensors, folder / "adapter_model.safetensors")
-    (folder / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["down_proj", "q_proj"],
-        "bias": "none", "base_model_name_or_path": None}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "target_modules": ["down_proj", "q_proj"],
+                "bias": "none",
+                "base_model_name_or_path": None,
+            }
+        )
+    )
 
 
 @pytest.mark.slow  # writes ~400 MB
@@ -61,9 +72,13 @@ def test_merge_peak_rss_is_bounded_by_a_tensor(tmp_path):
     size = write_synthetic_llama(tmp_path / "hf", model, torch.bfloat16)
     _hand_written_adapter(tmp_path / "adapter", model)
     (tmp_path / "out").mkdir()
-    result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "hf"), str(tmp_path / "adapter"),
-                             str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO,
-                            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "hf"), str(tmp_path / "adapter"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     memory = json.loads(result.stdout.strip().splitlines()[-1])
     grown = memory["peak"] - memory["base"]

@@ -31,9 +31,22 @@ from safetensors import safe_open
 FP8 = torch.float8_e4m3fn
 pytestmark = pytest.mark.slow  # the session fixture imports ModelOpt (~10 s)
 
-CONFIG_KEYS = ("architecture", "dtype", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-               "hidden_size", "intermediate_size", "vocab_size", "head_size", "norm_epsilon",
-               "max_position_embeddings", "hidden_act", "position_embedding_type", "rotary_base")
+CONFIG_KEYS = (
+    "architecture",
+    "dtype",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "head_size",
+    "norm_epsilon",
+    "max_position_embeddings",
+    "hidden_act",
+    "position_embedding_type",
+    "rotary_base",
+)
 MODELOPT_ONLY = ("k_cache_scaling_factor", "v_cache_scaling_factor")
 
 
@@ -43,8 +56,8 @@ def _tensors(path):
 
 
 def _fp8_step(x: torch.Tensor, scale: float) -> torch.Tensor:
-    code = (x.abs() / scale).clamp_min(2.0 ** -6)
-    return scale * torch.exp2(torch.floor(torch.log2(code)) - 3).clamp_min(2.0 ** -9)
+    code = (x.abs() / scale).clamp_min(2.0**-6)
+    return scale * torch.exp2(torch.floor(torch.log2(code)) - 3).clamp_min(2.0**-9)
 
 
 def _compare(ours_dir, theirs_dir, tp: int) -> dict[str, int]:

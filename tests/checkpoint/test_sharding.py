@@ -25,8 +25,11 @@ def trtllm_qkv(q, k, v, num_heads, num_kv_heads, head_dim, tp, rank):
         reps = tp // num_kv_heads
 
         def dup(w):
-            return w.reshape(num_kv_heads, head_dim, -1)[:, None].expand(num_kv_heads, reps, head_dim, w.shape[1]) \
+            return (
+                w.reshape(num_kv_heads, head_dim, -1)[:, None]
+                .expand(num_kv_heads, reps, head_dim, w.shape[1])
                 .reshape(num_kv_heads * reps * head_dim, -1)
+            )
 
         k, v = dup(k), dup(v)
     return torch.cat([torch.chunk(w, tp, dim=0)[rank] for w in (q, k, v)])

@@ -61,8 +61,13 @@ def test_peak_rss_is_bounded_by_a_chunk(synthetic_bf16, tmp_path, dtype, tp):
     folder, model, size = synthetic_bf16
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(folder), str(out), dtype, str(tp)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), str(out), dtype, str(tp)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     mem = json.loads(proc.stdout.strip().splitlines()[-1])
     grew = mem["peak"] - mem["base"]

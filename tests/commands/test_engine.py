@@ -43,16 +43,21 @@ def test_engine_without_weights_says_what_is_missing(cli, write_spec):
     rc, out, err = cli("engine", str(spec))
     assert rc == 3, err
     line = next(line for line in out.splitlines() if "weights are not on this host" in line)
-    assert line.startswith("[big] convert: the model weights are not on this host (/nonexistent/llama): put the "
-                           "Hugging Face checkpoint there (model.path)")
+    assert line.startswith(
+        "[big] convert: the model weights are not on this host (/nonexistent/llama): put the "
+        "Hugging Face checkpoint there (model.path)"
+    )
 
 
 def test_engine_without_heads_stops_at_convert_with_exit_3(cli, write_spec, hf_config_dir, tmp_path):
     model = hf_config_dir()
-    spec = write_spec(f"name: h\nmodel: {{path: {model}}}\nheads: {{eagle: {{path: {tmp_path}/no-heads}}}}\n"
-                      "target: reference\n")
+    spec = write_spec(
+        f"name: h\nmodel: {{path: {model}}}\nheads: {{eagle: {{path: {tmp_path}/no-heads}}}}\ntarget: reference\n"
+    )
     rc, out, err = cli("engine", str(spec))
     assert rc == 3, err
-    assert f"[h] convert: the speculative heads are not on this host ({tmp_path}/no-heads): put the heads " \
-           "there (heads.<method>.path)" in out
+    assert (
+        f"[h] convert: the speculative heads are not on this host ({tmp_path}/no-heads): put the heads "
+        "there (heads.<method>.path)" in out
+    )
     assert not (tmp_path / "engines" / "h" / "checkpoint").exists()

@@ -10,8 +10,18 @@ from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
 
-TINY = ModelGeometry("tiny", vocab_size=100, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
-                 intermediate_size=16, max_position_embeddings=64, rope_theta=1e4)
+TINY = ModelGeometry(
+    "tiny",
+    vocab_size=100,
+    hidden_size=8,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    max_position_embeddings=64,
+    rope_theta=1e4,
+)
 NAMES = tuple(gemm_shapes(TINY))
 # Every GEMM: 1 ms at 1 row, 2 ms at 4 rows, 6 ms at 12 rows (linear in between and beyond).
 PROFILE = CpuProfile((1, 4, 12), {name: (1e-3, 2e-3, 6e-3) for name in NAMES})

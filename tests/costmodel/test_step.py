@@ -16,8 +16,18 @@ from pipeline.speculative import LookaheadConfig
 
 # decoder layer: 100 x 50 x (2 x 2 + 2 x 2) + 3 x 100 x 200 + 2 x 100 = 100200 params; 2 layers;
 # lm_head 1000 x 100 = 100000 params.
-TINY = ModelGeometry("tiny", vocab_size=1000, hidden_size=100, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=50,
-                 intermediate_size=200, max_position_embeddings=512, rope_theta=1e4)
+TINY = ModelGeometry(
+    "tiny",
+    vocab_size=1000,
+    hidden_size=100,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=50,
+    intermediate_size=200,
+    max_position_embeddings=512,
+    rope_theta=1e4,
+)
 # 1 GB/s and 1 TFLOP/s (2 FP8) at 100% efficiency below: times are bytes / 1e9 and FLOPs / 1e12.
 SLOW = GpuPerf("slow", memory_gbps=1.0, bf16_tflops=1.0, fp8_tflops=2.0, link_gbps=1.0, nvlink=True)
 
@@ -139,8 +149,23 @@ def test_speculation_stops_paying_at_large_batch():
 
 
 def test_predict_cli_json(cli):
-    rc, out, err = cli("predict", "--preset", "llama-3.1-8b", "--gpu", "l40s", "--method", "lookahead",
-                       "--lookahead", "4,3,4", "--acceptance-length", "1.5", "--batch", "1", "64", "--json")
+    rc, out, err = cli(
+        "predict",
+        "--preset",
+        "llama-3.1-8b",
+        "--gpu",
+        "l40s",
+        "--method",
+        "lookahead",
+        "--lookahead",
+        "4,3,4",
+        "--acceptance-length",
+        "1.5",
+        "--batch",
+        "1",
+        "64",
+        "--json",
+    )
     assert rc == 0, err
     body = json.loads(out)
     assert set(body["speedup"]) == {"1", "64"} and body["rows_per_step"] == 16
@@ -148,14 +173,17 @@ def test_predict_cli_json(cli):
     assert set(body["step_cost"]["1"]) == {"plain_ms", "method_ms", "parts_ms"}
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--method", "lookahead", "--lookahead", "4,3"], "give W,N,G"),
-    (["--method", "lookahead", "--lookahead", "2,1,1"], "ngram 1"),
-    (["--method", "medusa", "--tree", "nope"], "unknown tree preset"),
-    (["--method", "medusa", "--acceptance-length", "99"], "between 1 and the rows"),
-    (["--method", "eagle", "--tree", "chain_3", "--eagle-dynamic-top-k", "4"], "mutually exclusive"),
-    (["--method", "none", "--dtype", "fp8", "--gpu", "a100-80gb"], "FP8 tensor cores"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--method", "lookahead", "--lookahead", "4,3"], "give W,N,G"),
+        (["--method", "lookahead", "--lookahead", "2,1,1"], "ngram 1"),
+        (["--method", "medusa", "--tree", "nope"], "unknown tree preset"),
+        (["--method", "medusa", "--acceptance-length", "99"], "between 1 and the rows"),
+        (["--method", "eagle", "--tree", "chain_3", "--eagle-dynamic-top-k", "4"], "mutually exclusive"),
+        (["--method", "none", "--dtype", "fp8", "--gpu", "a100-80gb"], "FP8 tensor cores"),
+    ],
+)
 def test_predict_cli_bad_input(cli, args, expected):
     base = ["predict", "--preset", "llama-3.1-8b"] + (["--gpu", "h100-sxm-80gb"] if "--gpu" not in args else [])
     rc, _, err = cli(*base, *args)
@@ -166,7 +194,11 @@ def test_predict_cli_bad_input(cli, args, expected):
 def test_predict_every_preset_and_gpu(preset):
     for name in gpus.GPU_TYPES:
         d = Deployment(presets.preset(preset), gpu_perf(name))
-        for drafting in (Drafting.plain(), Drafting.medusa(trees.MC_SIM_7B_63), Drafting.eagle(trees.MC_SIM_7B_63),
-                         Drafting.lookahead(LookaheadConfig(4, 3, 4))):
+        for drafting in (
+            Drafting.plain(),
+            Drafting.medusa(trees.MC_SIM_7B_63),
+            Drafting.eagle(trees.MC_SIM_7B_63),
+            Drafting.lookahead(LookaheadConfig(4, 3, 4)),
+        ):
             for p in predict(d, drafting, 1.0, [1, 8, 64]):
                 assert 0 < p.speedup <= 1.0 + 1e-9 and p.method_s >= p.plain_s

@@ -25,8 +25,9 @@ class Tiny:
 
         folder = self.root / (name or f"{method or 'plain'}-engine")
         if not folder.exists():
-            sf.write_engine(hf or self.hf, folder, method, medusa_dir=self.medusa, eagle_dir=self.eagle,
-                            **sf.SPEC_LIMITS)
+            sf.write_engine(
+                hf or self.hf, folder, method, medusa_dir=self.medusa, eagle_dir=self.eagle, **sf.SPEC_LIMITS
+            )
         return Engine.load(folder)
 
 
@@ -47,5 +48,9 @@ def tiny(tmp_path_factory) -> Tiny:
     write_tokenizer(hf)  # a word-level tokenizer of the model's 96 tokens, no chat template
     data = Engine.load(sf.write_engine(hf, root / "data-engine", **sf.SPEC_LIMITS))
     corpus = sf.make_corpus(data, sf.test_prompts(96) + sf.random_prompts(24, 96, seed=11), 40)
-    return Tiny(root, hf, sf.write_medusa_heads(root / "medusa", corpus),
-                sf.write_eagle_drafter(root / "eagle", {**sf.TINY, **sf.MODEL}, corpus))
+    return Tiny(
+        root,
+        hf,
+        sf.write_medusa_heads(root / "medusa", corpus),
+        sf.write_eagle_drafter(root / "eagle", {**sf.TINY, **sf.MODEL}, corpus),
+    )

@@ -6,14 +6,21 @@ from pipeline.evaluation.choose import Choice, Gates, choose
 
 
 def record(name: str, method: str, al: float, speedup: dict[int, float], lossless: bool = True) -> dict:
-    return {"name": name, "method": method, "mean_acceptance_length": al, "identity": {"lossless": lossless},
-            "predicted_speedup": {str(b): s for b, s in speedup.items()}}
+    return {
+        "name": name,
+        "method": method,
+        "mean_acceptance_length": al,
+        "identity": {"lossless": lossless},
+        "predicted_speedup": {str(b): s for b, s in speedup.items()},
+    }
 
 
-RECORDS = [record("plain", "none", 1.0, {1: 1.0, 32: 1.0}),
-           record("lookahead(4,3,4)", "lookahead", 1.5, {1: 1.45, 32: 0.9}),
-           record("eagle[t]", "eagle", 2.4, {1: 1.9, 32: 0.7}),
-           record("medusa[t]", "medusa", 1.8, {1: 1.6, 32: 0.8})]
+RECORDS = [
+    record("plain", "none", 1.0, {1: 1.0, 32: 1.0}),
+    record("lookahead(4,3,4)", "lookahead", 1.5, {1: 1.45, 32: 0.9}),
+    record("eagle[t]", "eagle", 2.4, {1: 1.9, 32: 0.7}),
+    record("medusa[t]", "medusa", 1.8, {1: 1.6, 32: 0.8}),
+]
 
 
 def test_best_takes_the_highest_predicted_speedup():
@@ -45,8 +52,10 @@ def test_max_batch_for_speculation_and_on_fail():
     assert choice.candidate == "plain"
     assert "max_batch_for_speculation 8: the expected concurrency is 32" in choice.reason
     failed = choose(RECORDS, 1, "l40s", Gates(min_speedup=2.0, on_fail="fail"))
-    assert isinstance(failed, Choice) and failed.failed == "eagle[t] misses release gate min_speedup 2.0: " \
-        "predicted 1.90x at batch 1"
+    assert (
+        isinstance(failed, Choice)
+        and failed.failed == "eagle[t] misses release gate min_speedup 2.0: predicted 1.90x at batch 1"
+    )
 
 
 def test_a_planned_method_is_judged_by_the_same_gates():

@@ -17,8 +17,11 @@ NEW = 16
 
 
 def test_lookahead_sweep_is_the_spec_and_smaller_settings():
-    assert lookahead_sweep(LookaheadConfig(4, 3, 4)) == [LookaheadConfig(4, 3, 4), LookaheadConfig(2, 3, 2),
-                                                          LookaheadConfig(4, 2, 4)]
+    assert lookahead_sweep(LookaheadConfig(4, 3, 4)) == [
+        LookaheadConfig(4, 3, 4),
+        LookaheadConfig(2, 3, 2),
+        LookaheadConfig(4, 2, 4),
+    ]
     assert lookahead_sweep(LookaheadConfig(1, 2, 0)) == [LookaheadConfig(1, 2, 0)]
 
 
@@ -38,12 +41,16 @@ def test_tokens_per_step_from_the_per_position_counters():
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_shared_prefill_equals_serving_from_scratch(tiny, kind):
     engine = tiny.engine(kind)
-    listed = candidates(engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None,
-                        sf.TREE if kind == "eagle" else None, eagle_top_k=3)
+    listed = candidates(
+        engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None, sf.TREE if kind == "eagle" else None, eagle_top_k=3
+    )
     names = [c.name for c in listed]
     assert names[:4] == ["plain", "lookahead(4,3,4)", "lookahead(2,3,2)", "lookahead(4,2,4)"]
-    assert names[4:] == (["medusa[cpu_small_10_depth_3]", "medusa[smollm2_medusa_10]"] if kind == "medusa"
-                         else ["eagle[cpu_small_10_depth_3]", "eagle2(top_k 3)"])
+    assert names[4:] == (
+        ["medusa[cpu_small_10_depth_3]", "medusa[smollm2_medusa_10]"]
+        if kind == "medusa"
+        else ["eagle[cpu_small_10_depth_3]", "eagle2(top_k 3)"]
+    )
     loaded = [load(engine, c) for c in listed]
     tallies, prefill_cpu = measure(loaded, PROMPTS, NEW, end_id=None)
     assert prefill_cpu > 0
@@ -53,8 +60,9 @@ def test_shared_prefill_equals_serving_from_scratch(tiny, kind):
         assert tally.outputs == plain.outputs, item.candidate.name  # float32: every method is lossless
         # The same method and settings served from scratch (its own prefill): same tokens, same counters.
         fresh = load(engine, item.candidate)
-        out = drive.decode(fresh.engine, fresh.method,
-                           drive.requests(PROMPTS, NEW, lookahead=item.candidate.lookahead), in_flight=1)
+        out = drive.decode(
+            fresh.engine, fresh.method, drive.requests(PROMPTS, NEW, lookahead=item.candidate.lookahead), in_flight=1
+        )
         assert [out[str(i)].tokens for i in range(len(PROMPTS))] == tally.outputs
         assert drive.totals(out) == tally.stats, item.candidate.name
         record = summarize(tally, plain, item.method.draft_positions)

@@ -10,8 +10,9 @@ from pipeline.evaluation.prompts import DEFAULT_FILES, encode, read_prompts
 
 def test_jsonl_and_plain_text(tmp_path):
     jsonl = tmp_path / "p.jsonl"
-    jsonl.write_text('{"prompt": "def f(x):"}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n'
-                     '{"input_ids": [1, 2, 3]}\n')
+    jsonl.write_text(
+        '{"prompt": "def f(x):"}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n{"input_ids": [1, 2, 3]}\n'
+    )
     got = read_prompts(jsonl, 10)
     assert [p.where for p in got] == [f"{jsonl}:1", f"{jsonl}:3", f"{jsonl}:4"]
     assert got[0].text == "def f(x):" and got[1].messages == ({"role": "user", "content": "hi"},)
@@ -27,14 +28,17 @@ def test_default_sets_alternate_chat_and_code():
     assert got[0].messages is not None and got[1].text is not None  # chat through the template, code raw
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("{not json", "not valid JSON"),
-    ('{"text": "x"}', 'one of the fields "prompt", "messages" or "input_ids"'),
-    ('{"prompt": "x", "messages": []}', "one of the fields"),
-    ('{"prompt": ""}', "non-empty string"),
-    ('{"messages": [{"role": "user"}]}', '"messages" must be a non-empty list'),
-    ('{"input_ids": [1, -2]}', "integers >= 0"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"text": "x"}', 'one of the fields "prompt", "messages" or "input_ids"'),
+        ('{"prompt": "x", "messages": []}', "one of the fields"),
+        ('{"prompt": ""}', "non-empty string"),
+        ('{"messages": [{"role": "user"}]}', '"messages" must be a non-empty list'),
+        ('{"input_ids": [1, -2]}', "integers >= 0"),
+    ],
+)
 def test_bad_jsonl_line_names_file_and_line(tmp_path, line, expected):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "ok"}\n' + line + "\n")

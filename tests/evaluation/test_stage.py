@@ -22,8 +22,10 @@ target: reference
 
 @pytest.fixture
 def spec(tiny, tmp_path):
-    def write(evaluation: str = "evaluation: {prompts: prompts.jsonl, count: 3, max_new_tokens: 8, "
-                                "batch_sizes: [1, 4]}", prompts: list[str] | None = None):
+    def write(
+        evaluation: str = "evaluation: {prompts: prompts.jsonl, count: 3, max_new_tokens: 8, batch_sizes: [1, 4]}",
+        prompts: list[str] | None = None,
+    ):
         lines = prompts or [json.dumps({"input_ids": p}) for p in sf.test_prompts(96)[:4]]
         (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
         path = tmp_path / "tiny.yaml"
@@ -53,7 +55,8 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
     assert names[0] == "plain" and "lookahead(4,3,4)" in names and "medusa[cpu_small_10_depth_3]" in names
     assert result["prompts"]["count"] == 3 and result["gpu"] == {**result["gpu"], "assumed": True}
     assert result["timing"]["prefill_saved_cpu_s"] == pytest.approx(
-        result["timing"]["prefill_cpu_s"] * (len(names) - 1))
+        result["timing"]["prefill_cpu_s"] * (len(names) - 1)
+    )
     for c in result["candidates"]:
         assert c["identity"]["lossless"] and c["identity"]["identical"] == 3
         assert set(c["predicted_speedup"]) == {"1", "4"}
@@ -71,8 +74,10 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
 
 
 def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
-    path = spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6}\n"
-                           "release: {min_acceptance_length: 50, on_fail: fail}")
+    path = spec(
+        evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6}\n"
+        "release: {min_acceptance_length: 50, on_fail: fail}"
+    )
     text = path.read_text().replace("speculative: {", "speculative: {method: best, ")
     path.write_text(text)
     rc, out, err = cli("evaluate", str(path))
@@ -98,7 +103,7 @@ def test_spec_without_evaluation_gets_the_defaults(cli, spec, tmp_path):
     # The default prompts start with a chat instruction: the tiny model's tokenizer has no chat template,
     # which the error says with the prompt's file and line.
     rc, _, err = cli("evaluate", str(spec(evaluation="")))
-    assert rc == 2 and err.count("\n") == 1 and "chat_eval.jsonl:1: \"messages\" need a chat template" in err, err
+    assert rc == 2 and err.count("\n") == 1 and 'chat_eval.jsonl:1: "messages" need a chat template' in err, err
     assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
 
 
@@ -108,11 +113,14 @@ def test_bad_prompt_file_is_one_line_with_file_and_line(cli, spec, tmp_path):
     assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
 
 
-@pytest.mark.parametrize("evaluation, expected", [
-    ("evaluation: {count: 0}", "evaluation.count"),
-    ("evaluation: {batch_sizes: [0]}", "batch sizes must be >= 1"),
-    ("evaluation: {devices: cpu}", "unknown key 'devices'"),
-])
+@pytest.mark.parametrize(
+    "evaluation, expected",
+    [
+        ("evaluation: {count: 0}", "evaluation.count"),
+        ("evaluation: {batch_sizes: [0]}", "batch sizes must be >= 1"),
+        ("evaluation: {devices: cpu}", "unknown key 'devices'"),
+    ],
+)
 def test_bad_evaluation_section(cli, spec, evaluation, expected):
     rc, _, err = cli("validate", str(spec(evaluation=evaluation)))
     assert rc == 2 and expected in err, err
@@ -120,7 +128,9 @@ def test_bad_evaluation_section(cli, spec, evaluation, expected):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the host without CUDA")
 def test_device_cuda_without_a_gpu_is_exit_3(cli, spec, tmp_path):
-    rc, out, _ = cli("evaluate", str(spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, "
-                                                    "max_new_tokens: 4, device: cuda}")))
+    rc, out, _ = cli(
+        "evaluate",
+        str(spec(evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 4, device: cuda}")),
+    )
     assert rc == 3 and "no CUDA device" in out
     assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()

@@ -40,8 +40,9 @@ def model_b(tiny):
 
 
 def evaluate(engine, hf, kind):
-    listed = candidates(engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None,
-                        sf.TREE if kind == "eagle" else None, eagle_top_k=3)
+    listed = candidates(
+        engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None, sf.TREE if kind == "eagle" else None, eagle_top_k=3
+    )
     loaded = [load(engine, c) for c in listed]
     tallies, _ = measure(loaded, PROMPTS, NEW, end_id=None)
     config = hf / "config.json"
@@ -49,12 +50,16 @@ def evaluate(engine, hf, kind):
     records = []
     for item in loaded:
         tally = tallies[item.candidate.name]
-        record = {"name": item.candidate.name, "method": item.candidate.method,
-                  **summarize(tally, tallies["plain"], item.method.draft_positions),
-                  "identity": identity(engine, PROMPTS, tallies["plain"].outputs, tally.outputs)}
+        record = {
+            "name": item.candidate.name,
+            "method": item.candidate.method,
+            **summarize(tally, tallies["plain"], item.method.draft_positions),
+            "identity": identity(engine, PROMPTS, tallies["plain"].outputs, tally.outputs),
+        }
         al = min(record["mean_acceptance_length"], item.candidate.drafting.rows)
-        record["predicted_speedup"] = {str(p.batch): p.speedup for p in predict(deployment, item.candidate.drafting,
-                                                                                 al, [1])}
+        record["predicted_speedup"] = {
+            str(p.batch): p.speedup for p in predict(deployment, item.candidate.drafting, al, [1])
+        }
         records.append(record)
     return {r["name"]: r for r in records}
 
@@ -65,8 +70,14 @@ def test_stale_heads_measure_lower_acceptance_and_best_drops_them(tiny, model_b,
     fresh = evaluate(tiny.engine(kind), tiny.hf, kind)
     stale = evaluate(tiny.engine(kind, f"{kind}-stale-engine", hf=model_b), model_b, kind)
     heads = [name for name in fresh if name.startswith(kind)][0]
-    print(json.dumps({n: (round(fresh[n]["mean_acceptance_length"], 2), round(stale[n]["mean_acceptance_length"], 2))
-                      for n in fresh}))
+    print(
+        json.dumps(
+            {
+                n: (round(fresh[n]["mean_acceptance_length"], 2), round(stale[n]["mean_acceptance_length"], 2))
+                for n in fresh
+            }
+        )
+    )
     assert stale[heads]["mean_acceptance_length"] < fresh[heads]["mean_acceptance_length"] - 0.3
     assert all(r["identity"]["lossless"] for r in stale.values())  # stale heads cost speed, never correctness
     assert choose(list(fresh.values()), 1, "l40s", Gates()).method == kind  # the fitted heads pay on model A

@@ -38,8 +38,12 @@ def test_fleet_spec_plans_stale_heads_lookahead_and_one_merge_per_adapter(tmp_pa
     plan = make_plan(spec, OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
     variants = {v.name: v for v in plan.variants}
     assert {n: v.method for n, v in variants.items()} == {
-        "base": "eagle", "base-medusa": "medusa", "code-stale-eagle": "eagle", "code-lookahead": "lookahead",
-        "json-lookahead": "lookahead"}
+        "base": "eagle",
+        "base-medusa": "medusa",
+        "code-stale-eagle": "eagle",
+        "code-lookahead": "lookahead",
+        "json-lookahead": "lookahead",
+    }
     assert variants["code-stale-eagle"].heads_dir == variants["base"].heads_dir
     assert variants["code-stale-eagle"].stage("merge") == variants["code-lookahead"].stage("merge")
     assert variants["json-lookahead"].stage("merge").output == tmp_path / "engines" / "json-lookahead" / "merged"

@@ -16,8 +16,9 @@ pytest.importorskip("peft")
 
 
 def _settings(task: str, **changes) -> TrainSettings:
-    data = DataSettings(block=32, max_train_blocks=64, max_heldout_blocks=8, answer_tokens=12, gen_batch=8,
-                        max_train_prompts=8)
+    data = DataSettings(
+        block=32, max_train_blocks=64, max_heldout_blocks=8, answer_tokens=12, gen_batch=8, max_train_prompts=8
+    )
     settings = dict(rank=4, steps=8, batch=2, lr=1e-2, warmup=2, bf16_autocast=False, eval_new_tokens=8)
     return TrainSettings(task=task, data=data, **(settings | changes))
 
@@ -31,14 +32,18 @@ def test_json_adapter_trains_reproducibly(tmp_path):
     assert first["eval_prompts"] == len(load_prompts("chat", "eval"))
     assert 0 <= first["eval_greedy_changed"] <= first["eval_prompts"]
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
-        "adapter_config.json", "adapter_model.safetensors", REPORT_FILE]
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        REPORT_FILE,
+    ]
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["peft_type"] == "LORA"
     assert json.loads((tmp_path / "a" / REPORT_FILE).read_text())["heldout_loss_after"] == first["heldout_loss_after"]
     # the base answers are cached: the second run only trains, and lands on the same bytes
     second = train_adapter(model, tmp_path / "b", tmp_path / "cache", _settings("json"), say=lambda _: None)
-    assert (tmp_path / "a" / "adapter_model.safetensors").read_bytes() == \
-        (tmp_path / "b" / "adapter_model.safetensors").read_bytes()
+    assert (tmp_path / "a" / "adapter_model.safetensors").read_bytes() == (
+        tmp_path / "b" / "adapter_model.safetensors"
+    ).read_bytes()
     assert second["heldout_loss_after"] == first["heldout_loss_after"]
 
 
@@ -51,9 +56,29 @@ def test_code_task_holds_out_the_eval_modules():
 
 def test_cli_trains_a_code_adapter(cli, tmp_path):
     model = build_tiny_llama(tmp_path / "tiny")
-    rc, out, err = cli("train-adapter", "--task", "code", "--model", str(model), "--out", str(tmp_path / "code"),
-                       "--steps", "3", "--batch", "2", "--rank", "2", "--last-layers", "1", "--block", "32",
-                       "--eval-new-tokens", "4", "--heldout-blocks", "4")
+    rc, out, err = cli(
+        "train-adapter",
+        "--task",
+        "code",
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "code"),
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--rank",
+        "2",
+        "--last-layers",
+        "1",
+        "--block",
+        "32",
+        "--eval-new-tokens",
+        "4",
+        "--heldout-blocks",
+        "4",
+    )
     assert rc == 0, err
     report = json.loads((tmp_path / "code" / REPORT_FILE).read_text())
     assert report["steps_done"] == 3 and report["task"] == "code" and report["train_examples"] > 0
@@ -67,6 +92,11 @@ def test_oversized_adapter_is_refused_and_leaves_nothing(tmp_path):
 
     model = build_tiny_llama(tmp_path / "tiny")
     with pytest.raises(InputError, match="MiB budget"):
-        train_adapter(model, tmp_path / "big", tmp_path / "cache",
-                      _settings("code", steps=1, max_adapter_mib=0.001), say=lambda _: None)
+        train_adapter(
+            model,
+            tmp_path / "big",
+            tmp_path / "cache",
+            _settings("code", steps=1, max_adapter_mib=0.001),
+            say=lambda _: None,
+        )
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.tmp-*"))

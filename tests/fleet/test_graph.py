@@ -75,15 +75,15 @@ def test_build_workers_above_the_world_size_is_a_plan_error(write_spec, tmp_path
 
 def test_two_variants_writing_one_folder_differently_and_relative_paths_are_refused(plan):
     a, b = plan.variants[0], plan.variants[1]
-    clash = dataclasses.replace(b, stages=(dataclasses.replace(b.stages[0], output=a.stages[0].output),
-                                           *b.stages[1:]))
+    clash = dataclasses.replace(b, stages=(dataclasses.replace(b.stages[0], output=a.stages[0].output), *b.stages[1:]))
     with pytest.raises(InputError, match="both write .* with different settings"):
         build_graph(dataclasses.replace(plan, variants=(a, clash)))
     shared = dataclasses.replace(b, stages=(dataclasses.replace(a.stages[0]), *b.stages[1:]), name="b2")
     graph = build_graph(dataclasses.replace(plan, variants=(a, shared)))
     assert graph.tasks[str(a.stages[0].output)].owners == ("a", "b2")  # the same work: once
-    relative = dataclasses.replace(a, stages=(dataclasses.replace(a.stages[0], output=a.stages[0].output.relative_to(
-        a.stages[0].output.anchor)),))
+    relative = dataclasses.replace(
+        a, stages=(dataclasses.replace(a.stages[0], output=a.stages[0].output.relative_to(a.stages[0].output.anchor)),)
+    )
     with pytest.raises(InputError, match="is relative; Ray workers run in another folder"):
         build_graph(dataclasses.replace(plan, variants=(relative,)))
 
@@ -116,12 +116,13 @@ def test_the_storage_probe_names_what_a_node_cannot_see(tmp_path):
     seen, unseen = tmp_path / "engines", tmp_path / "elsewhere"
     tokens = storage.write_tokens([seen])
     assert storage.probe(tokens, [str(seen)]) == []
-    other = {str(unseen / next(iter(tokens)).rsplit("/", 1)[1]): "x"} | {
-        path: "another content" for path in tokens}
+    other = {str(unseen / next(iter(tokens)).rsplit("/", 1)[1]): "x"} | {path: "another content" for path in tokens}
     problems = storage.probe(other, [str(tmp_path / "model")])
-    assert problems == [f"cannot see {unseen} (the file the driver wrote there is missing)",
-                        f"sees another {seen} than the driver (different content)",
-                        f"has no {tmp_path / 'model'} (an input the driver has)"]
+    assert problems == [
+        f"cannot see {unseen} (the file the driver wrote there is missing)",
+        f"sees another {seen} than the driver (different content)",
+        f"has no {tmp_path / 'model'} (an input the driver has)",
+    ]
     error = storage.storage_error({"10.0.0.7": problems, "10.0.0.8": []})
     assert str(error).splitlines()[0] == f"node 10.0.0.7 {problems[0]}"
     assert "shared storage" in str(error) and storage.storage_error({"n": []}) is None

@@ -27,14 +27,18 @@ def plan(write_spec, tmp_path, variants: str, *, batch: int = 16, gpu: str = "h1
 
 
 def test_variants_are_spread_over_the_gpus_and_their_kv_limits_add_up(write_spec, tmp_path):
-    fleet = plan(write_spec, tmp_path, """\
+    fleet = plan(
+        write_spec,
+        tmp_path,
+        """\
   - name: base
   - name: support-ft
   - name: code-ft
     parallel: {tp: 2}
   - name: on-the-cpu
     target: reference
-""")
+""",
+    )
     placement = place_fleet(fleet)
     by_name = {instance.variant: instance for instance in placement.instances}
     assert set(by_name) == {"base", "support-ft", "code-ft"}  # the reference variant runs on the CPU
@@ -55,13 +59,17 @@ def test_variants_are_spread_over_the_gpus_and_their_kv_limits_add_up(write_spec
 
 
 def test_the_spec_device_ids_are_kept_and_checked(write_spec, tmp_path):
-    fleet = plan(write_spec, tmp_path, """\
+    fleet = plan(
+        write_spec,
+        tmp_path,
+        """\
   - name: a
     serving: {gpu_device_ids: [1]}
   - name: b
     serving: {gpu_device_ids: [1]}
   - name: c
-""")
+""",
+    )
     by_name = {i.variant: i for i in place_fleet(fleet).instances}
     assert by_name["a"].gpus == by_name["b"].gpus == (1,) and by_name["c"].gpus == (0,)
     bad = plan(write_spec, tmp_path, "  - name: a\n    serving: {gpu_device_ids: [2]}\n")

@@ -38,10 +38,17 @@ def cluster(tmp_path_factory):
     """One local cluster for the module: 2 CPUs, 4 logical GPUs; the stand-in trtllm-build and
     its `tensorrt_llm` package on the workers' PATH and PYTHONPATH."""
     bin_dir, site = fake_tensorrt_llm(tmp_path_factory.mktemp("standin"))
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="ERROR",
-             runtime_env=project_runtime_env() | {"env_vars": env})
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p),
+    }
+    ray.init(
+        num_cpus=2,
+        num_gpus=4,
+        include_dashboard=False,
+        logging_level="ERROR",
+        runtime_env=project_runtime_env() | {"env_vars": env},
+    )
     yield
     ray.shutdown()
 
@@ -63,9 +70,10 @@ def snapshot(*roots: Path) -> dict[str, str]:
     return {str(f): sha256_file(f) for root in roots for f in content_files(root)}
 
 
-def test_fleet_builds_side_by_side_with_the_gpus_and_placement_the_plan_asks_for(cluster, tiny, tmp_path,
-                                                                                 smollm2_dir):
-    plan, roots = plan_of(tmp_path, f"""\
+def test_fleet_builds_side_by_side_with_the_gpus_and_placement_the_plan_asks_for(cluster, tiny, tmp_path, smollm2_dir):
+    plan, roots = plan_of(
+        tmp_path,
+        f"""\
 name: fleet
 model: {{builtin: smollm2-135m-instruct, dtype: float32}}
 speculative: {{method: lookahead}}
@@ -86,7 +94,8 @@ variants:
   - name: trt-tp3-pp2
     target: tensorrt
     parallel: {{tp: 3, pp: 2}}
-""")
+""",
+    )
     graph = build_graph(plan)
     result = run_fleet(graph, roots=(roots.engines, roots.triton_repo, roots.cache))
     states = {variant: result.stage_states(variant) for variant in graph.variants}
@@ -101,7 +110,8 @@ variants:
     engine = json.loads((roots.engines / "ref-tp3" / "engine" / "config.json").read_text())
     assert engine["pretrained_config"]["mapping"]["tp_size"] == 3
     assert sorted(p.name for p in (roots.engines / "ref-tp3" / "engine").glob("rank*")) == [
-        f"rank{r}.safetensors" for r in range(3)]
+        f"rank{r}.safetensors" for r in range(3)
+    ]
     assert (roots.triton_repo / "ref-tp1" / "tensorrt_llm" / "config.pbtxt").is_file()
 
     # Build tasks: the plan's GPU count, in a STRICT_PACK placement group holding exactly that.
@@ -128,7 +138,9 @@ variants:
 
 
 def test_a_worker_killed_mid_stage_is_retried_and_the_outputs_equal_a_clean_run(cluster, tiny, tmp_path):
-    plan, roots = plan_of(tmp_path, f"""\
+    plan, roots = plan_of(
+        tmp_path,
+        f"""\
 name: retry
 model: {{path: {tiny}, dtype: float32}}
 {LIMITS}target: reference
@@ -137,7 +149,8 @@ variants:
   - name: retried
   - name: broken
   - name: lost
-""")
+""",
+    )
     clean = run_fleet(build_graph(plan, only={"retried"}), roots=(roots.engines, roots.triton_repo))
     assert clean.exit_code == 0
     expected = snapshot(roots.engines, roots.triton_repo)

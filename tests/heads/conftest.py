@@ -11,19 +11,41 @@ from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import SeqData
 
 VOCAB, HIDDEN = 96, 64
-TINY_DRAFTER = ModelGeometry("tiny-drafter", vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=4, num_kv_heads=2,
-                             head_dim=16, intermediate_size=96, max_position_embeddings=256, rope_theta=10000.0)
+TINY_DRAFTER = ModelGeometry(
+    "tiny-drafter",
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_layers=1,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+)
 
 
 def tiny_llama_model(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
-                         initializer_range=0.1, architectures=["LlamaForCausalLM"], pad_token_id=2,
-                         eos_token_id=2, bos_token_id=1)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        architectures=["LlamaForCausalLM"],
+        pad_token_id=2,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
     return LlamaForCausalLM(config).eval()
 
 

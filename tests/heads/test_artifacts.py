@@ -36,5 +36,11 @@ def test_shipped_eagle_is_smollm2_shaped():
     layout = inputs.inspect_eagle(folder)
     assert (layout.num_layers, layout.has_fc_bias, layout.hidden_size) == (1, True, 576)
     config = json.loads((folder / "config.json").read_text())
-    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
-            config["intermediate_size"], config["rope_theta"], config["vocab_size"]) == (9, 3, 64, 1536, 100000.0, 49152)
+    assert (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["intermediate_size"],
+        config["rope_theta"],
+        config["vocab_size"],
+    ) == (9, 3, 64, 1536, 100000.0, 49152)

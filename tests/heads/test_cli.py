@@ -29,9 +29,26 @@ def test_train_heads_arguments():
 
 def test_expand_heads_command(tmp_path, tiny_base):
     torch.manual_seed(0)
-    export_medusa(MedusaResBlocks(HIDDEN, 2), tmp_path / "shipped", hidden_size=HIDDEN, vocab_size=VOCAB,
-                  base_model="tiny", info={}, readme="")
-    args = parser().parse_args(["expand-heads", str(tmp_path / "shipped"), "--out", str(tmp_path / "out"),
-                                "--model", str(tiny_base), "--dtype", "float16"])
+    export_medusa(
+        MedusaResBlocks(HIDDEN, 2),
+        tmp_path / "shipped",
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        base_model="tiny",
+        info={},
+        readme="",
+    )
+    args = parser().parse_args(
+        [
+            "expand-heads",
+            str(tmp_path / "shipped"),
+            "--out",
+            str(tmp_path / "out"),
+            "--model",
+            str(tiny_base),
+            "--dtype",
+            "float16",
+        ]
+    )
     assert args.handler(args, Console(file=open("/dev/null", "w"))) == 0
     assert inputs.inspect_medusa(tmp_path / "out").num_heads == 2

@@ -16,7 +16,7 @@ def greedy_one(model, prompt, steps, stops):
             ids.append(token)
             if token in stops:
                 break
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_batched_greedy_and_features_match_unbatched():

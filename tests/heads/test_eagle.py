@@ -74,8 +74,9 @@ def test_step1_matches_transformers_llama_layer():
     lcfg = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     layer = LlamaDecoderLayer(lcfg, 0).eval()
     layer.input_layernorm = torch.nn.Identity()
-    layer.load_state_dict({k[len("layers.0."):]: v for k, v in drafter.state_dict().items()
-                           if k.startswith("layers.0.")})
+    layer.load_state_dict(
+        {k[len("layers.0.") :]: v for k, v in drafter.state_dict().items() if k.startswith("layers.0.")}
+    )
     embed = torch.randn(VOCAB, HIDDEN)
     T = 9
     tokens, feats = torch.randint(0, VOCAB, (T,)), torch.randn(T, HIDDEN)
@@ -86,7 +87,7 @@ def test_step1_matches_transformers_llama_layer():
         mask = torch.full((T - 1, T - 1), float("-inf")).triu(1)[None, None]
         out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=LlamaRotaryEmbedding(lcfg)(x, pos))
         ref = (out[0] if isinstance(out, tuple) else out)[0]
-    assert torch.allclose(ours[:T - 1], ref, atol=1e-5)
+    assert torch.allclose(ours[: T - 1], ref, atol=1e-5)
 
 
 @pytest.mark.parametrize("unroll", [1, 2])
@@ -118,11 +119,16 @@ def test_export_is_the_eagle1_layout(tmp_path, tiny_base):
         assert {handle.get_tensor(k).dtype for k in handle.keys()} == {torch.float16}
     q, kv, inter = 4 * 16, 2 * 16, 96
     assert shapes == {
-        "fc.weight": (HIDDEN, 2 * HIDDEN), "fc.bias": (HIDDEN,),
-        "layers.0.self_attn.q_proj.weight": (q, HIDDEN), "layers.0.self_attn.k_proj.weight": (kv, HIDDEN),
-        "layers.0.self_attn.v_proj.weight": (kv, HIDDEN), "layers.0.self_attn.o_proj.weight": (HIDDEN, q),
-        "layers.0.mlp.gate_proj.weight": (inter, HIDDEN), "layers.0.mlp.up_proj.weight": (inter, HIDDEN),
-        "layers.0.mlp.down_proj.weight": (HIDDEN, inter), "layers.0.post_attention_layernorm.weight": (HIDDEN,),
+        "fc.weight": (HIDDEN, 2 * HIDDEN),
+        "fc.bias": (HIDDEN,),
+        "layers.0.self_attn.q_proj.weight": (q, HIDDEN),
+        "layers.0.self_attn.k_proj.weight": (kv, HIDDEN),
+        "layers.0.self_attn.v_proj.weight": (kv, HIDDEN),
+        "layers.0.self_attn.o_proj.weight": (HIDDEN, q),
+        "layers.0.mlp.gate_proj.weight": (inter, HIDDEN),
+        "layers.0.mlp.up_proj.weight": (inter, HIDDEN),
+        "layers.0.mlp.down_proj.weight": (HIDDEN, inter),
+        "layers.0.post_attention_layernorm.weight": (HIDDEN,),
     }
     config = json.loads((folder / "config.json").read_text())
     spec = ModelGeometry.from_hf(config, "config.json")

@@ -55,8 +55,9 @@ def _export(folder, seed=0):
     blocks = MedusaResBlocks(HIDDEN, num_heads=3)
     for p in blocks.parameters():
         torch.nn.init.normal_(p, std=0.05)
-    export_medusa(blocks, folder, hidden_size=HIDDEN, vocab_size=VOCAB, base_model="tiny", info={"seed": seed},
-                  readme="tiny\n")
+    export_medusa(
+        blocks, folder, hidden_size=HIDDEN, vocab_size=VOCAB, base_model="tiny", info={"seed": seed}, readme="tiny\n"
+    )
     return blocks
 
 
@@ -76,8 +77,9 @@ def test_shipped_folder_and_expansion(tmp_path, tiny_base):
     embedding = tiny_llama_model().model.embed_tokens.weight.detach()
     with safe_open(str(out / "medusa_lm_head.safetensors"), framework="pt") as handle:
         keys = set(handle.keys())
-        assert keys == {f"{h}.0.linear.{k}" for h in range(3) for k in ("weight", "bias")} | \
-            {f"{h}.1.weight" for h in range(3)}
+        assert keys == {f"{h}.0.linear.{k}" for h in range(3) for k in ("weight", "bias")} | {
+            f"{h}.1.weight" for h in range(3)
+        }
         for h in range(3):
             assert torch.equal(handle.get_tensor(f"{h}.1.weight"), embedding)  # tied base lm_head
             assert torch.equal(handle.get_tensor(f"{h}.0.linear.weight"), blocks.heads[h][0].linear.weight)

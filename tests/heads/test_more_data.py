@@ -28,9 +28,18 @@ def test_held_out_files_unchanged():
 
 
 def test_more_training_prompts_are_disjoint_from_everything_else():
-    sets = {(kind, part): [r["prompt"] for r in load_prompts(kind, part)]
-            for kind, part in (("chat", "train"), ("chat", "eval"), ("chat", "train_extra"), ("chat", "train_more"),
-                               ("code", "train"), ("code", "eval"), ("code", "train_extra"))}
+    sets = {
+        (kind, part): [r["prompt"] for r in load_prompts(kind, part)]
+        for kind, part in (
+            ("chat", "train"),
+            ("chat", "eval"),
+            ("chat", "train_extra"),
+            ("chat", "train_more"),
+            ("code", "train"),
+            ("code", "eval"),
+            ("code", "train_extra"),
+        )
+    }
     more_chat, more_code = sets[("chat", "train_more")], sets[("code", "train_extra")]
     assert len(more_chat) >= 500 and len(set(more_chat)) == len(more_chat)
     assert len(more_code) >= 500 and len(set(more_code)) == len(more_code)
@@ -72,9 +81,14 @@ class _Tok:
 def test_bf16_generation_keeps_float32_weights_and_features():
     model = tiny_llama_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    data = build_split(model, _Tok(), [("code", {"prompt": "abcdef"}), ("code", {"prompt": "xyz"})],
-                       DataSettings(max_new_tokens=5, gen_batch=2, feature_batch=2), lambda _: None,
-                       gen_dtype="bfloat16")
+    data = build_split(
+        model,
+        _Tok(),
+        [("code", {"prompt": "abcdef"}), ("code", {"prompt": "xyz"})],
+        DataSettings(max_new_tokens=5, gen_batch=2, feature_batch=2),
+        lambda _: None,
+        gen_dtype="bfloat16",
+    )
     for k, v in model.state_dict().items():
         assert v.dtype == torch.float32 and torch.equal(v, before[k]), k
     tokens, hidden, _ = data.seq(0)
@@ -93,8 +107,9 @@ def test_validation_split_and_best_epoch(data):
         snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
         return 10.0 - len(snapshots)
 
-    blocks, log = train_medusa(fit, lm_head, MedusaTrainConfig(epochs=3, batch_tokens=32, lr=1e-2),
-                               say=lambda _: None, validate=validate)
+    blocks, log = train_medusa(
+        fit, lm_head, MedusaTrainConfig(epochs=3, batch_tokens=32, lr=1e-2), say=lambda _: None, validate=validate
+    )
     assert [e["valid_score"] for e in log] == [9.0, 8.0, 7.0]
     for k, v in blocks.state_dict().items():
         assert torch.equal(v, snapshots[0][k]), k

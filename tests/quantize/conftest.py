@@ -30,14 +30,25 @@ def build_tiny_llama(folder: Path, *, tie_word_embeddings: bool = False, seed: i
     vocab = {token: i for i, token in enumerate(specials + sorted(set(_WORDS)))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>", pad_token="<pad>")
-    tokenizer.chat_template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
-                               "{% if add_generation_prompt %}<s> assistant {% endif %}")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+        "{% if add_generation_prompt %}<s> assistant {% endif %}"
+    )
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=tie_word_embeddings, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
     )
     torch.manual_seed(seed)
@@ -63,8 +74,5 @@ def tiny_fp8(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from pipeline.quantize import quantize_fp8
 
     out = tmp_path_factory.mktemp("tiny-fp8") / "out"
-    summary = quantize_fp8(tiny_llama_dir, out, kv_cache_fp8=True, calib_path=None, calib_size=512,
-                           calib_max_len=64)
+    summary = quantize_fp8(tiny_llama_dir, out, kv_cache_fp8=True, calib_path=None, calib_size=512, calib_max_len=64)
     return summary, out
-
-

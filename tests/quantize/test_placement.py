@@ -19,8 +19,14 @@ from pipeline.quantize.calibration import batch_equal_lengths
 from pipeline.quantize.placement import Placement, check_device_map, gpu_placement, input_device
 
 CALIB = {"kv_cache_fp8": True, "calib_path": None, "calib_size": 12, "calib_max_len": 64}
-CPU_AND_DISK = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
-                "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "disk"}
+CPU_AND_DISK = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.norm": "cpu",
+    "lm_head": "disk",
+}
 
 
 def _export(folder: Path) -> dict:
@@ -30,8 +36,11 @@ def _export(folder: Path) -> dict:
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
         for name, tensor in load_file(str(file)).items():
-            tensors[name] = (str(tensor.dtype), tuple(tensor.shape), tensor.contiguous().view(-1).view(
-                __import__("torch").uint8).numpy().tobytes())
+            tensors[name] = (
+                str(tensor.dtype),
+                tuple(tensor.shape),
+                tensor.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes(),
+            )
     configs = {name: json.loads((folder / name).read_text()) for name in ("config.json", "hf_quant_config.json")}
     return {"tensors": tensors, "configs": configs}
 
@@ -42,8 +51,9 @@ def undispatched(tiny_llama_dir, tmp_path_factory):
     return quantize_fp8(tiny_llama_dir, out, **CALIB), out
 
 
-def test_dispatch_over_cpu_and_disk_offload_exports_the_same_fp8_codes_and_scales(undispatched, tiny_llama_dir,
-                                                                                  tmp_path):
+def test_dispatch_over_cpu_and_disk_offload_exports_the_same_fp8_codes_and_scales(
+    undispatched, tiny_llama_dir, tmp_path
+):
     plain, plain_dir = undispatched
     placement = Placement(device_map=CPU_AND_DISK, offload="disk", offload_dir=tmp_path / "offload")
     summary = quantize_fp8(tiny_llama_dir, tmp_path / "out", placement=placement, **CALIB)
@@ -83,8 +93,12 @@ def test_equal_length_batches_never_pad():
 
 def test_gpu_budgets_keep_the_working_memory_free():
     placement = gpu_placement([79.6] * 4, working_gib=8.2, offload="none", offload_dir=Path("/x"))
-    assert placement.max_memory_gib == {0: pytest.approx(71.4), 1: pytest.approx(71.4), 2: pytest.approx(71.4),
-                                        3: pytest.approx(71.4)}
+    assert placement.max_memory_gib == {
+        0: pytest.approx(71.4),
+        1: pytest.approx(71.4),
+        2: pytest.approx(71.4),
+        3: pytest.approx(71.4),
+    }
     kwargs = placement.load_kwargs(cuda=True)
     assert kwargs == {"device_map": "auto", "max_memory": {i: "71.40GiB" for i in range(4)}}
     disk = gpu_placement([79.6], working_gib=8.2, offload="disk", offload_dir=Path("/x")).load_kwargs(cuda=True)
@@ -97,8 +111,9 @@ def test_gpu_budgets_keep_the_working_memory_free():
 def test_weights_spilling_off_the_gpus_without_offload_is_exit_3():
     model = SimpleNamespace(hf_device_map={"model.embed_tokens": 0, "model.layers.0": 1, "lm_head": "cpu"})
     with pytest.raises(StageUnavailable, match="does not fit the 2 GPU\\(s\\) of this host .*quantization.offload"):
-        check_device_map(model, gpu_placement([80, 80], working_gib=8, offload="none", offload_dir=Path("/x")),
-                         cuda=True)
+        check_device_map(
+            model, gpu_placement([80, 80], working_gib=8, offload="none", offload_dir=Path("/x")), cuda=True
+        )
     allowed = gpu_placement([80, 80], working_gib=8, offload="cpu", offload_dir=Path("/x"), host_memory_gib=64)
     assert check_device_map(model, allowed, cuda=True) == model.hf_device_map
     assert input_device(model.hf_device_map, "cuda") == "cuda:0"
@@ -113,10 +128,20 @@ def _cuda_gpus() -> int:
 @pytest.mark.skipif(_cuda_gpus() < 1, reason="needs CUDA")
 def test_cuda_dispatch_with_cpu_offload_exports_what_one_gpu_does(tiny_llama_dir, tmp_path):
     one = quantize_fp8(tiny_llama_dir, tmp_path / "one", placement=Placement(device_map={"": 0}), **CALIB)
-    offloaded = dict(CPU_AND_DISK, **{"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0,
-                                      "model.layers.1": "cpu", "model.norm": 0, "lm_head": 0})
-    split = quantize_fp8(tiny_llama_dir, tmp_path / "split", placement=Placement(device_map=offloaded, offload="cpu"),
-                         **CALIB)
+    offloaded = dict(
+        CPU_AND_DISK,
+        **{
+            "model.embed_tokens": 0,
+            "model.rotary_emb": 0,
+            "model.layers.0": 0,
+            "model.layers.1": "cpu",
+            "model.norm": 0,
+            "lm_head": 0,
+        },
+    )
+    split = quantize_fp8(
+        tiny_llama_dir, tmp_path / "split", placement=Placement(device_map=offloaded, offload="cpu"), **CALIB
+    )
     assert split.device == "cuda:0+cpu"
     assert split.amax == one.amax
     assert _export(tmp_path / "split") == _export(tmp_path / "one")
@@ -126,8 +151,14 @@ def test_cuda_dispatch_with_cpu_offload_exports_what_one_gpu_does(tiny_llama_dir
 def test_cuda_multi_gpu_dispatch_exports_what_one_gpu_does(tiny_llama_dir, tmp_path):
     gpus = _cuda_gpus()
     one = quantize_fp8(tiny_llama_dir, tmp_path / "one", placement=Placement(device_map={"": 0}), **CALIB)
-    spread = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": gpus - 1,
-              "model.norm": gpus - 1, "lm_head": gpus - 1}
+    spread = {
+        "model.embed_tokens": 0,
+        "model.rotary_emb": 0,
+        "model.layers.0": 0,
+        "model.layers.1": gpus - 1,
+        "model.norm": gpus - 1,
+        "lm_head": gpus - 1,
+    }
     multi = quantize_fp8(tiny_llama_dir, tmp_path / "multi", placement=Placement(device_map=spread), **CALIB)
     assert multi.device == f"cuda:0+cuda:{gpus - 1}"
     assert multi.amax == one.amax

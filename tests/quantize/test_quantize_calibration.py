@@ -41,35 +41,44 @@ def test_txt_without_blank_lines_is_one_sample_per_line(tmp_path):
 
 
 def test_jsonl_text_and_messages(tmp_path):
-    lines = [json.dumps({"text": "hello there"}), "",
-             json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})]
+    lines = [
+        json.dumps({"text": "hello there"}),
+        "",
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}),
+    ]
     samples = read_calibration(_write(tmp_path, "c.jsonl", "\n".join(lines) + "\n"))
     assert samples[0].text == "hello there" and samples[0].messages is None
     assert samples[1].messages == ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"})
     assert samples[1].where.endswith(":3")
 
 
-@pytest.mark.parametrize("line, expected", [
-    ('{"text": "ok"', "not valid JSON"),
-    ('["text"]', "expected a JSON object"),
-    ('{"prompt": "x"}', "needs a 'text' string or a 'messages' list (keys found: prompt)"),
-    ('{"text": "   "}', "'text' must be a non-empty string"),
-    ('{"text": 3}', "'text' must be a non-empty string"),
-    ('{"messages": []}', "'messages' must be a non-empty list"),
-    ('{"messages": [{"role": "user"}]}', "messages[0] needs string 'role' and 'content'"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('{"text": "ok"', "not valid JSON"),
+        ('["text"]', "expected a JSON object"),
+        ('{"prompt": "x"}', "needs a 'text' string or a 'messages' list (keys found: prompt)"),
+        ('{"text": "   "}', "'text' must be a non-empty string"),
+        ('{"text": 3}', "'text' must be a non-empty string"),
+        ('{"messages": []}', "'messages' must be a non-empty list"),
+        ('{"messages": [{"role": "user"}]}', "messages[0] needs string 'role' and 'content'"),
+    ],
+)
 def test_bad_jsonl_line_is_named(tmp_path, line, expected):
     path = _write(tmp_path, "c.jsonl", '{"text": "fine"}\n\n' + line + "\n")
     message = _error(path)
     assert f"{path}:3:" in message and expected in message
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("empty.jsonl", "", "no samples"),
-    ("blank.txt", "\n   \n\n", "no samples"),
-    ("data.csv", "a,b\n", "must be a .txt or .jsonl file"),
-    ("latin1.txt", "caf\xe9\n".encode("latin-1"), "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("empty.jsonl", "", "no samples"),
+        ("blank.txt", "\n   \n\n", "no samples"),
+        ("data.csv", "a,b\n", "must be a .txt or .jsonl file"),
+        ("latin1.txt", "caf\xe9\n".encode("latin-1"), "not UTF-8"),
+    ],
+)
 def test_unusable_files(tmp_path, name, content, expected):
     assert expected in _error(_write(tmp_path, name, content))
 
@@ -90,15 +99,30 @@ def test_tokenize_renders_chat_and_truncates(tiny_llama_dir, tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    path = _write(tmp_path, "c.jsonl", "\n".join([
-        json.dumps({"messages": [{"role": "user", "content": "what is the capital of france"}]}),
-        json.dumps({"text": " ".join(["water"] * 50)}),
-    ]))
+    path = _write(
+        tmp_path,
+        "c.jsonl",
+        "\n".join(
+            [
+                json.dumps({"messages": [{"role": "user", "content": "what is the capital of france"}]}),
+                json.dumps({"text": " ".join(["water"] * 50)}),
+            ]
+        ),
+    )
     tokens = tokenize_samples(read_calibration(path), tokenizer, 16, tiny_llama_dir)
     chat, text = (b[0].tolist() for b in tokens.batches)
     # The template's own <s> ... </s>, no extra BOS from the tokenizer.
-    assert tokenizer.convert_ids_to_tokens(chat) == ["<s>", "user", "what", "is", "the", "capital", "of",
-                                                     "france", "</s>"]
+    assert tokenizer.convert_ids_to_tokens(chat) == [
+        "<s>",
+        "user",
+        "what",
+        "is",
+        "the",
+        "capital",
+        "of",
+        "france",
+        "</s>",
+    ]
     assert len(text) == 16 and tokens.num_truncated == 1 and tokens.num_tokens == 9 + 16
 
 

@@ -13,8 +13,15 @@ import pytest
 from pipeline.errors import InputError, StageError
 from pipeline.quantize import is_modelopt_fp8_checkpoint, quantize_fp8, verify_fp8_export
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 E4M3_MAX = 448.0
 
 
@@ -45,8 +52,12 @@ def test_export_layout(tiny_fp8, tiny_llama_dir):
         for key in ("k_proj.k_scale", "v_proj.v_scale"):
             assert tensors[f"model.layers.{layer}.self_attn.{key}"].dtype == torch.float32
     # Everything not quantized is in the export dtype: embeddings, lm_head (untied here), norms.
-    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                 "model.layers.0.input_layernorm.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+    ):
         assert tensors[name].dtype == torch.bfloat16, name
     assert sum(t.dtype == torch.float8_e4m3fn for t in tensors.values()) == 14
     assert summary.num_quantized_linears == 14 and summary.num_quantizers == 14 * 2 + 2 * 2
@@ -64,8 +75,10 @@ def test_export_layout(tiny_fp8, tiny_llama_dir):
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).is_file(), name
     assert (out / "tokenizer.json").read_bytes() == (tiny_llama_dir / "tokenizer.json").read_bytes()
-    assert "chat_template" in json.loads((out / "tokenizer_config.json").read_text()) or \
-        (out / "chat_template.jinja").is_file()
+    assert (
+        "chat_template" in json.loads((out / "tokenizer_config.json").read_text())
+        or (out / "chat_template.jinja").is_file()
+    )
 
 
 def test_scales_are_modelopt_amax_over_448(tiny_fp8):
@@ -73,16 +86,20 @@ def test_scales_are_modelopt_amax_over_448(tiny_fp8):
     tensors = _tensors(out)
     amax = summary.amax
     for name in _linear_names():
-        assert float(tensors[f"{name}.weight_scale"]) == pytest.approx(amax[f"{name}.weight_quantizer"] / E4M3_MAX,
-                                                                       rel=1e-6)
-        assert float(tensors[f"{name}.input_scale"]) == pytest.approx(amax[f"{name}.input_quantizer"] / E4M3_MAX,
-                                                                      rel=1e-6)
+        assert float(tensors[f"{name}.weight_scale"]) == pytest.approx(
+            amax[f"{name}.weight_quantizer"] / E4M3_MAX, rel=1e-6
+        )
+        assert float(tensors[f"{name}.input_scale"]) == pytest.approx(
+            amax[f"{name}.input_quantizer"] / E4M3_MAX, rel=1e-6
+        )
     for layer in range(2):
         attn = f"model.layers.{layer}.self_attn"
-        assert float(tensors[f"{attn}.k_proj.k_scale"]) == pytest.approx(amax[f"{attn}.k_bmm_quantizer"] / E4M3_MAX,
-                                                                         rel=1e-6)
-        assert float(tensors[f"{attn}.v_proj.v_scale"]) == pytest.approx(amax[f"{attn}.v_bmm_quantizer"] / E4M3_MAX,
-                                                                         rel=1e-6)
+        assert float(tensors[f"{attn}.k_proj.k_scale"]) == pytest.approx(
+            amax[f"{attn}.k_bmm_quantizer"] / E4M3_MAX, rel=1e-6
+        )
+        assert float(tensors[f"{attn}.v_proj.v_scale"]) == pytest.approx(
+            amax[f"{attn}.v_bmm_quantizer"] / E4M3_MAX, rel=1e-6
+        )
 
 
 def test_dequantized_weights_match_original(tiny_fp8, tiny_llama_dir):
@@ -97,12 +114,12 @@ def test_dequantized_weights_match_original(tiny_fp8, tiny_llama_dir):
         scale = tensors[f"{name}.weight_scale"].float()
         deq = tensors[f"{name}.weight"].float() * scale
         assert float(w.abs().max()) == pytest.approx(float(scale) * E4M3_MAX, rel=1e-6)  # amax = max|w|
-        bound = torch.maximum(w.abs() * 2.0 ** -4, scale * 2.0 ** -10) * (1 + 1e-5)
+        bound = torch.maximum(w.abs() * 2.0**-4, scale * 2.0**-10) * (1 + 1e-5)
         assert bool(((deq - w).abs() <= bound).all()), name
         rel_rms = float((deq - w).norm() / w.norm())
         assert 0 < rel_rms < 0.04, (name, rel_rms)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):  # not quantized, only bf16-rounded
-        assert torch.allclose(tensors[name].float(), original[name].float(), rtol=2 ** -8, atol=0)
+        assert torch.allclose(tensors[name].float(), original[name].float(), rtol=2**-8, atol=0)
 
 
 def test_detects_modelopt_fp8(tiny_fp8, tiny_llama_dir, tmp_path):
@@ -115,15 +132,15 @@ def test_detects_modelopt_fp8(tiny_fp8, tiny_llama_dir, tmp_path):
     assert is_modelopt_fp8_checkpoint(only_config)
     other = tmp_path / "other"
     other.mkdir()
-    (other / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}))
+    (other / "hf_quant_config.json").write_text(
+        json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}})
+    )
     assert not is_modelopt_fp8_checkpoint(other)
 
 
 def test_refuses_already_quantized_input(tiny_fp8, tmp_path):
     with pytest.raises(InputError, match="already a ModelOpt FP8 checkpoint; skip the quantize stage"):
-        quantize_fp8(tiny_fp8[1], tmp_path / "o", kv_cache_fp8=False, calib_path=None, calib_size=4,
-                     calib_max_len=16)
+        quantize_fp8(tiny_fp8[1], tmp_path / "o", kv_cache_fp8=False, calib_path=None, calib_size=4, calib_max_len=16)
 
 
 def test_refuses_other_quantized_input(tiny_llama_dir, tmp_path):
@@ -139,16 +156,18 @@ def test_refuses_other_quantized_input(tiny_llama_dir, tmp_path):
 def test_missing_config_json(tmp_path):
     (tmp_path / "m").mkdir()
     with pytest.raises(InputError, match=r"no config\.json"):
-        quantize_fp8(tmp_path / "m", tmp_path / "o", kv_cache_fp8=False, calib_path=None, calib_size=4,
-                     calib_max_len=16)
+        quantize_fp8(
+            tmp_path / "m", tmp_path / "o", kv_cache_fp8=False, calib_path=None, calib_size=4, calib_max_len=16
+        )
 
 
 def test_bad_calibration_file_is_one_line_naming_the_line(tiny_llama_dir, tmp_path):
     calib = tmp_path / "calib.jsonl"
     calib.write_text('{"text": "ok"}\n{"text": "broken\n')
     with pytest.raises(InputError) as info:
-        quantize_fp8(tiny_llama_dir, tmp_path / "o", kv_cache_fp8=False, calib_path=calib, calib_size=4,
-                     calib_max_len=16)
+        quantize_fp8(
+            tiny_llama_dir, tmp_path / "o", kv_cache_fp8=False, calib_path=calib, calib_size=4, calib_max_len=16
+        )
     assert "\n" not in str(info.value) and str(info.value).startswith(f"{calib}:2: not valid JSON")
     assert not (tmp_path / "o").exists()  # failed before writing anything
 
@@ -166,16 +185,28 @@ def test_exclude_patterns_txt_calibration_no_kv(tiny_llama_dir, tmp_path):
     import torch
 
     calib = tmp_path / "calib.txt"
-    calib.write_text("the water is blue\nwhat is the capital of france\nexplain the sky\n"
-                     + " ".join(["time"] * 40) + "\n")
+    calib.write_text(
+        "the water is blue\nwhat is the capital of france\nexplain the sky\n" + " ".join(["time"] * 40) + "\n"
+    )
     exclude = ("*layers.1.mlp*", "model.layers.0.self_attn.o_proj", "*medusa_heads*")
-    summary = quantize_fp8(tiny_llama_dir, tmp_path / "o", kv_cache_fp8=False, calib_path=calib, calib_size=3,
-                           calib_max_len=32, exclude=exclude)
+    summary = quantize_fp8(
+        tiny_llama_dir,
+        tmp_path / "o",
+        kv_cache_fp8=False,
+        calib_path=calib,
+        calib_size=3,
+        calib_max_len=32,
+        exclude=exclude,
+    )
     assert summary.calib_samples == 3 and summary.calib_truncated == 0
     assert summary.unmatched_exclude == ("*medusa_heads*",)  # reported, not an error
     tensors = _tensors(tmp_path / "o")
-    excluded = ["model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj",
-                "model.layers.0.self_attn.o_proj"]
+    excluded = [
+        "model.layers.1.mlp.gate_proj",
+        "model.layers.1.mlp.up_proj",
+        "model.layers.1.mlp.down_proj",
+        "model.layers.0.self_attn.o_proj",
+    ]
     for name in excluded:
         assert tensors[f"{name}.weight"].dtype == torch.bfloat16, name
         assert f"{name}.weight_scale" not in tensors
@@ -216,6 +247,8 @@ def test_refuses_tensors_the_model_would_drop(tiny_llama_dir, tmp_path):
     tensors = _tensors(src)
     tensors["medusa_heads.0.0.linear.weight"] = torch.zeros(64, 64)
     save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(InputError, match=re.escape("1 tensors (e.g. 'medusa_heads.0.0.linear.weight') are not part "
-                                                   "of LlamaForCausalLM")):
+    with pytest.raises(
+        InputError,
+        match=re.escape("1 tensors (e.g. 'medusa_heads.0.0.linear.weight') are not part of LlamaForCausalLM"),
+    ):
         quantize_fp8(src, tmp_path / "o", kv_cache_fp8=False, calib_path=None, calib_size=2, calib_max_len=16)

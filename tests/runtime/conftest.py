@@ -48,11 +48,18 @@ def _spec_factory(root: Path, seed: int, vocab: int):
     config = {**sf.MODEL, "vocab_size": vocab}
     hf = make_hf_model(root / "hf", seed=seed, **config)
     # Heads fitted on the test prompts' own continuations too: deliberately good drafts (still often wrong).
-    corpus = sf.make_corpus(Engine.load(write_engine(hf, root / "data-engine", **sf.SPEC_LIMITS)),
-                            sf.test_prompts(vocab) + sf.random_prompts(24, vocab, seed=seed + 10), 40)
-    return sf.EngineFactory(root / "engines", hf, sf.write_fp8_export(hf, root / "fp8", corpus_prompts(corpus)),
-                            sf.write_medusa_heads(root / "medusa", corpus),
-                            sf.write_eagle_drafter(root / "eagle", {**TINY, **config}, corpus))
+    corpus = sf.make_corpus(
+        Engine.load(write_engine(hf, root / "data-engine", **sf.SPEC_LIMITS)),
+        sf.test_prompts(vocab) + sf.random_prompts(24, vocab, seed=seed + 10),
+        40,
+    )
+    return sf.EngineFactory(
+        root / "engines",
+        hf,
+        sf.write_fp8_export(hf, root / "fp8", corpus_prompts(corpus)),
+        sf.write_medusa_heads(root / "medusa", corpus),
+        sf.write_eagle_drafter(root / "eagle", {**TINY, **config}, corpus),
+    )
 
 
 def corpus_prompts(corpus) -> list[list[int]]:

@@ -48,8 +48,9 @@ METHODS = {
 }
 
 
-def method_for(spec_engines, name: str, tp: int = 1, fp8: bool = False, dtype: str = "float32"
-               ) -> tuple[Engine, DecodingMethod]:
+def method_for(
+    spec_engines, name: str, tp: int = 1, fp8: bool = False, dtype: str = "float32"
+) -> tuple[Engine, DecodingMethod]:
     kind, settings = METHODS[name]
     engine = spec_engines(kind, tp, fp8, dtype)
     method, warnings = make_method(engine, settings)
@@ -57,8 +58,9 @@ def method_for(spec_engines, name: str, tp: int = 1, fp8: bool = False, dtype: s
     return engine, method
 
 
-def decode(engine: Engine, method: DecodingMethod, requests: list[GenerationRequest], in_flight: int
-           ) -> dict[str, StepOutput]:
+def decode(
+    engine: Engine, method: DecodingMethod, requests: list[GenerationRequest], in_flight: int
+) -> dict[str, StepOutput]:
     """Finished outputs by request id; ``in_flight`` requests at a time (the rest queue)."""
     limits = dataclasses.replace(engine.config.limits, max_batch_size=in_flight)
     sched, out = Scheduler(engine, method, limits=limits), {}

@@ -33,8 +33,16 @@ from pipeline.speculative import LookaheadConfig
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
 
 SPEC_MODE = {"medusa": 4, "lookahead": 8, "eagle": 32}  # build_config.speculative_decoding_mode (IntFlag)
-MODEL = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-             intermediate_size=128, max_position_embeddings=256, rms_norm_eps=1e-5)
+MODEL = dict(
+    vocab_size=96,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
 MEDUSA_HEADS, EAGLE_LAYERS, EAGLE_MAX_DRAFT = 3, 3, 16
 LOOKAHEAD = LookaheadConfig(4, 3, 4)
 TREE = CPU_SMALL_10_DEPTH_3
@@ -42,8 +50,16 @@ TREE = CPU_SMALL_10_DEPTH_3
 SPEC_LIMITS = {"max_batch_size": 64, "max_seq_len": 160, "max_num_tokens": 4096}
 
 
-TINY = dict(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=128, max_position_embeddings=256, rms_norm_eps=1e-5)
+TINY = dict(
+    vocab_size=97,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
 
 
 def make_hf_model(folder: Path, seed: int = 0, **overrides: Any) -> Path:
@@ -88,8 +104,10 @@ def generate(engine: Engine, prompts: list[list[int]], n: int) -> list[list[int]
     out: dict[str, list[int]] = {}
     sched = Scheduler(engine)
     for i, prompt in enumerate(prompts):
-        sched.submit(GenerationRequest(str(i), tuple(prompt), n, exclude_input_in_output=True),
-                     lambda o, i=i: out.__setitem__(str(i), o.tokens) if o.finished else None)
+        sched.submit(
+            GenerationRequest(str(i), tuple(prompt), n, exclude_input_in_output=True),
+            lambda o, i=i: out.__setitem__(str(i), o.tokens) if o.finished else None,
+        )
     sched.run_until_idle()
     return [out[str(i)] for i in range(len(prompts))]
 
@@ -131,7 +149,7 @@ def write_medusa_heads(folder: Path, corpus: Corpus, heads: int = MEDUSA_HEADS, 
             t = len(tokens) - 2 - h
             x = hid[:t]
             xs.append(x + torch.nn.functional.silu(x @ w.T + b))
-            ys.append(torch.nn.functional.one_hot(tokens[2 + h:], V).float())
+            ys.append(torch.nn.functional.one_hot(tokens[2 + h :], V).float())
         lm = ridge(torch.cat(xs), torch.cat(ys)).T * 8.0  # [V, H], scaled so the logits are peaked
         state.update({f"{h}.0.linear.weight": w, f"{h}.0.linear.bias": b, f"{h}.1.weight": lm.contiguous()})
     folder.mkdir(parents=True)
@@ -157,20 +175,36 @@ def write_eagle_drafter(folder: Path, base_config: dict, corpus: Corpus, seed: i
         return torch.randn(*shape, generator=gen) * 0.02
 
     state = {
-        "fc.weight": a[: 2 * H].T.contiguous(), "fc.bias": a[2 * H].contiguous(),
+        "fc.weight": a[: 2 * H].T.contiguous(),
+        "fc.bias": a[2 * H].contiguous(),
         "layers.0.self_attn.q_proj.weight": small(heads * d, H) * 10,
         "layers.0.self_attn.k_proj.weight": small(kv * d, H) * 10,
-        "layers.0.self_attn.v_proj.weight": small(kv * d, H), "layers.0.self_attn.o_proj.weight": small(H, heads * d),
-        "layers.0.mlp.gate_proj.weight": small(inter, H), "layers.0.mlp.up_proj.weight": small(inter, H),
-        "layers.0.mlp.down_proj.weight": small(H, inter), "layers.0.post_attention_layernorm.weight": torch.ones(H),
+        "layers.0.self_attn.v_proj.weight": small(kv * d, H),
+        "layers.0.self_attn.o_proj.weight": small(H, heads * d),
+        "layers.0.mlp.gate_proj.weight": small(inter, H),
+        "layers.0.mlp.up_proj.weight": small(inter, H),
+        "layers.0.mlp.down_proj.weight": small(H, inter),
+        "layers.0.post_attention_layernorm.weight": torch.ones(H),
     }
     folder.mkdir(parents=True)
     save_file(state, str(folder / "model.safetensors"))
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "hidden_size": H,
-              "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d,
-              "num_hidden_layers": 1, "vocab_size": base_config["vocab_size"], "rms_norm_eps": 1e-5,
-              "max_position_embeddings": base_config["max_position_embeddings"], "rope_theta": 10000.0,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "torch_dtype": "float32"}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": H,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": d,
+        "num_hidden_layers": 1,
+        "vocab_size": base_config["vocab_size"],
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": base_config["max_position_embeddings"],
+        "rope_theta": 10000.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "torch_dtype": "float32",
+    }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -185,9 +219,11 @@ def write_fp8_export(hf_dir: Path, out: Path, calibration: list[list[int]]) -> P
     hooks = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and ".layers." in name:
+
             def hook(mod, args, output, name=name):
                 amax[name + ".input"] = max(amax.get(name + ".input", 0.0), float(args[0].abs().max()))
                 amax[name + ".output"] = max(amax.get(name + ".output", 0.0), float(output.abs().max()))
+
             hooks.append(module.register_forward_hook(hook))
     with torch.no_grad():
         for prompt in calibration:
@@ -210,29 +246,61 @@ def write_fp8_export(hf_dir: Path, out: Path, calibration: list[list[int]]) -> P
     save_file(state, str(out / "model.safetensors"))
     config = json.loads((hf_dir / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(config))
-    (out / "hf_quant_config.json").write_text(json.dumps({
-        "producer": {"name": "modelopt", "version": "0.47.0"},
-        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
+    (out / "hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt", "version": "0.47.0"},
+                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+            }
+        )
+    )
     return out
 
 
-def write_engine(src: Path, out: Path, method: str | None = None, *, tp: int = 1, pp: int = 1,
-                 medusa_dir: Path | None = None, eagle_dir: Path | None = None, kv_cache_fp8: bool = False,
-                 dtype: str = "float32", **build: Any) -> Path:
+def write_engine(
+    src: Path,
+    out: Path,
+    method: str | None = None,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    medusa_dir: Path | None = None,
+    eagle_dir: Path | None = None,
+    kv_cache_fp8: bool = False,
+    dtype: str = "float32",
+    **build: Any,
+) -> Path:
     """A reference engine folder: the converter's checkpoint + the build_config trtllm-build would write
     (``build`` overrides its limits)."""
     draft = {"medusa": len(TREE), "eagle": EAGLE_MAX_DRAFT, "lookahead": LOOKAHEAD.max_draft_len, None: 0}[method]
     out.mkdir(parents=True)
-    convert_checkpoint(src, out, tp=tp, pp=pp, dtype=dtype, kv_cache_fp8=kv_cache_fp8,
-                       medusa=MedusaOptions(medusa_dir, max_draft_len=draft) if method == "medusa" else None,
-                       eagle=EagleOptions(eagle_dir, num_eagle_layers=EAGLE_LAYERS, max_draft_len=draft)
-                       if method == "eagle" else None)
+    convert_checkpoint(
+        src,
+        out,
+        tp=tp,
+        pp=pp,
+        dtype=dtype,
+        kv_cache_fp8=kv_cache_fp8,
+        medusa=MedusaOptions(medusa_dir, max_draft_len=draft) if method == "medusa" else None,
+        eagle=EagleOptions(eagle_dir, num_eagle_layers=EAGLE_LAYERS, max_draft_len=draft)
+        if method == "eagle"
+        else None,
+    )
     pretrained = json.loads((out / "config.json").read_text())
-    build_config = {"max_batch_size": 8, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
-                    "max_draft_len": draft, "speculative_decoding_mode": SPEC_MODE.get(method), "max_beam_width": 1,
-                    "plugin_config": {"tokens_per_block": 32, "paged_kv_cache": True}, **build}
-    (out / "config.json").write_text(json.dumps({"version": "1.2.1", "pretrained_config": pretrained,
-                                                 "build_config": build_config}))
+    build_config = {
+        "max_batch_size": 8,
+        "max_input_len": 64,
+        "max_seq_len": 128,
+        "max_num_tokens": 256,
+        "max_draft_len": draft,
+        "speculative_decoding_mode": SPEC_MODE.get(method),
+        "max_beam_width": 1,
+        "plugin_config": {"tokens_per_block": 32, "paged_kv_cache": True},
+        **build,
+    }
+    (out / "config.json").write_text(
+        json.dumps({"version": "1.2.1", "pretrained_config": pretrained, "build_config": build_config})
+    )
     return out
 
 
@@ -251,7 +319,16 @@ class EngineFactory:
             src = self.fp8_dir if fp8 else self.hf_dir
             # EAGLE's drafter shares nothing with the KV cache scales: the converter refuses FP8 KV with EAGLE.
             kv_fp8 = fp8 and method != "eagle"
-            write_engine(src, folder, method, tp=tp, medusa_dir=self.medusa_dir, eagle_dir=self.eagle_dir,
-                         kv_cache_fp8=kv_fp8, dtype=dtype, **SPEC_LIMITS)
+            write_engine(
+                src,
+                folder,
+                method,
+                tp=tp,
+                medusa_dir=self.medusa_dir,
+                eagle_dir=self.eagle_dir,
+                kv_cache_fp8=kv_fp8,
+                dtype=dtype,
+                **SPEC_LIMITS,
+            )
             self.engines[key] = Engine.load(folder)
         return self.engines[key]

@@ -28,10 +28,16 @@ def variant_of(tmp_path, write_spec, hf_config_dir):
     roots = OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
     model = hf_config_dir()
 
-    def make(extra: str = "", target: str = "tensorrt", build_extra: str = "",
-             limits: str = "max_batch_size: 4, max_input_len: 256, max_seq_len: 512, max_num_tokens: 32"):
-        spec = write_spec(f"name: v\nmodel: {{path: {model}, dtype: float32}}\ntarget: {target}\n"
-                          f"build: {{{limits}{build_extra}}}\n" + extra)
+    def make(
+        extra: str = "",
+        target: str = "tensorrt",
+        build_extra: str = "",
+        limits: str = "max_batch_size: 4, max_input_len: 256, max_seq_len: 512, max_num_tokens: 32",
+    ):
+        spec = write_spec(
+            f"name: v\nmodel: {{path: {model}, dtype: float32}}\ntarget: {target}\n"
+            f"build: {{{limits}{build_extra}}}\n" + extra
+        )
         variant = make_plan(load_spec(spec), roots).variants[0]
         write_checkpoint(variant)
         return variant, spec
@@ -63,12 +69,16 @@ def leftovers(variant) -> list[str]:
 
 # --- reference target ------------------------------------------------------------------------------
 
+
 def test_reference_build_links_weights_and_writes_the_engine_config(variant_of):
     variant, _ = variant_of("parallel: {tp: 2}\n", target="reference")
     result = run_build(variant)
     engine, checkpoint = result.output, variant.stage("convert").output
     assert sorted(p.name for p in engine.iterdir() if not p.name.startswith(".")) == [
-        "config.json", "rank0.safetensors", "rank1.safetensors"]
+        "config.json",
+        "rank0.safetensors",
+        "rank1.safetensors",
+    ]
     assert not list(engine.glob("*.engine"))
     for rank in range(2):  # hard links: same inode, no copy of the weights
         name = f"rank{rank}.safetensors"
@@ -102,6 +112,7 @@ def test_missing_or_mismatched_checkpoint_fails_before_building(variant_of):
 
 
 # --- tensorrt target -----------------------------------------------------------------------------
+
 
 def test_tensorrt_build_is_unavailable_without_trtllm(variant_of, monkeypatch, tmp_path):
     variant, _ = variant_of()
@@ -168,6 +179,7 @@ def test_max_num_tokens_clamp_matches_plan_with_fake_trtllm_build(variant_of, fa
 
 
 # --- the CLI -------------------------------------------------------------------------------------------
+
 
 def test_cli_build_dry_run_prints_commands_and_runs_nothing(cli, tmp_path):
     spec = Path(__file__).resolve().parents[2] / "specs" / "llama8b-fleet.yaml"

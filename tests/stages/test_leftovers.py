@@ -96,8 +96,10 @@ def test_lock_file_of_a_killed_owner_is_recognised_on_takeover(tmp_path):
     messages: list[str] = []
     with exclusive_lock(lock, timeout=1, what="out/checkpoint", on_wait=messages.append):
         assert lock.read_text() == f"pid {os.getpid()}\n"
-    assert messages == [f"out/checkpoint: the previous run (pid {pid}) was killed while holding the lock; "
-                        "taking over and removing its leftovers"]
+    assert messages == [
+        f"out/checkpoint: the previous run (pid {pid}) was killed while holding the lock; "
+        "taking over and removing its leftovers"
+    ]
     assert lock.read_text() == ""  # released cleanly: nothing for the next run to report
 
 

@@ -47,8 +47,10 @@ class TritonPythonModel:
         try:
             self._generate(request, sender, self.stops[request.request_id()])
         except Exception as exc:  # noqa: BLE001 - any failure becomes the request's error
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
 
     def _generate(self, request, sender, stop):
         length = int(_get(request, "input_lengths")[0])
@@ -60,8 +62,8 @@ class TritonPythonModel:
         end_id = int(_get(request, "end_id", [-1])[0])
         tokens = [int(prompt[i % length]) for i in range(wanted)]
         if end_id in tokens:  # EOS: the output stops before it, and the step that met it is empty
-            tokens = tokens[:tokens.index(end_id)]
-        steps = [tokens[:1]] + [tokens[i:i + TOKENS_PER_STEP] for i in range(1, len(tokens), TOKENS_PER_STEP)]
+            tokens = tokens[: tokens.index(end_id)]
+        steps = [tokens[:1]] + [tokens[i : i + TOKENS_PER_STEP] for i in range(1, len(tokens), TOKENS_PER_STEP)]
         if len(tokens) < wanted and len(tokens) % TOKENS_PER_STEP == 1:
             steps.append([])
         for index, chunk in enumerate(steps):
@@ -80,12 +82,16 @@ class TritonPythonModel:
 
     def _response(self, ids, perf, steps):
         """``steps``: generation steps so far (the context step drafts nothing)."""
-        tensors = [pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)),
-                   pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]
+        tensors = [
+            pb_utils.Tensor("output_ids", np.array([[ids]], dtype=np.int32)),
+            pb_utils.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32)),
+        ]
         if perf:
             accepted, drafted = steps * (TOKENS_PER_STEP - 1), steps * DRAFTS_PER_STEP
             rate = accepted / drafted if drafted else 0.0
-            tensors += [pb_utils.Tensor("acceptance_rate", np.array([[rate]], dtype=np.float32)),
-                        pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], dtype=np.int32)),
-                        pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], dtype=np.int32))]
+            tensors += [
+                pb_utils.Tensor("acceptance_rate", np.array([[rate]], dtype=np.float32)),
+                pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], dtype=np.int32)),
+                pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], dtype=np.int32)),
+            ]
         return pb_utils.InferenceResponse(output_tensors=tensors)

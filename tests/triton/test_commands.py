@@ -36,8 +36,17 @@ def gpu_spec(tmp_path) -> Path:
 
 
 def test_print_command_for_a_gpu_variant_has_one_rank_per_gpu_and_the_cli_ports(cli, gpu_spec):
-    rc, out, err = cli("serve", str(gpu_spec), "--print-command", "--grpc-port", "9101", "--http-port", "9100",
-                       "--metrics-port", "9102")
+    rc, out, err = cli(
+        "serve",
+        str(gpu_spec),
+        "--print-command",
+        "--grpc-port",
+        "9101",
+        "--http-port",
+        "9100",
+        "--metrics-port",
+        "9102",
+    )
     assert rc == 0, err
     argv = shlex.split(out.strip())
     assert argv[:2] == ["mpirun", "--allow-run-as-root"] and argv.count("-n") == 2
@@ -47,18 +56,22 @@ def test_print_command_for_a_gpu_variant_has_one_rank_per_gpu_and_the_cli_ports(
 def test_gpu_variant_on_a_host_without_gpus_prints_the_command_and_exits_3(cli, gpu_spec, tmp_path, monkeypatch):
     monkeypatch.setattr(serve_command, "_gpu_host", lambda: False)
     variant = plan_spec(gpu_spec, tmp_path).variants[0]
-    emit_repository(variant, variant.stage("package").output, engine_dir=fake_engine(variant),
-                    tokenizer_dir=variant.model_dir)
+    emit_repository(
+        variant, variant.stage("package").output, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir
+    )
     rc, out, _ = cli("serve", str(gpu_spec))
     assert rc == 3 and "no GPU on this host" in out and "mpirun" in out
 
 
-@pytest.mark.parametrize("extra, message", [
-    ((), "no Triton repository for variant"),
-    (("--print-command",), "--print-command is for target tensorrt"),
-    (("--grpc-port", "8000"), "ports must differ"),
-    (("--variant", "nope"), "has no variant 'nope'"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ((), "no Triton repository for variant"),
+        (("--print-command",), "--print-command is for target tensorrt"),
+        (("--grpc-port", "8000"), "ports must differ"),
+        (("--variant", "nope"), "has no variant 'nope'"),
+    ],
+)
 def test_serve_input_errors_are_one_line(cli, tmp_path, extra, message):
     make_model_dir(tmp_path / "model")
     spec = tmp_path / "ref.yaml"
@@ -90,8 +103,17 @@ def test_prompt_files(tmp_path):
 
 
 def test_request_tensors_have_a_batch_of_one_and_triton_dtypes():
-    inputs = build_inputs(GenerationRequest("hi", max_tokens=5, temperature=0.5, seed=3, stop_words=("x", "y"),
-                                            return_perf_metrics=True, lookahead=LookaheadConfig(2, 2, 1)))
+    inputs = build_inputs(
+        GenerationRequest(
+            "hi",
+            max_tokens=5,
+            temperature=0.5,
+            seed=3,
+            stop_words=("x", "y"),
+            return_perf_metrics=True,
+            lookahead=LookaheadConfig(2, 2, 1),
+        )
+    )
     by_name = {tensor.name(): tensor for tensor in inputs}
     assert by_name["text_input"].shape() == [1, 1] and by_name["text_input"].datatype() == "BYTES"
     assert by_name["max_tokens"].datatype() == "INT32" and by_name["seed"].datatype() == "UINT64"
@@ -103,15 +125,24 @@ def test_request_tensors_have_a_batch_of_one_and_triton_dtypes():
 
 def test_mean_acceptance_length_counts_generation_steps():
     # 1 token from the context step, then 3 steps accepting 2, 0 and 1 drafts: 1 + 3 + 1 + 2 = 7 tokens.
-    result = GenerationResult([Piece("", 1, 0.1), Piece("", 3, 0.2), Piece("", 1, 0.3), Piece("", 2, 0.4)],
-                              {"total_accepted_draft_tokens": 3, "total_draft_tokens": 12})
+    result = GenerationResult(
+        [Piece("", 1, 0.1), Piece("", 3, 0.2), Piece("", 1, 0.3), Piece("", 2, 0.4)],
+        {"total_accepted_draft_tokens": 3, "total_draft_tokens": 12},
+    )
     assert result.mean_acceptance_length == pytest.approx(6 / 3)
 
 
 def test_summary_spreads_a_multi_token_step_over_its_tokens():
-    record = RequestRecord(0, 0.0, ok=True, tokens=4, ttft=0.1, total=0.4,
-                           steps=[(0.1, 1), (0.3, 2), (0.4, 1)],
-                           perf={"total_accepted_draft_tokens": 1, "total_draft_tokens": 4})
+    record = RequestRecord(
+        0,
+        0.0,
+        ok=True,
+        tokens=4,
+        ttft=0.1,
+        total=0.4,
+        steps=[(0.1, 1), (0.3, 2), (0.4, 1)],
+        perf={"total_accepted_draft_tokens": 1, "total_draft_tokens": 4},
+    )
     assert inter_token_latencies(record) == pytest.approx([0.1, 0.1, 0.1])
     failed = RequestRecord(1, 0.0, error="boom")
     summary = summarize(LoadRun(2, 2.0, [record, failed]))
@@ -155,7 +186,7 @@ def test_shutdown_log_with_only_ensembles_in_flight_is_a_leak():
 
     def tick(n: int, *models: str) -> str:
         lines = [f'I0 server.cc:321] "Timeout {n}: Found {len(models)} model versions that have in-flight inferences"']
-        lines += [f'I0 server.cc:325] "Model \'{m}\' (version 1) has 1 in-flight inferences"' for m in models]
+        lines += [f"I0 server.cc:325] \"Model '{m}' (version 1) has 1 in-flight inferences\"" for m in models]
         return "\n".join(lines) + "\n"
 
     leaked = tick(30, "ensemble") + tick(29, "ensemble") + tick(28, "ensemble") + tick(27, "ensemble")

@@ -34,23 +34,31 @@ target: reference
 
 
 def _load(repo: Path) -> dict[str, mc.ModelConfig]:
-    return {path.parent.name: text_format.Parse(path.read_text(), mc.ModelConfig())
-            for path in sorted(repo.glob("*/config.pbtxt"))}
+    return {
+        path.parent.name: text_format.Parse(path.read_text(), mc.ModelConfig())
+        for path in sorted(repo.glob("*/config.pbtxt"))
+    }
 
 
 def _fields(tensor, is_input: bool) -> dict:
     fields = {"data_type": tensor.data_type, "dims": list(tensor.dims)}
     if is_input:
-        fields.update(optional=tensor.optional, ragged=tensor.allow_ragged_batch,
-                      reshape=list(tensor.reshape.shape) if tensor.HasField("reshape") else None)
+        fields.update(
+            optional=tensor.optional,
+            ragged=tensor.allow_ragged_batch,
+            reshape=list(tensor.reshape.shape) if tensor.HasField("reshape") else None,
+        )
     return fields
 
 
 def _expected(tensor: contract.Tensor, is_input: bool) -> dict:
     fields = {"data_type": DTYPES[contract.data_type(tensor)], "dims": list(tensor.dims)}
     if is_input:
-        fields.update(optional=tensor.optional, ragged=tensor.ragged,
-                      reshape=None if tensor.reshape is None else list(tensor.reshape))
+        fields.update(
+            optional=tensor.optional,
+            ragged=tensor.ragged,
+            reshape=None if tensor.reshape is None else list(tensor.reshape),
+        )
     return fields
 
 
@@ -58,8 +66,10 @@ def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, looka
     for model, (inputs, outputs) in contract.CONTRACT.items():
         config = configs[ensemble_name if model == "ensemble" else model]
         extra_inputs, extra_outputs = contract.extensions(model, lookahead)
-        for declared, table, extra, is_input in ((config.input, inputs, extra_inputs, True),
-                                                  (config.output, outputs, extra_outputs, False)):
+        for declared, table, extra, is_input in (
+            (config.input, inputs, extra_inputs, True),
+            (config.output, outputs, extra_outputs, False),
+        ):
             names = [t.name for t in declared]
             assert len(names) == len(set(names)), f"{model}: a tensor is declared twice"
             emitted = {t.name: _fields(t, is_input) for t in declared}
@@ -72,9 +82,11 @@ def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, looka
 def check_wiring(ensemble: mc.ModelConfig) -> None:
     steps = {step.model_name: step for step in ensemble.ensemble_scheduling.step}
     assert list(steps) == ["preprocessing", "tensorrt_llm", "postprocessing"]
-    nvidia = {"preprocessing": (contract.PREPROCESSING_STEP_INPUTS, contract.PREPROCESSING_STEP_OUTPUTS),
-              "tensorrt_llm": (contract.TENSORRT_LLM_STEP_INPUTS, contract.TENSORRT_LLM_STEP_OUTPUTS),
-              "postprocessing": (contract.POSTPROCESSING_STEP_INPUTS, contract.POSTPROCESSING_STEP_OUTPUTS)}
+    nvidia = {
+        "preprocessing": (contract.PREPROCESSING_STEP_INPUTS, contract.PREPROCESSING_STEP_OUTPUTS),
+        "tensorrt_llm": (contract.TENSORRT_LLM_STEP_INPUTS, contract.TENSORRT_LLM_STEP_OUTPUTS),
+        "postprocessing": (contract.POSTPROCESSING_STEP_INPUTS, contract.POSTPROCESSING_STEP_OUTPUTS),
+    }
     for model, (inputs, outputs) in nvidia.items():
         assert inputs.items() <= dict(steps[model].input_map).items(), model
         assert outputs.items() <= dict(steps[model].output_map).items(), model
@@ -96,8 +108,12 @@ def check_bls(configs: dict[str, mc.ModelConfig]) -> None:
         model_inputs = {t.name for t in configs[step["model"]].input}
         assert set(step["inputs"]) <= model_inputs
         assert all(outer.startswith("_") or outer in inputs for outer in step["inputs"].values())
-    assert {"accumulate_tokens", "tensorrt_llm_model_name", "tensorrt_llm_draft_model_name",
-            "multimodal_encoders_name"} <= set(bls.parameters)
+    assert {
+        "accumulate_tokens",
+        "tensorrt_llm_model_name",
+        "tensorrt_llm_draft_model_name",
+        "multimodal_encoders_name",
+    } <= set(bls.parameters)
 
 
 def _emit(variant, folder: Path) -> dict[str, mc.ModelConfig]:
@@ -147,14 +163,29 @@ def test_the_checks_fail_on_a_config_that_strays_from_the_contract(tmp_path):
 def test_table_names_what_the_clients_send():
     """The tensors the issue's clients send or read, by name (a typo in the table would break them)."""
     llm_inputs = {t.name for t in contract.TENSORRT_LLM_INPUTS}
-    assert {"beam_width", "num_return_sequences", "return_context_logits", "return_generation_logits",
-            "return_num_input_tokens", "return_num_output_tokens", "decoder_input_ids", "embedding_bias",
-            *contract.LOOKAHEAD_CLIENT_INPUTS} <= llm_inputs
+    assert {
+        "beam_width",
+        "num_return_sequences",
+        "return_context_logits",
+        "return_generation_logits",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+        "decoder_input_ids",
+        "embedding_bias",
+        *contract.LOOKAHEAD_CLIENT_INPUTS,
+    } <= llm_inputs
     ensemble_inputs = {t.name for t in contract.ENSEMBLE_INPUTS}
     assert {"embedding_bias_words", "embedding_bias_weights", "beam_width"} <= ensemble_inputs
     for outputs in (contract.ENSEMBLE_OUTPUTS, contract.TENSORRT_LLM_OUTPUTS):
-        assert {"batch_index", "sequence_index", "context_logits", "generation_logits", "kv_cache_alloc_new_blocks",
-                "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"} <= {t.name for t in outputs}
+        assert {
+            "batch_index",
+            "sequence_index",
+            "context_logits",
+            "generation_logits",
+            "kv_cache_alloc_new_blocks",
+            "kv_cache_reused_blocks",
+            "kv_cache_alloc_total_blocks",
+        } <= {t.name for t in outputs}
     assert len(contract.TENSORRT_LLM_INPUTS) == 62 and len(contract.TENSORRT_LLM_OUTPUTS) == 21
     assert len(contract.ENSEMBLE_INPUTS) == 36 and len(contract.ENSEMBLE_OUTPUTS) == 19
     assert len(contract.BLS_INPUTS) == 42 and len(contract.PREPROCESSING_OUTPUTS) == 20

@@ -36,7 +36,8 @@ from pipeline.triton.repository import emit_repository
 from tests.conftest import embedded_cache_dir
 
 pytestmark = [
-    pytest.mark.tritonserver, pytest.mark.slow,
+    pytest.mark.tritonserver,
+    pytest.mark.slow,
     pytest.mark.skipif(not reference_backend_available(), reason="the reference backend is not in this checkout"),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +62,9 @@ target: reference
 def _plan(folder: Path, decoupled: bool):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).replace("DECOUPLED", str(decoupled).lower()))
-    return make_plan(load_spec(folder / "spec.yaml"), OutputRoots(folder / "engines", folder / "triton_repo",
-                                                                 embedded_cache_dir()))
+    return make_plan(
+        load_spec(folder / "spec.yaml"), OutputRoots(folder / "engines", folder / "triton_repo", embedded_cache_dir())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +77,24 @@ def repositories(tmp_path_factory) -> dict[bool, Path]:
     variant = plan.variants[0]
     offline = _plan(root / "offline", False).variants[0]
     package = variant.stage("package")
-    emit_repository(offline, root / "offline-repo", engine_dir=package.inputs["engine"],
-                    tokenizer_dir=package.inputs["tokenizer"])
+    emit_repository(
+        offline, root / "offline-repo", engine_dir=package.inputs["engine"], tokenizer_dir=package.inputs["tokenizer"]
+    )
     return {True: package.output, False: root / "offline-repo"}
 
 
 def _server(repo: Path, log: Path):
     def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http, grpc_port=grpc,
-                               metrics_port=metrics, ready_timeout=300, log_file=log,
-                               models=("ensemble", "tensorrt_llm_bls", "tensorrt_llm"))
+        return CpuServerConfig(
+            repositories=(repo,),
+            cache_dir=REPO_ROOT / ".cache",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            ready_timeout=300,
+            log_file=log,
+            models=("ensemble", "tensorrt_llm_bls", "tensorrt_llm"),
+        )
 
     return start_server(config)
 
@@ -110,8 +120,9 @@ def offline_server(repositories, tmp_path_factory, server):
 
 def run_client(script: Path, url: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The client exactly as a user runs it: its own process, from a directory of its own."""
-    done = subprocess.run([sys.executable, str(script), "-u", url, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), "-u", url, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
     print(done.stdout[-4000:], done.stderr[-4000:])
     return done
 
@@ -135,6 +146,7 @@ def _end_to_end(server, tmp_path, *flags: str, prompt: str = PROMPT) -> str:
 
 
 # -- end_to_end_grpc_client.py: ensemble and tensorrt_llm_bls ----------------------------------------------
+
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_end_to_end_plain_and_streaming(server, tmp_path, model):
@@ -160,8 +172,7 @@ def test_end_to_end_exclude_input_and_stop_words(server, tmp_path):
 
 
 def test_end_to_end_beam_width_2_is_refused_on_a_speculative_engine(server, tmp_path):
-    done = run_client(END_TO_END, server.grpc_url, "-p", PROMPT, "-o", str(TOKENS), "--beam-width", "2",
-                      cwd=tmp_path)
+    done = run_client(END_TO_END, server.grpc_url, "-p", PROMPT, "-o", str(TOKENS), "--beam-width", "2", cwd=tmp_path)
     assert done.returncode == 0  # the client prints server errors and carries on
     assert re.search(r"Received an error from server:\n.*beam", done.stdout), done.stdout
 
@@ -188,21 +199,33 @@ def test_end_to_end_return_log_probs_and_generation_logits(server, tmp_path):
     assert f"output_log_probs.shape: (1, 1, {TOKENS})" in out
     assert re.search(rf"generation_logits.shape: \(1, 1, {TOKENS}, 49[0-9]{{3}}\)", out), out  # SmolLM2's vocabulary
     # Context logits need an engine built with gather_context_logits, which speculative engines cannot be.
-    done = run_client(END_TO_END, server.grpc_url, "-p", PROMPT, "-o", str(TOKENS), "--return-context-logits",
-                      cwd=tmp_path)
+    done = run_client(
+        END_TO_END, server.grpc_url, "-p", PROMPT, "-o", str(TOKENS), "--return-context-logits", cwd=tmp_path
+    )
     assert "Received an error from server" in done.stdout and "gather_context_logits" in done.stdout
 
 
 def test_end_to_end_penalties_and_bad_words_change_the_answer_like_our_client(server, tmp_path):
     completion = answer(server, stream=False)
     banned = " " + completion.split()[0]  # the first word the model would say
-    flags = ("--exclude-input-in-output", "--repetition-penalty", "1.5", "--presence-penalty", "0.5",
-             "--frequency-penalty", "0.3", "--bad-words", banned)
+    flags = (
+        "--exclude-input-in-output",
+        "--repetition-penalty",
+        "1.5",
+        "--presence-penalty",
+        "0.5",
+        "--frequency-penalty",
+        "0.3",
+        "--bad-words",
+        banned,
+    )
     out = _end_to_end(server, tmp_path, *flags)
     with TritonClient(server.grpc_url) as client:
-        extra = [_raw("repetition_penalty", np.array([[1.5]], np.float32), "FP32"),
-                 _raw("presence_penalty", np.array([[0.5]], np.float32), "FP32"),
-                 _raw("frequency_penalty", np.array([[0.3]], np.float32), "FP32")]
+        extra = [
+            _raw("repetition_penalty", np.array([[1.5]], np.float32), "FP32"),
+            _raw("presence_penalty", np.array([[0.5]], np.float32), "FP32"),
+            _raw("frequency_penalty", np.array([[0.3]], np.float32), "FP32"),
+        ]
         request = GenerationRequest(PROMPT, max_tokens=TOKENS, stream=False, bad_words=(banned,))
         want = client.generate_raw(build_inputs(request) + extra, timeout=300).text
     assert want != completion and not want.startswith(banned)
@@ -211,6 +234,7 @@ def test_end_to_end_penalties_and_bad_words_change_the_answer_like_our_client(se
 
 # -- inflight_batcher_llm_client.py: token ids straight to tensorrt_llm ----------------------------------
 
+
 def _ids(out: str) -> list[int]:
     match = re.search(r"Output sequence:  \[([0-9, ]*)\]", out)
     assert match, out
@@ -218,8 +242,18 @@ def _ids(out: str) -> list[int]:
 
 
 def _inflight(server, repo: Path, tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    return run_client(INFLIGHT, server.grpc_url, "--tokenizer-dir", str(repo / "preprocessing" / "tokenizer"),
-                      "--text", PROMPT, "--request-output-len", str(TOKENS), *flags, cwd=tmp_path)
+    return run_client(
+        INFLIGHT,
+        server.grpc_url,
+        "--tokenizer-dir",
+        str(repo / "preprocessing" / "tokenizer"),
+        "--text",
+        PROMPT,
+        "--request-output-len",
+        str(TOKENS),
+        *flags,
+        cwd=tmp_path,
+    )
 
 
 def _decode(repo: Path, ids: list[int]) -> str:
@@ -241,8 +275,8 @@ def test_inflight_streaming_and_lookahead_config(server, repositories, tmp_path)
     assert plain.returncode == 0, plain.stdout
     ids = _ids(plain.stdout)
     prompt_ids = _prompt_ids(repo)
-    assert ids[:len(prompt_ids)] == prompt_ids  # in streaming the client prepends the prompt itself
-    assert _decode(repo, ids[len(prompt_ids):]).strip() == answer(server).strip()
+    assert ids[: len(prompt_ids)] == prompt_ids  # in streaming the client prepends the prompt itself
+    assert _decode(repo, ids[len(prompt_ids) :]).strip() == answer(server).strip()
     # The request's own (W, N, G), within the server's (4, 3, 4): same greedy answer.
     look = _inflight(server, repo, tmp_path, "--streaming", "--lookahead_config", "[3,2,3]")
     assert look.returncode == 0, look.stdout
@@ -252,10 +286,22 @@ def test_inflight_streaming_and_lookahead_config(server, repositories, tmp_path)
 
 
 def test_inflight_stop_after_ms_with_request_id_stops_early(server, repositories, tmp_path):
-    done = run_client(INFLIGHT, server.grpc_url, "--tokenizer-dir",
-                      str(repositories[True] / "preprocessing" / "tokenizer"), "--text", PROMPT,
-                      "--request-output-len", "200", "--streaming", "--stop-after-ms", "300",
-                      "--request-id", "nvidia-stop-1", cwd=tmp_path)
+    done = run_client(
+        INFLIGHT,
+        server.grpc_url,
+        "--tokenizer-dir",
+        str(repositories[True] / "preprocessing" / "tokenizer"),
+        "--text",
+        PROMPT,
+        "--request-output-len",
+        "200",
+        "--streaming",
+        "--stop-after-ms",
+        "300",
+        "--request-id",
+        "nvidia-stop-1",
+        cwd=tmp_path,
+    )
     # The client itself asserts it got fewer than --request-output-len tokens.
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -279,8 +325,9 @@ def test_a_stream_cancelled_by_the_client_does_not_hold_the_shutdown(server, cap
             three.set()
 
     client.start_stream(callback=callback)
-    client.async_stream_infer("ensemble", build_inputs(GenerationRequest(PROMPT, max_tokens=200)),
-                              request_id="cancelled-1")
+    client.async_stream_infer(
+        "ensemble", build_inputs(GenerationRequest(PROMPT, max_tokens=200)), request_id="cancelled-1"
+    )
     assert three.wait(120)
     client.stop_stream(cancel_requests=True)
     client.close()
@@ -298,18 +345,30 @@ def test_inflight_plain_on_the_non_decoupled_repository(offline_server, reposito
     with TritonClient(offline_server.grpc_url) as client:
         text = client.generate(GenerationRequest(PROMPT, max_tokens=TOKENS, stream=False), timeout=300).text
     assert _decode(repo, ids).strip() == text.strip()
-    e2e = run_client(END_TO_END, offline_server.grpc_url, "-p", PROMPT, "-o", str(TOKENS),
-                     "--exclude-input-in-output", cwd=tmp_path)
+    e2e = run_client(
+        END_TO_END, offline_server.grpc_url, "-p", PROMPT, "-o", str(TOKENS), "--exclude-input-in-output", cwd=tmp_path
+    )
     assert f"0: {text}\n" in e2e.stdout, e2e.stdout
 
 
 def test_inflight_stop_after_ms_on_the_non_decoupled_repository(offline_server, repositories, tmp_path):
     """Unary mode: the stop request is a second ModelInfer call; it must end the running one early
     (the client itself asserts fewer than --request-output-len tokens)."""
-    done = run_client(INFLIGHT, offline_server.grpc_url, "--tokenizer-dir",
-                      str(repositories[False] / "preprocessing" / "tokenizer"), "--text", PROMPT,
-                      "--request-output-len", "200", "--stop-after-ms", "300", "--request-id", "offline-stop-1",
-                      cwd=tmp_path)
+    done = run_client(
+        INFLIGHT,
+        offline_server.grpc_url,
+        "--tokenizer-dir",
+        str(repositories[False] / "preprocessing" / "tokenizer"),
+        "--text",
+        PROMPT,
+        "--request-output-len",
+        "200",
+        "--stop-after-ms",
+        "300",
+        "--request-id",
+        "offline-stop-1",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -317,9 +376,9 @@ def test_inflight_stop_after_ms_on_the_non_decoupled_repository(offline_server, 
 
 HEADS_SPEC = {
     "medusa": "heads: {{medusa: {{path: {heads}/smollm2-medusa, num_heads: 3}}}}\n"
-              "speculative: {{method: medusa, medusa: {{choices: smollm2_medusa_10}}}}\n",
+    "speculative: {{method: medusa, medusa: {{choices: smollm2_medusa_10}}}}\n",
     "eagle": "heads: {{eagle: {{path: {heads}/smollm2-eagle}}}}\n"
-             "speculative: {{method: eagle, eagle: {{choices: cpu_small_10_depth_3}}}}\n",
+    "speculative: {{method: eagle, eagle: {{choices: cpu_small_10_depth_3}}}}\n",
 }
 
 
@@ -328,13 +387,16 @@ def heads_server(request, tmp_path_factory, offline_server):
     offline_server.stop()  # one server at a time
     method = request.param
     folder = tmp_path_factory.mktemp(method)
-    spec = (f"name: nvidia-{method}\nmodel: {{builtin: smollm2-135m-instruct, dtype: float32}}\n"
-            + HEADS_SPEC[method].format(heads=REPO_ROOT / "heads")
-            + "build: {max_batch_size: 4, max_input_len: 128, max_seq_len: 256, max_num_tokens: 512}\n"
-              "target: reference\n")
+    spec = (
+        f"name: nvidia-{method}\nmodel: {{builtin: smollm2-135m-instruct, dtype: float32}}\n"
+        + HEADS_SPEC[method].format(heads=REPO_ROOT / "heads")
+        + "build: {max_batch_size: 4, max_input_len: 128, max_seq_len: 256, max_num_tokens: 512}\n"
+        "target: reference\n"
+    )
     (folder / "spec.yaml").write_text(spec)
-    plan = make_plan(load_spec(folder / "spec.yaml"), OutputRoots(folder / "engines", folder / "triton_repo",
-                                                                 embedded_cache_dir()))
+    plan = make_plan(
+        load_spec(folder / "spec.yaml"), OutputRoots(folder / "engines", folder / "triton_repo", embedded_cache_dir())
+    )
     (outcome,) = execute_plan(plan, say=lambda _: None)
     assert outcome.exit_code == 0 and outcome.stopped_at is None, outcome
     repo = plan.variants[0].stage("package").output
@@ -352,12 +414,18 @@ def test_speculative_repositories_answer_nvidias_clients(heads_server, tmp_path)
     streamed = answer(server)
     out = _end_to_end(server, tmp_path, "--streaming", "--return-perf-metrics")
     assert f"\n{streamed}\n" in out and re.search(r"total_draft_tokens: [1-9]", out), out
-    out = _end_to_end(server, tmp_path, "--model-name", "tensorrt_llm_bls", "--batch-inputs",
-                      prompt=json.dumps([PROMPT, OTHER_PROMPT]))
+    out = _end_to_end(
+        server,
+        tmp_path,
+        "--model-name",
+        "tensorrt_llm_bls",
+        "--batch-inputs",
+        prompt=json.dumps([PROMPT, OTHER_PROMPT]),
+    )
     assert f"0: {whole}\n" in out and "1: " in out
     streaming = _inflight(server, repo, tmp_path, "--streaming")
     assert streaming.returncode == 0, streaming.stdout
-    assert _decode(repo, _ids(streaming.stdout)[len(_prompt_ids(repo)):]).strip() == streamed.strip()
+    assert _decode(repo, _ids(streaming.stdout)[len(_prompt_ids(repo)) :]).strip() == streamed.strip()
     # Per-request Lookahead settings on a Medusa / EAGLE model: TensorRT-LLM's refusal.
     refused = _inflight(server, repo, tmp_path, "--streaming", "--lookahead_config", "[3,2,3]")
     assert refused.returncode != 0 and "lookahead" in refused.stdout, (method, refused.stdout)

@@ -59,8 +59,11 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     look = variant.speculative.lookahead
     lookahead_keys = {"lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"}
     if look is not None:
-        assert (int(params["lookahead_window_size"]), int(params["lookahead_ngram_size"]),
-                int(params["lookahead_verification_set_size"])) == (look.window, look.ngram, look.verification_set)
+        assert (
+            int(params["lookahead_window_size"]),
+            int(params["lookahead_ngram_size"]),
+            int(params["lookahead_verification_set_size"]),
+        ) == (look.window, look.ngram, look.verification_set)
         assert look.max_draft_len == variant.build.max_draft_len
         assert lookahead_keys <= {t.name for t in ensemble.input}
     else:
@@ -81,8 +84,12 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
         assert (repo / name / "tokenizer" / "tokenizer.json").is_file()
         assert (repo / name / "1" / "model.py").is_file()
     assert _params(configs["preprocessing"])["max_input_len"] == str(variant.build.max_input_len)
-    assert {t.name for t in ensemble.output} >= {"text_output", "acceptance_rate", "total_accepted_draft_tokens",
-                                                 "total_draft_tokens"}
+    assert {t.name for t in ensemble.output} >= {
+        "text_output",
+        "acceptance_rate",
+        "total_accepted_draft_tokens",
+        "total_draft_tokens",
+    }
     validate_repository(repo)
 
 
@@ -111,15 +118,20 @@ def test_package_stage_through_the_runner_is_relocatable(tmp_path):
     validate_repository(moved)
     assert (moved / "postprocessing" / "tokenizer" / "tokenizer_config.json").is_file()
     pre = _params(_parse_all(moved)["preprocessing"])
-    assert (pre["lookahead_window_size"], pre["lookahead_ngram_size"], pre["lookahead_verification_set_size"]) == \
-        ("3", "2", "2")
+    assert (pre["lookahead_window_size"], pre["lookahead_ngram_size"], pre["lookahead_verification_set_size"]) == (
+        "3",
+        "2",
+        "2",
+    )
 
 
 def test_explicit_gpu_ids_and_non_decoupled_serving(tmp_path):
     make_model_dir(tmp_path / "model")
     spec = tmp_path / "spec.yaml"
-    spec.write_text("name: t\nmodel: {path: model}\nparallel: {tp: 2}\ntarget: reference\n"
-                    "serving: {gpu_device_ids: [4, 5], decoupled: false, model_name: chat}\n")
+    spec.write_text(
+        "name: t\nmodel: {path: model}\nparallel: {tp: 2}\ntarget: reference\n"
+        "serving: {gpu_device_ids: [4, 5], decoupled: false, model_name: chat}\n"
+    )
     variant = plan_spec(spec, tmp_path).variants[0]
     engine = fake_engine(variant)
     out = tmp_path / "repo"
@@ -152,8 +164,9 @@ def test_missing_engine_and_missing_tokenizer_say_what_to_do(tmp_path):
 
 
 def test_ensemble_name_cannot_shadow_a_model(tmp_path):
-    variant = tiny_plan(tmp_path, "name: t\nmodel: {path: model}\nserving: {model_name: preprocessing}\n"
-                                  "target: reference\n")
+    variant = tiny_plan(
+        tmp_path, "name: t\nmodel: {path: model}\nserving: {model_name: preprocessing}\ntarget: reference\n"
+    )
     with pytest.raises(InputError, match="collides"):
         emit_repository(variant, tmp_path / "repo", engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)
 

@@ -28,9 +28,13 @@ def post_like_curl(port: int, path: str, size: int) -> bytes:
     """POST ``size`` bytes as ``curl --data-binary @file`` does: headers with Expect: 100-continue, wait for
     the interim response, then the body. Returns what the server answered."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: curl/8.5.0\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {size}\r\n"
-                      "Expect: 100-continue\r\n\r\n").encode())
+        sock.sendall(
+            (
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: curl/8.5.0\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {size}\r\n"
+                "Expect: 100-continue\r\n\r\n"
+            ).encode()
+        )
         interim = sock.recv(4096)
         if interim.startswith(b"HTTP/1.1 100"):
             chunk = b"x" * (1 << 20)
@@ -51,9 +55,18 @@ def repo(tmp_path_factory) -> Path:
 
 def start(repo: Path, **options):
     def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http, grpc_port=grpc,
-                               metrics_port=metrics, backend_model=STANDIN, ready_timeout=180, models=("ensemble",),
-                               log_file=repo.parent / f"tritonserver-{len(options)}.log", **options)
+        return CpuServerConfig(
+            repositories=(repo,),
+            cache_dir=REPO_ROOT / ".cache",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            backend_model=STANDIN,
+            ready_timeout=180,
+            models=("ensemble",),
+            log_file=repo.parent / f"tritonserver-{len(options)}.log",
+            **options,
+        )
 
     return start_server(config)
 
@@ -62,8 +75,11 @@ def test_a_5_mb_curl_style_post_cannot_reach_a_default_server(repo):
     server = start(repo)
     try:
         assert "--allow-http=false" in server.command(Path("/rt"), Path("/backends"))
-        for path in ("/v2/models/ensemble/generate", "/v2/models/ensemble/generate_stream",
-                     "/v2/models/ensemble/infer"):
+        for path in (
+            "/v2/models/ensemble/generate",
+            "/v2/models/ensemble/generate_stream",
+            "/v2/models/ensemble/infer",
+        ):
             with pytest.raises(ConnectionRefusedError):
                 post_like_curl(server.config.http_port, path, BODY_BYTES)
         assert server.is_alive() and server.is_ready()

@@ -23,9 +23,12 @@ from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
 
 pytestmark = [
-    pytest.mark.tritonserver, pytest.mark.slow,
-    pytest.mark.skipif(not reference_backend_available(),
-                       reason="pipeline/runtime/triton/backend.py (the reference backend) is not in this checkout"),
+    pytest.mark.tritonserver,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not reference_backend_available(),
+        reason="pipeline/runtime/triton/backend.py (the reference backend) is not in this checkout",
+    ),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPEC = """
@@ -37,8 +40,16 @@ speculative:
 build: {max_batch_size: 8, max_input_len: 32, max_seq_len: 96, max_num_tokens: 256}
 target: reference
 """
-PROMPTS = ["hello world", "the quick brown fox", "lazy dog jumps over", "w1 w2 w3", "a fox", "w10 w20",
-           "stop the dog", "over the w5"]
+PROMPTS = [
+    "hello world",
+    "the quick brown fox",
+    "lazy dog jumps over",
+    "w1 w2 w3",
+    "a fox",
+    "w10 w20",
+    "stop the dog",
+    "over the w5",
+]
 
 
 def _tiny_llama(folder: Path) -> Path:
@@ -47,10 +58,20 @@ def _tiny_llama(folder: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(SPECIALS) + len(WORDS), hidden_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                         max_position_embeddings=256, initializer_range=0.15, tie_word_embeddings=False,
-                         eos_token_id=2, pad_token_id=1, bos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=len(SPECIALS) + len(WORDS),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.15,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        pad_token_id=1,
+        bos_token_id=2,
+    )
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     make_tokenizer(folder)
     return folder
@@ -70,10 +91,18 @@ def server(tmp_path_factory):
     (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     variant = plan_spec(folder / "spec.yaml", folder).variants[0]
     repo = build_with_stages(variant)
+
     def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http, grpc_port=grpc,
-                               metrics_port=metrics, ready_timeout=240, models=("ensemble",),
-                               log_file=folder / "tritonserver.log")
+        return CpuServerConfig(
+            repositories=(repo,),
+            cache_dir=REPO_ROOT / ".cache",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            ready_timeout=240,
+            models=("ensemble",),
+            log_file=folder / "tritonserver.log",
+        )
 
     running = start_server(config)
     try:
@@ -92,8 +121,9 @@ def _ask(server, prompt: str, **options) -> str:
 def test_streaming_and_non_streaming_agree_and_report_perf(server):
     pieces = []
     with TritonClient(server.grpc_url, timeout=120) as client:
-        streamed = client.generate(GenerationRequest(PROMPTS[0], max_tokens=12, return_perf_metrics=True),
-                                   on_piece=pieces.append)
+        streamed = client.generate(
+            GenerationRequest(PROMPTS[0], max_tokens=12, return_perf_metrics=True), on_piece=pieces.append
+        )
         whole = client.generate(GenerationRequest(PROMPTS[0], max_tokens=12, stream=False))
     assert streamed.text == whole.text and streamed.text.strip()
     assert len(pieces) > 1 and streamed.tokens == whole.tokens <= 12
@@ -109,6 +139,7 @@ def test_eight_concurrent_requests_match_their_solo_answers(server):
 
 def test_cancelled_request_stops_and_the_server_stays_healthy(server):
     with TritonClient(server.grpc_url, timeout=120) as client:
+
         def interrupt(piece):
             raise KeyboardInterrupt
 

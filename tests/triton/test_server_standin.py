@@ -51,9 +51,17 @@ def server(packaged):
     folder, repo = packaged
 
     def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http, grpc_port=grpc,
-                               metrics_port=metrics, backend_model=STANDIN, ready_timeout=180, models=("ensemble",),
-                               log_file=folder / "tritonserver.log")
+        return CpuServerConfig(
+            repositories=(repo,),
+            cache_dir=REPO_ROOT / ".cache",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            backend_model=STANDIN,
+            ready_timeout=180,
+            models=("ensemble",),
+            log_file=folder / "tritonserver.log",
+        )
 
     running = start_server(config)
     try:
@@ -72,8 +80,9 @@ def expected(prompt: str, count: int) -> str:
 def test_streaming_generation_through_the_ensemble(server):
     pieces = []
     with TritonClient(server.grpc_url) as client:
-        result = client.generate(GenerationRequest(PROMPT, max_tokens=9, return_perf_metrics=True),
-                                 on_piece=pieces.append)
+        result = client.generate(
+            GenerationRequest(PROMPT, max_tokens=9, return_perf_metrics=True), on_piece=pieces.append
+        )
     assert result.text == expected(PROMPT, 9)
     assert [piece.tokens for piece in pieces] == [1, 2, 2, 2, 2]  # context step, then 2 per step
     assert result.tokens == 9 and result.first_token_seconds is not None
@@ -86,8 +95,9 @@ def test_end_id_ends_the_stream_even_with_an_empty_last_step(server):
     pieces = []
     quick = WORDS.index("quick") + 3  # the tiny vocabulary: 3 specials, then WORDS
     with TritonClient(server.grpc_url) as client:
-        result = client.generate(GenerationRequest("hello world the quick", max_tokens=9, end_id=quick),
-                                 on_piece=pieces.append)
+        result = client.generate(
+            GenerationRequest("hello world the quick", max_tokens=9, end_id=quick), on_piece=pieces.append
+        )
     assert result.text == " hello world the" and result.tokens == 3
     assert [piece.tokens for piece in pieces] == [1, 2, 0]
 
@@ -96,15 +106,16 @@ def test_non_streaming_returns_one_piece_equal_to_the_stream(server):
     with TritonClient(server.grpc_url) as client:
         streamed = client.generate(GenerationRequest(PROMPT, max_tokens=7))
         whole = client.generate(GenerationRequest(PROMPT, max_tokens=7, stream=False, return_perf_metrics=True))
-        with_prompt = client.generate(GenerationRequest(PROMPT, max_tokens=2, stream=False,
-                                                        exclude_input_in_output=False))
+        with_prompt = client.generate(
+            GenerationRequest(PROMPT, max_tokens=2, stream=False, exclude_input_in_output=False)
+        )
     assert len(whole.pieces) == 1 and whole.text == streamed.text and whole.tokens == 7
     assert "acceptance_rate" in whole.perf
     assert with_prompt.text == " " + PROMPT + expected(PROMPT, 2)
 
 
 def test_eight_concurrent_clients_all_get_complete_answers(server):
-    prompts = [" ".join(WORDS[12 + i: 12 + i + 3 + i]) for i in range(8)]
+    prompts = [" ".join(WORDS[12 + i : 12 + i + 3 + i]) for i in range(8)]
 
     def ask(prompt: str) -> str:
         with TritonClient(server.grpc_url) as client:
@@ -130,6 +141,7 @@ def _abandon(server, how: str) -> None:
         return
     with TritonClient(server.grpc_url) as client:
         if how == "ctrl-c":
+
             def interrupt(piece):
                 raise KeyboardInterrupt
 
@@ -165,34 +177,41 @@ def test_bad_requests_get_errors_and_the_next_request_succeeds(server):
     bad = {
         "missing input": ([_raw("max_tokens", np.array([[4]], dtype=np.int32), "INT32")], "text_input"),
         "wrong dtype": ([text, _raw("max_tokens", np.array([[4.0]], dtype=np.float32), "FP32")], "data-type"),
-        "prompt too long": (build_inputs(GenerationRequest(" ".join(["w1"] * 40), max_tokens=4)),
-                            "prompt too long: 40 tokens"),
+        "prompt too long": (
+            build_inputs(GenerationRequest(" ".join(["w1"] * 40), max_tokens=4)),
+            "prompt too long: 40 tokens",
+        ),
         "zero max_tokens": (build_inputs(GenerationRequest(PROMPT, max_tokens=0)), "max_tokens must be >= 1"),
-        "lookahead too big": (build_inputs(GenerationRequest(PROMPT, max_tokens=4, lookahead=LookaheadConfig(9, 2, 2))),
-                              "lookahead_window_size must be between 1 and the server's 3"),
+        "lookahead too big": (
+            build_inputs(GenerationRequest(PROMPT, max_tokens=4, lookahead=LookaheadConfig(9, 2, 2))),
+            "lookahead_window_size must be between 1 and the server's 3",
+        ),
     }
     with TritonClient(server.grpc_url) as client:
         for case, (inputs, message) in bad.items():
             with pytest.raises(ClientError, match=message):
                 client.generate_raw(inputs, timeout=30)
-            assert client.generate(GenerationRequest(PROMPT, max_tokens=3), timeout=30).text == \
-                expected(PROMPT, 3), case
+            assert client.generate(GenerationRequest(PROMPT, max_tokens=3), timeout=30).text == expected(PROMPT, 3), (
+                case
+            )
         ok = client.generate(GenerationRequest(PROMPT, max_tokens=3, lookahead=LookaheadConfig(2, 2, 1)), timeout=30)
         assert ok.text == expected(PROMPT, 3)
 
 
 def _nvidia_inputs(prompt: str, max_tokens: int, stream: bool) -> list[grpcclient.InferInput]:
     """What NVIDIA's end_to_end_grpc_client.py always sends, with its shapes and types."""
-    return [_raw("text_input", np.array([[prompt]], dtype=object), "BYTES"),
-            _raw("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
-            _raw("stream", np.array([[stream]], dtype=bool), "BOOL"),
-            _raw("beam_width", np.array([[1]], dtype=np.int32), "INT32"),
-            _raw("temperature", np.array([[1.0]], dtype=np.float32), "FP32"),
-            _raw("num_return_sequences", np.array([[1]], dtype=np.int32), "INT32"),
-            _raw("exclude_input_in_output", np.array([[True]], dtype=bool), "BOOL"),
-            _raw("return_num_input_tokens", np.array([[False]], dtype=bool), "BOOL"),
-            _raw("return_context_logits", np.array([[False]], dtype=bool), "BOOL"),
-            _raw("return_generation_logits", np.array([[False]], dtype=bool), "BOOL")]
+    return [
+        _raw("text_input", np.array([[prompt]], dtype=object), "BYTES"),
+        _raw("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+        _raw("stream", np.array([[stream]], dtype=bool), "BOOL"),
+        _raw("beam_width", np.array([[1]], dtype=np.int32), "INT32"),
+        _raw("temperature", np.array([[1.0]], dtype=np.float32), "FP32"),
+        _raw("num_return_sequences", np.array([[1]], dtype=np.int32), "INT32"),
+        _raw("exclude_input_in_output", np.array([[True]], dtype=bool), "BOOL"),
+        _raw("return_num_input_tokens", np.array([[False]], dtype=bool), "BOOL"),
+        _raw("return_context_logits", np.array([[False]], dtype=bool), "BOOL"),
+        _raw("return_generation_logits", np.array([[False]], dtype=bool), "BOOL"),
+    ]
 
 
 def _nvidia_stream(server, model: str, stream: bool) -> tuple[list, list[str]]:
@@ -232,28 +251,40 @@ def test_nvidia_request_format_gets_one_string_per_response(server, model):
 
 def test_bls_model_answers_like_the_ensemble(server):
     with TritonClient(server.grpc_url) as ensemble, TritonClient(server.grpc_url, model="tensorrt_llm_bls") as bls:
-        for request in (GenerationRequest(PROMPT, max_tokens=6, return_perf_metrics=True),
-                        GenerationRequest(PROMPT, max_tokens=3, stream=False, stop_words=["fox"])):
+        for request in (
+            GenerationRequest(PROMPT, max_tokens=6, return_perf_metrics=True),
+            GenerationRequest(PROMPT, max_tokens=3, stream=False, stop_words=["fox"]),
+        ):
             want, got = ensemble.generate(request, timeout=60), bls.generate(request, timeout=60)
             assert got.text == want.text and got.tokens == want.tokens and got.perf == want.perf
         with pytest.raises(ClientError, match="draft-target speculative decoding needs a draft model"):
-            bls.generate_raw(build_inputs(GenerationRequest(PROMPT, max_tokens=3)) +
-                             [_raw("num_draft_tokens", np.array([[2]], dtype=np.int32), "INT32")], timeout=30)
+            bls.generate_raw(
+                build_inputs(GenerationRequest(PROMPT, max_tokens=3))
+                + [_raw("num_draft_tokens", np.array([[2]], dtype=np.int32), "INT32")],
+                timeout=30,
+            )
 
 
 def test_preprocessing_returns_nvidias_outputs(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = [_raw("QUERY", np.array([[PROMPT]], dtype=object), "BYTES"),
-              _raw("REQUEST_OUTPUT_LEN", np.array([[4]], dtype=np.int32), "INT32")]
+    inputs = [
+        _raw("QUERY", np.array([[PROMPT]], dtype=object), "BYTES"),
+        _raw("REQUEST_OUTPUT_LEN", np.array([[4]], dtype=np.int32), "INT32"),
+    ]
     plain = client.infer("preprocessing", inputs)
     assert plain.as_numpy("DECODER_INPUT_ID").tolist() == [[1]]  # the tiny tokenizer's pad id
     assert plain.as_numpy("REQUEST_DECODER_INPUT_LEN").tolist() == [[1]]
     assert plain.as_numpy("EMBEDDING_BIAS").shape == (1, 0)
     assert plain.as_numpy("OUT_PROMPT_TABLE_EXTRA_IDS") is None
-    biased = client.infer("preprocessing", inputs + [
-        _raw("EMBEDDING_BIAS_WORDS", np.array([["fox", "dog"]], dtype=object), "BYTES"),
-        _raw("EMBEDDING_BIAS_WEIGHTS", np.array([[2.5, -1.0]], dtype=np.float32), "FP32"),
-        _raw("PROMPT_TABLE_EXTRA_ID", np.array([[7]], dtype=np.uint64), "UINT64")])
+    biased = client.infer(
+        "preprocessing",
+        inputs
+        + [
+            _raw("EMBEDDING_BIAS_WORDS", np.array([["fox", "dog"]], dtype=object), "BYTES"),
+            _raw("EMBEDDING_BIAS_WEIGHTS", np.array([[2.5, -1.0]], dtype=np.float32), "FP32"),
+            _raw("PROMPT_TABLE_EXTRA_ID", np.array([[7]], dtype=np.uint64), "UINT64"),
+        ],
+    )
     bias = biased.as_numpy("EMBEDDING_BIAS")
     assert bias.shape == (1, 3 + len(WORDS))
     assert bias[0, 3 + WORDS.index("fox")] == 2.5 and bias[0, 3 + WORDS.index("dog")] == -1.0
@@ -284,8 +315,21 @@ def test_query_takes_the_chat_template_from_the_server_in_any_directory(server, 
     out = capsys.readouterr().out
     assert rc == 0, out
     assert out.startswith(" dog fox jumps")  # the tiny template: each message's content, then a space
-    rc = main(["query", "fox jumps", "--url", server.grpc_url, "--max-tokens", "2", "--model", "tensorrt_llm_bls",
-               "--chat", "--system", "dog"])
+    rc = main(
+        [
+            "query",
+            "fox jumps",
+            "--url",
+            server.grpc_url,
+            "--max-tokens",
+            "2",
+            "--model",
+            "tensorrt_llm_bls",
+            "--chat",
+            "--system",
+            "dog",
+        ]
+    )
     assert rc == 0 and capsys.readouterr().out.startswith(" dog fox")
 
 
@@ -306,8 +350,23 @@ def test_bench_command_writes_json_and_plot(server, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world\nthe quick brown fox\n\nlazy dog jumps\n")
     out = tmp_path / "bench"
-    rc = main(["bench", "--prompts", str(prompts), "--concurrency", "4", "--requests", "8", "--max-tokens", "9",
-               "--url", server.grpc_url, "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--concurrency",
+            "4",
+            "--requests",
+            "8",
+            "--max-tokens",
+            "9",
+            "--url",
+            server.grpc_url,
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0, text
     report = json.loads((out / "bench.json").read_text())
@@ -322,12 +381,30 @@ def test_bench_command_writes_json_and_plot(server, tmp_path, capsys):
 def test_serve_command_runs_in_the_foreground_and_stops_on_sigterm(packaged, tmp_path):
     folder, repo = packaged
     http, grpc, metrics = free_ports(3)
-    argv = [sys.executable, "-m", "pipeline", "--cache-dir", str(REPO_ROOT / ".cache"), "serve",
-            str(folder / "spec.yaml"), "--repo", str(repo), "--backend-model", str(STANDIN),
-            "--grpc-port", str(grpc), "--http-port", str(http), "--metrics-port", str(metrics),
-            "--log-file", str(tmp_path / "serve.log")]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, COLUMNS="200"))
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "--cache-dir",
+        str(REPO_ROOT / ".cache"),
+        "serve",
+        str(folder / "spec.yaml"),
+        "--repo",
+        str(repo),
+        "--backend-model",
+        str(STANDIN),
+        "--grpc-port",
+        str(grpc),
+        "--http-port",
+        str(http),
+        "--metrics-port",
+        str(metrics),
+        "--log-file",
+        str(tmp_path / "serve.log"),
+    ]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, COLUMNS="200")
+    )
     try:
         lines = []
         for line in process.stdout:  # the command prints "ready" once every model is READY

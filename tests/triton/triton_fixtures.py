@@ -29,8 +29,7 @@ def make_tokenizer(folder: Path) -> Path:
     vocab = {token: index for index, token in enumerate(SPECIALS + WORDS)}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
-                                   eos_token="</s>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     folder.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(folder)
@@ -40,11 +39,21 @@ def make_tokenizer(folder: Path) -> Path:
 def make_model_dir(folder: Path, **overrides) -> Path:
     """config.json of a tiny Llama (enough to plan) plus the tiny tokenizer."""
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
-        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": 128, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "tie_word_embeddings": False,
-        "eos_token_id": 2, "pad_token_id": 1, "bos_token_id": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "tie_word_embeddings": False,
+        "eos_token_id": 2,
+        "pad_token_id": 1,
+        "bos_token_id": 2,
     }
     config.update(overrides)
     make_tokenizer(folder)
@@ -70,8 +79,9 @@ target: reference
 
 
 def plan_spec(path: Path, roots_dir: Path) -> Plan:
-    return make_plan(load_spec(path), OutputRoots(roots_dir / "engines", roots_dir / "triton_repo",
-                                                  roots_dir / "cache"))
+    return make_plan(
+        load_spec(path), OutputRoots(roots_dir / "engines", roots_dir / "triton_repo", roots_dir / "cache")
+    )
 
 
 def tiny_plan(folder: Path, spec_text: str = TINY_SPEC) -> VariantPlan:
@@ -88,13 +98,18 @@ def fake_engine(variant: VariantPlan, folder: Path | None = None) -> Path:
     build = variant.build
     config = {
         "version": "1.2.1",
-        "pretrained_config": {"architecture": variant.arch.architecture,
-                              "mapping": {"tp_size": variant.tp, "pp_size": variant.pp,
-                                          "world_size": variant.world_size}},
-        "build_config": {"max_batch_size": build.max_batch_size, "max_input_len": build.max_input_len,
-                         "max_seq_len": build.engine_max_seq_len, "max_num_tokens": build.engine_max_num_tokens,
-                         "max_draft_len": build.max_draft_len,
-                         "speculative_decoding_mode": build.speculative_decoding_mode},
+        "pretrained_config": {
+            "architecture": variant.arch.architecture,
+            "mapping": {"tp_size": variant.tp, "pp_size": variant.pp, "world_size": variant.world_size},
+        },
+        "build_config": {
+            "max_batch_size": build.max_batch_size,
+            "max_input_len": build.max_input_len,
+            "max_seq_len": build.engine_max_seq_len,
+            "max_num_tokens": build.engine_max_num_tokens,
+            "max_draft_len": build.max_draft_len,
+            "speculative_decoding_mode": build.speculative_decoding_mode,
+        },
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder

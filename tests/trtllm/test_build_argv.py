@@ -69,40 +69,55 @@ def test_argv_is_a_list_of_strings_never_a_shell_line(plan_text, tmp_path):
 
 
 def test_legal_extra_flags_pass_through_sorted(plan_text):
-    flags = ("{use_fused_mlp: disable, --log_level: verbose, strip_plan: true, weight_streaming: false, "
-             "max_prompt_embedding_table_size: 0}")
+    flags = (
+        "{use_fused_mlp: disable, --log_level: verbose, strip_plan: true, weight_streaming: false, "
+        "max_prompt_embedding_table_size: 0}"
+    )
     variant = plan_text(PRESET_8B + f"build:\n  extra_flags: {flags}\n")[0]
     argv = trtllm_build_argv(variant, CKPT, ENGINE, visible_gpus=1)
-    assert argv[-7:] == ["--log_level", "verbose", "--max_prompt_embedding_table_size", "0", "--strip_plan",
-                         "--use_fused_mlp", "disable"]
+    assert argv[-7:] == [
+        "--log_level",
+        "verbose",
+        "--max_prompt_embedding_table_size",
+        "0",
+        "--strip_plan",
+        "--use_fused_mlp",
+        "disable",
+    ]
     args = argv_dict(argv)
     assert args["--use_fused_mlp"] == "disable" and args["--strip_plan"] is True
     assert "--weight_streaming" not in args  # false switches are left out
 
 
-@pytest.mark.parametrize("flags,message", [
-    ("{use_fused_mlp: fast}", "build.extra_flags.use_fused_mlp: 'fast' is not legal; allowed: one of enable, disable"),
-    ("{use_fused_mlp: on}", "use_fused_mlp: true is not legal (YAML reads on/off/yes/no as booleans)"),
-    ("{tp_size: 2}", "build.extra_flags.tp_size: not a trtllm-build 1.2.1 flag"),
-    ("{max_seq_len: 9000}", "build.extra_flags.max_seq_len: set by the plan (build.max_seq_len)"),
-    ("{max_decoder_seq_len: 9000}", "build.extra_flags.max_decoder_seq_len: set by the plan"),
-    ("{max_draft_len: 3}", "build.extra_flags.max_draft_len: set by the plan"),
-    ("{workers: 8}", "build.extra_flags.workers: set by the plan"),
-    ("{build_config: x.json}", "build.extra_flags.build_config: not allowed: a BuildConfig JSON replaces"),
-    ("{dry_run: true}", "build.extra_flags.dry_run: not allowed: a dry run writes no engine"),
-    ("{opt_num_tokens: 64}", "mutually exclusive with --multiple_profiles enable"),
-    ("{paged_kv_cache: enable}", "deprecated"),
-    ("{max_lora_rank: 1.5}", "build.extra_flags.max_lora_rank: 1.5 is not legal; allowed: a non-negative integer"),
-    ("{strip_plan: 1}", "allowed: true or false"),
-    ("{streamingllm: enable}", "StreamingLLM is asserted off"),
-    ("{gather_context_logits: true}", "context logits with speculative decoding"),
-    ("{low_latency_gemm_plugin: fp8}", "needs FP8 weights"),
-    ("{reduce_fusion: enable}", "enable needs tp > 1"),
-    ("{user_buffer: enable}", "needs build.extra_flags.reduce_fusion: enable"),
-    ("{use_fused_mpl: enable}", "did you mean 'use_fused_mlp'?"),
-    ("{use_fused_mlp: enable, --use_fused_mlp: disable}", "--use_fused_mlp is given twice"),
-    ("{max_multimodal_len: 8, max_prompt_embedding_table_size: 8}", "given twice"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (
+            "{use_fused_mlp: fast}",
+            "build.extra_flags.use_fused_mlp: 'fast' is not legal; allowed: one of enable, disable",
+        ),
+        ("{use_fused_mlp: on}", "use_fused_mlp: true is not legal (YAML reads on/off/yes/no as booleans)"),
+        ("{tp_size: 2}", "build.extra_flags.tp_size: not a trtllm-build 1.2.1 flag"),
+        ("{max_seq_len: 9000}", "build.extra_flags.max_seq_len: set by the plan (build.max_seq_len)"),
+        ("{max_decoder_seq_len: 9000}", "build.extra_flags.max_decoder_seq_len: set by the plan"),
+        ("{max_draft_len: 3}", "build.extra_flags.max_draft_len: set by the plan"),
+        ("{workers: 8}", "build.extra_flags.workers: set by the plan"),
+        ("{build_config: x.json}", "build.extra_flags.build_config: not allowed: a BuildConfig JSON replaces"),
+        ("{dry_run: true}", "build.extra_flags.dry_run: not allowed: a dry run writes no engine"),
+        ("{opt_num_tokens: 64}", "mutually exclusive with --multiple_profiles enable"),
+        ("{paged_kv_cache: enable}", "deprecated"),
+        ("{max_lora_rank: 1.5}", "build.extra_flags.max_lora_rank: 1.5 is not legal; allowed: a non-negative integer"),
+        ("{strip_plan: 1}", "allowed: true or false"),
+        ("{streamingllm: enable}", "StreamingLLM is asserted off"),
+        ("{gather_context_logits: true}", "context logits with speculative decoding"),
+        ("{low_latency_gemm_plugin: fp8}", "needs FP8 weights"),
+        ("{reduce_fusion: enable}", "enable needs tp > 1"),
+        ("{user_buffer: enable}", "needs build.extra_flags.reduce_fusion: enable"),
+        ("{use_fused_mpl: enable}", "did you mean 'use_fused_mlp'?"),
+        ("{use_fused_mlp: enable, --use_fused_mlp: disable}", "--use_fused_mlp is given twice"),
+        ("{max_multimodal_len: 8, max_prompt_embedding_table_size: 8}", "given twice"),
+    ],
+)
 def test_illegal_extra_flags_are_input_errors(plan_text, flags, message):
     variant = plan_text(PRESET_8B + f"build:\n  extra_flags: {flags}\n")[0]
     with pytest.raises(InputError) as info:
@@ -111,9 +126,11 @@ def test_illegal_extra_flags_are_input_errors(plan_text, flags, message):
 
 
 def test_variant_dependent_extra_flags_pass_where_they_apply(plan_text):
-    text = PRESET_8B + ("quantization: {weights: fp8}\nparallel: {tp: 2}\nspeculative: {method: none}\nbuild:\n"
-                        "  extra_flags: {low_latency_gemm_plugin: fp8, reduce_fusion: enable, user_buffer: enable,"
-                        " gather_context_logits: true}\n")
+    text = PRESET_8B + (
+        "quantization: {weights: fp8}\nparallel: {tp: 2}\nspeculative: {method: none}\nbuild:\n"
+        "  extra_flags: {low_latency_gemm_plugin: fp8, reduce_fusion: enable, user_buffer: enable,"
+        " gather_context_logits: true}\n"
+    )
     args = argv_dict(trtllm_build_argv(plan_text(text)[0], CKPT, ENGINE, visible_gpus=2))
     assert args["--reduce_fusion"] == "enable" and args["--gather_context_logits"] is True
 
@@ -121,13 +138,20 @@ def test_variant_dependent_extra_flags_pass_where_they_apply(plan_text):
 # --- property-based sweep over spec settings ------------------------------------------------------
 
 SAFE_EXTRA = {
-    "use_fused_mlp": st.sampled_from(["enable", "disable"]), "context_fmha": st.sampled_from(["enable"]),
-    "paged_state": st.sampled_from(["enable", "disable"]), "log_level": st.sampled_from(["info", "verbose"]),
+    "use_fused_mlp": st.sampled_from(["enable", "disable"]),
+    "context_fmha": st.sampled_from(["enable"]),
+    "paged_state": st.sampled_from(["enable", "disable"]),
+    "log_level": st.sampled_from(["info", "verbose"]),
     "profiling_verbosity": st.sampled_from(["layer_names_only", "detailed", "none"]),
-    "strip_plan": st.booleans(), "weight_streaming": st.booleans(), "enable_debug_output": st.booleans(),
-    "max_prompt_embedding_table_size": st.integers(0, 4096), "logits_dtype": st.sampled_from(["float16", "float32"]),
-    "lora_plugin": st.sampled_from(["auto", "disable", "float16"]), "max_lora_rank": st.integers(1, 256),
-    "bert_attention_plugin": st.sampled_from(["auto", "disable"]), "moe_plugin": st.sampled_from(["auto", "disable"]),
+    "strip_plan": st.booleans(),
+    "weight_streaming": st.booleans(),
+    "enable_debug_output": st.booleans(),
+    "max_prompt_embedding_table_size": st.integers(0, 4096),
+    "logits_dtype": st.sampled_from(["float16", "float32"]),
+    "lora_plugin": st.sampled_from(["auto", "disable", "float16"]),
+    "max_lora_rank": st.integers(1, 256),
+    "bert_attention_plugin": st.sampled_from(["auto", "disable"]),
+    "moe_plugin": st.sampled_from(["auto", "disable"]),
 }
 MEDUSA_TREES = {"chain_3": 3, "chain_4": 4, "cpu_small_10_depth_3": 3, "mc_sim_7b_63": 4, "cpu_small_15": 5}
 
@@ -143,10 +167,13 @@ def spec_texts(draw) -> str:
     batch = draw(st.integers(1, 64))
     input_len = draw(st.integers(1, 2048))
     seq = input_len + draw(st.integers(1, 2048))
-    lines = [PRESET_8B.rstrip(), f"parallel: {{tp: {tp}, pp: {pp}}}",
-             f"quantization: {{weights: {'fp8' if fp8 else 'none'}, kv_cache: {kv}}}",
-             f"build:\n  max_batch_size: {batch}\n  max_input_len: {input_len}\n  max_seq_len: {seq}\n"
-             f"  max_num_tokens: {draw(st.integers(1, 16384))}"]
+    lines = [
+        PRESET_8B.rstrip(),
+        f"parallel: {{tp: {tp}, pp: {pp}}}",
+        f"quantization: {{weights: {'fp8' if fp8 else 'none'}, kv_cache: {kv}}}",
+        f"build:\n  max_batch_size: {batch}\n  max_input_len: {input_len}\n  max_seq_len: {seq}\n"
+        f"  max_num_tokens: {draw(st.integers(1, 16384))}",
+    ]
     extra = draw(st.dictionaries(st.sampled_from(sorted(SAFE_EXTRA)), st.none(), max_size=4))
     if extra:
         values = {key: draw(SAFE_EXTRA[key]) for key in extra}
@@ -161,8 +188,9 @@ def spec_texts(draw) -> str:
     elif method == "medusa":
         tree = draw(st.sampled_from(sorted(MEDUSA_TREES)))
         heads = draw(st.integers(MEDUSA_TREES[tree], 6))
-        lines.append(f"heads:\n  medusa: {{path: nowhere, num_heads: {heads}}}\n"
-                     f"speculative:\n  medusa: {{choices: {tree}}}")
+        lines.append(
+            f"heads:\n  medusa: {{path: nowhere, num_heads: {heads}}}\nspeculative:\n  medusa: {{choices: {tree}}}"
+        )
     elif method == "eagle":
         if draw(st.booleans()):
             top_k, layers = draw(st.integers(1, 8)), draw(st.integers(1, 4))
@@ -176,8 +204,7 @@ def spec_texts(draw) -> str:
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=100, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=spec_texts(), visible=st.one_of(st.none(), st.integers(0, 16)))
 def test_sweep_argv_and_engine_config_follow_the_plan(plan_text, text, visible):
     try:
@@ -195,10 +222,13 @@ def test_sweep_argv_and_engine_config_follow_the_plan(plan_text, text, visible):
     b = predicted["build_config"]
     assert b["max_seq_len"] == variant.build.max_seq_len + (
         variant.build.max_draft_len + (variant.speculative.eagle.num_eagle_layers if variant.speculative.eagle else 0)
-        if variant.method != "none" else 0)
+        if variant.method != "none"
+        else 0
+    )
     requested = variant.build
-    expected_tokens = max(min(requested.max_num_tokens, requested.max_batch_size * requested.max_seq_len),
-                          requested.tokens_per_block)
+    expected_tokens = max(
+        min(requested.max_num_tokens, requested.max_batch_size * requested.max_seq_len), requested.tokens_per_block
+    )
     if variant.method != "none":
         expected_tokens = max(expected_tokens, requested.max_batch_size * (requested.max_draft_len + 1))
     assert b["max_num_tokens"] == expected_tokens

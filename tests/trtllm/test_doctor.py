@@ -17,9 +17,20 @@ L4 = LocalGpu("NVIDIA L4", (8, 9), 23034)
 
 
 def gpu_host(*gpus: LocalGpu, **changes) -> HostReport:
-    report = HostReport(python="3.12.3", torch="2.9.0", tensorrt="10.13.0", trtllm="1.2.1", engine_flow_missing=(),
-                        gpus=gpus, mpi="mpirun (Open MPI) 4.1.7", trtllm_backend=True, cpu_tritonserver=None,
-                        cpu_bf16_gemm=False, engines_dir="engines", free_disk_gib=500.0)
+    report = HostReport(
+        python="3.12.3",
+        torch="2.9.0",
+        tensorrt="10.13.0",
+        trtllm="1.2.1",
+        engine_flow_missing=(),
+        gpus=gpus,
+        mpi="mpirun (Open MPI) 4.1.7",
+        trtllm_backend=True,
+        cpu_tritonserver=None,
+        cpu_bf16_gemm=False,
+        engines_dir="engines",
+        free_disk_gib=500.0,
+    )
     return dataclasses.replace(report, **changes)
 
 
@@ -29,19 +40,23 @@ def test_parse_nvidia_smi():
 
 
 def test_a_gpu_host_with_trtllm_builds_the_plan(plan_text):
-    variant = plan_text(PRESET_8B + "quantization: {weights: fp8}\nparallel: {tp: 2}\n"
-                                    "gpu: {type: h100-sxm-80gb, count: 2}\n")[0]
+    variant = plan_text(
+        PRESET_8B + "quantization: {weights: fp8}\nparallel: {tp: 2}\ngpu: {type: h100-sxm-80gb, count: 2}\n"
+    )[0]
     verdict = assess_variant(variant, gpu_host(H100, H100))
     assert verdict.can_build and verdict.reasons == [] and verdict.notes == []
 
 
-@pytest.mark.parametrize("gpus,changes,reason", [
-    ((), {}, "no NVIDIA GPU found"),
-    ((H100,), {}, "needs tp*pp = 2 GPUs, this host has 1"),
-    ((A100, A100), {}, "FP8 needs compute capability >= 8.9; NVIDIA A100-SXM4-80GB is 8.0"),
-    ((H100, H100), {"engine_flow_missing": ("trtllm-build is not on PATH",)}, "trtllm-build is not on PATH"),
-    ((H100, H100), {"free_disk_gib": 1.0}, "of disk, engines has 1.0 GiB free"),
-])
+@pytest.mark.parametrize(
+    "gpus,changes,reason",
+    [
+        ((), {}, "no NVIDIA GPU found"),
+        ((H100,), {}, "needs tp*pp = 2 GPUs, this host has 1"),
+        ((A100, A100), {}, "FP8 needs compute capability >= 8.9; NVIDIA A100-SXM4-80GB is 8.0"),
+        ((H100, H100), {"engine_flow_missing": ("trtllm-build is not on PATH",)}, "trtllm-build is not on PATH"),
+        ((H100, H100), {"free_disk_gib": 1.0}, "of disk, engines has 1.0 GiB free"),
+    ],
+)
 def test_what_stops_a_tensorrt_build(plan_text, gpus, changes, reason):
     variant = plan_text(PRESET_8B + "quantization: {weights: fp8}\nparallel: {tp: 2}\n")[0]
     verdict = assess_variant(variant, gpu_host(*gpus, **changes))

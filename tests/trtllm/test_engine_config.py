@@ -15,15 +15,18 @@ from pipeline.stages.runner import run_stage
 from pipeline.trtllm.engine_config import check_engine_config, predict_engine_config
 
 
-@pytest.mark.parametrize("wng,expected", [((7, 7, 7), 83), ((4, 3, 4), 15), ((5, 3, 5), 19), ((7, 5, 7), 55),
-                                          ((1, 1, 0), 0)])
+@pytest.mark.parametrize(
+    "wng,expected", [((7, 7, 7), 83), ((4, 3, 4), 15), ((5, 3, 5), 19), ((7, 5, 7), 55), ((1, 1, 0), 0)]
+)
 def test_lookahead_draft_len_formula(wng, expected):
     assert lookahead_max_draft_len(*wng) == expected
 
 
 def test_lookahead_numbers_by_hand(plan_text, tmp_path):
-    text = PRESET_8B + ("speculative:\n  lookahead: {window: 7, ngram: 7, verification_set: 7}\n"
-                        "build: {max_batch_size: 16, max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 64}\n")
+    text = PRESET_8B + (
+        "speculative:\n  lookahead: {window: 7, ngram: 7, verification_set: 7}\n"
+        "build: {max_batch_size: 16, max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 64}\n"
+    )
     variant = plan_text(text)[0]
     config = predict_engine_config(variant, checkpoint_config(variant), output_dir=tmp_path / "engine")
     b = config["build_config"]
@@ -45,8 +48,10 @@ def test_lookahead_numbers_by_hand(plan_text, tmp_path):
 
 
 def test_eagle_numbers_by_hand(plan_text, tmp_path):
-    text = PRESET_8B + ("heads:\n  eagle: {path: e}\nparallel: {tp: 2}\n"
-                        "build: {max_batch_size: 8, max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 256}\n")
+    text = PRESET_8B + (
+        "heads:\n  eagle: {path: e}\nparallel: {tp: 2}\n"
+        "build: {max_batch_size: 8, max_input_len: 1024, max_seq_len: 2048, max_num_tokens: 256}\n"
+    )
     variant = plan_text(text)[0]
     config = predict_engine_config(variant, checkpoint_config(variant), output_dir=tmp_path)
     b = config["build_config"]
@@ -59,8 +64,9 @@ def test_eagle_numbers_by_hand(plan_text, tmp_path):
 
 
 def test_medusa_and_plain_modes(plan_text, tmp_path):
-    medusa = plan_text(PRESET_8B + "heads:\n  medusa: {path: m, num_heads: 3}\n"
-                                   "speculative:\n  medusa: {choices: chain_3}\n")[0]
+    medusa = plan_text(
+        PRESET_8B + "heads:\n  medusa: {path: m, num_heads: 3}\nspeculative:\n  medusa: {choices: chain_3}\n"
+    )[0]
     b = predict_engine_config(medusa, checkpoint_config(medusa), output_dir=tmp_path)["build_config"]
     assert (b["speculative_decoding_mode"], b["max_draft_len"], b["max_seq_len"]) == (4, 3, 2048 + 3)
     plain = plan_text(PRESET_8B + "speculative: {method: none}\n")[0]
@@ -69,8 +75,10 @@ def test_medusa_and_plain_modes(plan_text, tmp_path):
 
 
 def test_extra_flags_land_in_the_predicted_config(plan_text, tmp_path):
-    variant = plan_text(PRESET_8B + "build:\n  extra_flags: {use_fused_mlp: disable, strip_plan: true, "
-                                    "logits_dtype: float16, max_lora_rank: 8, lora_plugin: disable}\n")[0]
+    variant = plan_text(
+        PRESET_8B + "build:\n  extra_flags: {use_fused_mlp: disable, strip_plan: true, "
+        "logits_dtype: float16, max_lora_rank: 8, lora_plugin: disable}\n"
+    )[0]
     config = predict_engine_config(variant, checkpoint_config(variant), output_dir=tmp_path)
     assert config["build_config"]["plugin_config"]["use_fused_mlp"] is False
     assert config["build_config"]["use_strip_plan"] is True
@@ -85,40 +93,48 @@ def test_reference_build_writes_the_prediction_field_by_field(plan_text, tmp_pat
         stage = variant.stage("build")
         run_stage(stage, lambda out, variant=variant, stage=stage: build.run(variant, stage, out), on_wait=print)
         written = json.loads((stage.output / "config.json").read_text())
-        predicted = predict_engine_config(variant, json.loads((checkpoint / "config.json").read_text()),
-                                          output_dir=stage.output)
+        predicted = predict_engine_config(
+            variant, json.loads((checkpoint / "config.json").read_text()), output_dir=stage.output
+        )
         for section in ("pretrained_config", "build_config"):
             for key, value in predicted[section].items():
                 assert written[section][key] == value, f"{section}.{key}"
         assert written == predicted
-        assert sorted(p.name for p in stage.output.glob("rank*")) == [f"rank{r}.safetensors"
-                                                                     for r in range(variant.world_size)]
+        assert sorted(p.name for p in stage.output.glob("rank*")) == [
+            f"rank{r}.safetensors" for r in range(variant.world_size)
+        ]
 
 
 # --- check_engine_config: what a real build is verified against --------------------------------
 
+
 @pytest.fixture
 def good(plan_text, tmp_path):
-    variant = plan_text(PRESET_8B + "heads:\n  medusa: {path: m, num_heads: 4}\nparallel: {tp: 2}\n"
-                                    "gpu: {type: h100-sxm-80gb, count: 2}\n")[0]
+    variant = plan_text(
+        PRESET_8B + "heads:\n  medusa: {path: m, num_heads: 4}\nparallel: {tp: 2}\n"
+        "gpu: {type: h100-sxm-80gb, count: 2}\n"
+    )[0]
     return variant, predict_engine_config(variant, checkpoint_config(variant), output_dir=tmp_path)
 
 
-@pytest.mark.parametrize("path,value,message", [
-    ("build_config.max_draft_len", 0, "build_config.max_draft_len is 0, the plan needs 63"),
-    ("build_config.speculative_decoding_mode", 1, "speculative_decoding_mode is 1, the plan needs 4 (MEDUSA)"),
-    ("build_config.max_seq_len", 2048, "build_config.max_seq_len is 2048, the plan needs 2111"),
-    ("build_config.max_num_tokens", 8191, "max_num_tokens is 8191"),
-    ("build_config.kv_cache_type", "CONTINUOUS", "kv_cache_type is 'CONTINUOUS'"),
-    ("build_config.plugin_config.use_paged_context_fmha", False, "use_paged_context_fmha is False"),
-    ("build_config.plugin_config.tokens_per_block", 64, "tokens_per_block is 64, the plan needs 32"),
-    ("pretrained_config.mapping.tp_size", 1, "mapping.tp_size is 1, the plan needs 2"),
-    ("pretrained_config.mapping.world_size", 4, "world_size is 4, the plan needs tp*pp = 2"),
-    ("pretrained_config.num_medusa_heads", 3, "num_medusa_heads is 3, the plan needs 4"),
-    ("pretrained_config.architecture", "LlamaForCausalLM", "architecture is 'LlamaForCausalLM'"),
-    ("pretrained_config.rotary_scaling", {"type": "llama3"}, "rotary_scaling.factor is None, the model's is 8.0"),
-    ("version", "1.3.0", "engines must come from TensorRT-LLM 1.2.x"),
-])
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        ("build_config.max_draft_len", 0, "build_config.max_draft_len is 0, the plan needs 63"),
+        ("build_config.speculative_decoding_mode", 1, "speculative_decoding_mode is 1, the plan needs 4 (MEDUSA)"),
+        ("build_config.max_seq_len", 2048, "build_config.max_seq_len is 2048, the plan needs 2111"),
+        ("build_config.max_num_tokens", 8191, "max_num_tokens is 8191"),
+        ("build_config.kv_cache_type", "CONTINUOUS", "kv_cache_type is 'CONTINUOUS'"),
+        ("build_config.plugin_config.use_paged_context_fmha", False, "use_paged_context_fmha is False"),
+        ("build_config.plugin_config.tokens_per_block", 64, "tokens_per_block is 64, the plan needs 32"),
+        ("pretrained_config.mapping.tp_size", 1, "mapping.tp_size is 1, the plan needs 2"),
+        ("pretrained_config.mapping.world_size", 4, "world_size is 4, the plan needs tp*pp = 2"),
+        ("pretrained_config.num_medusa_heads", 3, "num_medusa_heads is 3, the plan needs 4"),
+        ("pretrained_config.architecture", "LlamaForCausalLM", "architecture is 'LlamaForCausalLM'"),
+        ("pretrained_config.rotary_scaling", {"type": "llama3"}, "rotary_scaling.factor is None, the model's is 8.0"),
+        ("version", "1.3.0", "engines must come from TensorRT-LLM 1.2.x"),
+    ],
+)
 def test_check_engine_config_catches_each_disagreement(good, path, value, message):
     variant, config = good
     assert check_engine_config(config, variant) == []
@@ -147,4 +163,5 @@ def test_rank_files_one_per_rank(good, tmp_path):
     assert check_engine_config(config, variant, engine_dir=folder) == []
     (folder / "rank2.engine").write_bytes(b"x")
     assert check_engine_config(config, variant, engine_dir=folder) == [
-        f"{folder}: rank2.engine beyond world size 2 (tp*pp)"]
+        f"{folder}: rank2.engine beyond world size 2 (tp*pp)"
+    ]

@@ -18,8 +18,10 @@ SCRIPT = REPO / "scripts" / "gpu-smoke.sh"
 
 
 def bash(command: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
-                        "SMOKE_WORK": str(tmp_path / "work")}
+    env = os.environ | {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
+        "SMOKE_WORK": str(tmp_path / "work"),
+    }
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -31,8 +33,9 @@ def test_script_uses_strict_mode_and_no_eval():
 
 def test_derived_gpu_spec_is_tensorrt_tp1_with_absolute_paths(tmp_path):
     out = tmp_path / "gpu.yaml"
-    result = bash(f"source {SCRIPT} && derive_spec {REPO}/specs/smollm2-medusa.yaml {out} tensorrt 8101 8100 8102",
-                  tmp_path)
+    result = bash(
+        f"source {SCRIPT} && derive_spec {REPO}/specs/smollm2-medusa.yaml {out} tensorrt 8101 8100 8102", tmp_path
+    )
     assert result.returncode == 0, result.stderr
     roots = OutputRoots(tmp_path / "e", tmp_path / "t", tmp_path / "c")
     variant = make_plan(load_spec(out), roots).variants[0]
@@ -56,6 +59,6 @@ def test_embedded_python_compiles_and_the_dispatch_step_runs_first():
     for block in blocks:
         compile(block, "gpu-smoke.sh", "exec")
     dispatch = next(block for block in blocks if "Placement(device_map=spread" in block)
-    assert "quantize_fp8" in dispatch and "device_map={\"\": 0}" in dispatch
-    main = text[text.index("main() {"):]
+    assert "quantize_fp8" in dispatch and 'device_map={"": 0}' in dispatch
+    main = text[text.index("main() {") :]
     assert main.index("smoke_dispatched_quantize") < main.index("smoke_method")

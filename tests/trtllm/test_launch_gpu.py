@@ -15,7 +15,7 @@ REPO = Path("/repo/v")
 
 def ranks(argv: list[str]) -> list[list[str]]:
     """The per-rank tritonserver commands of an MPMD mpirun argv."""
-    body = argv[argv.index("mpirun") + 1:]
+    body = argv[argv.index("mpirun") + 1 :]
     groups, current = [], []
     for arg in body:
         if arg == ":":
@@ -24,7 +24,7 @@ def ranks(argv: list[str]) -> list[list[str]]:
         else:
             current.append(arg)
     groups.append(current)
-    return [group[group.index("-n"):] for group in groups]
+    return [group[group.index("-n") :] for group in groups]
 
 
 @pytest.mark.parametrize("spec_file", EXAMPLE_SPECS, ids=lambda p: p.stem)
@@ -43,11 +43,18 @@ def test_one_tritonserver_per_rank_for_every_example(spec_file, plan_example):
 
 
 def test_rank0_serves_on_the_spec_ports_and_host(plan_text):
-    variant = plan_text(PRESET_8B + "parallel: {tp: 2, pp: 2}\nserving: {host: 0.0.0.0, grpc_port: 9001, http: true, "
-                                    "http_port: 9000, metrics_port: 9002, gpu_device_ids: [0, 1, 2, 3]}\n")[0]
+    variant = plan_text(
+        PRESET_8B + "parallel: {tp: 2, pp: 2}\nserving: {host: 0.0.0.0, grpc_port: 9001, http: true, "
+        "http_port: 9000, metrics_port: 9002, gpu_device_ids: [0, 1, 2, 3]}\n"
+    )[0]
     rank0, *others = ranks(gpu_launch_argv(variant, REPO, world_size=4))
-    for flag in ("--grpc-port=9001", "--http-port=9000", "--metrics-port=9002", "--http-address=0.0.0.0",
-                 "--grpc-address=0.0.0.0"):
+    for flag in (
+        "--grpc-port=9001",
+        "--http-port=9000",
+        "--metrics-port=9002",
+        "--http-address=0.0.0.0",
+        "--grpc-address=0.0.0.0",
+    ):
         assert flag in rank0
     assert len(others) == 3 and all("--http-address=0.0.0.0" not in command for command in others)
     assert len(variant.serving.gpu_device_ids) == variant.world_size

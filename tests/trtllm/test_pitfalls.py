@@ -38,8 +38,11 @@ def fasterdecoding_heads(folder: Path, num_heads: int, config_heads: int, hidden
     folder.mkdir()
     tensors = {}
     for h in range(num_heads):
-        tensors |= {f"{h}.0.linear.weight": torch.zeros(hidden, hidden), f"{h}.0.linear.bias": torch.zeros(hidden),
-                    f"{h}.1.weight": torch.zeros(vocab, hidden)}
+        tensors |= {
+            f"{h}.0.linear.weight": torch.zeros(hidden, hidden),
+            f"{h}.0.linear.bias": torch.zeros(hidden),
+            f"{h}.1.weight": torch.zeros(vocab, hidden),
+        }
     save_file(tensors, str(folder / "medusa_lm_head.safetensors"))
     (folder / "config.json").write_text(json.dumps({"medusa_num_heads": config_heads, "medusa_num_layers": 1}))
     return folder
@@ -47,13 +50,16 @@ def fasterdecoding_heads(folder: Path, num_heads: int, config_heads: int, hidden
 
 # --- Medusa -------------------------------------------------------------------------------------
 
+
 def test_medusa_head_count_comes_from_the_weights_not_a_default(plan_text, hf_config_dir, tmp_path):
     """TensorRT-LLM defaults num_medusa_heads to 4 and FasterDecoding's config under-reports; the
     weights decide, and a checkpoint carrying another count is refused before trtllm-build."""
     model = hf_config_dir()
     fasterdecoding_heads(tmp_path / "heads", num_heads=3, config_heads=2)
-    variant = plan_text(f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: {tmp_path / 'heads'}}}\n"
-                        "speculative:\n  medusa: {choices: chain_3}\n")[0]
+    variant = plan_text(
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  medusa: {{path: {tmp_path / 'heads'}}}\n"
+        "speculative:\n  medusa: {choices: chain_3}\n"
+    )[0]
     assert variant.speculative.medusa.num_heads == 3
     assert any("says 2 Medusa heads but the weights hold 3" in note for note in variant.notes)
     assert check_checkpoint_config(checkpoint_config(variant), variant) == []
@@ -82,11 +88,14 @@ def test_medusa_engine_carries_what_the_runtime_needs(plan_text):  # NVIDIA/Tens
 
 # --- EAGLE ----------------------------------------------------------------------------------------
 
+
 def test_eagle_without_fc_bias_is_repaired_with_a_note(plan_text, hf_config_dir, tmp_path):  # #2588
     model = hf_config_dir()
     (tmp_path / "e").mkdir()
-    save_file({"fc.weight": torch.zeros(64, 128), "layers.0.self_attn.q_proj.weight": torch.zeros(64, 64)},
-              str(tmp_path / "e" / "model.safetensors"))
+    save_file(
+        {"fc.weight": torch.zeros(64, 128), "layers.0.self_attn.q_proj.weight": torch.zeros(64, 64)},
+        str(tmp_path / "e" / "model.safetensors"),
+    )
     (tmp_path / "e" / "config.json").write_text(json.dumps({"hidden_size": 64}))
     variant = plan_text(f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: {tmp_path / 'e'}}}\n")[0]
     assert any("no fc.bias" in note and "writes zeros" in note for note in variant.notes)
@@ -100,7 +109,8 @@ def test_eagle_fp8_is_flagged_experimental(plan_text):  # NVIDIA/TensorRT-LLM#32
 def test_eagle_needs_a_llama_base(problems, hf_config_dir):  # #2673, #10396
     model = hf_config_dir(architectures=["MistralForCausalLM"])  # refused as a base for any method
     assert "unsupported architecture MistralForCausalLM" in problems(
-        f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n")
+        f"name: m\nmodel: {{path: {model}}}\nheads:\n  eagle: {{path: e}}\n"
+    )
 
 
 def test_eagle_limits(problems, plan_text):
@@ -118,17 +128,20 @@ def test_eagle_limits(problems, plan_text):
 
 
 def test_reduce_fusion_is_refused_for_eagle(plan_text):  # trtllm-build silently drops it
-    variant = plan_text(PRESET_8B + "heads:\n  eagle: {path: e}\nparallel: {tp: 2}\n"
-                                    "build:\n  extra_flags: {reduce_fusion: enable}\n")[0]
+    variant = plan_text(
+        PRESET_8B + "heads:\n  eagle: {path: e}\nparallel: {tp: 2}\nbuild:\n  extra_flags: {reduce_fusion: enable}\n"
+    )[0]
     with pytest.raises(InputError, match="EagleForCausalLM"):
         trtllm_build_argv(variant, CKPT, ENGINE, visible_gpus=2)
 
 
 # --- Lookahead --------------------------------------------------------------------------------------
 
+
 def test_lookahead_build_and_serve_must_agree(problems, plan_text):  # tensorrtllm_backend#710/#711
     assert "16 does not match (W=4, N=3, G=4), which needs 15" in problems(
-        PRESET_8B + "speculative:\n  lookahead: {max_draft_len: 16}\n")
+        PRESET_8B + "speculative:\n  lookahead: {max_draft_len: 16}\n"
+    )
     variant = plan_text(PRESET_8B + "speculative:\n  lookahead: {max_draft_len: 15}\n")[0]
     assert argv_value(trtllm_build_argv(variant, CKPT, ENGINE, visible_gpus=1), "--max_draft_len") == "15"
 
@@ -157,14 +170,16 @@ def test_context_logits_with_speculation_are_refused(plan_text):  # trtllm-build
 
 # --- checkpoint facts: rope scaling, FP8, parallelism -----------------------------------------------
 
+
 def test_llama3_rope_scaling_is_kept_whole(plan_text):  # the Medusa/EAGLE converters keep only the type
     variant = plan_text(PRESET_8B + "heads:\n  eagle: {path: e}\n")[0]
     assert variant.arch.rope_scaling["rope_type"] == "llama3" and variant.arch.rope_scaling["factor"] == 8.0
     config = checkpoint_config(variant)
     assert check_checkpoint_config(config, variant) == []
     truncated = config | {"rotary_scaling": {"type": "llama3"}}
-    assert any("rotary_scaling.factor is None, the model's is 8.0" in p
-               for p in check_checkpoint_config(truncated, variant))
+    assert any(
+        "rotary_scaling.factor is None, the model's is 8.0" in p for p in check_checkpoint_config(truncated, variant)
+    )
     config["eagle_net_config"]["rotary_scaling"] = None
     assert any("eagle_net_config.rotary_scaling is missing" in p for p in check_checkpoint_config(config, variant))
 
@@ -178,14 +193,17 @@ def test_fp8_checkpoint_must_say_fp8(plan_text):  # #10034 / Model-Optimizer#500
 
 def test_fp8_on_an_a100_is_rejected(problems):
     assert "FP8 needs compute capability >= 8.9" in problems(
-        PRESET_8B + "quantization: {weights: fp8}\ngpu: {type: a100-80gb}\n")
+        PRESET_8B + "quantization: {weights: fp8}\ngpu: {type: a100-80gb}\n"
+    )
 
 
 def test_world_size_must_equal_tp_times_pp(problems, plan_text):
     assert "2 GPUs cannot hold world size tp*pp = 4" in problems(
-        PRESET_8B + "parallel: {tp: 2, pp: 2}\ngpu: {type: h100-sxm-80gb, count: 2}\n")
+        PRESET_8B + "parallel: {tp: 2, pp: 2}\ngpu: {type: h100-sxm-80gb, count: 2}\n"
+    )
     assert "lists 3 GPUs; the engine needs tp*pp = 4" in problems(
-        PRESET_8B + "parallel: {tp: 2, pp: 2}\nserving: {gpu_device_ids: [0, 1, 2]}\n")
+        PRESET_8B + "parallel: {tp: 2, pp: 2}\nserving: {gpu_device_ids: [0, 1, 2]}\n"
+    )
     variant = plan_text(PRESET_8B + "parallel: {tp: 2, pp: 2}\n")[0]
     write_checkpoint(variant, mapping={"world_size": 2, "tp_size": 2, "pp_size": 1})
     with pytest.raises(StageError, match="mapping.pp_size is 1, the plan needs 2"):

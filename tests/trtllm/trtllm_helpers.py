@@ -24,27 +24,46 @@ PRESET_8B = "name: p\nmodel: {preset: llama-3.1-8b}\n"
 def checkpoint_config(variant: VariantPlan) -> dict[str, Any]:
     arch, spec = variant.arch, variant.speculative
     config: dict[str, Any] = {
-        "architecture": "LlamaForCausalLM", "dtype": variant.build.dtype, "logits_dtype": "float32",
-        "vocab_size": arch.vocab_size, "hidden_size": arch.hidden_size, "num_hidden_layers": arch.num_layers,
-        "num_attention_heads": arch.num_heads, "num_key_value_heads": arch.num_kv_heads,
-        "head_size": arch.head_dim, "intermediate_size": arch.intermediate_size, "hidden_act": "silu",
-        "norm_epsilon": arch.norm_epsilon, "position_embedding_type": "rope_gpt_neox",
-        "max_position_embeddings": arch.max_position_embeddings, "rotary_base": arch.rope_theta,
-        "rotary_scaling": ({"type": arch.rope_scaling["rope_type"], **arch.rope_scaling}
-                           if arch.rope_scaling else None),
+        "architecture": "LlamaForCausalLM",
+        "dtype": variant.build.dtype,
+        "logits_dtype": "float32",
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_heads,
+        "num_key_value_heads": arch.num_kv_heads,
+        "head_size": arch.head_dim,
+        "intermediate_size": arch.intermediate_size,
+        "hidden_act": "silu",
+        "norm_epsilon": arch.norm_epsilon,
+        "position_embedding_type": "rope_gpt_neox",
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rotary_base": arch.rope_theta,
+        "rotary_scaling": (
+            {"type": arch.rope_scaling["rope_type"], **arch.rope_scaling} if arch.rope_scaling else None
+        ),
         "mapping": {"world_size": variant.world_size, "tp_size": variant.tp, "pp_size": variant.pp},
-        "quantization": {"quant_algo": variant.quant.quant_algo,
-                         "kv_cache_quant_algo": variant.quant.kv_cache_quant_algo},
+        "quantization": {
+            "quant_algo": variant.quant.quant_algo,
+            "kv_cache_quant_algo": variant.quant.kv_cache_quant_algo,
+        },
     }
     if spec.medusa:
-        config.update(architecture="MedusaForCausalLM", num_medusa_heads=spec.medusa.num_heads,
-                      num_medusa_layers=spec.medusa.num_layers, max_draft_len=spec.medusa.max_draft_len)
+        config.update(
+            architecture="MedusaForCausalLM",
+            num_medusa_heads=spec.medusa.num_heads,
+            num_medusa_layers=spec.medusa.num_layers,
+            max_draft_len=spec.medusa.max_draft_len,
+        )
     if spec.eagle:
         net = {k: config[k] for k in ("dtype", "vocab_size", "hidden_size", "rotary_base", "rotary_scaling")}
-        config.update(architecture="EagleForCausalLM", num_eagle_layers=spec.eagle.num_eagle_layers,
-                      max_draft_len=spec.eagle.max_draft_len,
-                      max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
-                      eagle_net_config={**net, "architecture": "LlamaForCausalLM", "num_hidden_layers": 1})
+        config.update(
+            architecture="EagleForCausalLM",
+            num_eagle_layers=spec.eagle.num_eagle_layers,
+            max_draft_len=spec.eagle.max_draft_len,
+            max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
+            eagle_net_config={**net, "architecture": "LlamaForCausalLM", "num_hidden_layers": 1},
+        )
     return config
 
 

@@ -85,8 +85,10 @@ def load_engine_config(folder: Path) -> EngineConfig:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("pretrained_config"), dict):
-        raise InputError(f"{where}: no pretrained_config object; this is not an engine config.json "
-                         "(a checkpoint config.json has no build_config)")
+        raise InputError(
+            f"{where}: no pretrained_config object; this is not an engine config.json "
+            "(a checkpoint config.json has no build_config)"
+        )
     pc = data["pretrained_config"]
     bc = data.get("build_config")
     if not isinstance(bc, dict):
@@ -112,8 +114,9 @@ def load_engine_config(folder: Path) -> EngineConfig:
     if quant.quant_algo not in (None, "FP8"):
         raise InputError(f"{pcw}.quantization: quant_algo {quant.quant_algo!r} is not supported (FP8 or null)")
     if quant.kv_cache_quant_algo not in (None, "FP8"):
-        raise InputError(f"{pcw}.quantization: kv_cache_quant_algo {quant.kv_cache_quant_algo!r} is not "
-                         "supported (FP8 or null)")
+        raise InputError(
+            f"{pcw}.quantization: kv_cache_quant_algo {quant.kv_cache_quant_algo!r} is not supported (FP8 or null)"
+        )
     bcw = f"{where} build_config"
     max_seq_len = config_value(bc, "max_seq_len", bcw, int)
     max_batch = config_value(bc, "max_batch_size", bcw, int)
@@ -132,6 +135,5 @@ def load_engine_config(folder: Path) -> EngineConfig:
     config = EngineConfig(folder, str(data.get("version", "")), dtype, model, Parallel(tp, pp), quant, limits, data)
     missing = [config.rank_file(r).name for r in range(world) if not config.rank_file(r).is_file()]
     if missing:
-        raise InputError(f"{folder}: missing {', '.join(missing)} (mapping world_size {world}); "
-                         "rebuild the engine")
+        raise InputError(f"{folder}: missing {', '.join(missing)} (mapping world_size {world}); rebuild the engine")
     return config

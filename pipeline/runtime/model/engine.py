@@ -81,9 +81,16 @@ class StepRows:
 Span = tuple[int, int]  # an item's rows [a, b) in a step's packed rows
 
 
-def decoder_layer(shards: Sequence[LayerShard], h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                  geo: Geometry, caches: Sequence[KVCache], spans: Sequence[Span],
-                  masks: Sequence[torch.Tensor | None], layer: int) -> torch.Tensor:
+def decoder_layer(
+    shards: Sequence[LayerShard],
+    h: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    geo: Geometry,
+    caches: Sequence[KVCache],
+    spans: Sequence[Span],
+    masks: Sequence[torch.Tensor | None],
+    layer: int,
+) -> torch.Tensor:
     """One decoder layer over the tp shards (the engine's and the EAGLE drafter's): residual +
     all-reduced attention, residual + all-reduced MLP. ``h`` [T, H] is every request's new rows;
     a shard without input_layernorm (EAGLE's first drafter layer) feeds attention ``h`` itself."""
@@ -94,9 +101,17 @@ def decoder_layer(shards: Sequence[LayerShard], h: torch.Tensor, rope: tuple[tor
     return h + all_reduce([mlp(w, x) for w in shards])
 
 
-def attention(w: LayerShard, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], geo: Geometry,
-              caches: Sequence[KVCache], spans: Sequence[Span], masks: Sequence[torch.Tensor | None],
-              tp_rank: int, layer: int) -> torch.Tensor:
+def attention(
+    w: LayerShard,
+    x: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    geo: Geometry,
+    caches: Sequence[KVCache],
+    spans: Sequence[Span],
+    masks: Sequence[torch.Tensor | None],
+    tp_rank: int,
+    layer: int,
+) -> torch.Tensor:
     """One rank's attention partial sum over a batch of requests (the engine's and the EAGLE
     drafter's): q/k/v and the output projection run once over every request's new rows; attention
     runs per request over its own cache, which gets the new K/V.
@@ -115,8 +130,7 @@ def attention(w: LayerShard, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Te
     ctx = torch.empty(T, geo.heads, d)
     for cache, (a, b), mask in zip(caches, spans, masks):
         keys, values = cache.write(tp_rank, layer, k[:, a:b], v[:, a:b])
-        out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None], attn_mask=mask,
-                                             enable_gqa=True)
+        out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None], attn_mask=mask, enable_gqa=True)
         ctx[a:b] = out[0].transpose(0, 1)
     return w.dense(ctx.view(T, geo.heads * d))
 
@@ -127,13 +141,16 @@ class Engine:
         shape = config.model
         self.tp, self.pp = config.parallel.tp, config.parallel.pp
         self.ranks = ranks  # by rank = pp_rank * tp + tp_rank
-        self.geo = Geometry(shape.num_heads // self.tp, max(shape.num_kv_heads // self.tp, 1), shape.head_dim,
-                            shape.norm_epsilon)
+        self.geo = Geometry(
+            shape.num_heads // self.tp, max(shape.num_kv_heads // self.tp, 1), shape.head_dim, shape.norm_epsilon
+        )
         first, last = self.stage(0)[0], self.stage(self.pp - 1)
         lm_heads = [r.lm_head for r in last if r.lm_head is not None]
         if first.embedding is None or last[0].ln_f is None or len(lm_heads) != self.tp:
-            raise InputError(f"{config.folder}: rank files lack the embedding (first stage) or ln_f/lm_head "
-                             "(last stage); rebuild the engine")
+            raise InputError(
+                f"{config.folder}: rank files lack the embedding (first stage) or ln_f/lm_head "
+                "(last stage); rebuild the engine"
+            )
         self.embedding: torch.Tensor = first.embedding
         self.device = self.embedding.device  # every weight, the KV caches and each step's tensors live here
         self.inv_freq = rope_inv_freq(shape.head_dim, shape.rope_theta, shape.rope_scaling).to(self.device)
@@ -146,8 +163,10 @@ class Engine:
                 self.prepare_linears(shard)
         self.layer_ids = [sorted(self.stage(p)[0].layers) for p in range(self.pp)]
         if sum(len(ids) for ids in self.layer_ids) != shape.num_layers:
-            raise InputError(f"{config.folder}: rank files hold {sum(len(i) for i in self.layer_ids)} decoder "
-                             f"layers, config.json says {shape.num_layers}; rebuild the engine")
+            raise InputError(
+                f"{config.folder}: rank files hold {sum(len(i) for i in self.layer_ids)} decoder "
+                f"layers, config.json says {shape.num_layers}; rebuild the engine"
+            )
 
     def prepare_linears(self, shard: LayerShard) -> None:
         """Replace a decoder layer's linears by their engine form (gemm.py), in place."""
@@ -181,8 +200,10 @@ class Engine:
         config = load_engine_config(folder)
         pretrained = config.raw["pretrained_config"]
         if pretrained.get("use_parallel_embedding"):
-            raise InputError(f"{config.folder / 'config.json'}: use_parallel_embedding=true is not supported by "
-                             "the reference backend; convert without it")
+            raise InputError(
+                f"{config.folder / 'config.json'}: use_parallel_embedding=true is not supported by "
+                "the reference backend; convert without it"
+            )
         ranks = [RankWeights.load(config.folder, r, pretrained, device) for r in range(config.parallel.world_size)]
         return cls(config, ranks)
 
@@ -191,8 +212,14 @@ class Engine:
 
     def new_cache(self, limit: int) -> KVCache:
         """An empty cache for one request that will never hold more than ``limit`` tokens."""
-        return KVCache([self.geo.kv_heads] * self.tp, self.config.model.num_layers, self.geo.head_size,
-                       torch.float32, limit, tokens_per_block=self.config.limits.tokens_per_block)
+        return KVCache(
+            [self.geo.kv_heads] * self.tp,
+            self.config.model.num_layers,
+            self.geo.head_size,
+            torch.float32,
+            limit,
+            tokens_per_block=self.config.limits.tokens_per_block,
+        )
 
     @torch.no_grad()
     def forward(self, items: Sequence[StepInput]) -> list[StepRows]:
@@ -212,8 +239,7 @@ class Engine:
             n = len(item.token_ids)
             item.cache.reserve(n)
             past = item.cache.length
-            positions.append(torch.arange(past, past + n) if item.positions is None
-                             else torch.tensor(item.positions))
+            positions.append(torch.arange(past, past + n) if item.positions is None else torch.tensor(item.positions))
             spans.append((start, start + n))
             start += n
         ids = torch.tensor([t for item in items for t in item.token_ids], dtype=torch.long)
@@ -229,8 +255,7 @@ class Engine:
             item.cache.advance(len(item.token_ids))
         return self._logits(h, items, spans)
 
-    def _logits(self, h: torch.Tensor, items: Sequence[StepInput], spans: list[tuple[int, int]]
-                ) -> list[StepRows]:
+    def _logits(self, h: torch.Tensor, items: Sequence[StepInput], spans: list[tuple[int, int]]) -> list[StepRows]:
         hidden_rows: list[int] = []
         logit_rows: list[int] = []  # indices into hidden_rows
         hidden_counts, logit_counts = [], []
@@ -253,7 +278,10 @@ def _mask(item: StepInput, n: int, total: int) -> torch.Tensor | None:
     if n == 1 and item.mask is None:
         return None  # a single new token sees everything before it
     mask = torch.zeros(n, total)
-    among = (item.mask.to(device=mask.device, dtype=torch.bool) if item.mask is not None
-             else torch.ones(n, n, dtype=torch.bool).tril())
+    among = (
+        item.mask.to(device=mask.device, dtype=torch.bool)
+        if item.mask is not None
+        else torch.ones(n, n, dtype=torch.bool).tril()
+    )
     mask[:, total - n :].masked_fill_(~among, float("-inf"))
     return mask

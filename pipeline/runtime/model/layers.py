@@ -56,8 +56,9 @@ def rope_inv_freq(head_size: int, base: float, scaling: dict[str, Any] | None) -
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, blended, scaled)
-    raise InputError(f"rotary_scaling type {kind!r} is not supported by the reference forward "
-                     "(default, linear, llama3)")
+    raise InputError(
+        f"rotary_scaling type {kind!r} is not supported by the reference forward (default, linear, llama3)"
+    )
 
 
 def rope_tables(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +125,6 @@ def prepare_linear(linear: Linear | Gemm, bf16: bool) -> Linear | Gemm:
 def mlp(w: LayerShard, x: torch.Tensor) -> torch.Tensor:
     # TRT-LLM GatedMLP: fc (= HF gate_proj) is activated, gate (= HF up_proj) multiplies it.
     return w.proj(F.silu(w.fc(x)) * w.gate(x))
-
 
 
 def all_reduce(partials: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -69,17 +69,23 @@ class RankWeights:
                 w.lm_head = get.f32("lm_head.weight")
             for h in range(config.get("num_medusa_heads", 0)):
                 p = f"medusa_heads.{h}"
-                resblocks: list[Linear | Gemm] = [get.linear(f"{p}.medusa_layers.{i}.linear", bias=True)
-                                                  for i in range(config["num_medusa_layers"])]
+                resblocks: list[Linear | Gemm] = [
+                    get.linear(f"{p}.medusa_layers.{i}.linear", bias=True) for i in range(config["num_medusa_layers"])
+                ]
                 w.medusa.append(MedusaShard(resblocks, get.f32(f"{p}.lm_head.weight")))
             if "eagle_net_config" in config:
                 n_layers = config["eagle_net_config"]["num_hidden_layers"]
                 for i in range(config["num_eagle_layers"]):
                     p = f"eagle_nets.{i}"
                     layers = {j: get.layer(f"{p}.drafter.layers.{j}", input_norm=j > 0) for j in range(n_layers)}
-                    w.eagle.append(EagleShard(get.f32(f"{p}.drafter.vocab_embedding.weight"),
-                                              get.linear(f"{p}.drafter.fc", bias=True), layers,
-                                              get.f32(f"{p}.lm_head.weight")))
+                    w.eagle.append(
+                        EagleShard(
+                            get.f32(f"{p}.drafter.vocab_embedding.weight"),
+                            get.linear(f"{p}.drafter.fc", bias=True),
+                            layers,
+                            get.f32(f"{p}.lm_head.weight"),
+                        )
+                    )
         return w
 
 
@@ -116,8 +122,11 @@ class _Getter:
     def layer(self, p: str, input_norm: bool = True) -> LayerShard:
         return LayerShard(
             input_layernorm=self.f32(f"{p}.input_layernorm.weight") if input_norm else None,
-            qkv=self.linear(f"{p}.attention.qkv"), dense=self.linear(f"{p}.attention.dense"),
+            qkv=self.linear(f"{p}.attention.qkv"),
+            dense=self.linear(f"{p}.attention.dense"),
             post_layernorm=self.f32(f"{p}.post_layernorm.weight"),
-            fc=self.linear(f"{p}.mlp.fc"), gate=self.linear(f"{p}.mlp.gate"), proj=self.linear(f"{p}.mlp.proj"),
+            fc=self.linear(f"{p}.mlp.fc"),
+            gate=self.linear(f"{p}.mlp.gate"),
+            proj=self.linear(f"{p}.mlp.proj"),
             kv_cache_scale=self.scalar(f"{p}.attention.kv_cache_scaling_factor"),
         )

@@ -27,7 +27,8 @@ Prometheus (through Triton's custom-metrics API, served on the metrics port next
 
 The MetricFamily objects are kept on this object for the model's lifetime: once one is garbage
 collected every later ``increment`` raises "the corresponding 'MetricFamily' has been deleted"
-(seen with tritonserver 2.51 from nvidia-pytriton 0.7). Outside Triton (tests, benchmarks) ``pb_utils`` is None and the export is a no-op.
+(seen with tritonserver 2.51 from nvidia-pytriton 0.7). Outside Triton (tests, benchmarks)
+``pb_utils`` is None and the export is a no-op.
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ class SpecDecodingStats:
     def summary(self) -> str:
         """One log line, as vLLM's SpecDecodingLogging prints it."""
         per_pos = ", ".join(f"{r:.3f}" for r in self.acceptance_per_position())
-        return (f"mean acceptance length {self.mean_acceptance_length:.2f}, acceptance rate "
-                f"{self.acceptance_rate:.3f} ({self.accepted_tokens}/{self.draft_tokens} draft tokens, "
-                f"{self.verification_steps} steps), per-position acceptance [{per_pos}]")
+        return (
+            f"mean acceptance length {self.mean_acceptance_length:.2f}, acceptance rate "
+            f"{self.acceptance_rate:.3f} ({self.accepted_tokens}/{self.draft_tokens} draft tokens, "
+            f"{self.verification_steps} steps), per-position acceptance [{per_pos}]"
+        )
 
 
 @dataclass(frozen=True)
@@ -126,23 +129,26 @@ class BackendMetrics:
         def make(name: str, description: str, kind: Any) -> Any:
             return make_family(name, description, kind).Metric(labels=labels)
 
-        self.tokens = make("specdeploy_reference_generated_tokens_total", "Tokens returned to clients",
-                           family.COUNTER)
-        self.steps = make("specdeploy_reference_steps_total", "Engine forward steps (in-flight batches)",
-                          family.COUNTER)
-        self.requests = make("specdeploy_reference_requests_total", "Requests finished (any reason)",
-                             family.COUNTER)
+        self.tokens = make("specdeploy_reference_generated_tokens_total", "Tokens returned to clients", family.COUNTER)
+        self.steps = make(
+            "specdeploy_reference_steps_total", "Engine forward steps (in-flight batches)", family.COUNTER
+        )
+        self.requests = make("specdeploy_reference_requests_total", "Requests finished (any reason)", family.COUNTER)
         self.batch = make("specdeploy_reference_batch_size", "Requests in the last forward step", family.GAUGE)
-        self.step_ms = make("specdeploy_reference_step_milliseconds", "Duration of the last forward step",
-                            family.GAUGE)
+        self.step_ms = make("specdeploy_reference_step_milliseconds", "Duration of the last forward step", family.GAUGE)
         prefix = "specdeploy_reference_spec_decode"
-        self.drafts = make(f"{prefix}_num_drafts_total",
-                           "Speculative verification steps (generation steps after the prompt)", family.COUNTER)
+        self.drafts = make(
+            f"{prefix}_num_drafts_total",
+            "Speculative verification steps (generation steps after the prompt)",
+            family.COUNTER,
+        )
         self.draft_tokens = make(f"{prefix}_num_draft_tokens_total", "Draft tokens verified", family.COUNTER)
         self.accepted_tokens = make(f"{prefix}_num_accepted_tokens_total", "Draft tokens accepted", family.COUNTER)
-        per_pos = make_family(f"{prefix}_num_accepted_tokens_per_pos_total",
-                              "Verification steps that accepted a draft at this position (0 = depth 1)",
-                              family.COUNTER)
+        per_pos = make_family(
+            f"{prefix}_num_accepted_tokens_per_pos_total",
+            "Verification steps that accepted a draft at this position (0 = depth 1)",
+            family.COUNTER,
+        )
         self.per_position = [per_pos.Metric(labels={**labels, "position": str(k)}) for k in range(draft_positions)]
 
     def on_step(self, stats: StepStats) -> None:

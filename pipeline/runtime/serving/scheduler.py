@@ -48,8 +48,14 @@ class _Entry:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, method: DecodingMethod | None = None, limits: Limits | None = None,
-                 on_step: Callable[[StepStats], None] | None = None, cancel_check_period_s: float = 0.1):
+    def __init__(
+        self,
+        engine: Engine,
+        method: DecodingMethod | None = None,
+        limits: Limits | None = None,
+        on_step: Callable[[StepStats], None] | None = None,
+        cancel_check_period_s: float = 0.1,
+    ):
         self.engine = engine
         # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
         self.cancel_check_period_s = cancel_check_period_s
@@ -72,8 +78,9 @@ class Scheduler:
             _deliver(sink, StepOutput(request.request_id, [], True, FinishReason.ERROR, problem))
             return
         limit = len(request.input_ids) + request.max_new_tokens + self.method.max_draft_len
-        seq = Sequence.create(next(self._keys), request, self.engine.new_cache(limit),
-                              SpecRequestMetrics(arrival_time_ns=time.time_ns()))
+        seq = Sequence.create(
+            next(self._keys), request, self.engine.new_cache(limit), SpecRequestMetrics(arrival_time_ns=time.time_ns())
+        )
         with self._lock:
             self._waiting.append(_Entry(seq, sink, is_cancelled))
             self._lock.notify()
@@ -166,8 +173,17 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
         for entry in [*self._waiting, *self._running]:
-            _deliver(entry.sink, StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR,
-                                            "the server is shutting down", entry.seq.metrics))
+            _deliver(
+                entry.sink,
+                StepOutput(
+                    entry.seq.request.request_id,
+                    [],
+                    True,
+                    FinishReason.ERROR,
+                    "the server is shutting down",
+                    entry.seq.metrics,
+                ),
+            )
         self._waiting.clear()
         self._running.clear()
 
@@ -196,15 +212,19 @@ class Scheduler:
         if request.max_new_tokens < 1:
             return f"request_output_len must be at least 1, got {request.max_new_tokens}"
         if n + request.max_new_tokens > limits.max_seq_len:
-            return (f"prompt {n} + request_output_len {request.max_new_tokens} tokens exceed the engine's "
-                    f"max_seq_len {limits.max_seq_len}; ask for at most {max(limits.max_seq_len - n, 0)} tokens")
+            return (
+                f"prompt {n} + request_output_len {request.max_new_tokens} tokens exceed the engine's "
+                f"max_seq_len {limits.max_seq_len}; ask for at most {max(limits.max_seq_len - n, 0)} tokens"
+            )
         bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"input token id {bad} is outside the vocabulary [0, {vocab})"
         if request.return_context_logits:
             if not (self.engine.config.raw.get("build_config") or {}).get("gather_context_logits"):
-                return ("return_context_logits needs an engine built with gather_context_logits (trtllm-build "
-                        "--gather_context_logits; not possible with speculative decoding)")
+                return (
+                    "return_context_logits needs an engine built with gather_context_logits (trtllm-build "
+                    "--gather_context_logits; not possible with speculative decoding)"
+                )
             return "return_context_logits is not implemented by the reference backend"
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
@@ -284,8 +304,11 @@ class Scheduler:
         if reason is not None:
             self._finish(entry, reason, kept)
         elif request.streaming:
-            _deliver(entry.sink, StepOutput(request.request_id, kept, False, None, None, m,
-                                            *_log_probs(seq, len(kept))), entry)
+            _deliver(
+                entry.sink,
+                StepOutput(request.request_id, kept, False, None, None, m, *_log_probs(seq, len(kept))),
+                entry,
+            )
         return len(kept)
 
     def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
@@ -296,25 +319,29 @@ class Scheduler:
             tokens = seq.generated if request.exclude_input_in_output else seq.tokens
             generated = len(seq.generated)
         entry.finished = True
-        _deliver(entry.sink, StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics,
-                                        *_log_probs(seq, generated)))
+        _deliver(
+            entry.sink,
+            StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics, *_log_probs(seq, generated)),
+        )
 
     def _fail_running(self, message: str) -> None:
         for entry in self._running:
             if not entry.finished:
                 entry.finished = True
-                _deliver(entry.sink, StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR,
-                                                message, entry.seq.metrics))
+                _deliver(
+                    entry.sink,
+                    StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR, message, entry.seq.metrics),
+                )
         self._running = []
 
 
 def _log_probs(seq: Sequence, last: int) -> tuple[list[float], float, list]:
     """(log-probs of the last ``last`` generated tokens, their sum over all generated tokens,
     the logits rows of those tokens): the StepOutput fields after ``metrics``."""
-    logits = seq.generation_logits[len(seq.generation_logits) - last:] if seq.request.return_generation_logits else []
+    logits = seq.generation_logits[len(seq.generation_logits) - last :] if seq.request.return_generation_logits else []
     if not seq.request.return_log_probs:
         return [], 0.0, logits
-    return seq.log_probs[len(seq.log_probs) - last:], float(sum(seq.log_probs)), logits
+    return seq.log_probs[len(seq.log_probs) - last :], float(sum(seq.log_probs)), logits
 
 
 def _cancelled(entry: _Entry, period_ns: int) -> bool:
@@ -346,4 +373,4 @@ def _ends_with_stop_word(seq: Sequence, stop_words: tuple[tuple[int, ...], ...])
     TensorRT-LLM, which matches on the whole sequence.) Only the tail is built."""
     longest = max(len(word) for word in stop_words)
     tail = (list(seq.request.input_ids[-longest:]) + seq.generated[-longest:])[-longest:]
-    return any(len(word) <= len(tail) and tuple(tail[-len(word):]) == word for word in stop_words)
+    return any(len(word) <= len(tail) and tuple(tail[-len(word) :]) == word for word in stop_words)

@@ -56,41 +56,55 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
     where = engine.config.folder / "config.json"
     if built == "none":
         if mode in ("medusa", "eagle", "lookahead"):
-            raise InputError(f"decoding_mode {mode}, but {where} has no speculative_decoding_mode: the engine was "
-                             f"built without {mode}; rebuild it from a {mode} plan or set decoding_mode top_k_top_p")
+            raise InputError(
+                f"decoding_mode {mode}, but {where} has no speculative_decoding_mode: the engine was "
+                f"built without {mode}; rebuild it from a {mode} plan or set decoding_mode top_k_top_p"
+            )
         if mode in TRITON_PLAIN_DECODING_MODES:
             return PlainDecoding(), []
         if mode in TRITON_SPECULATIVE_DECODING_MODES:
-            return PlainDecoding(), [f"decoding_mode {mode} is not served by the reference backend; serving plain "
-                                     "decoding (same greedy output, no draft tokens)"]
+            return PlainDecoding(), [
+                f"decoding_mode {mode} is not served by the reference backend; serving plain "
+                "decoding (same greedy output, no draft tokens)"
+            ]
         if mode == "beam_search":
             return PlainDecoding(), ["decoding_mode beam_search: the reference backend serves beam width 1 only"]
         return PlainDecoding(), [f"decoding_mode {settings.decoding_mode!r} is not valid; using top_k_top_p"]
     warnings = []
     if mode not in ("", "auto", built):
-        warnings.append(f"the engine is built for {built} but decoding_mode is {mode!r}; "
-                        f"overwriting decoding_mode to {built} (as TensorRT-LLM does)")
+        warnings.append(
+            f"the engine is built for {built} but decoding_mode is {mode!r}; "
+            f"overwriting decoding_mode to {built} (as TensorRT-LLM does)"
+        )
     if built == "medusa":
         choices = settings.medusa_choices
         if choices is None:
-            warnings.append("medusa_choices parameter is not specified; using the default mc_sim_7b_63 "
-                            "(as TensorRT-LLM does)")
+            warnings.append(
+                "medusa_choices parameter is not specified; using the default mc_sim_7b_63 (as TensorRT-LLM does)"
+            )
         return MedusaDecoding(engine, choices or trees.MC_SIM_7B_63), warnings
     if built == "eagle":
         if settings.eagle_dynamic_tree and settings.eagle_choices is not None:
-            raise InputError("eagle_choices and reference_eagle_use_dynamic_tree are mutually exclusive "
-                             "(EAGLE-2 builds its own tree); drop one of them")
+            raise InputError(
+                "eagle_choices and reference_eagle_use_dynamic_tree are mutually exclusive "
+                "(EAGLE-2 builds its own tree); drop one of them"
+            )
         if settings.eagle_dynamic_tree:
             top_k = settings.eagle_dynamic_tree_max_top_k or DEFAULT_DYNAMIC_TREE_TOP_K
             return EagleDecoding(engine, dynamic_top_k=top_k), warnings
         if settings.eagle_choices is None:
-            warnings.append("eagle_choices parameter is not specified; using the default mc_sim_7b_63 "
-                            "(as TensorRT-LLM does)")
+            warnings.append(
+                "eagle_choices parameter is not specified; using the default mc_sim_7b_63 (as TensorRT-LLM does)"
+            )
         return EagleDecoding(engine, tree=settings.eagle_choices or trees.MC_SIM_7B_63), warnings
     if built == "lookahead":
         if settings.lookahead is None:
-            raise InputError(f"{where} is a Lookahead engine but lookahead_window_size, lookahead_ngram_size and "
-                             "lookahead_verification_set_size are not set (decoding_mode lookahead needs all three)")
+            raise InputError(
+                f"{where} is a Lookahead engine but lookahead_window_size, lookahead_ngram_size and "
+                "lookahead_verification_set_size are not set (decoding_mode lookahead needs all three)"
+            )
         return LookaheadDecoding(engine, settings.lookahead), warnings
-    raise InputError(f"{where}: speculative_decoding_mode {built} is not supported by the reference backend "
-                     "(medusa, eagle, lookahead)")
+    raise InputError(
+        f"{where}: speculative_decoding_mode {built} is not supported by the reference backend "
+        "(medusa, eagle, lookahead)"
+    )

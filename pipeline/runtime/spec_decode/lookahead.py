@@ -117,9 +117,11 @@ class LookaheadDecoding(DecodingMethod):
             raise InputError(f"lookahead (W, N, G) = {tuple(config)} is not legal: {problem}")
         need, built = config.max_draft_len, engine.config.limits.max_draft_len
         if need != built:
-            raise InputError(f"lookahead (W, N, G) = {tuple(config)} needs max_draft_len {need} but the engine was "
-                             f"built with {built}; the server's lookahead_* parameters must match the build "
-                             "(tensorrtllm_backend#710)")
+            raise InputError(
+                f"lookahead (W, N, G) = {tuple(config)} needs max_draft_len {need} but the engine was "
+                f"built with {built}; the server's lookahead_* parameters must match the build "
+                "(tensorrtllm_backend#710)"
+            )
         self.config = config
         self.max_draft_len = need
         self.draft_positions = config.ngram - 1
@@ -134,8 +136,10 @@ class LookaheadDecoding(DecodingMethod):
             return f"lookahead (w, n, g) = ({w}, {n}, {g}) is not legal: {problem}"
         W, N, G = self.config
         if w > W or n > N or g > G:
-            return (f"lookahead (w, n, g) = ({w}, {n}, {g}) exceeds the server's (W, N, G) = ({W}, {N}, {G}); "
-                    "each must be at most the server's")
+            return (
+                f"lookahead (w, n, g) = ({w}, {n}, {g}) exceeds the server's (W, N, G) = ({W}, {N}, {G}); "
+                "each must be at most the server's"
+            )
         return None
 
     def accept(self, seq: Sequence, rows: StepRows, after_prefill: bool) -> Accepted:
@@ -153,12 +157,13 @@ class LookaheadDecoding(DecodingMethod):
             outputs = top.argmax(-1).tolist()  # Jacobi: greedy, whatever the request samples
             if state.warm >= n - 1:  # every window token is now a model output (or the root)
                 for col in range(w):
-                    state.pool.insert(state.levels[0][col], tuple(lvl[col] for lvl in state.levels[1:]) +
-                                      (outputs[col],))
+                    state.pool.insert(
+                        state.levels[0][col], tuple(lvl[col] for lvl in state.levels[1:]) + (outputs[col],)
+                    )
             state.levels = state.levels[1:] + [outputs]
             state.levels[0][0] = verdict.tokens[-1]  # the next root
             state.warm += 1
-            state.pool.add(seq.tokens[-(n - 1):] + verdict.tokens)  # n-grams ending in committed tokens
+            state.pool.add(seq.tokens[-(n - 1) :] + verdict.tokens)  # n-grams ending in committed tokens
         return Accepted(verdict.tokens, len(proposal.tree), verdict.accepted_drafts)
 
     def generation_input(self, seq: Sequence) -> StepInput:

@@ -39,16 +39,20 @@ class MedusaHeads:
         stage = engine.stage(engine.pp - 1)
         self.num_heads = len(stage[0].medusa)
         if self.num_heads == 0:
-            raise InputError(f"{engine.config.folder}: the rank files hold no medusa_heads.* tensors; "
-                             "rebuild the Medusa engine")
+            raise InputError(
+                f"{engine.config.folder}: the rank files hold no medusa_heads.* tensors; rebuild the Medusa engine"
+            )
         self.engine = engine
         self.shards = [rank.medusa for rank in stage]  # [tp_rank][head]
         for head in (h for heads in self.shards for h in heads):
             head.layers = [prepare_linear(linear, engine.bf16) for linear in head.layers]
         # Heads trained on a frozen lm_head (specdeploy's, ModelOpt's usual setup) all share the base
         # lm_head: then one GEMM over every head's rows reads the largest matrix once, not once per head.
-        self.lm_heads: list[list[Gemm]] | None = None if engine.adopt_lm_head(self.shards) else [
-            [Gemm(heads[h].lm_head, bf16=engine.bf16) for heads in self.shards] for h in range(self.num_heads)]
+        self.lm_heads: list[list[Gemm]] | None = (
+            None
+            if engine.adopt_lm_head(self.shards)
+            else [[Gemm(heads[h].lm_head, bf16=engine.bf16) for heads in self.shards] for h in range(self.num_heads)]
+        )
 
     def features(self, hidden: torch.Tensor, head: int) -> torch.Tensor:
         """x after head ``head``'s ResBlocks, [R, H] from [R, H]."""
@@ -79,11 +83,15 @@ class MedusaDecoding(DecodingMethod):
         self.shape = TreeShape.of(tree)
         limit = engine.config.limits.max_draft_len
         if self.shape.depth > self.heads.num_heads:
-            raise InputError(f"medusa_choices: tree depth {self.shape.depth} exceeds the engine's "
-                             f"{self.heads.num_heads} Medusa heads; use a shallower tree")
+            raise InputError(
+                f"medusa_choices: tree depth {self.shape.depth} exceeds the engine's "
+                f"{self.heads.num_heads} Medusa heads; use a shallower tree"
+            )
         if len(self.shape) > limit:
-            raise InputError(f"medusa_choices: {len(self.shape)} tree nodes exceed the engine's max_draft_len "
-                             f"{limit}; use a smaller tree (or rebuild with a larger max_draft_len)")
+            raise InputError(
+                f"medusa_choices: {len(self.shape)} tree nodes exceed the engine's max_draft_len "
+                f"{limit}; use a smaller tree (or rebuild with a larger max_draft_len)"
+            )
         self.max_draft_len = len(self.shape)
         self.draft_positions = self.shape.depth
 

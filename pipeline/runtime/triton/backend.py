@@ -72,15 +72,25 @@ class TritonPythonModel:
         if self.params.max_beam_width > 1:
             _log("warn", "max_beam_width > 1: the reference backend serves beam width 1 only")
         name = args.get("model_name", "tensorrt_llm")
-        self.metrics = BackendMetrics(pb_utils, {"model": name, "version": str(args.get("model_version", ""))},
-                                      draft_positions=getattr(method, "draft_positions", 0))
-        self.scheduler = Scheduler(engine, method, on_step=self.metrics.on_step,
-                                   cancel_check_period_s=self.params.cancellation_check_period_ms / 1000)
+        self.metrics = BackendMetrics(
+            pb_utils,
+            {"model": name, "version": str(args.get("model_version", ""))},
+            draft_positions=getattr(method, "draft_positions", 0),
+        )
+        self.scheduler = Scheduler(
+            engine,
+            method,
+            on_step=self.metrics.on_step,
+            cancel_check_period_s=self.params.cancellation_check_period_ms / 1000,
+        )
         self.scheduler.start()
         limits = engine.config.limits
-        _log("info", f"tensorrt_llm reference backend: {self.params.engine_dir} tp={engine.tp} pp={engine.pp} "
-                     f"max_batch_size={limits.max_batch_size} max_num_tokens={limits.max_num_tokens} "
-                     f"decoding={method.name} threads={torch.get_num_threads()}")
+        _log(
+            "info",
+            f"tensorrt_llm reference backend: {self.params.engine_dir} tp={engine.tp} pp={engine.pp} "
+            f"max_batch_size={limits.max_batch_size} max_num_tokens={limits.max_num_tokens} "
+            f"decoding={method.name} threads={torch.get_num_threads()}",
+        )
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -109,11 +119,13 @@ class TritonPythonModel:
         # A request of several sequences shares one sender: only its last finished sequence is final.
         remaining = _Countdown(len(parsed))
         for part in parsed:
-            self.scheduler.submit(part.request, self._sink(part, sender, counts, remaining),
-                                  getattr(sender, "is_cancelled", None))
+            self.scheduler.submit(
+                part.request, self._sink(part, sender, counts, remaining), getattr(sender, "is_cancelled", None)
+            )
 
-    def _sink(self, part: Part, sender: Any, counts: tuple[bool, bool],
-              remaining: _Countdown) -> Callable[[StepOutput], None]:
+    def _sink(
+        self, part: Part, sender: Any, counts: tuple[bool, bool], remaining: _Countdown
+    ) -> Callable[[StepOutput], None]:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
         def sink(out: StepOutput) -> None:

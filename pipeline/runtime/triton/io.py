@@ -52,8 +52,14 @@ class BackendParams:
     warnings: tuple[str, ...] = ()
 
     def method_settings(self) -> MethodSettings:
-        return MethodSettings(self.decoding_mode, self.medusa_choices, self.eagle_choices, self.lookahead,
-                              self.eagle_dynamic_tree, self.eagle_dynamic_tree_max_top_k)
+        return MethodSettings(
+            self.decoding_mode,
+            self.medusa_choices,
+            self.eagle_choices,
+            self.lookahead,
+            self.eagle_dynamic_tree,
+            self.eagle_dynamic_tree_max_top_k,
+        )
 
 
 def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None) -> BackendParams:
@@ -87,8 +93,10 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
     mode = values.get("decoding_mode")
     look = [integer(k, None) for k in LOOKAHEAD_TRITON_KEYS]
     if mode == "lookahead" and None in look:
-        raise InputError("decoding_mode is lookahead but lookahead_window_size, lookahead_ngram_size and "
-                         "lookahead_verification_set_size are not all set")
+        raise InputError(
+            "decoding_mode is lookahead but lookahead_window_size, lookahead_ngram_size and "
+            "lookahead_verification_set_size are not all set"
+        )
     choices = {}
     for key in ("medusa_choices", "eagle_choices"):
         try:
@@ -103,7 +111,8 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         decoding_mode=mode,
         cancellation_check_period_ms=integer("cancellation_check_period_ms", 100) or 100,
         lookahead=LookaheadConfig(*look) if None not in look else None,  # type: ignore[arg-type]
-        medusa_choices=choices["medusa_choices"], eagle_choices=choices["eagle_choices"],
+        medusa_choices=choices["medusa_choices"],
+        eagle_choices=choices["eagle_choices"],
         num_threads=integer("reference_num_threads", None),
         eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
         eagle_dynamic_tree_max_top_k=integer("reference_eagle_dynamic_tree_max_top_k", None),
@@ -132,12 +141,20 @@ def _scalar(get: GetInput, name: str, default: Any) -> Any:
 # (len_penalty only changes beam search: with beam width 1 it has no effect, on the GPU too.)
 # What TensorRT-LLM's executor refuses outright (SamplingConfig's checks), whatever the backend.
 _IN_RANGE: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "beam_width": (lambda v: v >= 1, ">= 1"), "num_return_sequences": (lambda v: v >= 1, ">= 1"),
-    "min_tokens": (lambda v: v >= 0, ">= 0"), "repetition_penalty": (lambda v: v > 0, "> 0"),
+    "beam_width": (lambda v: v >= 1, ">= 1"),
+    "num_return_sequences": (lambda v: v >= 1, ">= 1"),
+    "min_tokens": (lambda v: v >= 0, ">= 0"),
+    "repetition_penalty": (lambda v: v > 0, "> 0"),
     "len_penalty": (lambda v: v >= 0, ">= 0"),
 }
-_UNSUPPORTED_TENSORS = ("draft_input_ids", "prompt_embedding_table", "lora_weights", "lora_config",
-                        "encoder_input_features", "guided_decoding_guide")
+_UNSUPPORTED_TENSORS = (
+    "draft_input_ids",
+    "prompt_embedding_table",
+    "lora_weights",
+    "lora_config",
+    "encoder_input_features",
+    "guided_decoding_guide",
+)
 
 
 def parse_request(get: GetInput, request_id: str, params: BackendParams) -> GenerationRequest | StopRequest:
@@ -160,8 +177,9 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
     for name, (legal, allowed) in _IN_RANGE.items():
         value = _scalar(get, name, None)
         if value is not None and not legal(value):  # NaN is never legal
-            raise InputError(f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor "
-                             "requires")
+            raise InputError(
+                f"{name}={value:g} is out of range: must be {allowed}, as TensorRT-LLM's executor requires"
+            )
     for name in _UNSUPPORTED_TENSORS:
         value = get(name)
         if value is not None and value.size:
@@ -231,11 +249,20 @@ def parse_parts(get: GetInput, request_id: str, params: BackendParams) -> list[P
         if count < 1:
             raise InputError(f"num_return_sequences must be at least 1, got {count}")
         if count > 1 and not params.decoupled:
-            raise InputError("num_return_sequences > 1 needs the decoupled transaction policy: each sequence is "
-                             "its own response")
+            raise InputError(
+                "num_return_sequences > 1 needs the decoupled transaction policy: each sequence is its own response"
+            )
         # Sequence i samples from seed + i: the sequences differ unless decoding is greedy.
-        parts.extend(Part(request if i == 0 else replace(request, sampling=replace(
-            request.sampling, seed=request.sampling.seed + i)), row, i) for i in range(count))
+        parts.extend(
+            Part(
+                request
+                if i == 0
+                else replace(request, sampling=replace(request.sampling, seed=request.sampling.seed + i)),
+                row,
+                i,
+            )
+            for i in range(count)
+        )
     return parts
 
 
@@ -248,7 +275,7 @@ def _row_getter(get: GetInput, row: int, rows: int) -> GetInput:
         value = get(name)
         if value is None or value.ndim == 0 or value.shape[0] != rows:
             return value
-        return value[row:row + 1]
+        return value[row : row + 1]
 
     return row_get
 
@@ -258,11 +285,17 @@ def _check_beam_width(get: GetInput, params: BackendParams) -> None:
     if beam == 1:
         return
     if beam < 1 or beam > params.max_beam_width:
-        raise InputError(f"beam_width {beam} is outside [1, max_beam_width {params.max_beam_width}] of this engine"
-                         + (" (speculative decoding serves beam width 1 only)" if params.decoding_mode in
-                            ("medusa", "eagle", "lookahead") else ""))
-    raise InputError(f"beam_width {beam}: beam search is not implemented by the reference backend "
-                     "(the GPU serves it on this engine)")
+        raise InputError(
+            f"beam_width {beam} is outside [1, max_beam_width {params.max_beam_width}] of this engine"
+            + (
+                " (speculative decoding serves beam width 1 only)"
+                if params.decoding_mode in ("medusa", "eagle", "lookahead")
+                else ""
+            )
+        )
+    raise InputError(
+        f"beam_width {beam}: beam search is not implemented by the reference backend (the GPU serves it on this engine)"
+    )
 
 
 def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig | None:
@@ -272,17 +305,25 @@ def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig |
     if all(v is None for v in values):
         return None
     if params.lookahead is None:
-        raise InputError("lookahead_window_size / lookahead_ngram_size / lookahead_verification_set_size are only "
-                         "allowed when the model sets the lookahead parameters (decoding_mode lookahead)")
+        raise InputError(
+            "lookahead_window_size / lookahead_ngram_size / lookahead_verification_set_size are only "
+            "allowed when the model sets the lookahead parameters (decoding_mode lookahead)"
+        )
     if any(v is None for v in values):
-        raise InputError("send all three of lookahead_window_size, lookahead_ngram_size and "
-                         "lookahead_verification_set_size, or none")
+        raise InputError(
+            "send all three of lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size, or none"
+        )
     return LookaheadConfig(int(values[0]), int(values[1]), int(values[2]))
 
 
-def response_arrays(out: StepOutput, request: GenerationRequest, declared: frozenset[str],
-                    num_input_tokens: bool = False, num_output_tokens: bool = False,
-                    part: Part | None = None) -> dict[str, np.ndarray]:
+def response_arrays(
+    out: StepOutput,
+    request: GenerationRequest,
+    declared: frozenset[str],
+    num_input_tokens: bool = False,
+    num_output_tokens: bool = False,
+    part: Part | None = None,
+) -> dict[str, np.ndarray]:
     """Output tensors of one response, restricted to the outputs the model config declares."""
     n = len(out.tokens)
     arrays: dict[str, np.ndarray] = {
@@ -299,20 +340,23 @@ def response_arrays(out: StepOutput, request: GenerationRequest, declared: froze
         arrays["generation_logits"] = rows.astype(np.float32).reshape(1, 1, *rows.shape)
     if request.return_perf_metrics:
         m = out.metrics
-        arrays.update({
-            # acceptance_rate = total_accepted_draft_tokens / total_draft_tokens (RequestMetrics).
-            "acceptance_rate": np.array([[m.acceptance_rate]], dtype=np.float32),
-            "total_accepted_draft_tokens": np.array([[m.total_accepted_draft_tokens]], dtype=np.int32),
-            "total_draft_tokens": np.array([[m.total_draft_tokens]], dtype=np.int32),
-            "kv_cache_alloc_new_blocks": np.array([[m.kv_cache_alloc_new_blocks]], dtype=np.int32),
-            "kv_cache_reused_blocks": np.array([[m.kv_cache_reused_blocks]], dtype=np.int32),
-            "kv_cache_alloc_total_blocks": np.array([[m.kv_cache_alloc_new_blocks + m.kv_cache_reused_blocks]],
-                                                    dtype=np.int32),
-            "arrival_time_ns": np.array([[m.arrival_time_ns]], dtype=np.int64),
-            "first_scheduled_time_ns": np.array([[m.first_scheduled_time_ns]], dtype=np.int64),
-            "first_token_time_ns": np.array([[m.first_token_time_ns]], dtype=np.int64),
-            "last_token_time_ns": np.array([[m.last_token_time_ns]], dtype=np.int64),
-        })
+        arrays.update(
+            {
+                # acceptance_rate = total_accepted_draft_tokens / total_draft_tokens (RequestMetrics).
+                "acceptance_rate": np.array([[m.acceptance_rate]], dtype=np.float32),
+                "total_accepted_draft_tokens": np.array([[m.total_accepted_draft_tokens]], dtype=np.int32),
+                "total_draft_tokens": np.array([[m.total_draft_tokens]], dtype=np.int32),
+                "kv_cache_alloc_new_blocks": np.array([[m.kv_cache_alloc_new_blocks]], dtype=np.int32),
+                "kv_cache_reused_blocks": np.array([[m.kv_cache_reused_blocks]], dtype=np.int32),
+                "kv_cache_alloc_total_blocks": np.array(
+                    [[m.kv_cache_alloc_new_blocks + m.kv_cache_reused_blocks]], dtype=np.int32
+                ),
+                "arrival_time_ns": np.array([[m.arrival_time_ns]], dtype=np.int64),
+                "first_scheduled_time_ns": np.array([[m.first_scheduled_time_ns]], dtype=np.int64),
+                "first_token_time_ns": np.array([[m.first_token_time_ns]], dtype=np.int64),
+                "last_token_time_ns": np.array([[m.last_token_time_ns]], dtype=np.int64),
+            }
+        )
     if num_input_tokens:
         arrays["num_input_tokens"] = np.array([[len(request.input_ids)]], dtype=np.int32)
     if num_output_tokens:

@@ -62,7 +62,7 @@ class TritonPythonModel:
             return ""
         text = self._decode(self.anchor + ids)
         if self.anchor and text.startswith(self.anchor_text):
-            return text[len(self.anchor_text):]
+            return text[len(self.anchor_text) :]
         return self._decode(ids)
 
     def execute(self, requests: list) -> list:
@@ -73,8 +73,11 @@ class TritonPythonModel:
             batch = tokens.shape[0]
             lengths = lengths.reshape(batch, -1)
             # [batch, beams, len]; a step can carry no token at all (e.g. the last one, at EOS).
-            tokens = tokens.reshape(batch, lengths.shape[1], -1) if tokens.size else \
-                np.zeros((batch, lengths.shape[1], 0), dtype=np.int32)
+            tokens = (
+                tokens.reshape(batch, lengths.shape[1], -1)
+                if tokens.size
+                else np.zeros((batch, lengths.shape[1], 0), dtype=np.int32)
+            )
             texts = np.empty(lengths.shape, dtype=object)
             counts = np.zeros(lengths.shape, dtype=np.int32)
             for row in range(batch):
@@ -84,7 +87,12 @@ class TritonPythonModel:
                     counts[row, beam] = count
             # One string per sequence of the request, flat ([num_beams] for one prompt), as NVIDIA's
             # postprocessing returns it: clients read text_output[0], not text_output[0][0].
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUTPUT", texts.reshape(-1)),
-                pb_utils.Tensor("OUTPUT_TOKEN_COUNT", counts.reshape(-1))]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("OUTPUT", texts.reshape(-1)),
+                        pb_utils.Tensor("OUTPUT_TOKEN_COUNT", counts.reshape(-1)),
+                    ]
+                )
+            )
         return responses

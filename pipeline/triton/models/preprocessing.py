@@ -37,8 +37,11 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 MULTIMODAL_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")
-LOOKAHEAD = (("LOOKAHEAD_WINDOW_SIZE", "lookahead_window_size"), ("LOOKAHEAD_NGRAM_SIZE", "lookahead_ngram_size"),
-             ("LOOKAHEAD_VERIFICATION_SET_SIZE", "lookahead_verification_set_size"))
+LOOKAHEAD = (
+    ("LOOKAHEAD_WINDOW_SIZE", "lookahead_window_size"),
+    ("LOOKAHEAD_NGRAM_SIZE", "lookahead_ngram_size"),
+    ("LOOKAHEAD_VERIFICATION_SET_SIZE", "lookahead_verification_set_size"),
+)
 
 
 class RequestError(ValueError):
@@ -83,8 +86,8 @@ def word_list(tokenizer, rows: list[list[str]]) -> np.ndarray:
     out = np.zeros((len(rows), 2, width), dtype=np.int32)
     out[:, 1, :] = -1
     for row, (ids, offsets) in enumerate(zip(flat, ends)):
-        out[row, 0, :len(ids)] = ids
-        out[row, 1, :len(offsets)] = offsets
+        out[row, 0, : len(ids)] = ids
+        out[row, 1, : len(offsets)] = offsets
     return out
 
 
@@ -126,15 +129,18 @@ class TritonPythonModel:
             if not row:
                 raise RequestError("text_input is empty: it has no tokens")
             if self.max_input_len and len(row) > self.max_input_len:
-                raise RequestError(f"prompt too long: {len(row)} tokens, the engine's max_input_len is "
-                                   f"{self.max_input_len}")
+                raise RequestError(
+                    f"prompt too long: {len(row)} tokens, the engine's max_input_len is {self.max_input_len}"
+                )
         end_id = _optional_ids(request, "END_ID", batch, self.end_id)
         pad_id = _optional_ids(request, "PAD_ID", batch, self.pad_id)
         input_ids = _padded(ids, pad_id)
         decoder = pb_utils.get_input_tensor_by_name(request, "DECODER_QUERY")
         if decoder is not None:
-            decoder_ids = [self.tokenizer.encode(_text(item), add_special_tokens=self.add_special_tokens)
-                           for item in decoder.as_numpy().reshape(batch, -1)[:, 0]]
+            decoder_ids = [
+                self.tokenizer.encode(_text(item), add_special_tokens=self.add_special_tokens)
+                for item in decoder.as_numpy().reshape(batch, -1)[:, 0]
+            ]
         else:  # NVIDIA's convention for a request without one: a single pad id
             decoder_ids = [[int(pad_id[row, 0])] for row in range(batch)]
         tensors = [
@@ -165,8 +171,9 @@ class TritonPythonModel:
             raise RequestError("send both embedding_bias_words and embedding_bias_weights, or neither")
         words, weights = words.as_numpy().reshape(batch, -1), weights.as_numpy().reshape(batch, -1)
         if words.shape != weights.shape:
-            raise RequestError(f"embedding_bias_words has {words.shape[1]} words but embedding_bias_weights "
-                               f"{weights.shape[1]} weights")
+            raise RequestError(
+                f"embedding_bias_words has {words.shape[1]} words but embedding_bias_weights {weights.shape[1]} weights"
+            )
         bias = np.zeros((batch, len(self.tokenizer)), dtype=np.float32)
         for row in range(batch):
             for word, weight in zip(words[row], weights[row]):
@@ -190,7 +197,7 @@ def _padded(rows: list[list[int]], pad_id: np.ndarray) -> np.ndarray:
     out = np.zeros((len(rows), max(len(row) for row in rows)), dtype=np.int32)
     for index, tokens in enumerate(rows):
         out[index, :] = pad_id[index, 0]
-        out[index, :len(tokens)] = tokens
+        out[index, : len(tokens)] = tokens
     return out
 
 

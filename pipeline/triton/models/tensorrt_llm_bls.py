@@ -38,8 +38,9 @@ class TritonPythonModel:
         self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         self.steps = json.loads(parameter(config, "specdeploy_steps", "[]"))
         if [step["model"] for step in self.steps][1:2] != [parameter(config, "tensorrt_llm_model_name")]:
-            raise ValueError("tensorrt_llm_bls: specdeploy_steps must be preprocessing, tensorrt_llm_model_name, "
-                             "postprocessing")
+            raise ValueError(
+                "tensorrt_llm_bls: specdeploy_steps must be preprocessing, tensorrt_llm_model_name, postprocessing"
+            )
         self.outputs = [output["name"] for output in config.get("output", [])]
         self.threads: list[threading.Thread] = []
 
@@ -102,8 +103,9 @@ class TritonPythonModel:
                 continue
             step = {llm["outputs"][name]: value for name, value in produced.items() if name in llm["outputs"]}
             step.update(_call(post, {**tensors, **step}))
-            yield pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(name, step[name]) for name in self.outputs if name in step])
+            yield pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(name, step[name]) for name in self.outputs if name in step]
+            )
 
     @staticmethod
     def _refuse(tensors: dict) -> None:
@@ -112,8 +114,10 @@ class TritonPythonModel:
                 raise RequestError(f"input {name}: multimodal requests are not supported by this repository")
         drafts = tensors.get("num_draft_tokens")
         if drafts is not None and drafts.size and int(drafts.reshape(-1)[0]) > 0:
-            raise RequestError("num_draft_tokens: draft-target speculative decoding needs a draft model "
-                               "(tensorrt_llm_draft_model_name), and this repository has none")
+            raise RequestError(
+                "num_draft_tokens: draft-target speculative decoding needs a draft model "
+                "(tensorrt_llm_draft_model_name), and this repository has none"
+            )
 
 
 def _batched(array: np.ndarray) -> np.ndarray:
@@ -127,8 +131,9 @@ def _flag(array) -> bool:
 
 def _request(step: dict, tensors: dict, request_id: str = ""):
     inputs = [pb_utils.Tensor(inner, tensors[outer]) for inner, outer in step["inputs"].items() if outer in tensors]
-    return pb_utils.InferenceRequest(model_name=step["model"], inputs=inputs, request_id=request_id,
-                                     requested_output_names=list(step["outputs"]))
+    return pb_utils.InferenceRequest(
+        model_name=step["model"], inputs=inputs, request_id=request_id, requested_output_names=list(step["outputs"])
+    )
 
 
 def _call(step: dict, tensors: dict) -> dict:

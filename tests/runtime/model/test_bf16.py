@@ -26,7 +26,7 @@ def test_bf16_gemm_rows_do_not_depend_on_the_other_rows():
     weight, bias = torch.randn(320, 96, generator=gen), torch.randn(320, generator=gen)
     x = torch.randn(3 * BF16_ROWS_PER_CALL + 5, 96, generator=gen)
     gemm = Gemm(weight, bias, bf16=True)
-    alone = torch.cat([gemm(x[i:i + 1]) for i in range(len(x))])
+    alone = torch.cat([gemm(x[i : i + 1]) for i in range(len(x))])
     for rows in (1, 2, 11, BF16_ROWS_PER_CALL, BF16_ROWS_PER_CALL + 1, len(x)):
         assert torch.equal(gemm(x[:rows]), alone[:rows]), f"{rows} rows at once"
     exact = x @ weight.T + bias
@@ -60,6 +60,7 @@ def test_bf16_speculation_differs_from_plain_only_at_near_ties(spec_engines, nam
     for in_flight in (1, 4):
         got = decode(engine, method, reqs, in_flight)
         for request in reqs:
-            found = divergence(engine, list(request.input_ids), plain[request.request_id],
-                               got[request.request_id].tokens)
+            found = divergence(
+                engine, list(request.input_ids), plain[request.request_id], got[request.request_id].tokens
+            )
             assert found is None, f"{name}, {in_flight} in flight, request {request.request_id}: {found}"

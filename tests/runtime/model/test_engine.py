@@ -17,7 +17,7 @@ def hf_greedy(hf_model, prompt: list[int], n: int) -> list[int]:
 
     model = LlamaForCausalLM.from_pretrained(hf_model).eval()
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
@@ -83,8 +83,12 @@ def test_cache_keep_compacts_accepted_slots(engine):
     cache.keep(len(prompt), [0, 2])
     assert cache.length == reference.length
     for layer in range(engine.config.model.num_layers):
-        torch.testing.assert_close(cache.keys[0][layer][:, : cache.length],
-                                   reference.keys[0][layer][:, : reference.length], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            cache.keys[0][layer][:, : cache.length],
+            reference.keys[0][layer][:, : reference.length],
+            atol=1e-5,
+            rtol=1e-5,
+        )
     after = engine.forward([StepInput(cache, [20])])[0].logits
     expected = engine.forward([StepInput(reference, [20])])[0].logits
     torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
@@ -93,8 +97,9 @@ def test_cache_keep_compacts_accepted_slots(engine):
 def test_engine_config_errors_are_one_line(tmp_path, engine_dir):
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "config.json").write_text(json.dumps({"pretrained_config": {"architecture": "GPT2LMHeadModel"},
-                                                    "build_config": {}}))
+    (broken / "config.json").write_text(
+        json.dumps({"pretrained_config": {"architecture": "GPT2LMHeadModel"}, "build_config": {}})
+    )
     with pytest.raises(InputError, match="architecture 'GPT2LMHeadModel' is not supported"):
         Engine.load(broken)
     config = json.loads((engine_dir / "config.json").read_text())
@@ -118,8 +123,9 @@ def _quantize_engine_to_fp8(src, dst):
     (dst / "config.json").write_text(json.dumps(config))
     for path in dst.glob("rank*.safetensors"):
         tensors = load_file(path)
-        for name in [n for n in tensors if n.endswith(("qkv.weight", "dense.weight", "fc.weight", "gate.weight",
-                                                       "proj.weight"))]:
+        for name in [
+            n for n in tensors if n.endswith(("qkv.weight", "dense.weight", "fc.weight", "gate.weight", "proj.weight"))
+        ]:
             prefix, w = name[: -len(".weight")], tensors[name]
             scale = w.abs().max() / 448
             tensors[name] = (w / scale).to(torch.float8_e4m3fn)

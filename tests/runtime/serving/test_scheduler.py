@@ -69,9 +69,15 @@ def test_max_tokens_end_id_and_stop_words(engine, greedy):
     out = greedy[0]
     end_at = next(i for i in range(1, 8) if out[i] not in out[:i])
     stop = tuple(out[2:4])
-    stop_at = next(i for i in range(1, 8) if tuple(out[max(0, i - 1): i + 1]) == stop)
-    got, _ = run(engine, [req("len", PROMPTS[0], 3), req("end", PROMPTS[0], end_id=out[end_at]),
-                          req("stop", PROMPTS[0], stop_words=((90, 91), stop))])
+    stop_at = next(i for i in range(1, 8) if tuple(out[max(0, i - 1) : i + 1]) == stop)
+    got, _ = run(
+        engine,
+        [
+            req("len", PROMPTS[0], 3),
+            req("end", PROMPTS[0], end_id=out[end_at]),
+            req("stop", PROMPTS[0], stop_words=((90, 91), stop)),
+        ],
+    )
     assert got.final("len").tokens == out[:3] and got.final("len").reason is FinishReason.LENGTH
     assert got.final("end").tokens == out[:end_at] and got.final("end").reason is FinishReason.END_ID
     assert got.final("stop").tokens == out[: stop_at + 1] and got.final("stop").reason is FinishReason.STOP_WORDS
@@ -94,16 +100,26 @@ def test_streaming_sends_one_response_per_step(engine, greedy):
 def test_seeded_sampling_is_reproducible_and_batch_independent(engine):
     hot = SamplingParams(temperature=1.5, top_k=50, top_p=0.95, seed=1234)
     alone, _ = run(engine, [req("a", PROMPTS[0], 16, sampling=hot)])
-    crowd, _ = run(engine, [req("b", PROMPTS[2], 16, sampling=dataclasses.replace(hot, seed=1)),
-                            req("a", PROMPTS[0], 16, sampling=hot),
-                            req("c", PROMPTS[0], 16, sampling=dataclasses.replace(hot, seed=99))])
+    crowd, _ = run(
+        engine,
+        [
+            req("b", PROMPTS[2], 16, sampling=dataclasses.replace(hot, seed=1)),
+            req("a", PROMPTS[0], 16, sampling=hot),
+            req("c", PROMPTS[0], 16, sampling=dataclasses.replace(hot, seed=99)),
+        ],
+    )
     assert alone.final("a").tokens == crowd.final("a").tokens
     assert crowd.final("c").tokens != crowd.final("a").tokens  # another seed, another text
 
 
 def test_top_k_1_equals_greedy(engine, greedy):
-    got, _ = run(engine, [req("k1", PROMPTS[3], sampling=SamplingParams(temperature=2.0, top_k=1, seed=5)),
-                          req("p0", PROMPTS[3], sampling=SamplingParams(temperature=0.0))])
+    got, _ = run(
+        engine,
+        [
+            req("k1", PROMPTS[3], sampling=SamplingParams(temperature=2.0, top_k=1, seed=5)),
+            req("p0", PROMPTS[3], sampling=SamplingParams(temperature=0.0)),
+        ],
+    )
     assert got.final("k1").tokens == got.final("p0").tokens == greedy[3]
 
 
@@ -158,12 +174,15 @@ def test_background_loop_serves_concurrent_submitters(engine, greedy):
             sinks[rid](out)
             if out.finished:
                 done[rid].set()
+
         return sink
 
     sched.start()
     try:
-        threads = [threading.Thread(target=sched.submit, args=(req(str(i), p), sink_for(str(i))))
-                   for i, p in enumerate(PROMPTS)]
+        threads = [
+            threading.Thread(target=sched.submit, args=(req(str(i), p), sink_for(str(i))))
+            for i, p in enumerate(PROMPTS)
+        ]
         for t in threads:
             t.start()
         assert all(event.wait(30) for event in done.values())

@@ -88,8 +88,9 @@ variants:
 def engines(tmp_path_factory) -> dict[tuple[str, str], Engine]:
     root = tmp_path_factory.mktemp("smollm2-spec")
     (root / "spec.yaml").write_text(SPEC)
-    plan = make_plan(load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo",
-                                                                 embedded_cache_dir()))
+    plan = make_plan(
+        load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir())
+    )
     out = {}
     for variant, outcome in zip(plan.variants, execute_plan(plan, say=lambda _: None)):
         assert outcome.exit_code == 0 and outcome.stopped_at is None, outcome
@@ -104,16 +105,21 @@ def prompts(smollm2_dir) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_dir), local_files_only=True)
-    return [encode_prompt(tokenizer, kind, record["prompt"])
-            for kind in ("chat", "code") for record in read_jsonl(PROMPTS_DIR / f"{kind}_eval.jsonl")[:PROMPTS_PER_SET]]
+    return [
+        encode_prompt(tokenizer, kind, record["prompt"])
+        for kind in ("chat", "code")
+        for record in read_jsonl(PROMPTS_DIR / f"{kind}_eval.jsonl")[:PROMPTS_PER_SET]
+    ]
 
 
 def decode(engine: Engine, method, prompts: list[list[int]]) -> tuple[list[list[int]], SpecDecodingStats]:
     limits = dataclasses.replace(engine.config.limits, max_batch_size=2)
     sched, outputs = Scheduler(engine, method, limits=limits), {}
     for i, prompt in enumerate(prompts):
-        sched.submit(GenerationRequest(str(i), tuple(prompt), NEW_TOKENS, end_id=2, exclude_input_in_output=True),
-                     lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None)
+        sched.submit(
+            GenerationRequest(str(i), tuple(prompt), NEW_TOKENS, end_id=2, exclude_input_in_output=True),
+            lambda o: outputs.__setitem__(o.request_id, o) if o.finished else None,
+        )
     sched.run_until_idle()
     stats = SpecDecodingStats()
     for out in outputs.values():
@@ -122,9 +128,11 @@ def decode(engine: Engine, method, prompts: list[list[int]]) -> tuple[list[list[
 
 
 def method(engine: Engine, kind: str):
-    settings = {"medusa": MethodSettings("medusa", medusa_choices=CPU_SMALL_10_DEPTH_3),
-                "eagle": MethodSettings("eagle", eagle_choices=CPU_SMALL_10_DEPTH_3),
-                "lookahead": MethodSettings("lookahead", lookahead=LookaheadConfig(4, 3, 4))}[kind]
+    settings = {
+        "medusa": MethodSettings("medusa", medusa_choices=CPU_SMALL_10_DEPTH_3),
+        "eagle": MethodSettings("eagle", eagle_choices=CPU_SMALL_10_DEPTH_3),
+        "lookahead": MethodSettings("lookahead", lookahead=LookaheadConfig(4, 3, 4)),
+    }[kind]
     return make_method(engine, settings)[0]
 
 

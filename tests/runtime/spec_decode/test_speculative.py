@@ -69,8 +69,8 @@ def test_acceptance_length_regression(spec_engines, name):
     stats = totals(decode(engine, method, requests(), in_flight=4))
     expected = RECORDED_ACCEPTANCE_LENGTH[name]
     assert stats.mean_acceptance_length == pytest.approx(expected, rel=0.10), (
-        f"{name}: mean acceptance length {stats.mean_acceptance_length:.3f}, recorded {expected} "
-        f"({stats.summary()})")
+        f"{name}: mean acceptance length {stats.mean_acceptance_length:.3f}, recorded {expected} ({stats.summary()})"
+    )
     per_position = stats.acceptance_per_position(method.draft_positions)
     assert per_position == sorted(per_position, reverse=True)  # a deeper draft needs the shallower one
     assert stats.mean_acceptance_length == pytest.approx(1 + sum(per_position))
@@ -126,10 +126,15 @@ def test_eagle_drafter_cache_holds_exactly_the_committed_entries(spec_engines, t
     fresh = method.drafter.new_cache(len(committed))
     method.drafter.forward([DraftInput(fresh, seq.tokens[1:], hidden, list(range(len(committed))))])
     for rank in range(tp):
-        torch.testing.assert_close(state.cache.keys[rank][0][:, : fresh.length], fresh.keys[rank][0][:, : fresh.length],
-                                   atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(state.cache.values[rank][0][:, : fresh.length],
-                                   fresh.values[rank][0][:, : fresh.length], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            state.cache.keys[rank][0][:, : fresh.length], fresh.keys[rank][0][:, : fresh.length], atol=1e-4, rtol=1e-4
+        )
+        torch.testing.assert_close(
+            state.cache.values[rank][0][:, : fresh.length],
+            fresh.values[rank][0][:, : fresh.length],
+            atol=1e-4,
+            rtol=1e-4,
+        )
 
 
 def test_eagle_drafter_matches_the_checkpoint_reference_forward(spec_engines):
@@ -182,16 +187,18 @@ def test_medusa_heads_read_the_last_committed_token(spec_engines):
     hidden = engine.forward([StepInput(engine.new_cache(len(committed)), committed, Logits.LAST)])[0].hidden[-1]
     torch.testing.assert_close(seq.state["medusa"].hidden, hidden, atol=1e-4, rtol=1e-4)
     model = ReferenceModel(engine.config.raw["pretrained_config"], engine.ranks)
-    torch.testing.assert_close(method.heads.logits(hidden[None], 3), model.medusa_logits(hidden[None]),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        method.heads.logits(hidden[None], 3), model.medusa_logits(hidden[None]), atol=1e-4, rtol=1e-4
+    )
 
 
 def test_eagle2_dynamic_tree_size_rule(spec_engines):
     """TensorRT-LLM: top_k + top_k^2 (num_eagle_layers - 1) nodes, capped at max_draft_len (16 here)."""
     engine = spec_engines("eagle")
     for top_k, size in ((1, 3), (2, 10), (3, 16)):
-        method, _ = make_method(engine, MethodSettings("eagle", eagle_dynamic_tree=True,
-                                                       eagle_dynamic_tree_max_top_k=top_k))
+        method, _ = make_method(
+            engine, MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=top_k)
+        )
         assert method.max_draft_len == size
         seq = _manual_steps(engine, method, PROMPTS[2], 1)
         method.propose([seq])
@@ -213,8 +220,10 @@ def test_lookahead_per_request_configs(spec_engines, per_request):
         assert max(len(p) for p in [stats.accepted_per_position]) <= per_request[1] - 1
 
 
-@pytest.mark.parametrize("per_request,words", [((5, 3, 4), "exceeds the server's"), ((4, 4, 4), "exceeds"),
-                                               ((4, 3, 5), "exceeds"), ((2, 1, 1), "not legal")])
+@pytest.mark.parametrize(
+    "per_request,words",
+    [((5, 3, 4), "exceeds the server's"), ((4, 4, 4), "exceeds"), ((4, 3, 5), "exceeds"), ((2, 1, 1), "not legal")],
+)
 def test_lookahead_per_request_config_beyond_the_server_is_an_error(spec_engines, per_request, words):
     engine, method = method_for(spec_engines, "lookahead")
     bad = GenerationRequest("bad", (1, 2, 3), 4, lookahead=LookaheadConfig(*per_request))
@@ -226,8 +235,14 @@ def test_lookahead_per_request_config_beyond_the_server_is_an_error(spec_engines
 def test_lookahead_window_mask_trie_and_pool():
     mask, offsets = window_layout(3, 3)  # levels 0 ([root, a, b]) and 1 ([c, d, e])
     assert offsets == (0, 1, 2, 1, 2, 3)
-    assert mask.int().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                                   [1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1]]
+    assert mask.int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1],
+    ]
     tree = trie([(5, 6), (5, 7), (8, 6)])
     assert tree.tokens == (5, 6, 7, 8, 6) and tree.parents == (-1, 0, 0, -1, 3)
     pool = NgramPool(3, capacity=2)
@@ -255,8 +270,13 @@ def test_load_time_errors(spec_engines):
     assert make_method(plain, MethodSettings("top_k_top_p"))[0].name == "plain"
 
 
-PENALTIES = {"repetition_penalty": 1.3, "presence_penalty": 0.4, "frequency_penalty": 0.2, "min_tokens": 6,
-             "bad_words": ((5,), (7, 9))}
+PENALTIES = {
+    "repetition_penalty": 1.3,
+    "presence_penalty": 0.4,
+    "frequency_penalty": 0.2,
+    "min_tokens": 6,
+    "bad_words": ((5,), (7, 9)),
+}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -277,7 +297,9 @@ def test_penalties_and_bans_apply_to_the_target_and_stay_lossless(spec_engines, 
         assert out.cum_log_prob == pytest.approx(sum(out.log_probs), abs=1e-4)
         # The target's own rows, from the verified positions: the same as plain decoding's.
         assert len(out.generation_logits) == len(out.tokens)
-        assert all(torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=1e-4)
-                   for a, b in zip(out.generation_logits, want[rid].generation_logits))
+        assert all(
+            torch.allclose(torch.from_numpy(a), torch.from_numpy(b), atol=1e-4)
+            for a, b in zip(out.generation_logits, want[rid].generation_logits)
+        )
     stats = totals(got)
     assert stats.draft_tokens > stats.accepted_tokens > 0, stats.summary()

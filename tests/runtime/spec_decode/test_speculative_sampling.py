@@ -41,8 +41,9 @@ def target_probs(logits: torch.Tensor) -> torch.Tensor:
 
 def exact(engine: Engine, prompt: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """P(t1, t2) [V, V] and P(t3) [V] after the prompt, from every continuation's logits."""
-    prefixes = [prompt] + [prompt + (a,) for a in range(VOCAB)] + [prompt + (a, b) for a in range(VOCAB)
-                                                                   for b in range(VOCAB)]
+    prefixes = (
+        [prompt] + [prompt + (a,) for a in range(VOCAB)] + [prompt + (a, b) for a in range(VOCAB) for b in range(VOCAB)]
+    )
     rows = engine.forward([StepInput(engine.new_cache(len(p)), list(p), Logits.LAST) for p in prefixes])
     p = target_probs(torch.stack([r.logits[-1] for r in rows]).double())
     p1, p2, p3 = p[0], p[1 : 1 + VOCAB], p[1 + VOCAB :].view(VOCAB, VOCAB, VOCAB)
@@ -54,8 +55,9 @@ def sample(engine: Engine, method, prompt: tuple[int, ...]) -> tuple[torch.Tenso
     """First three tokens of SAMPLES requests seeded 0..SAMPLES-1; (tokens [N, 3], draft, accepted)."""
     sched, out = Scheduler(engine, method), {}
     for seed in range(SAMPLES):
-        request = GenerationRequest(str(seed), prompt, 3, sampling=SamplingParams(**SAMPLING, seed=seed),
-                                    exclude_input_in_output=True)
+        request = GenerationRequest(
+            str(seed), prompt, 3, sampling=SamplingParams(**SAMPLING, seed=seed), exclude_input_in_output=True
+        )
         sched.submit(request, lambda o: out.__setitem__(int(o.request_id), o) if o.finished else None)
     sched.run_until_idle()
     tokens = torch.tensor([out[s].tokens for s in range(SAMPLES)])
@@ -79,7 +81,8 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def p_values(engine: Engine, prompt: tuple[int, ...], tokens: torch.Tensor) -> tuple[float, float]:
     joint, third = exact(engine, prompt)
     pairs = torch.zeros(VOCAB * VOCAB, dtype=torch.double).index_add_(
-        0, tokens[:, 0] * VOCAB + tokens[:, 1], torch.ones(len(tokens), dtype=torch.double))
+        0, tokens[:, 0] * VOCAB + tokens[:, 1], torch.ones(len(tokens), dtype=torch.double)
+    )
     return chi_square_p(pairs, joint), chi_square_p(torch.bincount(tokens[:, 2], minlength=VOCAB), third)
 
 
@@ -89,16 +92,19 @@ def prompt(small_vocab_engines) -> tuple[int, ...]:
     in the prompt, so Lookahead's pool (seeded with the prompt's n-grams) has something to propose."""
     start = [1, 5, 9, 2]
     sched, out = Scheduler(small_vocab_engines(None)), []
-    sched.submit(GenerationRequest("g", tuple(start), 12, exclude_input_in_output=True),
-                 lambda o: out.append(o.tokens) if o.finished else None)
+    sched.submit(
+        GenerationRequest("g", tuple(start), 12, exclude_input_in_output=True),
+        lambda o: out.append(o.tokens) if o.finished else None,
+    )
     sched.run_until_idle()
     return tuple(start + out[0])
 
 
 @pytest.fixture(scope="module")
 def plain_samples(small_vocab_engines, prompt):
-    return {kind: sample(small_vocab_engines(kind), PlainDecoding(), prompt)[0]
-            for kind in ("medusa", "eagle", "lookahead")}
+    return {
+        kind: sample(small_vocab_engines(kind), PlainDecoding(), prompt)[0] for kind in ("medusa", "eagle", "lookahead")
+    }
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))

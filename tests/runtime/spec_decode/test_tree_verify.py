@@ -64,8 +64,13 @@ def generate(engine, requests, method=None) -> tuple[Collector, int]:
 def test_draft_tree_mask_and_depths():
     tree = DraftTree((10, 11, 12, 13), (-1, -1, 0, 2))  # root -> {10 -> 12 -> 13, 11}
     assert tree.depths() == [1, 1, 2, 3]
-    assert tree.mask().int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
-                                          [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+    assert tree.mask().int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 0, 1, 1],
+    ]
     verdict = accept(tree, torch.eye(20)[[10, 12, 0, 13, 7]], lambda row: int(row.argmax()))
     assert verdict.path == [0, 2, 3] and verdict.tokens == [10, 12, 13, 7]
     with pytest.raises(ValueError):
@@ -74,8 +79,10 @@ def test_draft_tree_mask_and_depths():
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=7)])
 def test_speculative_output_equals_plain_decoding(engine, sampling):
-    requests = [GenerationRequest(str(i), tuple(p), 12, sampling=sampling, exclude_input_in_output=True)
-                for i, p in enumerate(PROMPTS)]
+    requests = [
+        GenerationRequest(str(i), tuple(p), 12, sampling=sampling, exclude_input_in_output=True)
+        for i, p in enumerate(PROMPTS)
+    ]
     plain, plain_steps = generate(engine, requests)
     truth = {r.request_id: plain.final(r.request_id).tokens for r in requests}
     spec, spec_steps = generate(engine, requests, OracleDrafts(truth, engine.config.model.vocab_size))

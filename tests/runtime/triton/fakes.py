@@ -87,21 +87,36 @@ def fake_pb_utils() -> types.SimpleNamespace:
         return FakeTensor(name, request.inputs[name]) if name in request.inputs else None
 
     logger = types.SimpleNamespace(log_info=lambda m: None, log_warn=lambda m: None, log_error=lambda m: None)
-    return types.SimpleNamespace(Tensor=FakeTensor, InferenceResponse=FakeResponse, TritonError=str,
-                                 TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL, get_input_tensor_by_name=get_input,
-                                 Logger=logger, MetricFamily=FakeFamily)
+    return types.SimpleNamespace(
+        Tensor=FakeTensor,
+        InferenceResponse=FakeResponse,
+        TritonError=str,
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=FINAL,
+        get_input_tensor_by_name=get_input,
+        Logger=logger,
+        MetricFamily=FakeFamily,
+    )
 
 
 def model_config(engine_dir: Path, decoupled: bool = True, **params: str) -> dict:
-    parameters = {"gpt_model_path": str(engine_dir), "exclude_input_in_output": "true",
-                  "decoding_mode": "top_k_top_p", "kv_cache_free_gpu_mem_fraction": "0.9",
-                  "medusa_choices": "${medusa_choices}", "reference_num_threads": "1", **params}
+    parameters = {
+        "gpt_model_path": str(engine_dir),
+        "exclude_input_in_output": "true",
+        "decoding_mode": "top_k_top_p",
+        "kv_cache_free_gpu_mem_fraction": "0.9",
+        "medusa_choices": "${medusa_choices}",
+        "reference_num_threads": "1",
+        **params,
+    }
     settings = RepositorySettings("ensemble", 8, decoupled, False, 1, 1, 0, {}, {}, parameters)
     return json_format.MessageToDict(tensorrt_llm_config(settings), preserving_proto_field_name=True)
 
 
 def inputs(prompt: list[int], n: int, **extra) -> dict[str, np.ndarray]:
     """Shapes as Triton delivers them with max_batch_size > 0 (scalars reshaped to [1])."""
-    base = {"input_ids": np.array([prompt], dtype=np.int32), "input_lengths": np.array([len(prompt)], np.int32),
-            "request_output_len": np.array([n], np.int32)}
+    base = {
+        "input_ids": np.array([prompt], dtype=np.int32),
+        "input_lengths": np.array([len(prompt)], np.int32),
+        "request_output_len": np.array([n], np.int32),
+    }
     return {**base, **extra}

@@ -15,12 +15,17 @@ def stream(server, requests: dict[str, tuple[list[int], int, dict]]) -> dict[str
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     for rid, (prompt, n, extra) in requests.items():
-        arrays = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
-                  "request_output_len": np.array([[n]], np.int32), **extra}
+        arrays = {
+            "input_ids": np.array([prompt], np.int32),
+            "input_lengths": np.array([[len(prompt)]], np.int32),
+            "request_output_len": np.array([[n]], np.int32),
+            **extra,
+        }
         inputs = []
         for name, value in arrays.items():
-            tensor = grpcclient.InferInput(name, list(value.shape), {np.dtype(np.int32): "INT32",
-                                                                     np.dtype(bool): "BOOL"}[value.dtype])
+            tensor = grpcclient.InferInput(
+                name, list(value.shape), {np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL"}[value.dtype]
+            )
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
         client.async_stream_infer("tensorrt_llm", inputs, request_id=rid, enable_empty_final_response=True)

@@ -49,8 +49,14 @@ def serve(monkeypatch):
         monkeypatch.setattr(triton_backend, "pb_utils", pb)
         LabelledFamily.made = {}
         model = triton_backend.TritonPythonModel()
-        model.initialize({"model_config": json.dumps(model_config(engine_dir, **params)), "model_name": "tensorrt_llm",
-                          "model_version": "1", "model_repository": str(engine_dir.parent)})
+        model.initialize(
+            {
+                "model_config": json.dumps(model_config(engine_dir, **params)),
+                "model_name": "tensorrt_llm",
+                "model_version": "1",
+                "model_repository": str(engine_dir.parent),
+            }
+        )
         models.append(model)
         return model
 
@@ -69,14 +75,30 @@ def ask(model, rid: str, prompt: list[int], n: int = 12, **extra) -> FakeRequest
     return request
 
 
-@pytest.mark.parametrize("kind,params", [
-    ("medusa", {"decoding_mode": "medusa", "medusa_choices": trees.to_triton_choices(TREE)}),
-    ("eagle", {"decoding_mode": "eagle", "eagle_choices": trees.to_triton_choices(TREE)}),
-    ("eagle", {"decoding_mode": "eagle", "reference_eagle_use_dynamic_tree": "true",
-               "reference_eagle_dynamic_tree_max_top_k": "3"}),
-    ("lookahead", {"decoding_mode": "lookahead", "lookahead_window_size": "4", "lookahead_ngram_size": "3",
-                   "lookahead_verification_set_size": "4"}),
-])
+@pytest.mark.parametrize(
+    "kind,params",
+    [
+        ("medusa", {"decoding_mode": "medusa", "medusa_choices": trees.to_triton_choices(TREE)}),
+        ("eagle", {"decoding_mode": "eagle", "eagle_choices": trees.to_triton_choices(TREE)}),
+        (
+            "eagle",
+            {
+                "decoding_mode": "eagle",
+                "reference_eagle_use_dynamic_tree": "true",
+                "reference_eagle_dynamic_tree_max_top_k": "3",
+            },
+        ),
+        (
+            "lookahead",
+            {
+                "decoding_mode": "lookahead",
+                "lookahead_window_size": "4",
+                "lookahead_ngram_size": "3",
+                "lookahead_verification_set_size": "4",
+            },
+        ),
+    ],
+)
 def test_methods_from_the_shipped_parameters(spec_engines, serve, kind, params):
     engine = spec_engines(kind)
     model = serve(engine.config.folder, **params)
@@ -101,22 +123,34 @@ def test_methods_from_the_shipped_parameters(spec_engines, serve, kind, params):
     assert LabelledFamily.value(f"{prefix}_num_draft_tokens_total") == drafted
     assert LabelledFamily.value(f"{prefix}_num_accepted_tokens_total") == accepted
     steps = LabelledFamily.value(f"{prefix}_num_drafts_total")
-    per_pos = [LabelledFamily.value(f"{prefix}_num_accepted_tokens_per_pos_total", position=str(k))
-               for k in range(model.scheduler.method.draft_positions)]
+    per_pos = [
+        LabelledFamily.value(f"{prefix}_num_accepted_tokens_per_pos_total", position=str(k))
+        for k in range(model.scheduler.method.draft_positions)
+    ]
     assert sum(per_pos) == accepted and per_pos[0] >= per_pos[-1] and 0 < steps <= 4 * 12
-    assert LabelledFamily.value(f"{prefix}_num_accepted_tokens_per_pos_total", model="tensorrt_llm",
-                                position="0") == per_pos[0]
+    assert (
+        LabelledFamily.value(f"{prefix}_num_accepted_tokens_per_pos_total", model="tensorrt_llm", position="0")
+        == per_pos[0]
+    )
 
 
 def test_per_request_lookahead_inputs(spec_engines, serve):
     engine = spec_engines("lookahead")
-    model = serve(engine.config.folder, decoding_mode="lookahead", lookahead_window_size="4",
-                  lookahead_ngram_size="3", lookahead_verification_set_size="4")
+    model = serve(
+        engine.config.folder,
+        decoding_mode="lookahead",
+        lookahead_window_size="4",
+        lookahead_ngram_size="3",
+        lookahead_verification_set_size="4",
+    )
     want = plain(engine)
 
     def look(w: int, n: int, g: int) -> dict[str, np.ndarray]:
-        return {"lookahead_window_size": np.array([w], np.int32), "lookahead_ngram_size": np.array([n], np.int32),
-                "lookahead_verification_set_size": np.array([g], np.int32)}
+        return {
+            "lookahead_window_size": np.array([w], np.int32),
+            "lookahead_ngram_size": np.array([n], np.int32),
+            "lookahead_verification_set_size": np.array([g], np.int32),
+        }
 
     small = ask(model, "0", PROMPTS[0], **look(2, 2, 1))
     plain_step = ask(model, "1", PROMPTS[1], **look(1, 1, 0))
@@ -131,27 +165,61 @@ def test_per_request_lookahead_inputs(spec_engines, serve):
 
 
 def test_lookahead_inputs_need_a_lookahead_model(spec_engines, serve):
-    model = serve(spec_engines("medusa").config.folder, decoding_mode="medusa",
-                  medusa_choices=trees.to_triton_choices(TREE))
-    request = ask(model, "x", PROMPTS[0], lookahead_window_size=np.array([2], np.int32),
-                  lookahead_ngram_size=np.array([2], np.int32), lookahead_verification_set_size=np.array([1], np.int32))
+    model = serve(
+        spec_engines("medusa").config.folder, decoding_mode="medusa", medusa_choices=trees.to_triton_choices(TREE)
+    )
+    request = ask(
+        model,
+        "x",
+        PROMPTS[0],
+        lookahead_window_size=np.array([2], np.int32),
+        lookahead_ngram_size=np.array([2], np.int32),
+        lookahead_verification_set_size=np.array([1], np.int32),
+    )
     assert "only allowed when the model sets the lookahead parameters" in request.sender.responses()[0].error
 
 
 def test_reference_parameters_and_load_errors(spec_engines, tmp_path):
-    params = parse_parameters(model_config(Path("e"), decoding_mode="eagle", reference_eagle_use_dynamic_tree="true",
-                                           reference_eagle_dynamic_tree_max_top_k="4"), tmp_path)
+    params = parse_parameters(
+        model_config(
+            Path("e"),
+            decoding_mode="eagle",
+            reference_eagle_use_dynamic_tree="true",
+            reference_eagle_dynamic_tree_max_top_k="4",
+        ),
+        tmp_path,
+    )
     settings = params.method_settings()
     assert settings.eagle_dynamic_tree and settings.eagle_dynamic_tree_max_top_k == 4
     assert settings.decoding_mode == "eagle" and settings.eagle_choices is None
-    got = parse_request(lambda n: inputs([1, 2], 3).get(n), "r", parse_parameters(
-        model_config(Path("e"), decoding_mode="lookahead", lookahead_window_size="4", lookahead_ngram_size="3",
-                     lookahead_verification_set_size="4")))
+    got = parse_request(
+        lambda n: inputs([1, 2], 3).get(n),
+        "r",
+        parse_parameters(
+            model_config(
+                Path("e"),
+                decoding_mode="lookahead",
+                lookahead_window_size="4",
+                lookahead_ngram_size="3",
+                lookahead_verification_set_size="4",
+            )
+        ),
+    )
     assert got.lookahead is None  # no per-request inputs: the server's (W, N, G)
     with pytest.raises(InputError, match="built without lookahead"):
-        triton_backend.TritonPythonModel().initialize({"model_config": json.dumps(model_config(
-            spec_engines(None).config.folder, decoding_mode="lookahead", lookahead_window_size="4",
-            lookahead_ngram_size="3", lookahead_verification_set_size="4"))})
+        triton_backend.TritonPythonModel().initialize(
+            {
+                "model_config": json.dumps(
+                    model_config(
+                        spec_engines(None).config.folder,
+                        decoding_mode="lookahead",
+                        lookahead_window_size="4",
+                        lookahead_ngram_size="3",
+                        lookahead_verification_set_size="4",
+                    )
+                )
+            }
+        )
 
 
 @pytest.mark.slow
@@ -168,15 +236,29 @@ def test_speculative_metrics_in_a_real_tritonserver(spec_engines, tmp_path):
     from tests.runtime.triton.grpc_stream import stream
     from tests.servers import free_ports
 
-    params = {"gpt_model_path": str(spec_engines("medusa").config.folder), "exclude_input_in_output": "true",
-              "decoding_mode": "medusa", "medusa_choices": trees.to_triton_choices(TREE), "reference_num_threads": "1"}
+    params = {
+        "gpt_model_path": str(spec_engines("medusa").config.folder),
+        "exclude_input_in_output": "true",
+        "decoding_mode": "medusa",
+        "medusa_choices": trees.to_triton_choices(TREE),
+        "reference_num_threads": "1",
+    }
     (tmp_path / "repo" / "tensorrt_llm" / "1").mkdir(parents=True)
-    pbtxt.write(tensorrt_llm_config(RepositorySettings("ensemble", 8, True, False, 1, 1, 0, {}, {}, params)),
-                tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
+    pbtxt.write(
+        tensorrt_llm_config(RepositorySettings("ensemble", 8, True, False, 1, 1, 0, {}, {}, params)),
+        tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt",
+    )
     http, grpc, metrics = free_ports(3)
-    config = CpuServerConfig(repositories=(tmp_path / "repo",), cache_dir=REPO_ROOT / ".cache", http_port=http,
-                             grpc_port=grpc, metrics_port=metrics, ready_timeout=180, models=("tensorrt_llm",),
-                             log_file=tmp_path / "tritonserver.log")
+    config = CpuServerConfig(
+        repositories=(tmp_path / "repo",),
+        cache_dir=REPO_ROOT / ".cache",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        ready_timeout=180,
+        models=("tensorrt_llm",),
+        log_file=tmp_path / "tritonserver.log",
+    )
     with CpuTritonServer(config) as server:
         got = stream(server, {str(i): (p, 12, {}) for i, p in enumerate(PROMPTS[:4])})
         want = plain(spec_engines("medusa"))

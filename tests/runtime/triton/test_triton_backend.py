@@ -25,8 +25,14 @@ def backend(monkeypatch, engine_dir):
     monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
     FakeFamily.made = {}
     model = triton_backend.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(model_config(engine_dir)), "model_name": "tensorrt_llm",
-                      "model_version": "1", "model_repository": str(engine_dir.parent)})
+    model.initialize(
+        {
+            "model_config": json.dumps(model_config(engine_dir)),
+            "model_name": "tensorrt_llm",
+            "model_version": "1",
+            "model_repository": str(engine_dir.parent),
+        }
+    )
     yield model
     model.finalize()
 
@@ -35,8 +41,7 @@ def test_streaming_and_final_responses(backend, engine):
     from tests.runtime.fixtures import engine_greedy
 
     want = engine_greedy(engine, PROMPTS[0], 4)
-    stream = FakeRequest("s", **inputs(PROMPTS[0], 4, streaming=np.array([True]),
-                                       return_perf_metrics=np.array([True])))
+    stream = FakeRequest("s", **inputs(PROMPTS[0], 4, streaming=np.array([True]), return_perf_metrics=np.array([True])))
     whole = FakeRequest("w", **inputs(PROMPTS[0], 4, exclude_input_in_output=np.array([False])))
     assert backend.execute([stream, whole]) is None
     pieces = stream.sender.responses()
@@ -61,8 +66,9 @@ def test_bad_request_gets_an_error_and_others_continue(backend):
     fine = FakeRequest("ok", **inputs(PROMPTS[1], 3))
     backend.execute([long, penalty, beam, fine])
     assert "max_input_len 64" in long.sender.responses()[0].error
-    assert penalty.sender.responses()[0].error.startswith("return_context_logits needs an engine built with "
-                                                          "gather_context_logits")
+    assert penalty.sender.responses()[0].error.startswith(
+        "return_context_logits needs an engine built with gather_context_logits"
+    )
     assert "beam_width 2 is outside [1, max_beam_width 1]" in beam.sender.responses()[0].error
     assert fine.sender.responses()[0].tensors["output_ids"].shape == (1, 1, 3)
 
@@ -73,14 +79,22 @@ def test_batch_and_num_return_sequences_split_into_tagged_sequences(backend, eng
 
     prompts = [PROMPTS[0], PROMPTS[3]]  # 6 and 3 tokens: one [2, 6] input_ids tensor, padded
     padded = [PROMPTS[0], PROMPTS[3] + [0, 0, 0]]
-    request = FakeRequest("b", input_ids=np.array(padded, np.int32), input_lengths=np.array([[6], [3]], np.int32),
-                          request_output_len=np.array([[3], [3]], np.int32),
-                          num_return_sequences=np.array([[2], [2]], np.int32),
-                          return_perf_metrics=np.array([[True], [True]]))
+    request = FakeRequest(
+        "b",
+        input_ids=np.array(padded, np.int32),
+        input_lengths=np.array([[6], [3]], np.int32),
+        request_output_len=np.array([[3], [3]], np.int32),
+        num_return_sequences=np.array([[2], [2]], np.int32),
+        return_perf_metrics=np.array([[True], [True]]),
+    )
     backend.execute([request])
     responses = request.sender.responses()
-    got = {(int(r.tensors["batch_index"][0, 0]), int(r.tensors["sequence_index"][0, 0])):
-           r.tensors["output_ids"][0, 0].tolist() for r in responses}
+    got = {
+        (int(r.tensors["batch_index"][0, 0]), int(r.tensors["sequence_index"][0, 0])): r.tensors["output_ids"][
+            0, 0
+        ].tolist()
+        for r in responses
+    }
     assert set(got) == {(0, 0), (0, 1), (1, 0), (1, 1)}
     for (row, _), tokens in got.items():  # greedy: every sequence of a row is the same
         assert tokens == engine_greedy(engine, prompts[row], 3)
@@ -96,10 +110,19 @@ def test_batch_and_num_return_sequences_split_into_tagged_sequences(backend, eng
 def test_generation_logits_and_log_probs_come_with_their_tokens(backend, engine):
     import torch
 
-    stream = FakeRequest("s", **inputs(PROMPTS[0], 3, streaming=np.array([True]),
-                                       return_generation_logits=np.array([True]), return_log_probs=np.array([True])))
-    whole = FakeRequest("w", **inputs(PROMPTS[0], 3, return_generation_logits=np.array([True]),
-                                      return_log_probs=np.array([True])))
+    stream = FakeRequest(
+        "s",
+        **inputs(
+            PROMPTS[0],
+            3,
+            streaming=np.array([True]),
+            return_generation_logits=np.array([True]),
+            return_log_probs=np.array([True]),
+        ),
+    )
+    whole = FakeRequest(
+        "w", **inputs(PROMPTS[0], 3, return_generation_logits=np.array([True]), return_log_probs=np.array([True]))
+    )
     backend.execute([stream, whole])
     (full,) = whole.sender.responses()
     logits = full.tensors["generation_logits"]
@@ -140,12 +163,18 @@ def test_non_decoupled_config_answers_once_and_stop_cancels_mid_generation(monke
     model = triton_backend.TritonPythonModel()
     model.initialize({"model_config": json.dumps(model_config(engine_dir, decoupled=False))})
     try:
-        two_rows = {"input_ids": np.array([PROMPTS[0][:2], PROMPTS[2][:2]], np.int32),
-                    "input_lengths": np.array([[2], [2]], np.int32),
-                    "request_output_len": np.array([[2], [2]], np.int32)}
-        requests = [FakeRequest("a", **inputs(PROMPTS[0], 3)), FakeRequest("b", **inputs(PROMPTS[1], 2)),
-                    FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True]))),
-                    FakeRequest("d", **two_rows), FakeRequest("long", **inputs(PROMPTS[0], 55))]
+        two_rows = {
+            "input_ids": np.array([PROMPTS[0][:2], PROMPTS[2][:2]], np.int32),
+            "input_lengths": np.array([[2], [2]], np.int32),
+            "request_output_len": np.array([[2], [2]], np.int32),
+        }
+        requests = [
+            FakeRequest("a", **inputs(PROMPTS[0], 3)),
+            FakeRequest("b", **inputs(PROMPTS[1], 2)),
+            FakeRequest("c", **inputs(PROMPTS[1], 2, streaming=np.array([True]))),
+            FakeRequest("d", **two_rows),
+            FakeRequest("long", **inputs(PROMPTS[0], 55)),
+        ]
         stop = FakeRequest("long", **inputs([0], 1, stop=np.array([True])))
         assert model.execute(requests + [stop]) is None  # the stop is read while "long" runs
         out = [r.sender.responses() for r in requests]
@@ -161,9 +190,16 @@ def test_non_decoupled_config_answers_once_and_stop_cancels_mid_generation(monke
 
 
 def test_parameters(tmp_path):
-    params = parse_parameters(model_config(Path("engine"), max_beam_width="${max_beam_width}",
-                                           enable_chunked_context="maybe", cancellation_check_period_ms="20",
-                                           eagle_choices="{0}, {0, 0}, {1}"), tmp_path)
+    params = parse_parameters(
+        model_config(
+            Path("engine"),
+            max_beam_width="${max_beam_width}",
+            enable_chunked_context="maybe",
+            cancellation_check_period_ms="20",
+            eagle_choices="{0}, {0, 0}, {1}",
+        ),
+        tmp_path,
+    )
     assert params.engine_dir == tmp_path / "engine" and params.max_beam_width == 1
     assert params.exclude_input_in_output and params.cancellation_check_period_ms == 20
     assert params.eagle_choices == ((0,), (0, 0), (1,)) and params.medusa_choices is None
@@ -177,10 +213,19 @@ def test_parameters(tmp_path):
 def test_request_parsing(tmp_path):
     params = parse_parameters(model_config(tmp_path))
     stop_words = np.array([[[5, 6, 7, 0], [2, 3, -1, -1]]], np.int32)  # [batch, 2, L]
-    got = parse_request(lambda n: inputs([1, 2, 3, 0, 0], 9, stop_words_list=stop_words,
-                                         input_lengths=np.array([3], np.int32), runtime_top_k=np.array([4]),
-                                         seed=np.array([2**63 + 5], np.uint64), end_id=np.array([2])).get(n),
-                        "r", params)
+    got = parse_request(
+        lambda n: inputs(
+            [1, 2, 3, 0, 0],
+            9,
+            stop_words_list=stop_words,
+            input_lengths=np.array([3], np.int32),
+            runtime_top_k=np.array([4]),
+            seed=np.array([2**63 + 5], np.uint64),
+            end_id=np.array([2]),
+        ).get(n),
+        "r",
+        params,
+    )
     assert got.input_ids == (1, 2, 3) and got.max_new_tokens == 9 and got.end_id == 2
     assert got.stop_words == ((5, 6), (7,)) and got.sampling.top_k == 4 and got.sampling.seed == 2**63 + 5
     assert got.exclude_input_in_output and not got.streaming
@@ -192,8 +237,11 @@ def test_decoding_modes_fall_back_with_a_warning(engine):
     from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
 
     assert make_method(engine, MethodSettings("top_k_top_p"))[1] == [] and make_method(engine)[1] == []
-    for mode, words in (("redrafter", "not served by the reference backend"), ("beam_search", "beam width 1"),
-                        ("fast", "not valid")):
+    for mode, words in (
+        ("redrafter", "not served by the reference backend"),
+        ("beam_search", "beam width 1"),
+        ("fast", "not valid"),
+    ):
         method, warnings = make_method(engine, MethodSettings(mode))
         assert isinstance(method, PlainDecoding) and words in warnings[0]
     # A speculative mode on an engine built without it is a load error, as on the GPU.

@@ -26,23 +26,33 @@ pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, engine_dir):
     repo = tmp_path_factory.mktemp("repo")
-    params = {"gpt_model_path": str(engine_dir), "exclude_input_in_output": "true",
-              "decoding_mode": "top_k_top_p", "reference_num_threads": "1"}
+    params = {
+        "gpt_model_path": str(engine_dir),
+        "exclude_input_in_output": "true",
+        "decoding_mode": "top_k_top_p",
+        "reference_num_threads": "1",
+    }
     settings = RepositorySettings("ensemble", 8, True, False, 1, 1, 0, {}, {}, params)
     (repo / "tensorrt_llm" / "1").mkdir(parents=True)
     pbtxt.write(tensorrt_llm_config(settings), repo / "tensorrt_llm" / "config.pbtxt")
     http, grpc, metrics = free_ports(3)
-    config = CpuServerConfig(repositories=(repo,), cache_dir=REPO_ROOT / ".cache", http_port=http,
-                             grpc_port=grpc, metrics_port=metrics, ready_timeout=180, models=("tensorrt_llm",),
-                             log_file=repo.parent / "tritonserver.log")
+    config = CpuServerConfig(
+        repositories=(repo,),
+        cache_dir=REPO_ROOT / ".cache",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        ready_timeout=180,
+        models=("tensorrt_llm",),
+        log_file=repo.parent / "tritonserver.log",
+    )
     with CpuTritonServer(config) as running:
         yield running
 
 
 def test_streamed_tokens_equal_the_engine(server, engine):
     want = engine_greedy(engine, PROMPTS[0], 5)
-    got = stream(server, {"a": (PROMPTS[0], 5, {"streaming": np.array([[True]])}),
-                           "b": (PROMPTS[2], 4, {})})
+    got = stream(server, {"a": (PROMPTS[0], 5, {"streaming": np.array([[True]])}), "b": (PROMPTS[2], 4, {})})
     assert [piece.shape for piece in got["a"]] == [(1, 1, 1)] * 5
     assert [int(piece[0, 0, 0]) for piece in got["a"]] == want
     assert got["b"][0][0, 0].tolist() == engine_greedy(engine, PROMPTS[2], 4)

@@ -49,11 +49,16 @@ class EagleDecoding(DecodingMethod):
         pretrained = engine.config.raw["pretrained_config"]
         layers = int(pretrained.get("num_eagle_layers") or 0)
         limit = engine.config.limits.max_draft_len
-        self.rule: TreeRule = (StaticTree(tree, layers, int(pretrained.get("max_non_leaves_per_layer") or 0) or None,
-                                          limit) if tree is not None else DynamicTree(dynamic_top_k, layers, limit))
+        self.rule: TreeRule = (
+            StaticTree(tree, layers, int(pretrained.get("max_non_leaves_per_layer") or 0) or None, limit)
+            if tree is not None
+            else DynamicTree(dynamic_top_k, layers, limit)
+        )
         if self.rule.depth < 1 or self.rule.max_draft_len < 1:
-            raise InputError(f"{engine.config.folder}: num_eagle_layers {layers} / max_draft_len {limit} leave "
-                             "no room for drafts; rebuild the EAGLE engine")
+            raise InputError(
+                f"{engine.config.folder}: num_eagle_layers {layers} / max_draft_len {limit} leave "
+                "no room for drafts; rebuild the EAGLE engine"
+            )
         self.max_draft_len = self.rule.max_draft_len
         self.draft_positions = self.rule.depth
 
@@ -63,9 +68,17 @@ class EagleDecoding(DecodingMethod):
             return
         states = [self._state(seq) for seq in todo]
         # 1. Catch up on the committed tokens; each request's last output f'_n predicts the root's children.
-        outs = self.drafter.forward([DraftInput(s.cache, s.tokens, torch.cat(s.features),
-                                                list(range(s.cache.length, s.cache.length + len(s.tokens))))
-                                     for s in states])
+        outs = self.drafter.forward(
+            [
+                DraftInput(
+                    s.cache,
+                    s.tokens,
+                    torch.cat(s.features),
+                    list(range(s.cache.length, s.cache.length + len(s.tokens))),
+                )
+                for s in states
+            ]
+        )
         roots = torch.stack([out[-1] for out in outs])  # [R, H]
         drafts = [Draft(s.cache.length, [(-1, f, top)]) for s, f, top in zip(states, roots, self._candidates(roots))]
         for s in states:
@@ -80,8 +93,9 @@ class EagleDecoding(DecodingMethod):
             expanding = [e for e in expanding if e[2]]
             if not expanding:
                 break
-            outs = self.drafter.forward([draft.expansion(state.cache, picked, depth)
-                                         for draft, state, picked in expanding])
+            outs = self.drafter.forward(
+                [draft.expansion(state.cache, picked, depth) for draft, state, picked in expanding]
+            )
             candidates = iter(self._candidates(torch.cat(outs)))
             for (draft, _, picked), out in zip(expanding, outs):
                 draft.frontier = [(node, f, next(candidates)) for node, f in zip(picked, out)]

@@ -65,25 +65,33 @@ class Drafter:
         pretrained = engine.config.raw["pretrained_config"]
         net = pretrained.get("eagle_net_config")
         if not isinstance(net, dict) or not engine.ranks[0].eagle:
-            raise InputError(f"{engine.config.folder}: no eagle_net_config / eagle_nets.* tensors; rebuild the "
-                             "EAGLE engine")
+            raise InputError(
+                f"{engine.config.folder}: no eagle_net_config / eagle_nets.* tensors; rebuild the EAGLE engine"
+            )
         if engine.pp != 1:
             raise InputError("EAGLE needs pp=1 (TensorRT-LLM: pipeline parallelism is not supported in EAGLE)")
         tp, hidden = engine.tp, engine.config.model.hidden_size
         heads = int(net["num_attention_heads"])
         head_size = int(net.get("head_size") or hidden // heads)
-        self.geo = Geometry(heads // tp, max(int(net.get("num_key_value_heads") or heads) // tp, 1), head_size,
-                            float(net.get("norm_epsilon", 1e-5)))
+        self.geo = Geometry(
+            heads // tp,
+            max(int(net.get("num_key_value_heads") or heads) // tp, 1),
+            head_size,
+            float(net.get("norm_epsilon", 1e-5)),
+        )
         self.inv_freq = rope_inv_freq(head_size, float(net.get("rotary_base", 10000.0)), net.get("rotary_scaling"))
         for rank in engine.ranks:
             # TensorRT-LLM runs copy i at draft level i; the converter writes identical copies and this
             # drafter runs copy 0 at every level, so a checkpoint whose trained parts differ is refused.
             # (Comparing the copies' embeddings and lm_heads too would page in hundreds of MB of an
             # untouched float32 file; EAGLE-1 copies them all from the base model.)
-            if not all(same_weights((net.fc, net.layers), (rank.eagle[0].fc, rank.eagle[0].layers))
-                       for net in rank.eagle[1:]):
-                raise InputError(f"{engine.config.folder}: rank {rank.rank}'s eagle_nets.* copies differ; the "
-                                 "reference backend runs one drafter at every level (convert with specdeploy)")
+            if not all(
+                same_weights((net.fc, net.layers), (rank.eagle[0].fc, rank.eagle[0].layers)) for net in rank.eagle[1:]
+            ):
+                raise InputError(
+                    f"{engine.config.folder}: rank {rank.rank}'s eagle_nets.* copies differ; the "
+                    "reference backend runs one drafter at every level (convert with specdeploy)"
+                )
             del rank.eagle[1:]  # bf16 engines hold each copy widened to float32: ~230 MB for SmolLM2
         nets = [rank.eagle[0] for rank in engine.ranks]
         self.embedding = nets[0].embedding  # replicated on every rank
@@ -117,9 +125,14 @@ class Drafter:
         caches = [item.cache for item in items]
         # What each new entry may attend to: the item's own mask, or the whole cache and causal
         # among the new entries.
-        masks = [item.visible if item.visible is not None else
-                 torch.ones(len(item.tokens), item.cache.length + len(item.tokens), dtype=torch.bool)
-                 .tril(item.cache.length) for item in items]
+        masks = [
+            item.visible
+            if item.visible is not None
+            else torch.ones(len(item.tokens), item.cache.length + len(item.tokens), dtype=torch.bool).tril(
+                item.cache.length
+            )
+            for item in items
+        ]
         for j, shards in enumerate(self.layers):  # the first has no input_layernorm
             h = decoder_layer(shards, h, rope, self.geo, caches, spans, masks, j)
         for item in items:

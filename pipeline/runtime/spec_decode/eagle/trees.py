@@ -59,15 +59,21 @@ class Draft:
             while ancestor >= 0:
                 visible[row, self.slots[ancestor]] = True
                 ancestor = self.nodes[ancestor].parent
-        return DraftInput(cache, [self.nodes[i].token for i in picked],
-                          torch.stack([outputs[self.nodes[i].parent] for i in picked]),
-                          [self.committed + depth - 1] * len(picked), visible)
+        return DraftInput(
+            cache,
+            [self.nodes[i].token for i in picked],
+            torch.stack([outputs[self.nodes[i].parent] for i in picked]),
+            [self.committed + depth - 1] * len(picked),
+            visible,
+        )
 
     def tree(self, keep: list[int]) -> DraftTree:
         """The kept nodes (parents before children) as the tree to verify."""
         index = {old: new for new, old in enumerate(keep)}
-        return DraftTree(tuple(self.nodes[i].token for i in keep),
-                         tuple(index[self.nodes[i].parent] if self.nodes[i].parent >= 0 else -1 for i in keep))
+        return DraftTree(
+            tuple(self.nodes[i].token for i in keep),
+            tuple(index[self.nodes[i].parent] if self.nodes[i].parent >= 0 else -1 for i in keep),
+        )
 
 
 class TreeRule:
@@ -98,20 +104,27 @@ class TreeRule:
 
 
 class StaticTree(TreeRule):
-    def __init__(self, tree: trees.Tree, num_eagle_layers: int, max_non_leaves_per_layer: int | None,
-                 max_draft_len: int):
+    def __init__(
+        self, tree: trees.Tree, num_eagle_layers: int, max_non_leaves_per_layer: int | None, max_draft_len: int
+    ):
         self.shape = TreeShape.of(tree)
         if self.shape.depth > num_eagle_layers:
-            raise InputError(f"eagle_choices: tree depth {self.shape.depth} exceeds num_eagle_layers "
-                             f"{num_eagle_layers} of the engine")
+            raise InputError(
+                f"eagle_choices: tree depth {self.shape.depth} exceeds num_eagle_layers "
+                f"{num_eagle_layers} of the engine"
+            )
         widest = max(trees.non_leaves_per_level(self.shape.paths))
         most = max_non_leaves_per_layer or widest
         if widest > most:
-            raise InputError(f"eagle_choices: a level has {widest} non-leaf nodes, more than the engine's "
-                             f"max_non_leaves_per_layer {most}")
+            raise InputError(
+                f"eagle_choices: a level has {widest} non-leaf nodes, more than the engine's "
+                f"max_non_leaves_per_layer {most}"
+            )
         if len(self.shape) > max_draft_len:
-            raise InputError(f"eagle_choices: {len(self.shape)} tree nodes exceed the engine's max_draft_len "
-                             f"{max_draft_len}; use a smaller tree")
+            raise InputError(
+                f"eagle_choices: {len(self.shape)} tree nodes exceed the engine's max_draft_len "
+                f"{max_draft_len}; use a smaller tree"
+            )
         self.depth, self.top_k, self.max_draft_len = self.shape.depth, self.shape.top_k, len(self.shape)
         self._children = self.shape.children()
         self._expandable = {parent for parent in self.shape.parents if parent >= 0}
@@ -131,7 +144,7 @@ class DynamicTree(TreeRule):
             raise InputError(f"reference_eagle_dynamic_tree_max_top_k must be >= 1, got {top_k}")
         self.depth, self.top_k = num_eagle_layers, top_k
         # TensorRT-LLM's rule: top_k + top_k^2 * (num_eagle_layers - 1) nodes, capped by max_draft_len.
-        self.max_draft_len = min(top_k + top_k ** 2 * (num_eagle_layers - 1), max_draft_len)
+        self.max_draft_len = min(top_k + top_k**2 * (num_eagle_layers - 1), max_draft_len)
         self.max_expanded = top_k * (num_eagle_layers - 1)
 
     def children(self, draft: Draft, parent: int) -> list[tuple[int, int]]:
