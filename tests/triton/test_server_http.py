@@ -9,18 +9,16 @@ HTTP port of a default server, which must not be listening, and the server keeps
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
-from triton_fixtures import fake_engine, start_server, tiny_plan
+from triton_fixtures import fake_engine, start_standin_server, tiny_plan
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
-from pipeline.triton.launch_cpu import CpuServerConfig
 from pipeline.triton.repository import emit_repository
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
-STANDIN = Path(__file__).with_name("standin_backend.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BODY_BYTES = 5 * 1024 * 1024
 
 
@@ -44,6 +42,19 @@ def post_like_curl(port: int, path: str, size: int) -> bytes:
         return interim
 
 
+def wait_for_port(port: int, seconds: float = 15.0) -> None:
+    """Readiness is checked over gRPC; Triton's HTTP endpoint may start accepting a moment later."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("http")
@@ -54,21 +65,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def start(repo: Path, **options):
-    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(
-            repositories=(repo,),
-            cache_dir=REPO_ROOT / ".cache",
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            backend_model=STANDIN,
-            ready_timeout=180,
-            models=("ensemble",),
-            log_file=repo.parent / f"tritonserver-{len(options)}.log",
-            **options,
-        )
-
-    return start_server(config)
+    return start_standin_server(repo, repo.parent / f"tritonserver-{len(options)}.log", **options)
 
 
 def test_a_5_mb_curl_style_post_cannot_reach_a_default_server(repo):
@@ -98,6 +95,7 @@ def test_a_5_mb_curl_style_post_cannot_reach_a_default_server(repo):
 def test_http_is_served_when_the_spec_turns_it_on(repo):
     server = start(repo, http=True)
     try:
+        wait_for_port(server.config.http_port)
         answer = post_like_curl(server.config.http_port, "/v2/models/ensemble/generate", 64)
         assert answer.startswith(b"HTTP/1.1 ") and server.is_alive()  # small bodies work (and are refused as JSON)
     finally:

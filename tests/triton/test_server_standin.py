@@ -22,17 +22,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_fixtures import WORDS, fake_engine, free_ports, start_server, tiny_plan
+from triton_fixtures import STANDIN_BACKEND, WORDS, fake_engine, free_ports, start_standin_server, tiny_plan
 
 from pipeline.cli import main
 from pipeline.client import ClientError, GenerationRequest, TritonClient, build_inputs
 from pipeline.speculative import LookaheadConfig
-from pipeline.triton.launch_cpu import CpuServerConfig, check_port_free
+from pipeline.triton.launch_cpu import check_port_free
 from pipeline.triton.repository import emit_repository
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
-STANDIN = Path(__file__).with_name("standin_backend.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "hello world the quick brown"
 
 
@@ -50,20 +49,7 @@ def packaged(tmp_path_factory) -> tuple[Path, Path]:
 def server(packaged):
     folder, repo = packaged
 
-    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(
-            repositories=(repo,),
-            cache_dir=REPO_ROOT / ".cache",
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            backend_model=STANDIN,
-            ready_timeout=180,
-            models=("ensemble",),
-            log_file=folder / "tritonserver.log",
-        )
-
-    running = start_server(config)
+    running = start_standin_server(repo, folder / "tritonserver.log")
     try:
         yield running
     finally:
@@ -386,13 +372,13 @@ def test_serve_command_runs_in_the_foreground_and_stops_on_sigterm(packaged, tmp
         "-m",
         "pipeline",
         "--cache-dir",
-        str(REPO_ROOT / ".cache"),
+        str(REPO / ".cache"),
         "serve",
         str(folder / "spec.yaml"),
         "--repo",
         str(repo),
         "--backend-model",
-        str(STANDIN),
+        str(STANDIN_BACKEND),
         "--grpc-port",
         str(grpc),
         "--http-port",

@@ -9,6 +9,7 @@ import json
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import SpecdeployError
 from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
@@ -126,3 +127,27 @@ def start_server(make_config: Callable[[int, int, int], CpuServerConfig], attemp
             if "in use" not in str(exc) or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+STANDIN_BACKEND = Path(__file__).with_name("standin_backend.py")
+
+
+def start_standin_server(repo: Path, log_file: Path, **options: Any) -> CpuTritonServer:
+    """A real tritonserver serving ``repo``'s ensemble, with the stand-in ``tensorrtllm`` backend."""
+    from tests.conftest import REPO
+
+    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
+        return CpuServerConfig(
+            repositories=(repo,),
+            cache_dir=REPO / ".cache",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            backend_model=STANDIN_BACKEND,
+            ready_timeout=180,
+            models=("ensemble",),
+            log_file=log_file,
+            **options,
+        )
+
+    return start_server(config)
