@@ -100,8 +100,11 @@ def test_cli_doctor_exit_codes(cli, write_spec):
     rc, out, _ = cli("doctor", "--json")
     report = json.loads(out)
     assert rc == 0 and report["ok"] and {c["name"] for c in report["checks"]} >= {"Python", "TensorRT-LLM", "GPUs"}
-    reference = write_spec(PRESET_8B + "target: reference\n", name="ref.yaml")
-    assert cli("doctor", str(reference))[0] == 0
+    # SmolLM2 on the reference target fits any CI host (an 8B model's disk and RAM needs would
+    # make the result depend on this host; those rules are tested above with a fake host).
+    reference = write_spec("name: r\nmodel: {builtin: smollm2-135m-instruct}\ntarget: reference\n", name="ref.yaml")
+    rc, out, _ = cli("doctor", "--json", str(reference))
+    assert rc == 0, json.loads(out)["variants"]
     if report["host"]["engine_flow_missing"]:  # a CPU host cannot build a tensorrt target
         rc, out, _ = cli("doctor", "--json", str(write_spec(PRESET_8B, name="gpu.yaml")))
         assert rc == 3 and json.loads(out)["variants"][0]["can_build"] is False
