@@ -8,6 +8,7 @@ variant's own engine (speculation is lossless in float32), decoded with the vari
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -134,3 +135,20 @@ def test_an_unknown_model_names_the_served_ones(server):
     with pytest.raises(Exception, match="served models: base, base-medusa") as error:
         ask(server, "nope", PROMPTS[0])
     assert "json" in str(error.value)
+
+
+def test_nvidia_inflight_client_names_a_variants_tensorrt_llm_model(plan, server, tmp_path):
+    """NVIDIA's token-level client, unchanged, picks a variant with --model-name <variant>-tensorrt_llm.
+    (Its end-to-end client cannot: its --model-name only accepts 'ensemble' and 'tensorrt_llm_bls'.)"""
+    variant = next(v for v in plan.variants if v.name == "json")
+    tokenizer_dir = variant.stage("package").inputs["tokenizer"]
+    client = REPO / "tests" / "data" / "nvidia_clients" / "inflight_batcher_llm_client.py"
+    argv = [sys.executable, str(client), "-u", server, "--tokenizer-dir", str(tokenizer_dir), "--text", PROMPTS[0]]
+    argv += ["--request-output-len", str(TOKENS), "--streaming", "--model-name", "json-tensorrt_llm"]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    match = re.search(r"Output sequence:  \[([0-9, ]*)\]", done.stdout)
+    assert match, done.stdout
+    ids = [int(i) for i in match.group(1).split(",") if i.strip()]
+    text = AutoTokenizer.from_pretrained(tokenizer_dir).decode(ids, skip_special_tokens=True)
+    assert text.endswith(plain_answers(variant)[PROMPTS[0]]), text
