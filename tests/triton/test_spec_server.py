@@ -7,6 +7,7 @@ variant's own engine (speculation is lossless in float32), decoded with the vari
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -152,3 +153,13 @@ def test_nvidia_inflight_client_names_a_variants_tensorrt_llm_model(plan, server
     ids = [int(i) for i in match.group(1).split(",") if i.strip()]
     text = AutoTokenizer.from_pretrained(tokenizer_dir).decode(ids, skip_special_tokens=True)
     assert text.endswith(plain_answers(variant)[PROMPTS[0]]), text
+
+
+def test_query_and_bench_address_one_variant(server, cli, tmp_path):
+    rc, out, _ = cli("query", PROMPTS[1], "--url", server, "--model", "base-medusa", "--max-tokens", "6", "--perf")
+    assert rc == 0 and "mean acceptance length" in out
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    argv = ["bench", "--prompts", str(tmp_path / "prompts.txt"), "--url", server, "--model", "json"]
+    rc, _, _ = cli(*argv, "--requests", "2", "--concurrency", "2", "--max-tokens", "6", "--out", str(tmp_path / "b"))
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert rc == 0 and report["model"] == "json" and report["completed"] == 2
