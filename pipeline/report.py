@@ -82,3 +82,15 @@ def print_plan(plan: Plan, console: Console) -> None:
         for note in variant.notes:
             table.add_row("note", note)
         console.print(table)
+    if plan.repository is not None:
+        from pipeline.triton.spec_repository import sharing_problem
+
+        problem = sharing_problem(plan)
+        if problem is None:
+            console.print(f"one server for all variants: {plan.repository.output} (`specdeploy serve SPEC`)")
+        else:
+            console.print(
+                "[yellow]the variants cannot share one server[/yellow] (each keeps its own): "
+                + "; ".join(problem.splitlines()),
+                highlight=False,
+            )
