@@ -32,11 +32,9 @@ from pipeline.triton.spec_repository import sharing_problem
 
 
 def resolve_variant(plan: Plan, args: argparse.Namespace) -> VariantPlan:
-    """The variant named by --variant, or the spec's only one."""
+    """The variant named by --variant, or the spec's only one (a spec of several is served whole)."""
     names = [variant.name for variant in plan.variants]
     if args.variant is None:
-        if len(names) > 1:
-            raise InputError(f"{args.spec} has {len(names)} variants ({', '.join(names)}); choose one with --variant")
         return plan.variants[0]
     if args.variant not in names:
         raise InputError(f"{args.spec} has no variant '{args.variant}' (known: {', '.join(names)})")
@@ -191,8 +189,9 @@ def serve_spec(plan: Plan, args: argparse.Namespace, console: Console) -> int:
             raise InputError("--print-command is for target tensorrt (the GPU command)")
         repo = package_dir(plan.repository.output, f"spec {plan.spec_name}", rebuild, args, console)
         return serve_cpu(first, repo, args, console, models=tuple(v.name for v in plan.variants))
-    repo = Path(args.repo) if args.print_command and args.repo else plan.repository.output
-    if not args.print_command:
+    if args.print_command:  # only a command line: the repository may be packaged later, on the GPU host
+        repo = Path(args.repo) if args.repo else plan.repository.output
+    else:
         repo = package_dir(plan.repository.output, f"spec {plan.spec_name}", rebuild, args, console)
     return run_gpu_command(gpu_spec_launch_argv(plan, first, repo.resolve()), args, console, "the variants' GPUs")
 
