@@ -43,7 +43,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    min_tokens: int = 0  # end_id is banned until this many tokens were generated
+    # end_id is banned until this many tokens were generated; TensorRT-LLM's default 1 (SamplingConfig:
+    # "Values < 1 have no effect. Default is 1"): the end id is never the first token.
+    min_tokens: int = 1
     bad_words: tuple[tuple[int, ...], ...] = ()
     embedding_bias: tuple[float, ...] = ()  # added to the logits of ids 0..len-1
     # Beam search (serving/beam_search.py), TensorRT-LLM's defaults (DefaultDecodingParams):
@@ -61,10 +63,13 @@ class SamplingParams:
             self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
-            or self.min_tokens > 0
             or bool(self.bad_words)
             or bool(self.embedding_bias)
         )
+
+    def adjusts(self, generated: int, end_id: int | None) -> bool:
+        """Whether the logits of the next token (after ``generated`` ones) are adjusted at all."""
+        return self.adjusts_logits or (end_id is not None and generated < self.min_tokens)
 
     def __post_init__(self) -> None:
         checks = (

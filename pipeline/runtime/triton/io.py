@@ -208,7 +208,7 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
             repetition_penalty=float(_scalar(get, "repetition_penalty", 1.0)),
             presence_penalty=float(_scalar(get, "presence_penalty", 0.0)),
             frequency_penalty=float(_scalar(get, "frequency_penalty", 0.0)),
-            min_tokens=int(_scalar(get, "min_tokens", 0)),
+            min_tokens=int(_scalar(get, "min_tokens", 1)),
             bad_words=bad_words,
             embedding_bias=embedding_bias,
             beam_width=int(_scalar(get, "beam_width", 1) or 1),
