@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Callable[[dict], object]] = {
     "lookahead_ngram_size": _lookahead(1),
     "lookahead_verification_set_size": _lookahead(2),
     "lora_task_id": lambda ctx: OMIT,  # 0 is a task id
+    "guided_decoding_guide": lambda ctx: OMIT,  # any string (even "") is a guide
+    "image_url_input": lambda ctx: OMIT,  # any string is a URL (multimodal)
+    "IMAGE_URL": lambda ctx: OMIT,
     "temperature": lambda ctx: 1.0,
     "repetition_penalty": lambda ctx: 1.0,
     "runtime_top_p_decay": lambda ctx: 1.0,
@@ -132,7 +135,8 @@ def infer(
     sent = []
     for name, value in values.items():
         array = as_request_array(declared[name], value)
-        tensor = grpcclient.InferInput(name, list(array.shape), contract.data_type(declared[name]))
+        wire = contract.data_type(declared[name])  # a config's TYPE_STRING is BYTES on the wire
+        tensor = grpcclient.InferInput(name, list(array.shape), "BYTES" if wire == "STRING" else wire)
         tensor.set_data_from_numpy(array)
         sent.append(tensor)
     for name, (dtype, array) in (extra_inputs or {}).items():
