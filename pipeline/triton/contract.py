@@ -15,6 +15,11 @@ dimension (every model has ``max_batch_size`` > 0). ``reshape=()`` is ``reshape:
 sent as [batch, 1], seen by the model as [batch].
 
 specdeploy's own additions (:data:`EXTENSIONS`) are extra tensors only; none changes a contract one.
+
+Checked tensor by tensor (name, data type, dims, optional, reshape, ragged) against
+``tensorrt_llm/config.pbtxt`` at NVIDIA/TensorRT-LLM commit 0c8de69a1ca6213eebb20a51873890ff128666c2,
+the same layout as the 1.2 templates; which commit the v1.2.1 tag points to is not recorded here.
+tests/triton/test_conformance.py sends every tensor of the table to a running server.
 """
 
 from __future__ import annotations
