@@ -247,3 +247,11 @@ def test_decoding_modes_fall_back_with_a_warning(engine):
     # A speculative mode on an engine built without it is a load error, as on the GPU.
     with pytest.raises(InputError, match="built without medusa"):
         make_method(engine, MethodSettings("medusa"))
+
+
+def test_max_beam_width_parameter_beyond_the_engine_is_a_load_error(monkeypatch, engine_dir):
+    monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
+    model = triton_backend.TritonPythonModel()
+    config = model_config(engine_dir, max_beam_width="2")  # the session engine is built with max_beam_width 1
+    with pytest.raises(InputError, match="max_beam_width 2 is larger than the engine's max_beam_width 1"):
+        model.initialize({"model_config": json.dumps(config), "model_repository": str(engine_dir.parent)})
