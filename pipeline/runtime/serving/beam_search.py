@@ -6,8 +6,9 @@ TensorRT-LLM's beam search (``cpp/tensorrt_llm/kernels/beamSearchKernels``, whic
 
 * every alive beam's next-token log-probabilities (log-softmax of the logits after the request's
   penalties, bans and temperature) give it its 2 x beam_width best tokens; a candidate's value is the
-  beam's cumulative log-probability plus the token's, ranked with ``beam_search_diversity_rate`` x the
-  beam's index added (the first step has one beam: the prompt's);
+  beam's cumulative log-probability plus the token's plus ``beam_search_diversity_rate`` x the beam's
+  index (``addCumLogProbs``: the diversity term stays in the cumulative value; the per-token log-probs
+  are the model's); the first step has one beam, the prompt's;
 * the 2 x beam_width best candidates are visited in order: one ending with the end id and ranked in the
   top beam_width becomes a finished hypothesis scored ``cum_log_prob / length ** length_penalty``
   (length: its generated tokens, the end id included; no division for length_penalty 0 or length 1),
@@ -121,9 +122,10 @@ class BeamSearch:
         per_beam = min(2 * width, log_probs.shape[1])
         top = torch.topk(log_probs, per_beam, dim=-1)  # each beam's best tokens
         cum = torch.tensor([b.cum_log_prob for b in parents], dtype=torch.float64)
-        values = cum[:, None] + top.values.double()  # [P, per_beam] candidate cumulative log-probs
-        ranks = values + params.beam_search_diversity_rate * torch.arange(len(parents), dtype=torch.float64)[:, None]
-        order = torch.argsort(ranks.flatten(), descending=True, stable=True)[: 2 * width].tolist()
+        # [P, per_beam] candidate cumulative log-probs, diversity_rate x beam index added (addCumLogProbs)
+        diversity = params.beam_search_diversity_rate * torch.arange(len(parents), dtype=torch.float64)[:, None]
+        values = cum[:, None] + top.values.double() + diversity
+        order = torch.argsort(values.flatten(), descending=True, stable=True)[: 2 * width].tolist()
         chosen: list[tuple[int, int, float, float]] = []  # (parent, token, log_prob, cum)
         for i, flat in enumerate(order):
             parent, j = divmod(flat, per_beam)
@@ -142,7 +144,7 @@ class BeamSearch:
                 chosen.append((parent, token, step_log_prob, value))
             if len(chosen) >= width:
                 break
-        best = float(ranks.flatten()[order[0]])
+        best = float(values.flatten()[order[0]])
         self.done = self._is_done(best, len(parents[0].tokens) + 1)
         self.beams = self._children(parents, chosen)
         if not self.done and (not self.beams or len(self.beams[0].tokens) >= self.max_new_tokens):

@@ -146,6 +146,18 @@ def test_end_id_ends_beams_as_hugging_face_does(beam_engine, hf, width, length_p
     assert ended or length_penalty > 1  # some beam really ended on the end id (a strong penalty prefers long ones)
 
 
+def test_diversity_rate_penalises_later_beams(beam_engine):
+    """diversity_rate x the parent beam's index joins each candidate's value: at -100 every step's
+    winners continue beam 0, so the beams share all but their last token, and no penalty is in a sum."""
+    out = serve(beam_engine, request(3, beam_search_diversity_rate=-100.0)).final("b")
+    assert out.beams is not None and len({b.tokens[:-1] for b in out.beams}) == 1
+    assert len({b.tokens for b in out.beams}) == 3
+    for beam in out.beams:
+        assert beam.cum_log_prob == pytest.approx(sum(beam.log_probs), abs=1e-4)
+    plain = serve(beam_engine, request(3)).final("b")
+    assert plain.beams is not None and len({b.tokens[:-1] for b in plain.beams}) > 1  # else this test proves nothing
+
+
 def test_beams_batched_with_other_requests_and_streamed(beam_engine):
     alone = serve(beam_engine, request(3)).final("b")
     greedy = GenerationRequest("g", (3, 4, 5), N, exclude_input_in_output=True)
