@@ -516,6 +516,12 @@ def _build_config(
             f"max_seq_len {b.max_seq_len} exceeds the model's {int(arch.max_position_embeddings * factor)} "
             "positions; quality beyond them is not guaranteed"
         )
+    if b.max_beam_width > 1 and speculative.build_mode:
+        problems.error(
+            ("build", "max_beam_width"),
+            f"{b.max_beam_width} with speculative.method {speculative.method}: TensorRT-LLM serves speculative "
+            "decoding with beam width 1 only; use 1, or method none for beam search",
+        )
     draft = speculative.max_draft_len
     eagle_layers = speculative.eagle.num_eagle_layers if speculative.eagle else 0
     # trtllm-build (builder.py check_max_num_tokens): cap at batch*seq, floor at one KV block,
@@ -541,6 +547,7 @@ def _build_config(
         engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha,
         gemm_plugin=gemm_plugin,
+        max_beam_width=b.max_beam_width,
         extra_flags=dict(b.extra_flags),
         workers=_workers(variant, problems),
     )

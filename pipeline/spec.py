@@ -187,6 +187,9 @@ class BuildSpec(_Strict):
     """Longest prompt + generated tokens; the engine adds room for the draft tokens."""
     max_num_tokens: int = Field(8192, ge=1, le=INT32_MAX)
     """Most tokens in one forward pass of the whole batch (after padding removal)."""
+    max_beam_width: int = Field(1, ge=1, le=1024)
+    """Most beams a request may ask for (``beam_width``); > 1 only with ``speculative.method: none``
+    (TensorRT-LLM's speculative decoding serves beam width 1 only)."""
     extra_flags: dict[str, str | int | float | bool] = {}
     """trtllm-build flags passed through (checked against the 1.2 flag table)."""
     workers: int | None = Field(None, ge=1, le=64)

@@ -90,6 +90,20 @@ def test_method_none_builds_plain(plan_of):
     assert variant.build.engine_max_seq_len == variant.build.max_seq_len
 
 
+def test_max_beam_width_reaches_the_build_and_only_without_speculation(plan_of, problems_of, tmp_path):
+    from pipeline.trtllm.build_command import trtllm_build_argv
+    from pipeline.trtllm.engine_config import predict_engine_config
+
+    variant = plan_of(PRESET_8B + "speculative: {method: none}\nbuild: {max_beam_width: 4}\n").variants[0]
+    assert variant.build.max_beam_width == 4
+    argv = trtllm_build_argv(variant, tmp_path / "ckpt", tmp_path / "engine", visible_gpus=None)
+    assert argv[argv.index("--max_beam_width") + 1] == "4"
+    predicted = predict_engine_config(variant, {"mapping": {}}, output_dir=tmp_path / "engine")
+    assert predicted["build_config"]["max_beam_width"] == 4
+    message = problems_of(PRESET_8B + "speculative: {method: lookahead}\nbuild: {max_beam_width: 2}\n")
+    assert "beam width 1 only" in message and "max_beam_width" in message
+
+
 # --- lookahead -------------------------------------------------------------------------------
 
 

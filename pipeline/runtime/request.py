@@ -43,9 +43,19 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    min_tokens: int = 0  # end_id is banned until this many tokens were generated
+    # end_id is banned until this many tokens were generated; TensorRT-LLM's default 1 (SamplingConfig:
+    # "Values < 1 have no effect. Default is 1"): the end id is never the first token.
+    min_tokens: int = 1
     bad_words: tuple[tuple[int, ...], ...] = ()
     embedding_bias: tuple[float, ...] = ()  # added to the logits of ids 0..len-1
+    # Beam search (serving/beam_search.py), TensorRT-LLM's defaults (DefaultDecodingParams):
+    # score = cum_log_prob / generated_length ** length_penalty (0: no normalisation); early_stopping
+    # 1 stops once beam_width hypotheses ended, 0 when no alive beam can beat them (HF's heuristic),
+    # other values never; beam_search_diversity_rate * beam index is added when ranking candidates.
+    beam_width: int = 1
+    length_penalty: float = 0.0
+    early_stopping: int = 1
+    beam_search_diversity_rate: float = 0.0
 
     @property
     def adjusts_logits(self) -> bool:
@@ -53,10 +63,13 @@ class SamplingParams:
             self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
-            or self.min_tokens > 0
             or bool(self.bad_words)
             or bool(self.embedding_bias)
         )
+
+    def adjusts(self, generated: int, end_id: int | None) -> bool:
+        """Whether the logits of the next token (after ``generated`` ones) are adjusted at all."""
+        return self.adjusts_logits or (end_id is not None and generated < self.min_tokens)
 
     def __post_init__(self) -> None:
         checks = (
@@ -139,6 +152,16 @@ class RequestMetrics:
         return self.total_accepted_draft_tokens / self.total_draft_tokens
 
 
+@dataclass(frozen=True)
+class BeamOutput:
+    """One finished beam of a beam-search request: its generated tokens (without the end id), their
+    log-probabilities and their sum (TensorRT-LLM's output_log_probs / cum_log_probs per beam)."""
+
+    tokens: tuple[int, ...]
+    log_probs: tuple[float, ...]
+    cum_log_prob: float
+
+
 @dataclass
 class StepOutput:
     """One response to one request.
@@ -159,6 +182,10 @@ class StepOutput:
     log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
     generation_logits: list[np.ndarray] = field(default_factory=list)  # [vocab] each, with log_probs' tokens
+    # Beam search: the beams, best first (``tokens`` then holds beam 0 as sent). Every response of
+    # a beam-search request carries whole beams, since a step may reorder them (as TensorRT-LLM).
+    beams: list[BeamOutput] | None = None
+    context_logits: np.ndarray | None = None  # [prompt_len, vocab], in the final response only
 
 
 def parse_words_list(

@@ -44,7 +44,7 @@ def adjust_logits(
     logits: torch.Tensor, params: SamplingParams, context: list[int], generated: int, end_id: int | None
 ) -> torch.Tensor:
     """A copy of a [vocab] logits row with the request's bias, penalties and bans applied."""
-    if not params.adjusts_logits:
+    if not params.adjusts(generated, end_id):
         return logits
     out = logits.clone()
     vocab = out.numel()

@@ -15,6 +15,13 @@ dimension (every model has ``max_batch_size`` > 0). ``reshape=()`` is ``reshape:
 sent as [batch, 1], seen by the model as [batch].
 
 specdeploy's own additions (:data:`EXTENSIONS`) are extra tensors only; none changes a contract one.
+
+Checked tensor by tensor (name, data type, dims, optional, reshape, ragged) against NVIDIA/TensorRT-LLM
+``tensorrt_llm/config.pbtxt`` at commit 0c8de69a1ca6213eebb20a51873890ff128666c2 and ``ensemble/config.pbtxt``
+(inputs, outputs and the tensorrt_llm step's wiring) at 2a9abd9536aa62ad3e4b9314be9286b1b1be523b, the commit
+``end_to_end_grpc_client.py`` in tests/data comes from; which commit the v1.2.1 tag points to is not
+recorded here.
+tests/triton/test_conformance.py sends every tensor of the table to a running server.
 """
 
 from __future__ import annotations

@@ -14,12 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from triton_fixtures import SPECIALS, WORDS, make_tokenizer, plan_spec, start_server
+from triton_fixtures import build_with_stages, plan_spec, start_server, tiny_llama
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
-from pipeline.plan import VariantPlan
-from pipeline.stages.execute import stage_body
-from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
 
 pytestmark = [
@@ -52,42 +49,10 @@ PROMPTS = [
 ]
 
 
-def _tiny_llama(folder: Path) -> Path:
-    """Random weights, scaled so greedy decoding has no near-ties; the vocabulary is the tokenizer's."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(SPECIALS) + len(WORDS),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=256,
-        initializer_range=0.15,
-        tie_word_embeddings=False,
-        eos_token_id=2,
-        pad_token_id=1,
-        bos_token_id=2,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(folder)
-    make_tokenizer(folder)
-    return folder
-
-
-def build_with_stages(variant: VariantPlan) -> Path:
-    for stage in variant.stages:
-        body = stage_body(stage.name)
-        run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out), on_wait=print)
-    return variant.stage("package").output
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("reference")
-    _tiny_llama(folder / "model")
+    tiny_llama(folder / "model")
     (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     variant = plan_spec(folder / "spec.yaml", folder).variants[0]
     repo = build_with_stages(variant)

@@ -14,6 +14,8 @@ from typing import Any
 from pipeline.errors import SpecdeployError
 from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
 from pipeline.spec import load_spec
+from pipeline.stages.execute import stage_body
+from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
 from tests.servers import free_ports
 
@@ -114,6 +116,38 @@ def fake_engine(variant: VariantPlan, folder: Path | None = None) -> Path:
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def tiny_llama(folder: Path) -> Path:
+    """Random weights, scaled so greedy decoding has no near-ties; the vocabulary is the tokenizer's."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(SPECIALS) + len(WORDS),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.15,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        pad_token_id=1,
+        bos_token_id=2,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(folder)
+    make_tokenizer(folder)
+    return folder
+
+
+def build_with_stages(variant: VariantPlan) -> Path:
+    for stage in variant.stages:
+        body = stage_body(stage.name)
+        run_stage(stage, lambda out, body=body, stage=stage: body(variant, stage, out), on_wait=print)
+    return variant.stage("package").output
 
 
 def start_server(make_config: Callable[[int, int, int], CpuServerConfig], attempts: int = 3) -> CpuTritonServer:

@@ -55,6 +55,8 @@ class Limits:
     max_draft_len: int
     speculative_decoding_mode: str | int | None
     tokens_per_block: int
+    max_beam_width: int = 1  # build_config.max_beam_width: the most beams a request may ask for
+    gather_context_logits: bool = False  # build_config.gather_context_logits: return_context_logits allowed
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,10 @@ def load_engine_config(folder: Path) -> EngineConfig:
         max_draft_len=config_value(bc, "max_draft_len", bcw, int, 0),
         speculative_decoding_mode=bc.get("speculative_decoding_mode"),
         tokens_per_block=config_value(bc.get("plugin_config") or {}, "tokens_per_block", bcw, int, 32),
+        max_beam_width=config_value(bc, "max_beam_width", bcw, int, 1),
+        gather_context_logits=bool(bc.get("gather_context_logits", False)),
     )
-    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width"):
         if getattr(limits, name) <= 0:
             raise InputError(f"{bcw}: {name} must be positive, got {getattr(limits, name)}")
     config = EngineConfig(folder, str(data.get("version", "")), dtype, model, Parallel(tp, pp), quant, limits, data)

@@ -8,13 +8,16 @@ Capacity grows by doubling (amortised O(1) per token) up to the request's own bo
 TensorRT-LLM's paged cache allocates for the same request (one per ``tokens_per_block`` tokens
 reserved, drafts included), which the ``kv_cache_alloc_*`` perf outputs report.
 
+Beam search gives each beam its own cache: a beam that continues another beam's history takes a
+:meth:`fork` (a copy of the committed tokens) when that history has several children.
+
 Speculative methods write draft tokens past ``length`` and then keep only the accepted ones:
 :meth:`keep` compacts the chosen slots and :meth:`truncate` drops the rest.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -85,3 +88,11 @@ class KVCache:
                 for tensor in per_rank:
                     tensor[:, start : start + len(slots)] = tensor.index_select(1, index)
         self.length = start + len(slots)
+
+    def fork(self) -> KVCache:
+        """An independent copy of the committed tokens (another beam continuing this history)."""
+        return replace(
+            self,
+            keys=[[t.clone() for t in per_rank] for per_rank in self.keys],
+            values=[[t.clone() for t in per_rank] for per_rank in self.values],
+        )

@@ -5,9 +5,10 @@ Requests join and leave between steps. Each step packs, within ``max_num_tokens`
    speculative method with ``propose`` first drafts for all of them in one batch);
 2. prompt chunks of requests still in prefill, oldest first (a prompt longer than the budget
    left is split across steps: chunked context);
-and runs them as ONE engine forward. At most ``max_batch_size`` requests are admitted at a time;
-the rest wait in arrival order. A request that breaks a limit is answered with an error at
-once and never touches the batch, so one bad request cannot stop the server.
+and runs them as ONE engine forward. A beam-search request (beam_width > 1, beam_search.py) feeds one
+generation input per alive beam, each over the beam's own KV cache. At most ``max_batch_size``
+requests are admitted at a time; the rest wait in arrival order. A request that breaks a limit is
+answered with an error at once and never touches the batch, so one bad request cannot stop the server.
 
 Threading: ``submit``/``cancel`` may be called from any thread; ``step`` runs on one thread
 only (the background loop from ``start``, or a test calling it directly).
@@ -21,13 +22,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
+
+import numpy as np
+import torch
 
 from pipeline.runtime.model.config import Limits
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
+from pipeline.runtime.serving.beam_search import BeamSearch
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
 
@@ -45,6 +50,8 @@ class _Entry:
     cancelled: bool = False  # by cancel() or a failed delivery
     finished: bool = False  # the final response was sent
     checked_ns: int = 0  # last is_cancelled() poll (it is an IPC round trip under Triton)
+    beams: BeamSearch | None = None  # beam_width > 1
+    context_logits: list[torch.Tensor] = field(default_factory=list)  # return_context_logits: per prompt chunk
 
 
 class Scheduler:
@@ -81,8 +88,12 @@ class Scheduler:
         seq = Sequence.create(
             next(self._keys), request, self.engine.new_cache(limit), SpecRequestMetrics(arrival_time_ns=time.time_ns())
         )
+        entry = _Entry(seq, sink, is_cancelled)
+        if request.sampling.beam_width > 1:
+            prompt_blocks = len(request.input_ids) // self.engine.config.limits.tokens_per_block
+            entry.beams = BeamSearch(request, self.limits.max_seq_len, prompt_blocks)
         with self._lock:
-            self._waiting.append(_Entry(seq, sink, is_cancelled))
+            self._waiting.append(entry)
             self._lock.notify()
 
     def submit_prefilled(self, request: GenerationRequest, sink: Sink, cache: KVCache, rows: StepRows) -> None:
@@ -132,17 +143,25 @@ class Scheduler:
         batch = self._pack()
         if not batch:
             return False
-        outputs = self.engine.forward([item for _, item, _ in batch])
+        flat = self.engine.forward([item for _, items, _ in batch for item in items])
         generated = 0
         spec = SpecDecodingStats()
-        for (entry, item, prefill_chunk), rows in zip(batch, outputs):
-            seq = entry.seq
+        start = 0
+        for entry, items, prefill_chunk in batch:
+            seq, all_rows = entry.seq, flat[start : start + len(items)]
+            start += len(items)
+            item, rows = items[0], all_rows[0]
             if prefill_chunk:
                 seq.prefilled += len(item.token_ids)
+                if seq.request.return_context_logits:
+                    entry.context_logits.append(rows.logits)
                 if seq.in_prefill:  # more prompt chunks to go: no token yet
                     if self.method.prompt_hidden:
                         self.method.prompt_chunk(seq, rows)
                     continue
+            if entry.beams is not None:
+                generated += self._beam_step(entry, all_rows, prefill_chunk)
+                continue
             accepted = self.method.accept(seq, rows, after_prefill=prefill_chunk)
             if not prefill_chunk:  # a verification step (metrics.py has the definitions)
                 for stats in (cast(SpecRequestMetrics, seq.metrics).spec, spec):
@@ -150,8 +169,8 @@ class Scheduler:
             generated += self._emit(entry, accepted)
         self._running = [e for e in self._running if not e.finished]
         if self.on_step is not None:
-            fed = sum(len(item.token_ids) for _, item, _ in batch)
-            prefill = sum(len(item.token_ids) for _, item, chunk in batch if chunk)
+            fed = sum(len(item.token_ids) for _, items, _ in batch for item in items)
+            prefill = sum(len(items[0].token_ids) for _, items, chunk in batch if chunk)
             self.on_step(StepStats(len(batch), fed, prefill, generated, time.perf_counter() - started, spec))
         return True
 
@@ -219,16 +238,42 @@ class Scheduler:
         bad = next((t for t in request.input_ids if not 0 <= t < vocab), None)
         if bad is not None:
             return f"input token id {bad} is outside the vocabulary [0, {vocab})"
-        if request.return_context_logits:
-            if not (self.engine.config.raw.get("build_config") or {}).get("gather_context_logits"):
-                return (
-                    "return_context_logits needs an engine built with gather_context_logits (trtllm-build "
-                    "--gather_context_logits; not possible with speculative decoding)"
-                )
-            return "return_context_logits is not implemented by the reference backend"
+        if request.return_context_logits and not self.engine.config.limits.gather_context_logits:
+            return (
+                "return_context_logits needs an engine built with gather_context_logits (trtllm-build "
+                "--gather_context_logits; build.extra_flags.gather_context_logits: true; not possible with "
+                "speculative decoding)"
+            )
+        beam = self._beam_problem(request)
+        if beam is not None:
+            return beam
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return self.method.problem(request)
+
+    def _beam_problem(self, request: GenerationRequest) -> str | None:
+        """beam_width > 1: TensorRT-LLM's refusals (the decoding layer's for speculative methods, the
+        executor's beyond max_beam_width), and what the reference beam search does not combine with."""
+        width = request.sampling.beam_width
+        if width == 1:
+            return None
+        if self.method.name != PlainDecoding.name:
+            names = {"medusa": "Medusa", "eagle": "Eagle", "lookahead": "Lookahead"}
+            mode = names.get(self.method.name, self.method.name)
+            return f"Decoding mode is {mode}, but beamWidth != 1 ({width} != 1)"
+        if width > self.limits.max_beam_width:
+            return f"Requested beam width {width} is larger than configured max beam width {self.limits.max_beam_width}"
+        unsupported = [
+            name
+            for name, used in (
+                ("stop_words", bool(request.stop_words)),
+                ("return_generation_logits", request.return_generation_logits),
+            )
+            if used
+        ]
+        if unsupported:
+            return f"{', '.join(unsupported)} with beam_width > 1 is not supported by the reference backend"
+        return None
 
     def _admit(self) -> None:
         with self._lock:
@@ -247,25 +292,28 @@ class Scheduler:
             self._finish(entry, FinishReason.CANCELLED, [])
         self._running = [e for e in self._running if not e.finished]
 
-    def _pack(self) -> list[tuple[_Entry, StepInput, bool]]:
-        """(entry, input, is_prefill_chunk) for this step within the token budget."""
+    def _pack(self) -> list[tuple[_Entry, list[StepInput], bool]]:
+        """(entry, inputs, is_prefill_chunk) for this step within the token budget: one input, or one
+        per alive beam of a beam-search request."""
         budget = self.limits.max_num_tokens
-        batch: list[tuple[_Entry, StepInput, bool]] = []
+        batch: list[tuple[_Entry, list[StepInput], bool]] = []
         # Draft for every generating request in one batch.
-        self.method.propose([e.seq for e in self._running if not e.seq.in_prefill])
+        self.method.propose([e.seq for e in self._running if not e.seq.in_prefill and e.beams is None])
         for entry in self._running:  # generation first: running requests never starve
             if not entry.seq.in_prefill:
-                item = self.method.generation_input(entry.seq)
-                if len(item.token_ids) <= budget:
-                    batch.append((entry, item, False))
-                    budget -= len(item.token_ids)
+                items = entry.beams.inputs() if entry.beams is not None else [self.method.generation_input(entry.seq)]
+                need = sum(len(item.token_ids) for item in items)
+                if need <= budget:
+                    batch.append((entry, items, False))
+                    budget -= need
         for entry in self._running:
             seq = entry.seq
             if seq.in_prefill and budget > 0:
                 chunk = list(seq.request.input_ids[seq.prefilled : seq.prefilled + budget])
                 last = seq.prefilled + len(chunk) == len(seq.request.input_ids)
-                rows = Logits.LAST if last else Logits.NONE
-                batch.append((entry, StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden), True))
+                rows = Logits.ALL if seq.request.return_context_logits else Logits.LAST if last else Logits.NONE
+                item = StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden)
+                batch.append((entry, [item], True))
                 budget -= len(chunk)
         return batch
 
@@ -311,18 +359,43 @@ class Scheduler:
             )
         return len(kept)
 
+    def _beam_step(self, entry: _Entry, rows: list[StepRows], after_prefill: bool) -> int:
+        """Advance a beam-search request by one step and answer it; returns the tokens added."""
+        beams, seq = entry.beams, entry.seq
+        assert beams is not None
+        if after_prefill:
+            beams.start(seq.cache, rows[0].logits[-1])
+        else:
+            beams.advance(rows)
+        m = seq.metrics
+        m.forward_steps += 1
+        m.kv_cache_alloc_new_blocks = beams.blocks
+        now = time.time_ns()
+        m.first_token_time_ns = m.first_token_time_ns or now
+        m.last_token_time_ns = now
+        if beams.done:
+            self._finish(entry, FinishReason.LENGTH, [])
+        elif seq.request.streaming:
+            _deliver(entry.sink, _beam_output(entry, finished=False), entry)
+        return len(beams.beams)
+
     def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
         seq, request = entry.seq, entry.seq.request
+        if entry.beams is not None:
+            entry.finished = True
+            out = _beam_output(entry, finished=True, reason=reason)
+            out.context_logits = _context_logits(entry)
+            _deliver(entry.sink, out)
+            return
         if request.streaming:
             tokens, generated = last_tokens, len(last_tokens)
         else:
             tokens = seq.generated if request.exclude_input_in_output else seq.tokens
             generated = len(seq.generated)
         entry.finished = True
-        _deliver(
-            entry.sink,
-            StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics, *_log_probs(seq, generated)),
-        )
+        out = StepOutput(request.request_id, list(tokens), True, reason, None, seq.metrics, *_log_probs(seq, generated))
+        out.context_logits = _context_logits(entry)
+        _deliver(entry.sink, out)
 
     def _fail_running(self, message: str) -> None:
         for entry in self._running:
@@ -333,6 +406,25 @@ class Scheduler:
                     StepOutput(entry.seq.request.request_id, [], True, FinishReason.ERROR, message, entry.seq.metrics),
                 )
         self._running = []
+
+
+def _context_logits(entry: _Entry) -> np.ndarray | None:
+    """The prompt's logits [prompt_len, vocab] (return_context_logits), None otherwise."""
+    if not entry.seq.request.return_context_logits or not entry.context_logits:
+        return None
+    return torch.cat(entry.context_logits).float().cpu().numpy()
+
+
+def _beam_output(entry: _Entry, finished: bool, reason: FinishReason | None = None) -> StepOutput:
+    """A beam-search response: every beam as it stands (whole beams, streaming or not; the prompt
+    before each unless excluded or streaming)."""
+    seq, request, beams = entry.seq, entry.seq.request, entry.beams
+    assert beams is not None
+    results = beams.results()
+    prompt = [] if request.streaming or request.exclude_input_in_output else list(request.input_ids)
+    tokens = [*prompt, *results[0].tokens] if results else prompt
+    cum = results[0].cum_log_prob if results and request.return_log_probs else 0.0
+    return StepOutput(request.request_id, tokens, finished, reason, None, seq.metrics, cum_log_prob=cum, beams=results)
 
 
 def _log_probs(seq: Sequence, last: int) -> tuple[list[float], float, list]:

@@ -58,7 +58,7 @@ class Sequence:
         request, params = self.request, self.request.sampling
         if request.return_generation_logits:  # the model's own logits, before any adjustment
             self.chosen_logits.append(logits.detach().float().numpy().copy())
-        if params.adjusts_logits:
+        if params.adjusts(len(self.generated) + len(self.chosen), request.end_id):
             context = [*self.request.input_ids, *self.generated, *self.chosen]
             logits = adjust_logits(logits, params, context, len(self.generated) + len(self.chosen), request.end_id)
         token = sample_one(logits, params, self.generator)

@@ -67,8 +67,8 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
                 f"decoding_mode {mode} is not served by the reference backend; serving plain "
                 "decoding (same greedy output, no draft tokens)"
             ]
-        if mode == "beam_search":
-            return PlainDecoding(), ["decoding_mode beam_search: the reference backend serves beam width 1 only"]
+        if mode == "beam_search":  # beam_width > 1 requests get beam search (serving/beam_search.py)
+            return PlainDecoding(), []
         return PlainDecoding(), [f"decoding_mode {settings.decoding_mode!r} is not valid; using top_k_top_p"]
     warnings = []
     if mode not in ("", "auto", built):

@@ -21,13 +21,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.errors import SpecdeployError
+from pipeline.errors import InputError, SpecdeployError
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import FinishReason, StepOutput
 from pipeline.runtime.serving.metrics import BackendMetrics
@@ -69,8 +70,13 @@ class TritonPythonModel:
         method, warnings = make_method(engine, self.params.method_settings())
         for warning in warnings:
             _log("warn", f"tensorrt_llm reference backend: {warning}")
-        if self.params.max_beam_width > 1:
-            _log("warn", "max_beam_width > 1: the reference backend serves beam width 1 only")
+        limits = engine.config.limits
+        if self.params.max_beam_width > limits.max_beam_width:
+            raise InputError(
+                f"parameter max_beam_width {self.params.max_beam_width} is larger than the engine's "
+                f"max_beam_width {limits.max_beam_width} ({self.params.engine_dir / 'config.json'}); "
+                "rebuild the engine with build.max_beam_width or lower the parameter"
+            )
         name = args.get("model_name", "tensorrt_llm")
         self.metrics = BackendMetrics(
             pb_utils,
@@ -81,10 +87,10 @@ class TritonPythonModel:
             engine,
             method,
             on_step=self.metrics.on_step,
+            limits=replace(limits, max_beam_width=self.params.max_beam_width),
             cancel_check_period_s=self.params.cancellation_check_period_ms / 1000,
         )
         self.scheduler.start()
-        limits = engine.config.limits
         _log(
             "info",
             f"tensorrt_llm reference backend: {self.params.engine_dir} tp={engine.tp} pp={engine.pp} "

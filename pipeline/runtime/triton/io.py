@@ -9,8 +9,9 @@
 * :func:`parse_request`: one sequence's input tensors -> :class:`GenerationRequest`, or a
   :class:`StopRequest` (the ``stop`` input cancels the in-flight request with the same id).
 * :func:`response_arrays`: a :class:`StepOutput` -> output arrays shaped as the config declares
-  them with the leading batch dim of 1 (``max_batch_size`` > 0): ``output_ids`` [1, beam=1, len],
-  ``sequence_length`` [1, 1], perf metrics [1, 1].
+  them with the leading batch dim of 1 (``max_batch_size`` > 0): ``output_ids`` [1, beams, len]
+  (shorter beams padded with the end id), ``sequence_length`` / ``cum_log_probs`` [1, beams],
+  ``output_log_probs`` [1, beams, len], ``context_logits`` [1, prompt, vocab], perf metrics [1, 1].
 """
 
 from __future__ import annotations
@@ -166,7 +167,6 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
         raise InputError("input input_ids is missing")
     if ids.ndim == 2 and ids.shape[0] != 1:
         raise InputError(f"batch size {ids.shape[0]}: parse_parts splits a request into its sequences first")
-    _check_beam_width(get, params)
     ids = ids.reshape(-1)
     length = int(_scalar(get, "input_lengths", ids.size))
     if not 0 <= length <= ids.size:
@@ -208,9 +208,13 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
             repetition_penalty=float(_scalar(get, "repetition_penalty", 1.0)),
             presence_penalty=float(_scalar(get, "presence_penalty", 0.0)),
             frequency_penalty=float(_scalar(get, "frequency_penalty", 0.0)),
-            min_tokens=int(_scalar(get, "min_tokens", 0)),
+            min_tokens=int(_scalar(get, "min_tokens", 1)),
             bad_words=bad_words,
             embedding_bias=embedding_bias,
+            beam_width=int(_scalar(get, "beam_width", 1) or 1),
+            length_penalty=float(_scalar(get, "len_penalty", 0.0)),
+            early_stopping=int(_scalar(get, "early_stopping", 1)),
+            beam_search_diversity_rate=float(_scalar(get, "beam_search_diversity_rate", 0.0)),
         ),
         return_log_probs=bool(_scalar(get, "return_log_probs", False)),
         return_generation_logits=bool(_scalar(get, "return_generation_logits", False)),
@@ -248,6 +252,8 @@ def parse_parts(get: GetInput, request_id: str, params: BackendParams) -> list[P
         count = int(_scalar(row_get, "num_return_sequences", 1) or 1)
         if count < 1:
             raise InputError(f"num_return_sequences must be at least 1, got {count}")
+        if count > 1 and request.sampling.beam_width > 1:
+            raise InputError("num_return_sequences > 1 with beam_width > 1 is not supported by the reference backend")
         if count > 1 and not params.decoupled:
             raise InputError(
                 "num_return_sequences > 1 needs the decoupled transaction policy: each sequence is its own response"
@@ -278,24 +284,6 @@ def _row_getter(get: GetInput, row: int, rows: int) -> GetInput:
         return value[row : row + 1]
 
     return row_get
-
-
-def _check_beam_width(get: GetInput, params: BackendParams) -> None:
-    beam = int(_scalar(get, "beam_width", 1) or 1)
-    if beam == 1:
-        return
-    if beam < 1 or beam > params.max_beam_width:
-        raise InputError(
-            f"beam_width {beam} is outside [1, max_beam_width {params.max_beam_width}] of this engine"
-            + (
-                " (speculative decoding serves beam width 1 only)"
-                if params.decoding_mode in ("medusa", "eagle", "lookahead")
-                else ""
-            )
-        )
-    raise InputError(
-        f"beam_width {beam}: beam search is not implemented by the reference backend (the GPU serves it on this engine)"
-    )
 
 
 def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig | None:
@@ -329,15 +317,18 @@ def response_arrays(
     arrays: dict[str, np.ndarray] = {
         "output_ids": np.array(out.tokens, dtype=np.int32).reshape(1, 1, n),
         "sequence_length": np.array([[n]], dtype=np.int32),
+        **(_beam_arrays(out, request) if out.beams is not None else {}),
         "batch_index": np.array([[part.batch_index if part else 0]], dtype=np.int32),
         "sequence_index": np.array([[part.sequence_index if part else 0]], dtype=np.int32),
     }
-    if request.return_log_probs:  # [1, beam, tokens] and [1, beam], generated tokens only
+    if request.return_log_probs and out.beams is None:  # [1, beam, tokens] and [1, beam], generated tokens only
         arrays["output_log_probs"] = np.array(out.log_probs, dtype=np.float32).reshape(1, 1, -1)
         arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], dtype=np.float32)
     if request.return_generation_logits:  # [1, beam, tokens, vocab]
         rows = np.stack(out.generation_logits) if out.generation_logits else np.zeros((0, 0), np.float32)
         arrays["generation_logits"] = rows.astype(np.float32).reshape(1, 1, *rows.shape)
+    if out.context_logits is not None:  # [1, prompt, vocab]
+        arrays["context_logits"] = out.context_logits.astype(np.float32)[None]
     if request.return_perf_metrics:
         m = out.metrics
         arrays.update(
@@ -362,5 +353,32 @@ def response_arrays(
     if num_output_tokens:
         with_prompt = not request.streaming and not request.exclude_input_in_output
         generated = n - len(request.input_ids) if with_prompt else n
+        if out.beams:
+            generated = len(out.beams[0].tokens)
         arrays["num_output_tokens"] = np.array([[generated]], dtype=np.int32)
     return {name: value for name, value in arrays.items() if not declared or name in declared}
+
+
+def _beam_arrays(out: StepOutput, request: GenerationRequest) -> dict[str, np.ndarray]:
+    """A beam-search response: every beam (prompt first unless excluded or streaming), padded to the
+    longest with the end id, and per-beam lengths and log-probabilities."""
+    beams = out.beams or []
+    prompt = [] if request.streaming or request.exclude_input_in_output else list(request.input_ids)
+    rows = [[*prompt, *beam.tokens] for beam in beams]
+    width = max((len(row) for row in rows), default=0)
+    pad = request.end_id if request.end_id is not None else 0
+    ids = np.full((1, len(rows), width), pad, dtype=np.int32)
+    for b, row in enumerate(rows):
+        ids[0, b, : len(row)] = row
+    arrays: dict[str, np.ndarray] = {
+        "output_ids": ids,
+        "sequence_length": np.array([[len(row) for row in rows]], dtype=np.int32),
+    }
+    if request.return_log_probs:
+        longest = max((len(beam.log_probs) for beam in beams), default=0)
+        log_probs = np.zeros((1, len(beams), longest), dtype=np.float32)
+        for b, beam in enumerate(beams):
+            log_probs[0, b, : len(beam.log_probs)] = beam.log_probs
+        arrays["output_log_probs"] = log_probs
+        arrays["cum_log_probs"] = np.array([[beam.cum_log_prob for beam in beams]], dtype=np.float32)
+    return arrays

@@ -115,8 +115,9 @@ class TritonPythonModel:
         return responses
 
     def _process(self, request) -> list:
-        for name in MULTIMODAL_INPUTS:
-            if pb_utils.get_input_tensor_by_name(request, name) is not None:
+        for name in MULTIMODAL_INPUTS:  # an empty tensor is not set (as the BLS model reads it)
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and tensor.as_numpy().size:
                 raise RequestError(f"input {name}: multimodal requests are not supported, the engine is a text model")
         queries = _input(request, "QUERY")
         batch = queries.shape[0]

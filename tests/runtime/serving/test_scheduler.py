@@ -83,6 +83,15 @@ def test_max_tokens_end_id_and_stop_words(engine, greedy):
     assert got.final("stop").tokens == out[: stop_at + 1] and got.final("stop").reason is FinishReason.STOP_WORDS
 
 
+def test_end_id_is_never_the_first_token_by_default(engine, greedy):
+    """TensorRT-LLM's min_tokens defaults to 1: an end id the model would say first is skipped."""
+    first = greedy[0][0]
+    got, _ = run(engine, [req("d", PROMPTS[0], 4, end_id=first), req("z", PROMPTS[0], 4, end_id=first)])
+    assert got.final("d").tokens and got.final("d").tokens[0] != first
+    zero = req("z0", PROMPTS[0], 4, end_id=first, sampling=SamplingParams(min_tokens=0))
+    assert run(engine, [zero])[0].final("z0").tokens == []  # min_tokens 0: "no effect", ends at once
+
+
 def test_input_included_unless_excluded(engine, greedy):
     full = dataclasses.replace(req("full", PROMPTS[1]), exclude_input_in_output=False)
     got, _ = run(engine, [full])

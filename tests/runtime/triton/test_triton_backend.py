@@ -69,7 +69,7 @@ def test_bad_request_gets_an_error_and_others_continue(backend):
     assert penalty.sender.responses()[0].error.startswith(
         "return_context_logits needs an engine built with gather_context_logits"
     )
-    assert "beam_width 2 is outside [1, max_beam_width 1]" in beam.sender.responses()[0].error
+    assert beam.sender.responses()[0].error == "Requested beam width 2 is larger than configured max beam width 1"
     assert fine.sender.responses()[0].tensors["output_ids"].shape == (1, 1, 3)
 
 
@@ -237,9 +237,9 @@ def test_decoding_modes_fall_back_with_a_warning(engine):
     from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
 
     assert make_method(engine, MethodSettings("top_k_top_p"))[1] == [] and make_method(engine)[1] == []
+    assert make_method(engine, MethodSettings("beam_search"))[1] == []  # beam_width > 1 requests get beams
     for mode, words in (
         ("redrafter", "not served by the reference backend"),
-        ("beam_search", "beam width 1"),
         ("fast", "not valid"),
     ):
         method, warnings = make_method(engine, MethodSettings(mode))
@@ -247,3 +247,11 @@ def test_decoding_modes_fall_back_with_a_warning(engine):
     # A speculative mode on an engine built without it is a load error, as on the GPU.
     with pytest.raises(InputError, match="built without medusa"):
         make_method(engine, MethodSettings("medusa"))
+
+
+def test_max_beam_width_parameter_beyond_the_engine_is_a_load_error(monkeypatch, engine_dir):
+    monkeypatch.setattr(triton_backend, "pb_utils", fake_pb_utils())
+    model = triton_backend.TritonPythonModel()
+    config = model_config(engine_dir, max_beam_width="2")  # the session engine is built with max_beam_width 1
+    with pytest.raises(InputError, match="max_beam_width 2 is larger than the engine's max_beam_width 1"):
+        model.initialize({"model_config": json.dumps(config), "model_repository": str(engine_dir.parent)})
