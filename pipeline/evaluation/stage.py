@@ -33,7 +33,7 @@ from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.evaluation import candidates as cands
 from pipeline.evaluation.choose import Gates, choose
-from pipeline.evaluation.measure import identity, measure, summarize
+from pipeline.evaluation.measure import ACCEPTANCE_BATCH, PROBE_PROMPTS, identity, measure, summarize
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
 from pipeline.evaluation.result import RESULT_FILE
@@ -132,18 +132,18 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens"
         )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
-        tallies, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
-        plain = tallies["plain"]
+        found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
+        plain = found["plain"]
         records = []
         for item in loaded:
-            tally = tallies[item.candidate.name]
+            measured = found[item.candidate.name]
             record: dict[str, Any] = {
                 "name": item.candidate.name,
                 "method": item.candidate.method,
                 "describe": item.candidate.describe,
-                **summarize(tally, plain, item.method.draft_positions),
+                **summarize(measured, plain, item.method.draft_positions),
             }
-            record["identity"] = identity(engine, prompts, plain.outputs, tally.outputs)
+            record["identity"] = identity(engine, prompts, plain.acceptance.outputs, measured.acceptance.outputs)
             records.append(record)
     wall = time.perf_counter() - started
     gpu = params["gpu"] or DEFAULT_GPU
@@ -167,7 +167,11 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "wall_s": wall,
             "prefill_cpu_s": prefill_cpu,
             "prefill_saved_cpu_s": prefill_cpu * (len(listed) - 1),
-            "decode_cpu_s": sum(t.decode_cpu_s for t in tallies.values()),
+            "decode_cpu_s": sum(m.acceptance.decode_cpu_s + m.probe.decode_cpu_s for m in found.values()),
+            "acceptance_cpu_s": sum(m.acceptance.decode_cpu_s for m in found.values()),
+            "probe_cpu_s": sum(m.probe.decode_cpu_s for m in found.values()),
+            "acceptance_batch": ACCEPTANCE_BATCH,
+            "probe_prompts": min(PROBE_PROMPTS, len(prompts)),
         },
         "candidates": records,
         "choice": choice.to_dict(),
