@@ -105,7 +105,12 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
-    engine = commands.add_parser("engine", help="run the stages: quantize, convert, build, package")
+    engine = commands.add_parser(
+        "engine",
+        help="run the stages: quantize, convert, build, package",
+        epilog="exit 6: a release gate failed (release.on_fail: fail), one line per variant after every variant "
+        "was processed; 4/5: the filesystem refused / the disk is full; all codes: specdeploy --help",
+    )
     add_spec_argument(engine)
     add_variant_filter(engine)
     engine.add_argument("--force", action="store_true", help="re-run stages even if up to date")
