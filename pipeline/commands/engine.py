@@ -52,8 +52,9 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
     for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
         if outcome.exit_code == RELEASE_EXIT_CODE:
             print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
-    states = {
-        o.variant: {r.name: r.status for r in o.results} | ({o.stopped_at: "unavailable"} if o.stopped_at else {})
+    states = {  # a failed release gate stops after an evaluate stage that ran: the manifest says which gate
+        o.variant: {r.name: r.status for r in o.results}
+        | ({o.stopped_at: "unavailable"} if o.stopped_at and o.exit_code != RELEASE_EXIT_CODE else {})
         for o in outcomes
     }
     stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]

@@ -176,6 +176,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         "candidates": records,
         "choice": choice.to_dict(),
         "method_requested": params["method"],
+        "release": params["release"],  # the gates the choice was judged by (None: none)
     }
     (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     write_report(result, out)

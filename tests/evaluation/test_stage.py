@@ -90,6 +90,17 @@ def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
     assert rc == RELEASE_EXIT_CODE and err.startswith("error: tiny: release gate failed: ") and err.count("\n") == 1
     assert "misses release gate min_acceptance_length 50.0: measured" in err
     assert not (tmp_path / "engines" / "tiny" / "engine").exists()
+    # The release manifest records the evaluation: the choice, the gates and each candidate against them.
+    entry = json.loads((tmp_path / "engines" / "tiny" / "manifest.json").read_text())["variants"]["tiny"]
+    evaluation = entry["evaluation"]
+    assert evaluation["method_requested"] == "best" and evaluation["release_failed"] == result["choice"]["failed"]
+    assert evaluation["gates"] == {**evaluation["gates"], "min_acceptance_length": 50.0, "on_fail": "fail"}
+    by_name = {c["name"]: c for c in evaluation["candidates"]}
+    assert set(by_name) == {c["name"] for c in result["candidates"]}
+    assert by_name["plain"]["gate"] == "pass" and by_name["plain"]["cpu_speedup"] == 1.0
+    spec_tree = by_name["medusa[cpu_small_10_depth_3]"]
+    assert spec_tree["gate"].startswith("min_acceptance_length 50.0: measured") and spec_tree["lossless"]
+    assert set(spec_tree["predicted_speedup"]) == {"1", "8", "32"} and spec_tree["mean_acceptance_length"] > 1
 
 
 def test_best_without_evaluation_is_a_spec_error(cli, spec):
