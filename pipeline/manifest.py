@@ -27,6 +27,7 @@ from pipeline.hashing import HashCache, content_files
 from pipeline.plan import Plan, VariantPlan
 
 MANIFEST_NAME = "manifest.json"
+DONE_STATES = ("ran", "skipped", "gate failed")  # a stage whose output is complete ("gate failed": evaluate)
 FORMAT = 1
 # Distribution names of the tools a release depends on (the first installed name wins).
 TOOLS = {
@@ -103,7 +104,7 @@ def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCach
         stage.name: {
             "path": str(stage.output),
             "state": states.get(stage.name, "not run"),
-            "files": _files(stage.output, hashes) if states.get(stage.name) in ("ran", "skipped") else {},
+            "files": _files(stage.output, hashes) if states.get(stage.name) in DONE_STATES else {},
         }
         for stage in variant.stages
     }
@@ -123,7 +124,7 @@ def _evaluation(variant: VariantPlan, states: dict[str, str]) -> dict[str, Any] 
     from pipeline.evaluation.result import manifest_entry
 
     stage = next((s for s in variant.stages if s.name == "evaluate"), None)
-    if stage is None or states.get("evaluate") not in ("ran", "skipped"):
+    if stage is None or states.get("evaluate") not in DONE_STATES:
         return None
     return manifest_entry(stage.output)
 

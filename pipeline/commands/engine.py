@@ -5,8 +5,8 @@ Without ``--ray`` the variants run one after another here. Exit 0 when every var
 otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
 or at a failed release gate (6, one line each on stderr after every variant).
 With ``--ray`` (no address: a local Ray cluster; ``auto``: the running one) each stage is a Ray
-task (:mod:`pipeline.fleet.ray_runner`); the exit code is that of the failed stages, after all
-other variants finished.
+task (:mod:`pipeline.fleet.ray_runner`); the exit code is that of the failed stages (a failed
+release gate: 6, with the same line on stderr), after all other variants finished.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
         hashes=hashes,
         say=lambda text: console.print(text, highlight=False, markup=False),
     )
-    from pipeline.evaluation.result import RELEASE_EXIT_CODE
+    from pipeline.evaluation.result import GATE_FAILED, RELEASE_EXIT_CODE
 
     for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
         if outcome.exit_code == RELEASE_EXIT_CODE:
             print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
     states = {  # a failed release gate stops after an evaluate stage that ran: the manifest says which gate
         o.variant: {r.name: r.status for r in o.results}
-        | ({o.stopped_at: "unavailable"} if o.stopped_at and o.exit_code != RELEASE_EXIT_CODE else {})
+        | ({o.stopped_at: GATE_FAILED if o.exit_code == RELEASE_EXIT_CODE else "unavailable"} if o.stopped_at else {})
         for o in outcomes
     }
     stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]
@@ -95,6 +95,8 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
         roots=(roots.engines, roots.triton_repo) + ((roots.cache,) if needs_cache else ()),
     )
     states = {variant: result.stage_states(variant) for variant in graph.variants}
+    for variant, failed in result.release_failures().items():  # as without --ray: one line each, at the end
+        print(f"error: {variant}: release gate failed: {failed}", file=sys.stderr)
     code = result.exit_code
     done = sum(result.stopped(variant) is None for variant in graph.variants)
     console.print(

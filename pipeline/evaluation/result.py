@@ -7,6 +7,7 @@ from pathlib import Path
 
 RESULT_FILE = "evaluation.json"
 RELEASE_EXIT_CODE = 6  # a release gate failed (release.on_fail: fail); 4 and 5 are filesystem errors
+GATE_FAILED = "gate failed"  # the evaluate stage's state when it ran and its choice failed a release gate
 
 
 def read_result(output: Path) -> dict | None:
