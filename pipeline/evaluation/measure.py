@@ -8,9 +8,11 @@ counters are the ones ``return_perf_metrics`` reports (serving/metrics.py).
 Two runs per candidate, because acceptance and speed ask different things of the host:
 
 * acceptance: all prompts in flight together (up to :data:`ACCEPTANCE_BATCH` sequences per
-  verification pass). Greedy acceptance does not depend on what else is in the batch, and a CPU
-  GEMM over many rows costs far less per row than one over a single row, so this is where most of
-  the tokens are decoded. Its outputs are the ones checked against plain decoding (stage.py).
+  verification pass), on up to :data:`ACCEPTANCE_THREADS` torch threads. Greedy acceptance does not
+  depend on what else is in the batch, and a CPU GEMM over many rows costs far less per row than
+  one over a single row (and splits well over cores), so this is where most of the tokens are
+  decoded. Its outputs are the ones checked against plain decoding (stage.py); its CPU time is
+  the process's (every thread), reported, not used for step costs.
 * speed: the first :data:`PROBE_PROMPTS` prompts again, one request in flight, each step timed in
   this thread's CPU time: the decode-step cost of the method at batch 1, as the reference backend
   serves one request. The probe's outputs must equal the batched run's (``batch_invariant``): a
@@ -23,10 +25,14 @@ per prompt, and every candidate after the first would have spent it again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+import torch
 
 from pipeline.evaluation.candidates import Loaded
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
@@ -37,6 +43,7 @@ from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
 
 ACCEPTANCE_BATCH = 32  # sequences in flight in the acceptance run (bench/evaluate.py measured the payoff)
+ACCEPTANCE_THREADS = 2  # torch threads for it (at most the host's cores); the timing probe runs on one
 PROBE_PROMPTS = 4  # prompts decoded one at a time per candidate for its CPU step cost
 
 
@@ -81,9 +88,22 @@ Clock = Callable[[], float]
 
 
 def step_clock(engine: Engine) -> Clock:
-    """This thread's CPU time on a CPU engine (other processes' load does not count); wall time on a GPU,
-    where the step is the GPU's work."""
-    return time.thread_time if engine.device.type == "cpu" else time.perf_counter
+    """On a CPU engine, CPU time (other processes' load does not count): this thread's with one torch
+    thread, the process's with more; wall time on a GPU, where the step is the GPU's work."""
+    if engine.device.type != "cpu":
+        return time.perf_counter
+    return time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` (at most this host's cores) inside the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(count, os.cpu_count() or 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def prefill(engine: Engine, prompt: list[int]) -> Prefill:
@@ -155,19 +175,24 @@ def measure(
     say: Callable[[str], None] = lambda _: None,
     batch: int = ACCEPTANCE_BATCH,
     probe_prompts: int = PROBE_PROMPTS,
+    threads: int = ACCEPTANCE_THREADS,
 ) -> tuple[dict[str, Measured], float]:
-    """Measurements by candidate name, and the shared prefills' total CPU seconds."""
+    """Measurements by candidate name, and the shared prefills' total CPU seconds (one thread: the
+    prefills are the probe's too)."""
     found = {item.candidate.name: Measured() for item in loaded}
     base = loaded[0].engine
-    shared = [prefill(base, prompt) for prompt in prompts]
-    for item in loaded:
-        decode(item, prompts, shared, max_new_tokens, end_id, found[item.candidate.name].acceptance, batch)
-        say(f"{item.candidate.name}: {len(prompts)} prompts decoded, {batch} in flight")
-    for i in range(min(probe_prompts, len(prompts))):
+    with torch_threads(1):
+        shared = [prefill(base, prompt) for prompt in prompts]
+    with torch_threads(threads):
         for item in loaded:
-            probe = found[item.candidate.name].probe
-            decode(item, prompts[i : i + 1], shared[i : i + 1], max_new_tokens, end_id, probe, in_flight=1)
-    say(f"timed {min(probe_prompts, len(prompts))} prompts x {len(loaded)} candidates at batch 1")
+            decode(item, prompts, shared, max_new_tokens, end_id, found[item.candidate.name].acceptance, batch)
+            say(f"{item.candidate.name}: {len(prompts)} prompts decoded, {batch} in flight")
+    with torch_threads(1):
+        for i in range(min(probe_prompts, len(prompts))):
+            for item in loaded:
+                probe = found[item.candidate.name].probe
+                decode(item, prompts[i : i + 1], shared[i : i + 1], max_new_tokens, end_id, probe, in_flight=1)
+    say(f"timed {min(probe_prompts, len(prompts))} prompts x {len(loaded)} candidates at batch 1, one thread")
     return found, sum(s.cpu_s for s in shared)
 
 

@@ -33,7 +33,14 @@ from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.evaluation import candidates as cands
 from pipeline.evaluation.choose import Gates, choose
-from pipeline.evaluation.measure import ACCEPTANCE_BATCH, PROBE_PROMPTS, identity, measure, summarize
+from pipeline.evaluation.measure import (
+    ACCEPTANCE_BATCH,
+    ACCEPTANCE_THREADS,
+    PROBE_PROMPTS,
+    identity,
+    measure,
+    summarize,
+)
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
 from pipeline.evaluation.result import RESULT_FILE
@@ -171,6 +178,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "acceptance_cpu_s": sum(m.acceptance.decode_cpu_s for m in found.values()),
             "probe_cpu_s": sum(m.probe.decode_cpu_s for m in found.values()),
             "acceptance_batch": ACCEPTANCE_BATCH,
+            "acceptance_threads": min(ACCEPTANCE_THREADS, os.cpu_count() or 1),
             "probe_prompts": min(PROBE_PROMPTS, len(prompts)),
         },
         "candidates": records,
