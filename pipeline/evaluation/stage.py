@@ -32,6 +32,7 @@ from pipeline.costmodel.predict import predict
 from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.evaluation import candidates as cands
+from pipeline.evaluation.apply import candidate_build
 from pipeline.evaluation.choose import Gates, choose
 from pipeline.evaluation.measure import (
     ACCEPTANCE_BATCH,
@@ -85,7 +86,22 @@ def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path, device: s
     return Engine.load(folder, device=device)
 
 
+def candidates_checkpoint(variant: VariantPlan, stage: StagePlan, scratch: Path) -> Path:
+    """The checkpoint the candidates are served from: the convert stage's, or (method: best, where convert
+    follows the choice) the candidates' own, converted here by the convert stage's body."""
+    if "checkpoint" in stage.inputs:
+        return stage.inputs["checkpoint"]
+    from pipeline.stages import convert
+
+    folder = scratch / "checkpoint"
+    folder.mkdir()
+    inputs = {"model": stage.inputs["model"]} | ({"heads": stage.inputs["heads"]} if "heads" in stage.inputs else {})
+    convert.run(variant, StagePlan("convert", folder, inputs, stage.params["convert"]), folder)
+    return folder
+
+
 def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Callable[[str], None] = print) -> dict:
+    variant = variant.rehearsed()  # method: best: the heads' candidates, whatever was chosen before
     params = stage.params
     settings = params["evaluation"]
     device = settings["device"]
@@ -117,7 +133,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     # entered: it would put a torch-function hook in front of every op (~40% on small ops).
     on_device = torch.device(device) if device != "cpu" else contextlib.nullcontext()
     with tempfile.TemporaryDirectory(prefix=".evaluate-engine-", dir=out.parent) as scratch, one_thread(), on_device:
-        engine = load_engine(variant, stage.inputs["checkpoint"], Path(scratch), device)
+        engine = load_engine(variant, candidates_checkpoint(variant, stage, Path(scratch)), Path(scratch), device)
         limit = engine.config.limits.max_input_len
         for prompt, ids in zip(prompts_read, prompts):
             if len(ids) + settings["max_new_tokens"] > engine.config.limits.max_seq_len or len(ids) > limit:
@@ -148,6 +164,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
                 "name": item.candidate.name,
                 "method": item.candidate.method,
                 "describe": item.candidate.describe,
+                "build": candidate_build(item.candidate),  # what method: best builds when this one is chosen
                 **summarize(measured, plain, item.method.draft_positions),
             }
             record["identity"] = identity(engine, prompts, plain.acceptance.outputs, measured.acceptance.outputs)

@@ -81,12 +81,20 @@ class FleetResult:
         return {v: s.message for v in self.graph.variants if (s := self.stopped(v)) is not None and s.state == GATED}
 
     @property
+    def stops(self) -> list[TaskReport]:
+        return [s for s in (self.stopped(v) for v in self.graph.variants) if s is not None and s.state != BLOCKED]
+
+    @property
     def exit_code(self) -> int:
-        stops = [s for s in (self.stopped(v) for v in self.graph.variants) if s is not None and s.state != BLOCKED]
-        failed = [s.exit_code for s in stops if s.state in (FAILED, GATED)]
-        if failed:
-            return max(failed)
-        return max((s.exit_code for s in stops), default=0)
+        return exit_code_of(self.stops)
+
+
+def exit_code_of(stops: list[TaskReport]) -> int:
+    """The failed stages' code (the largest), else that of stages that could not run, else 0."""
+    failed = [s.exit_code for s in stops if s.state in (FAILED, GATED)]
+    if failed:
+        return max(failed)
+    return max((s.exit_code for s in stops), default=0)
 
 
 def require_ray():

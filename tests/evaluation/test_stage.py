@@ -145,3 +145,36 @@ def test_device_cuda_without_a_gpu_is_exit_3(cli, spec, tmp_path):
     )
     assert rc == 3 and "no CUDA device" in out
     assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
+
+
+def test_best_builds_and_packages_the_measured_choice(cli, spec, tmp_path):
+    # A gate no head can pass makes the choice fall back to plain decoding: the build must then be a plain
+    # engine from a checkpoint without the Medusa heads, and the Triton model must not be told of them.
+    path = spec(
+        evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6, batch_sizes: [1]}\n"
+        "release: {min_acceptance_length: 50, on_fail: fallback}"
+    )
+    path.write_text(path.read_text().replace("speculative: {", "speculative: {method: best, "))
+    rc, out, err = cli("plan", str(path))
+    assert rc == 0 and "best: no evaluation yet" in out, err
+    rc, out, err = cli("engine", str(path))
+    assert rc == 0, err
+    engines = tmp_path / "engines" / "tiny"
+    result = json.loads((engines / "evaluation" / "evaluation.json").read_text())
+    assert result["choice"]["candidate"] == "plain" and "fell back to plain" in result["choice"]["reason"]
+    assert "[tiny] method best: building none: best: measured choice plain: " in out
+    engine = json.loads((engines / "engine" / "config.json").read_text())
+    assert engine["pretrained_config"]["architecture"] == "LlamaForCausalLM"
+    assert engine["build_config"]["speculative_decoding_mode"] == 1  # TensorRT-LLM's SpeculativeDecodingMode.NONE
+    checkpoint = json.loads((engines / "checkpoint" / "config.json").read_text())
+    assert checkpoint["architecture"] == "LlamaForCausalLM" and "num_medusa_heads" not in checkpoint
+    triton = (tmp_path / "triton_repo" / "tiny" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "medusa_choices" not in triton
+    # The evaluation measured the heads' candidates all the same (it converts them itself) and stays up to date.
+    assert any(c["method"] == "medusa" for c in result["candidates"])
+    rc, out, err = cli("engine", str(path))
+    assert rc == 0 and "evaluate: up to date, skipped" in out and "build: up to date, skipped" in out, err
+    rc, out, _ = cli("plan", str(path))
+    assert rc == 0 and "best: measured choice plain" in out
+    manifest = json.loads((engines / "manifest.json").read_text())["variants"]["tiny"]
+    assert manifest["method"] == "none" and manifest["evaluation"]["chosen"] == "plain"
