@@ -5,9 +5,11 @@
 For each evaluation (written by the evaluate stage, e.g. by bench/evaluate.py), probes this host's
 GEMM cost by rows for the variant's shapes (pipeline/costmodel/cpu.py; the engine's own Gemm, one
 thread), takes plain decoding's measured step as the one fitted parameter (its non-GEMM time), and
-prints per candidate the predicted and the measured CPU decode speedup (and step cost) side by side,
-with the relative error; the target is within 15% for every candidate. The rows a step feeds are the
-candidate's measured mean (Lookahead feeds fewer than (W + G)(N - 1) when its pool has no n-gram).
+fits the per-row work outside the GEMMs from the evaluation's timed engine passes (cpu_forward_s),
+and prints per candidate the predicted and the measured CPU decode speedup (and step cost) side by
+side, with the relative error; the target is within 15% for every candidate. The measured figures,
+acceptance length and rows fed per step are the batch-1 timing probe's (cpu_probe; Lookahead feeds
+fewer than (W + G)(N - 1) when its pool has no n-gram).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline import presets, trees
-from pipeline.costmodel.cpu import predicted_cpu_speedup, probe
+from pipeline.costmodel.cpu import per_row_s, predicted_cpu_speedup, probe
 from pipeline.costmodel.step import Drafting
 from pipeline.speculative import LookaheadConfig
 
@@ -56,9 +58,12 @@ def main() -> int:
         profile = probe(arch, bf16=bf16, repeats=args.repeats)
         plain = next(c for c in result["candidates"] if c["name"] == "plain")
         plain_step = plain["cpu_step_ms"] / 1e3
+        forward = {int(r): s for r, s in (result["timing"].get("cpu_forward_s") or {}).items()}
+        per_row = per_row_s(profile, arch, forward) if forward else 0.0
         print(
             f"{result['variant']} ({path}): {result['prompts']['count']} prompts; plain step "
-            f"{plain['cpu_step_ms']:.1f} ms"
+            f"{plain['cpu_step_ms']:.1f} ms; outside the GEMMs {per_row * 1e3:.2f} ms per extra fed row"
+            + ("" if forward else " (no forward probe in this evaluation: 0)")
         )
         print(
             f"  {'candidate':30s} {'AL':>5s} {'rows':>5s}  {'step cost pred/meas':>20s}  "
@@ -67,13 +72,14 @@ def main() -> int:
         for c in result["candidates"]:
             if c["name"] == "plain":
                 continue
-            speedup, cost = predicted_cpu_speedup(
-                profile, arch, drafting_of(c), c["rows_per_step"], c["mean_acceptance_length"], plain_step
-            )
+            # The CPU figures come from the batch-1 timing probe: its own acceptance length and rows.
+            timed = c.get("cpu_probe") or c
+            al, rows = timed["mean_acceptance_length"], timed["rows_per_step"]
+            speedup, cost = predicted_cpu_speedup(profile, arch, drafting_of(c), rows, al, plain_step, per_row)
             error = (speedup - c["cpu_speedup"]) / c["cpu_speedup"]
             worst = max(worst, abs(error))
             print(
-                f"  {c['name']:30s} {c['mean_acceptance_length']:5.2f} {c['rows_per_step']:5.1f}  "
+                f"  {c['name']:30s} {al:5.2f} {rows:5.1f}  "
                 f"{cost:9.2f} / {c['cpu_step_cost']:8.2f}  {speedup:8.2f}x / {c['cpu_speedup']:6.2f}x  "
                 f"{error:+.0%}"
             )

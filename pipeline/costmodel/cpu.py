@@ -9,10 +9,18 @@ measured time of each of the engine's weight GEMMs at each row count (:func:`pro
     t_step(rows, logit_rows) = layers x sum over (qkv, dense, fc, gate, proj) of gemm(shape, rows)
                                + gemm(lm_head, logit_rows) + other
 
-``other`` (norms, rope, attention, sampling, scheduling) is the one parameter taken from a
-measurement of plain decoding on the host: plain decoding's measured step minus its GEMMs. Methods
-add their own GEMMs as on the GPU: Medusa's ResBlocks and one lm_head pass over K rows (the heads
-share the base lm_head in specdeploy's heads), EAGLE's fc + drafter layer + lm_head per tree level.
+``other`` (norms, rope, attention, sampling, scheduling) is taken from measurements on the host:
+plain decoding's measured step minus its GEMMs, plus, for every row a step feeds beyond the first,
+``per_row`` seconds of work outside the GEMMs (the norms, rope, attention and mask of that row: a
+GEMM probe cannot see it, and Lookahead's (W + G)(N - 1) rows pay it many times over). ``per_row``
+is the slope, fitted by least squares, of a bare engine pass's measured time minus its probed GEMMs
+against the rows fed (:func:`per_row_s`; the evaluate stage times those passes, measure.forward_probe):
+
+    other(rows) = (plain step - gemms(1, 1)) + per_row x (rows - 1)
+
+Methods add their own GEMMs as on the GPU: Medusa's ResBlocks and one lm_head pass over K rows (the
+heads share the base lm_head in specdeploy's heads), EAGLE's fc + drafter layer + lm_head per tree
+level.
 """
 
 from __future__ import annotations
@@ -113,6 +121,18 @@ def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting,
     return total
 
 
+def per_row_s(profile: CpuProfile, arch: ModelGeometry, forward_s: dict[int, float]) -> float:
+    """Seconds per fed row outside the GEMMs: the least-squares slope of (a bare engine pass of R rows with
+    logits for all, minus the probe's GEMMs for R rows) against R; never below 0."""
+    points = [(r, s - target_gemms_s(profile, arch, r, r)) for r, s in sorted(forward_s.items())]
+    if len(points) < 2:
+        return 0.0
+    mean_r = sum(r for r, _ in points) / len(points)
+    mean_s = sum(s for _, s in points) / len(points)
+    slope = sum((r - mean_r) * (s - mean_s) for r, s in points) / sum((r - mean_r) ** 2 for r, _ in points)
+    return max(slope, 0.0)
+
+
 def predicted_cpu_speedup(
     profile: CpuProfile,
     arch: ModelGeometry,
@@ -120,8 +140,11 @@ def predicted_cpu_speedup(
     rows: float,
     acceptance_length: float,
     plain_step_s: float,
+    per_row: float = 0.0,
 ) -> tuple[float, float]:
-    """(speedup, step cost in plain steps) from the probe, with ``other`` = plain's measured step - its GEMMs."""
+    """(speedup, step cost in plain steps) from the probe: ``other`` = plain's measured step - its GEMMs,
+    plus ``per_row`` seconds (:func:`per_row_s`) for every fed row beyond the first."""
     other = max(plain_step_s - method_gemms_s(profile, arch, Drafting.plain(), 1), 0.0)
-    step = method_gemms_s(profile, arch, drafting, rows) + other
+    fed = 1.0 if drafting.method == "none" else rows
+    step = method_gemms_s(profile, arch, drafting, rows) + other + per_row * max(fed - 1.0, 0.0)
     return acceptance_length * plain_step_s / step, step / plain_step_s

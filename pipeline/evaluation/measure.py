@@ -8,16 +8,20 @@ counters are the ones ``return_perf_metrics`` reports (serving/metrics.py).
 Two runs per candidate, because acceptance and speed ask different things of the host:
 
 * acceptance: all prompts in flight together (up to :data:`ACCEPTANCE_BATCH` sequences per
-  verification pass), on up to :data:`ACCEPTANCE_THREADS` torch threads. Greedy acceptance does not
+  verification pass), on :data:`ACCEPTANCE_THREADS` torch threads. Greedy acceptance does not
   depend on what else is in the batch, and a CPU GEMM over many rows costs far less per row than
   one over a single row (and splits well over cores), so this is where most of the tokens are
   decoded. Its outputs are the ones checked against plain decoding (stage.py); its CPU time is
-  the process's (every thread), reported, not used for step costs.
+  reported, not used for step costs.
 * speed: the first :data:`PROBE_PROMPTS` prompts again, one request in flight, each step timed in
   this thread's CPU time: the decode-step cost of the method at batch 1, as the reference backend
   serves one request. The probe's outputs must equal the batched run's (``batch_invariant``): a
   check that batching changed nothing. Candidates are interleaved per probe prompt: this host's
   speed drifts during a run, and interleaving spreads the drift over all of them alike.
+
+:func:`forward_probe` times bare engine passes of 1..32 rows after a prompt: with the GEMM probe
+of pipeline/costmodel/cpu.py it gives the per-row work outside the GEMMs (norms, rope, attention,
+masks), which the cost model charges for every row a method feeds.
 
 The saving of the shared prefill is measured, not estimated: the prefill's CPU time is timed once
 per prompt, and every candidate after the first would have spent it again.
@@ -43,7 +47,10 @@ from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
 
 ACCEPTANCE_BATCH = 32  # sequences in flight in the acceptance run (bench/evaluate.py measured the payoff)
-ACCEPTANCE_THREADS = 2  # torch threads for it (at most the host's cores); the timing probe runs on one
+# torch threads for it. One: on this shared 2-core host two threads made it several times slower (a
+# preempted thread stalls the other at every GEMM's barrier); more help on an idle many-core host.
+ACCEPTANCE_THREADS = 1
+FORWARD_PROBE_ROWS = (1, 2, 4, 8, 16, 32)  # rows of the engine passes timed for the CPU cost model
 PROBE_PROMPTS = 4  # prompts decoded one at a time per candidate for its CPU step cost
 
 
@@ -160,6 +167,24 @@ def decode(
         assert isinstance(out.metrics, SpecRequestMetrics)  # what the scheduler gives every request
         tally.stats.merge(out.metrics.spec)
         tally.outputs.append(list(out.tokens))
+
+
+def forward_probe(
+    engine: Engine, prompt: list[int], shared: Prefill, rows: tuple[int, ...] = FORWARD_PROBE_ROWS, repeats: int = 5
+) -> dict[str, float]:
+    """Median CPU seconds (one thread) of one engine pass feeding ``rows`` new tokens, every one with logits
+    (as a verification pass), after ``prompt``'s shared prefill; row counts interleaved."""
+    times: dict[int, list[float]] = {r: [] for r in rows}
+    with torch_threads(1):
+        clock = step_clock(engine)
+        for _ in range(repeats):
+            for r in rows:
+                cache = clone_cache(shared.cache, shared.cache.length + r)
+                tokens = [prompt[i % len(prompt)] for i in range(r)]
+                start = clock()
+                engine.forward([StepInput(cache, tokens, Logits.ALL)])
+                times[r].append(clock() - start)
+    return {str(r): sorted(t)[len(t) // 2] for r, t in times.items()}
 
 
 def keep(done: dict[str, StepOutput], out: StepOutput) -> None:

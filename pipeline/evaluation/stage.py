@@ -38,8 +38,10 @@ from pipeline.evaluation.measure import (
     ACCEPTANCE_BATCH,
     ACCEPTANCE_THREADS,
     PROBE_PROMPTS,
+    forward_probe,
     identity,
     measure,
+    prefill,
     summarize,
 )
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
@@ -156,6 +158,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
         found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
+        forward_s = forward_probe(engine, prompts[0], prefill(engine, prompts[0]))
         plain = found["plain"]
         records = []
         for item in loaded:
@@ -196,6 +199,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "probe_cpu_s": sum(m.probe.decode_cpu_s for m in found.values()),
             "acceptance_batch": ACCEPTANCE_BATCH,
             "acceptance_threads": min(ACCEPTANCE_THREADS, os.cpu_count() or 1),
+            "cpu_forward_s": forward_s,  # one engine pass by rows fed (measure.forward_probe)
             "probe_prompts": min(PROBE_PROMPTS, len(prompts)),
         },
         "candidates": records,

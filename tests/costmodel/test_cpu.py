@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from pipeline import trees
-from pipeline.costmodel.cpu import CpuProfile, gemm_shapes, method_gemms_s, predicted_cpu_speedup, probe
+from pipeline.costmodel.cpu import (
+    CpuProfile,
+    gemm_shapes,
+    method_gemms_s,
+    per_row_s,
+    predicted_cpu_speedup,
+    probe,
+    target_gemms_s,
+)
 from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
@@ -52,6 +60,19 @@ def test_plain_overhead_is_the_one_fitted_parameter():
     # plain measured 15 ms = 11 ms of GEMMs + 4 ms other; lookahead: 44 + 4 = 48 ms for AL 1.6.
     speedup, cost = predicted_cpu_speedup(PROFILE, TINY, Drafting.lookahead(LookaheadConfig(2, 3, 2)), 8, 1.6, 15e-3)
     assert cost == pytest.approx(48 / 15) and speedup == pytest.approx(1.6 * 15 / 48)
+
+
+def test_per_row_work_outside_the_gemms_is_the_fitted_slope_and_charged_per_extra_row():
+    # Engine passes measured as their GEMMs + 3 ms + 0.5 ms per row: the slope is 0.5 ms.
+    forward = {r: target_gemms_s(PROFILE, TINY, r, r) + 3e-3 + 0.5e-3 * r for r in (1, 4, 8, 12)}
+    per_row = per_row_s(PROFILE, TINY, forward)
+    assert per_row == pytest.approx(0.5e-3)
+    look = Drafting.lookahead(LookaheadConfig(2, 3, 2))
+    speedup, cost = predicted_cpu_speedup(PROFILE, TINY, look, 8, 1.6, 15e-3, per_row)
+    assert cost == pytest.approx((48 + 0.5 * 7) / 15) and speedup == pytest.approx(1.6 * 15 / 51.5)
+    # Plain decoding feeds one row: nothing extra, its cost stays 1.
+    assert predicted_cpu_speedup(PROFILE, TINY, Drafting.plain(), 1, 1.0, 15e-3, per_row) == pytest.approx((1, 1))
+    assert per_row_s(PROFILE, TINY, {1: 1e-3}) == 0.0
 
 
 def test_probe_times_every_shape():

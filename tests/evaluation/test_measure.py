@@ -6,7 +6,7 @@ import pytest
 
 from pipeline import trees
 from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
-from pipeline.evaluation.measure import measure, summarize, tokens_per_step
+from pipeline.evaluation.measure import forward_probe, measure, prefill, summarize, tokens_per_step
 from pipeline.runtime.serving.metrics import SpecDecodingStats
 from pipeline.speculative import LookaheadConfig
 from tests.runtime import drive
@@ -78,3 +78,12 @@ def test_shared_prefill_equals_serving_from_scratch(tiny, kind):
             assert record["cpu_speedup"] == 1.0 and record["cpu_step_cost"] == 1.0
     spec = [n for n in names if n.startswith(kind)][0]
     assert found[spec].acceptance.stats.mean_acceptance_length > 1.3  # the fitted heads are right often enough
+
+
+def test_forward_probe_times_passes_by_rows_and_leaves_the_shared_cache_alone(tiny):
+    engine = tiny.engine(None)
+    shared = prefill(engine, PROMPTS[0])
+    length = shared.cache.length
+    times = forward_probe(engine, PROMPTS[0], shared, rows=(1, 4), repeats=2)
+    assert set(times) == {"1", "4"} and min(times.values()) > 0
+    assert shared.cache.length == length
