@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/costmodel_cpu.py EVALUATION_JSON [EVALUATION_JSON ...] [--repeats 5]
 
-For each evaluation (written by the evaluate stage, e.g. by bench/evaluate.py), probes this host's
+For each evaluation (written by the evaluate stage, e.g. by bench/evaluate.py), takes this host's
 GEMM cost by rows for the variant's shapes (pipeline/costmodel/cpu.py; the engine's own Gemm, one
-thread), takes plain decoding's measured step as the one fitted parameter (its non-GEMM time), and
+thread) as the evaluate stage probed it right after timing the candidates (an evaluation without that
+record is probed now, with the error of the host's drift in between), takes plain decoding's
+measured step as the one fitted parameter (its non-GEMM time), and
 fits the per-row work outside the GEMMs from the evaluation's timed engine passes (cpu_forward_s),
 and prints per candidate the predicted and the measured CPU decode speedup (and step cost) side by
 side, with the relative error; the target is within 15% for every candidate. The measured figures,
@@ -23,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline import presets, trees
-from pipeline.costmodel.cpu import per_row_s, predicted_cpu_speedup, probe
+from pipeline.costmodel.cpu import CpuProfile, per_row_s, predicted_cpu_speedup, probe
 from pipeline.costmodel.step import Drafting
 from pipeline.speculative import LookaheadConfig
 
@@ -55,7 +57,8 @@ def main() -> int:
     for path in args.evaluations:
         result = json.loads(path.read_text())
         bf16 = result.get("engine_dtype") == "bfloat16"
-        profile = probe(arch, bf16=bf16, repeats=args.repeats)
+        recorded = result["timing"].get("cpu_gemm_probe")  # probed by the evaluate stage, in the same minutes
+        profile = CpuProfile.from_dict(recorded) if recorded else probe(arch, bf16=bf16, repeats=args.repeats)
         plain = next(c for c in result["candidates"] if c["name"] == "plain")
         plain_step = plain["cpu_step_ms"] / 1e3
         forward = {int(r): s for r, s in (result["timing"].get("cpu_forward_s") or {}).items()}

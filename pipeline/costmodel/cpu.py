@@ -60,6 +60,13 @@ class CpuProfile:
     rows: tuple[int, ...]
     seconds: dict[str, tuple[float, ...]]  # by shape name, one per probed row count
 
+    def to_dict(self) -> dict:
+        return {"rows": list(self.rows), "seconds": {name: list(s) for name, s in self.seconds.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CpuProfile:
+        return cls(tuple(data["rows"]), {name: tuple(s) for name, s in data["seconds"].items()})
+
     def gemm_s(self, name: str, rows: float) -> float:
         if rows <= 0:
             return 0.0

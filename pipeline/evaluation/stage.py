@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from pipeline.costmodel.cpu import probe
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.step import Deployment
@@ -52,6 +53,7 @@ from pipeline.runtime.model.engine import Engine
 from pipeline.speculative import LookaheadConfig
 from pipeline.trtllm.engine_config import predict_engine_config
 
+EVALUATION_PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)  # the rows decode steps and trees feed here
 DEFAULT_GPU = "h100-sxm-80gb"  # predictions for a plan without gpu.type (said so in the result)
 
 
@@ -159,6 +161,11 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
         found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
         forward_s = forward_probe(engine, prompts[0], prefill(engine, prompts[0]))
+        # The CPU cost model's GEMM probe, here: in the same minutes as the step costs it is checked against
+        # (this host's speed drifts with its load; bench/costmodel_cpu.py reads it from the result).
+        gemms = (
+            probe(variant.arch, bf16=engine.bf16, repeats=3, rows=EVALUATION_PROBE_ROWS) if device == "cpu" else None
+        )
         plain = found["plain"]
         records = []
         for item in loaded:
@@ -200,6 +207,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "acceptance_batch": ACCEPTANCE_BATCH,
             "acceptance_threads": min(ACCEPTANCE_THREADS, os.cpu_count() or 1),
             "cpu_forward_s": forward_s,  # one engine pass by rows fed (measure.forward_probe)
+            "cpu_gemm_probe": gemms.to_dict() if gemms is not None else None,  # costmodel.cpu.probe
             "probe_prompts": min(PROBE_PROMPTS, len(prompts)),
         },
         "candidates": records,

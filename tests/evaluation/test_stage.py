@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline.costmodel.cpu import CpuProfile
 from pipeline.evaluation.result import RELEASE_EXIT_CODE
 from tests.runtime import fixtures as sf
 
@@ -57,8 +58,13 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
     assert result["timing"]["prefill_saved_cpu_s"] == pytest.approx(
         result["timing"]["prefill_cpu_s"] * (len(names) - 1)
     )
+    # The CPU cost model's measurements, taken in the same run: engine passes by rows and the GEMM probe.
+    assert set(result["timing"]["cpu_forward_s"]) == {"1", "2", "4", "8", "16", "32"}
+    profile = CpuProfile.from_dict(result["timing"]["cpu_gemm_probe"])
+    assert profile.rows[0] == 1 and profile.gemm_s("lm_head", 1) > 0
     for c in result["candidates"]:
         assert c["identity"]["lossless"] and c["identity"]["identical"] == 3
+        assert c["cpu_probe"]["batch_invariant"] and c["cpu_probe"]["prompts"] == 3
         assert set(c["predicted_speedup"]) == {"1", "4"}
     assert "medusa[cpu_small_10_depth_3]" in out
     assert result["choice"]["failed"] is None and result["method_requested"] == "auto"
