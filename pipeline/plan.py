@@ -144,12 +144,16 @@ class Plan:
     spec_file: Path
     spec_name: str
     variants: tuple[VariantPlan, ...]
+    # triton_repo/<spec>/: every variant in one Triton repository, after all variants' package
+    # stages (pipeline.triton.spec_repository); None for a spec with one variant.
+    repository: StagePlan | None = None
 
     def to_json(self) -> str:
         body = {
             "spec": str(self.spec_file),
             "name": self.spec_name,
             "variants": [variant.to_dict() for variant in self.variants],
+            "repository": None if self.repository is None else str(self.repository.output),
         }
         return json.dumps(body, indent=2)
 
@@ -197,9 +201,54 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
         errors.extend(problems.errors)
         if plan is not None:
             plans.append(plan)
+    if len(spec.variants) > 1:
+        errors.extend(_spec_repository_problems(spec, roots))
     if errors:
         raise InputError("\n".join(errors))
-    return Plan(spec.file, spec.name, tuple(plans))
+    return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans))
+
+
+# Model names of the whole-spec repository that a variant's ensemble (named after it) must not take.
+RESERVED_MODEL_NAMES = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
+
+
+def _spec_repository_problems(spec: Spec, roots: OutputRoots) -> list[str]:
+    """triton_repo/<spec>/ sits beside triton_repo/<variant>/, and holds a model per variant name."""
+    errors = []
+    for variant in spec.variants:
+        problems = _Problems(spec, variant.name)
+        if variant.name == spec.name:
+            problems.error(
+                ("name",),
+                f"a variant named like the spec collides with the spec's repository {roots.triton_repo / spec.name}; "
+                "rename the variant or the spec",
+            )
+        elif variant.name in RESERVED_MODEL_NAMES or variant.name.endswith(
+            tuple(f"-{name}" for name in RESERVED_MODEL_NAMES)
+        ):
+            problems.error(
+                ("name",),
+                f"'{variant.name}' is a model name of the spec's repository ({', '.join(RESERVED_MODEL_NAMES)}, "
+                "<variant>-tensorrt_llm, ...); rename the variant",
+            )
+        errors.extend(problems.errors)
+    return errors
+
+
+def _spec_repository(spec: Spec, roots: OutputRoots, variants: list[VariantPlan]) -> StagePlan | None:
+    if len(variants) < 2:
+        return None
+    params: dict[str, Any] = {}
+    for variant in variants:
+        package = variant.stage("package")
+        gpu = variant.gpu.name if variant.gpu else None
+        params[variant.name] = package.params | {"gpu": gpu, "gpu_count": variant.gpu_count}
+    return StagePlan(
+        "package",
+        roots.triton_repo / spec.name,
+        {variant.name: variant.stage("package").output for variant in variants} | {"models": TRITON_PYTHON_MODELS},
+        params,
+    )
 
 
 def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems) -> VariantPlan | None:

@@ -31,7 +31,7 @@ from pipeline.errors import SpecdeployError
 from pipeline.speculative import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
-BACKEND_MODEL = "tensorrt_llm"  # the composing model that generates (see pipeline.triton.configs)
+BACKEND_MODEL = "tensorrt_llm"  # the composing model that generates, unless the served configs name another
 STOP_WAIT_SECONDS = 5.0
 
 
@@ -202,7 +202,7 @@ class TritonClient:
                     ) from None
                 if error is not None:
                     done = True  # an error ends the request on the server too
-                    raise ClientError(f"{self.model}: {one_line(error)}")
+                    raise ClientError(f"{self.model}: {one_line(error)}{self._served_hint(self.model)}")
                 done = self._take(response, result, start, on_piece)
         except InferenceServerException as exc:
             raise ClientError(f"{self.url}: {one_line(exc)}") from None
@@ -273,8 +273,9 @@ class TritonClient:
         ]
         client = grpc_client(self.url)
         try:
+            backend = self.backend_model()
             client.start_stream(callback=lambda result, error: answers.put(error))
-            client.async_stream_infer(BACKEND_MODEL, inputs, request_id=request_id, enable_empty_final_response=True)
+            client.async_stream_infer(backend, inputs, request_id=request_id, enable_empty_final_response=True)
             return answers.get(timeout=STOP_WAIT_SECONDS) is None
         except (InferenceServerException, queue.Empty):
             return False  # best effort: a server without the model or the input just ignores it
@@ -282,12 +283,42 @@ class TritonClient:
             client.stop_stream(cancel_requests=True)
             client.close()
 
+    def backend_model(self) -> str:
+        """The tensorrt_llm model behind this client's model: an ensemble's generating step, the BLS
+        model's ``tensorrt_llm_model_name`` (``<variant>-tensorrt_llm`` on a whole-spec server)."""
+        try:
+            config = self.model_config(self.model)
+        except ClientError:
+            return BACKEND_MODEL
+        if config.get("backend") == "tensorrtllm":
+            return self.model
+        steps = (config.get("ensemble_scheduling") or {}).get("step") or []
+        if len(steps) == 3:  # preprocessing, tensorrt_llm, postprocessing
+            return steps[1]["model_name"]
+        named = (config.get("parameters") or {}).get("tensorrt_llm_model_name", {}).get("string_value")
+        return named or BACKEND_MODEL
+
     def model_config(self, name: str) -> dict:
         """The config the server serves for ``name`` (JSON form, as Triton returns it)."""
         try:
             return self._client.get_model_config(name, as_json=True).get("config", {})
         except InferenceServerException as exc:
-            raise ClientError(f"{self.url}: {one_line(exc)}") from None
+            raise ClientError(f"{self.url}: {one_line(exc)}{self._served_hint(name)}") from None
+
+    def _served_hint(self, name: str) -> str:
+        """'; served: a, b' (the ensembles and BLS models there are) when ``name`` is not one of them."""
+        try:
+            index = self._client.get_model_repository_index(as_json=True).get("models", [])
+        except InferenceServerException:
+            return ""
+        served = sorted(
+            m["name"]
+            for m in index
+            if m.get("state") == "READY" and not m["name"].endswith(("preprocessing", "postprocessing", "tensorrt_llm"))
+        )
+        return (
+            f"; served models: {', '.join(served)} (choose one with --model)" if served and name not in served else ""
+        )
 
     def close(self) -> None:
         self._client.close()

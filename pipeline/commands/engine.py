@@ -31,6 +31,8 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
         plan, states, code = _engine_on_ray(args, console, hashes if args.hash_inputs else None)
     else:
         plan, states, code = _engine_here(args, console, hashes if args.hash_inputs else None)
+    if code == 0:
+        _spec_repository(plan, states, args, console, hashes if args.hash_inputs else None)
     manifest = write_manifest(plan, roots.engines, states, hashes)
     console.print(f"manifest: {manifest}", highlight=False, markup=False)
     return code
@@ -45,6 +47,20 @@ def say_choices(plan, console: Console) -> None:
                 highlight=False,
                 markup=False,
             )
+
+
+def _spec_repository(plan, states: dict[str, dict[str, str]], args: argparse.Namespace, console: Console, hashes):
+    """triton_repo/<spec>/ for one server of all variants, after every variant is packaged."""
+    from pipeline.stages.execute import execute_spec_repository
+
+    packaged = {name for name, stages in states.items() if stages.get("package") in ("ran", "skipped")}
+    execute_spec_repository(
+        plan,
+        packaged,
+        force=args.force,
+        hashes=hashes,
+        say=lambda text: console.print(text, highlight=False, markup=False),
+    )
 
 
 def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache | None):

@@ -93,7 +93,12 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address (default 127.0.0.1:8001)")
-    parser.add_argument("--model", default="ensemble", help="the ensemble's name (serving.model_name)")
+    parser.add_argument(
+        "--model",
+        default="ensemble",
+        help="the model to ask: the ensemble (serving.model_name, default 'ensemble'; on a server of a whole "
+        "spec, the variant's name) or tensorrt_llm_bls",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, help="unset: the backend's default (greedy)")
     parser.add_argument("--top-k", type=int)

@@ -1,9 +1,15 @@
-"""`specdeploy serve [SPEC]`: serve a packaged variant with Triton.
+"""`specdeploy serve [SPEC]`: serve a packaged variant, or every variant of the spec, with Triton.
+
+With ``--variant`` (or a spec of one variant) the variant's repository ``triton_repo/<variant>/``;
+without it, for a spec of several variants, the whole-spec repository ``triton_repo/<spec>/`` from
+one server, each variant's ensemble named after the variant (``query --model <variant>``).
 
 * target ``reference`` (CPU): the tritonserver from nvidia-pytriton with the reference
   ``tensorrtllm`` backend, in the foreground until Ctrl-C or SIGTERM;
 * target ``tensorrt``: the mpirun command from ``pipeline.triton.launch_gpu`` (one tritonserver
-  per rank); run on a GPU host, printed elsewhere (exit code 3: not runnable here).
+  per rank; for a whole spec, one tritonserver in orchestrator mode whose backend spawns each
+  variant's ranks on its gpu_device_ids); run on a GPU host, printed elsewhere (exit code 3: not
+  runnable here).
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from rich.console import Console
 
 from pipeline.commands.common import DEFAULT_SPEC, add_spec_argument, load_plan
 from pipeline.errors import InputError, StageError
-from pipeline.plan import VariantPlan
+from pipeline.plan import Plan, VariantPlan
+from pipeline.triton.launch_gpu import gpu_spec_launch_argv
+from pipeline.triton.spec_repository import sharing_problem
 
 
-def resolve_variant(args: argparse.Namespace) -> VariantPlan:
+def resolve_variant(plan: Plan, args: argparse.Namespace) -> VariantPlan:
     """The variant named by --variant, or the spec's only one."""
-    plan = load_plan(args)
     names = [variant.name for variant in plan.variants]
     if args.variant is None:
         if len(names) > 1:
@@ -49,24 +56,27 @@ def with_overrides(variant: VariantPlan, args: argparse.Namespace) -> VariantPla
     return dataclasses.replace(variant, serving=variant.serving.model_copy(update=update))
 
 
-def package_dir(variant: VariantPlan, args: argparse.Namespace, console: Console) -> Path:
+def package_dir(default: Path, what: str, rebuild: str, args: argparse.Namespace, console: Console) -> Path:
+    """The repository to serve (``--repo`` or ``default``), validated; ``rebuild`` is the engine command."""
     from pipeline.triton.repository import stale_models, validate_repository
 
-    repo = Path(args.repo) if getattr(args, "repo", None) else variant.stage("package").output
+    repo = Path(args.repo) if getattr(args, "repo", None) else default
     if not repo.is_dir():
-        raise InputError(
-            f"{repo}: no Triton repository for variant {variant.name}; build and package it first "
-            f"(`specdeploy engine {args.spec} --variant {variant.name}`)"
-        )
+        raise InputError(f"{repo}: no Triton repository for {what}; build and package it first (`{rebuild}`)")
     validate_repository(repo)
     stale = stale_models(repo)
     if stale:
         console.print(
             f"[yellow]warning[/yellow]: {repo}: {', '.join(stale)} packaged by another specdeploy version; "
-            f"re-package with `specdeploy engine {args.spec} --variant {variant.name} --force`",
+            f"re-package with `{rebuild} --force`",
             highlight=False,
         )
     return repo
+
+
+def variant_package_dir(variant: VariantPlan, args: argparse.Namespace, console: Console) -> Path:
+    rebuild = f"specdeploy engine {args.spec} --variant {variant.name}"
+    return package_dir(variant.stage("package").output, f"variant {variant.name}", rebuild, args, console)
 
 
 def _stop_on_signals() -> None:
@@ -79,10 +89,14 @@ def _stop_on_signals() -> None:
         signal.signal(signum, handler)
 
 
-def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, console: Console) -> int:
+def serve_cpu(
+    variant: VariantPlan, repo: Path, args: argparse.Namespace, console: Console, models: tuple[str, ...] = ()
+) -> int:
+    """Serve ``repo`` with ``variant``'s serving settings; ``models``: the ensembles (default: the variant's)."""
     from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
 
     s = variant.serving
+    models = models or (s.model_name,)
     config = CpuServerConfig(
         repositories=(repo,),
         cache_dir=Path(args.cache_dir),
@@ -92,26 +106,24 @@ def serve_cpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
         grpc_port=s.grpc_port,
         metrics_port=s.metrics_port,
         ready_timeout=args.ready_timeout,
-        models=(s.model_name,),
+        models=models,
         backend_model=Path(args.backend_model) if args.backend_model else None,
         log_file=Path(args.log_file) if args.log_file else None,
     )
     server = CpuTritonServer(config)
     _stop_on_signals()
-    console.print(
-        f"starting tritonserver for {variant.name} ({variant.method}, CPU reference backend); log: {server.log_file}",
-        highlight=False,
-    )
+    what = f"{variant.name} ({variant.method})" if len(models) == 1 else f"{len(models)} variants"
+    console.print(f"starting tritonserver for {what}, CPU reference backend; log: {server.log_file}", highlight=False)
     try:
         server.start()
         console.print(
-            f"[green]ready[/green]: model '{s.model_name}' on grpc {server.grpc_url}, "
+            f"[green]ready[/green]: model(s) {', '.join(repr(m) for m in models)} on grpc {server.grpc_url}, "
             f"{f'http {server.http_url}' if s.http else 'http off (serving.http)'}, "
             f"metrics {s.host}:{s.metrics_port}. Ctrl-C stops.",
             highlight=False,
         )
         console.print(
-            f'try: specdeploy query "Hello" --url {server.grpc_url} --model {s.model_name} --perf', highlight=False
+            f'try: specdeploy query "Hello" --url {server.grpc_url} --model {models[0]} --perf', highlight=False
         )
         while server.is_alive():
             time.sleep(0.5)
@@ -137,16 +149,17 @@ def serve_gpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
     from pipeline.triton.launch_gpu import gpu_launch_argv
 
     argv = gpu_launch_argv(variant, repo.resolve(), world_size=variant.world_size)
+    return run_gpu_command(argv, args, console, f"{variant.world_size} GPU(s), ranks = tp*pp")
+
+
+def run_gpu_command(argv: list[str], args: argparse.Namespace, console: Console, needs: str) -> int:
+    """Print (--print-command, or no GPU here: exit 3) or run the GPU server's command line."""
     command = shlex.join(argv)
     if args.print_command:
         print(command)
         return 0
     if not _gpu_host():
-        console.print(
-            f"[yellow]no GPU on this host[/yellow]: run this on the GPU host ({variant.world_size} "
-            f"GPU(s), ranks = tp*pp):",
-            highlight=False,
-        )
+        console.print(f"[yellow]no GPU on this host[/yellow]: run this on the GPU host ({needs}):", highlight=False)
         print(command)
         return 3
     console.print(f"running: {command}", highlight=False)
@@ -156,16 +169,47 @@ def serve_gpu(variant: VariantPlan, repo: Path, args: argparse.Namespace, consol
         return 130
 
 
+def serve_spec(plan: Plan, args: argparse.Namespace, console: Console) -> int:
+    """Every variant of the spec from one server: the whole-spec repository triton_repo/<spec>/."""
+    assert plan.repository is not None
+    targets = sorted({variant.target for variant in plan.variants})
+    if len(targets) > 1:
+        raise InputError(
+            f"{args.spec}: variants of targets {' and '.join(targets)} cannot share one server; "
+            "serve them one at a time (--variant NAME)"
+        )
+    problem = sharing_problem(plan)
+    if problem is not None:
+        raise InputError(
+            f"{args.spec}: the variants cannot share one server ({'; '.join(problem.splitlines())}); "
+            "serve them one at a time (--variant NAME)"
+        )
+    first = with_overrides(plan.variants[0], args)  # the server's host and ports: the spec's serving section
+    rebuild = f"specdeploy engine {args.spec}"
+    if targets == ["reference"]:
+        if args.print_command:
+            raise InputError("--print-command is for target tensorrt (the GPU command)")
+        repo = package_dir(plan.repository.output, f"spec {plan.spec_name}", rebuild, args, console)
+        return serve_cpu(first, repo, args, console, models=tuple(v.name for v in plan.variants))
+    repo = Path(args.repo) if args.print_command and args.repo else plan.repository.output
+    if not args.print_command:
+        repo = package_dir(plan.repository.output, f"spec {plan.spec_name}", rebuild, args, console)
+    return run_gpu_command(gpu_spec_launch_argv(plan, first, repo.resolve()), args, console, "the variants' GPUs")
+
+
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
-    variant = with_overrides(resolve_variant(args), args)
+    plan = load_plan(args)
+    if args.variant is None and plan.repository is not None:
+        return serve_spec(plan, args, console)
+    variant = with_overrides(resolve_variant(plan, args), args)
     if variant.target == "reference":
         if args.print_command:
             raise InputError("--print-command is for target tensorrt (the GPU mpirun command)")
-        return serve_cpu(variant, package_dir(variant, args, console), args, console)
+        return serve_cpu(variant, variant_package_dir(variant, args, console), args, console)
     if args.print_command:  # only a command line: the repository may be packaged later, on the GPU host
         repo = Path(args.repo) if args.repo else variant.stage("package").output
         return serve_gpu(variant, repo, args, console)
-    return serve_gpu(variant, package_dir(variant, args, console), args, console)
+    return serve_gpu(variant, variant_package_dir(variant, args, console), args, console)
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser, spec_positional: bool = True) -> None:
@@ -173,12 +217,14 @@ def add_variant_arguments(parser: argparse.ArgumentParser, spec_positional: bool
         add_spec_argument(parser)
     else:
         parser.add_argument("--spec", default=str(DEFAULT_SPEC), help="the spec whose repository to use")
-    parser.add_argument("--variant", help="the variant to use (needed when the spec has several)")
+    parser.add_argument("--variant", help="the variant to serve (default: every variant of the spec from one server)")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
-    serve = commands.add_parser("serve", help="serve a packaged variant with Triton (CPU reference or GPU)")
+    serve = commands.add_parser(
+        "serve", help="serve a packaged variant, or all of a spec's, with Triton (CPU reference or GPU)"
+    )
     add_variant_arguments(serve)
     serve.add_argument("--repo", help="the Triton repository (default: the variant's package output)")
     serve.add_argument("--host", help="address to bind (default: serving.host, 127.0.0.1)")

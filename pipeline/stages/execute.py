@@ -21,6 +21,7 @@ from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
 from pipeline.stages import build, convert, evaluate, merge, package, quantize
 from pipeline.stages.runner import StageResult, run_stage
+from pipeline.triton.spec_repository import sharing_problem
 
 StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 
@@ -33,7 +34,14 @@ STAGE_BODIES: dict[str, StageBody] = {
     "package": package.run,
 }
 
-__all__ = ["STAGE_BODIES", "StageUnavailable", "VariantOutcome", "execute_plan", "stage_body"]
+__all__ = [
+    "STAGE_BODIES",
+    "StageUnavailable",
+    "VariantOutcome",
+    "execute_plan",
+    "execute_spec_repository",
+    "stage_body",
+]
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,40 @@ def _execute_variant(
                 say(f"[{variant.name}] release gate failed: {failed}")
                 return VariantOutcome(variant.name, tuple(results), stage.name, failed, RELEASE_EXIT_CODE)
     return VariantOutcome(variant.name, tuple(results))
+
+
+def execute_spec_repository(
+    plan: Plan,
+    packaged: set[str],
+    *,
+    force: bool = False,
+    say: Callable[[str], None] = print,
+    hashes: HashCache | None = None,
+) -> StageResult | None:
+    """The whole-spec repository (``plan.repository``) once every variant of the spec is packaged
+    in this run (``packaged``: their names); None, said why, when there is none or a variant is missing."""
+    if plan.repository is None:
+        return None
+    missing = [variant.name for variant in plan.variants if variant.name not in packaged]
+    if missing:
+        say(
+            f"[{plan.spec_name}] whole-spec repository {plan.repository.output} not written: "
+            f"{', '.join(missing)} not packaged in this run"
+        )
+        return None
+    problem = sharing_problem(plan)
+    if problem is not None:  # each variant still has its own repository and server
+        lines = problem.splitlines()
+        say(f"[{plan.spec_name}] whole-spec repository not written: " + "; ".join(lines))
+        return None
+    stage = plan.repository
+    say(f"[{plan.spec_name}] {stage.name} (all variants) -> {stage.output}")
+    result = run_stage(stage, functools.partial(package.run_spec, plan), force=force, on_wait=say, hashes=hashes)
+    say(
+        f"[{plan.spec_name}] {stage.name}: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
+        f" ({result.seconds:.1f} s)"
+    )
+    return result
 
 
 # What each stage input is, for the line that says what to do when it is not on this host.

@@ -4,15 +4,23 @@ Reads the engine folder the build stage wrote and the tokenizer of ``variant.mod
 (both are the stage's fingerprinted inputs), checks the engine matches the plan, and writes
 ``triton_repo/<variant>/`` (see :mod:`pipeline.triton.repository`). Every config.pbtxt is
 parsed back with Triton's own schema before the runner publishes the folder.
+
+``run_spec`` is the same stage for a whole spec (``plan.repository``), after every variant's:
+``triton_repo/<spec>/`` serves all variants from one server (:mod:`pipeline.triton.spec_repository`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan import Plan, StagePlan, VariantPlan
 from pipeline.triton.repository import emit_repository
+from pipeline.triton.spec_repository import emit_spec_repository
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     emit_repository(variant, out, engine_dir=stage.inputs["engine"], tokenizer_dir=stage.inputs["tokenizer"])
+
+
+def run_spec(plan: Plan, out: Path) -> None:
+    emit_spec_repository(plan, out)

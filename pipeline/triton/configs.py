@@ -32,6 +32,17 @@ BLS_STEPS_PARAMETER = "specdeploy_steps"
 
 
 @dataclass(frozen=True)
+class ModelNames:
+    """The names of the models an ensemble is made of: NVIDIA's in a one-variant repository; in a
+    whole-spec repository ``<variant>-tensorrt_llm`` and the like (see ``pipeline.triton.spec_repository``)."""
+
+    preprocessing: str = PREPROCESSING
+    tensorrt_llm: str = TENSORRT_LLM
+    postprocessing: str = POSTPROCESSING
+    bls: str = BLS
+
+
+@dataclass(frozen=True)
 class RepositorySettings:
     """Everything the configs need, read from the plan by ``repository.settings_from_plan``."""
 
@@ -47,6 +58,7 @@ class RepositorySettings:
     tensorrt_llm_parameters: dict[str, str]
     bls_instances: int = 1
     bls_parameters: dict[str, str] = field(default_factory=dict)
+    names: ModelNames = ModelNames()
 
 
 def model_input(tensor: Tensor) -> mc.ModelInput:
@@ -82,7 +94,7 @@ def _python_model(name: str, settings: RepositorySettings, instances: int) -> mc
 
 
 def preprocessing_config(settings: RepositorySettings) -> mc.ModelConfig:
-    config = _python_model(PREPROCESSING, settings, settings.preprocessing_instances)
+    config = _python_model(settings.names.preprocessing, settings, settings.preprocessing_instances)
     # Requests queued while an instance is busy are handed over together (one Python call).
     config.dynamic_batching.SetInParent()
     _declare(config, PREPROCESSING, settings)
@@ -91,7 +103,7 @@ def preprocessing_config(settings: RepositorySettings) -> mc.ModelConfig:
 
 
 def postprocessing_config(settings: RepositorySettings) -> mc.ModelConfig:
-    config = _python_model(POSTPROCESSING, settings, settings.postprocessing_instances)
+    config = _python_model(settings.names.postprocessing, settings, settings.postprocessing_instances)
     config.dynamic_batching.SetInParent()
     _declare(config, POSTPROCESSING, settings)
     set_parameters(config, settings.postprocessing_parameters)
@@ -100,7 +112,7 @@ def postprocessing_config(settings: RepositorySettings) -> mc.ModelConfig:
 
 def tensorrt_llm_config(settings: RepositorySettings) -> mc.ModelConfig:
     size = settings.max_batch_size
-    config = mc.ModelConfig(name=TENSORRT_LLM, backend="tensorrtllm", max_batch_size=size)
+    config = mc.ModelConfig(name=settings.names.tensorrt_llm, backend="tensorrtllm", max_batch_size=size)
     config.model_transaction_policy.decoupled = settings.decoupled
     batching = config.dynamic_batching
     batching.preferred_batch_size.append(size)
@@ -124,10 +136,11 @@ def ensemble_steps(settings: RepositorySettings) -> list[tuple[str, dict[str, st
             pre_out[f"OUT_{inner}"] = f"_OUT_{inner}"
             llm_in[outer] = f"_OUT_{inner}"
     post_out = {**contract.POSTPROCESSING_STEP_OUTPUTS, "OUTPUT_TOKEN_COUNT": "text_output_tokens"}
+    names = settings.names
     return [
-        (PREPROCESSING, pre_in, pre_out),
-        (TENSORRT_LLM, llm_in, dict(contract.TENSORRT_LLM_STEP_OUTPUTS)),
-        (POSTPROCESSING, dict(contract.POSTPROCESSING_STEP_INPUTS), post_out),
+        (names.preprocessing, pre_in, pre_out),
+        (names.tensorrt_llm, llm_in, dict(contract.TENSORRT_LLM_STEP_OUTPUTS)),
+        (names.postprocessing, dict(contract.POSTPROCESSING_STEP_INPUTS), post_out),
     ]
 
 
@@ -152,12 +165,12 @@ def bls_steps(settings: RepositorySettings) -> list[dict]:
 
 
 def bls_config(settings: RepositorySettings) -> mc.ModelConfig:
-    config = _python_model(BLS, settings, settings.bls_instances)
+    config = _python_model(settings.names.bls, settings, settings.bls_instances)
     config.model_transaction_policy.decoupled = settings.decoupled
     _declare(config, BLS, settings)
     parameters = {
         "accumulate_tokens": "false",
-        "tensorrt_llm_model_name": TENSORRT_LLM,
+        "tensorrt_llm_model_name": settings.names.tensorrt_llm,
         "tensorrt_llm_draft_model_name": "",
         "multimodal_encoders_name": "",
         BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings), separators=(",", ":")),
@@ -167,11 +180,12 @@ def bls_config(settings: RepositorySettings) -> mc.ModelConfig:
 
 
 def all_configs(settings: RepositorySettings) -> dict[str, mc.ModelConfig]:
-    """Model directory name -> config (the ensemble's directory is named after the ensemble)."""
+    """Model directory name -> config (every directory is named after its model)."""
+    names = settings.names
     return {
         settings.ensemble_name: ensemble_config(settings),
-        PREPROCESSING: preprocessing_config(settings),
-        TENSORRT_LLM: tensorrt_llm_config(settings),
-        POSTPROCESSING: postprocessing_config(settings),
-        BLS: bls_config(settings),
+        names.preprocessing: preprocessing_config(settings),
+        names.tensorrt_llm: tensorrt_llm_config(settings),
+        names.postprocessing: postprocessing_config(settings),
+        names.bls: bls_config(settings),
     }

@@ -1,4 +1,5 @@
-"""The GPU serving command: one tritonserver per engine rank under mpirun (MPMD).
+"""The GPU serving command: one tritonserver per engine rank under mpirun (MPMD), or one in
+orchestrator mode for several models (the whole-spec repository).
 
 Mirrors TensorRT-LLM's ``triton_backend/scripts/launch_triton_server.py`` (leader mode):
 ``mpirun --allow-run-as-root -n 1 tritonserver ... : -n 1 tritonserver ...``. Every rank
@@ -10,10 +11,12 @@ The world size must equal the engine's tp*pp, or the backend asserts at load tim
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pipeline.errors import InputError
-from pipeline.plan import VariantPlan
+from pipeline.fleet.placement import place_fleet
+from pipeline.plan import Plan, VariantPlan
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 TENSORRT_LLM_MODEL = "tensorrt_llm"
@@ -26,12 +29,14 @@ def gpu_launch_argv(
     world_size: int,
     hostfile: Path | None = None,
     multi_model: bool = False,
+    devices: Sequence[int] = (),
     tritonserver: str = TRITONSERVER,
 ) -> list[str]:
     """mpirun argv serving ``repo_dir`` (the variant's Triton repository) on GPUs.
 
     ``multi_model`` is the orchestrator mode: one tritonserver (world size 1) whose backend
-    spawns the per-GPU executor workers itself (single node only).
+    spawns the per-GPU executor workers itself (single node only); ``devices``: every GPU its
+    models use (default: the variant's).
     """
     if multi_model:
         if world_size != 1:
@@ -79,15 +84,24 @@ def gpu_launch_argv(
         else:
             argv += ["--model-control-mode=explicit", f"--load-model={TENSORRT_LLM_MODEL}"]
         if multi_model:
-            argv += _orchestrator_memory_flags(variant)
+            argv += _orchestrator_memory_flags(devices or variant.serving.gpu_device_ids or range(variant.world_size))
         argv += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
     return argv
 
 
-def _orchestrator_memory_flags(variant: VariantPlan) -> list[str]:
+def gpu_spec_launch_argv(plan: Plan, serving: VariantPlan, repo_dir: Path) -> list[str]:
+    """One tritonserver in orchestrator mode for the whole-spec repository: each variant's
+    tensorrt_llm model spawns its ranks on the GPUs the placement gave it (its gpu_device_ids);
+    ``serving``: the variant whose host and ports the server takes."""
+    placement = place_fleet(plan)
+    assert placement is not None, "a spec served on GPUs has tensorrt variants"
+    devices = sorted({gpu for instance in placement.instances for gpu in instance.gpus})
+    return gpu_launch_argv(serving, repo_dir, world_size=1, multi_model=True, devices=devices)
+
+
+def _orchestrator_memory_flags(devices: Iterable[int]) -> list[str]:
     """The spawned workers own the GPUs: tritonserver itself keeps no pinned or CUDA pools
-    (what the launch script adds on NGC >= 24.06), for every GPU the engine uses."""
-    devices = variant.serving.gpu_device_ids or list(range(variant.world_size))
+    (what the launch script adds on NGC >= 24.06), for every GPU the engines use."""
     return ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"] + [
         f"--cuda-memory-pool-byte-size={device}:0" for device in devices
     ]

@@ -39,6 +39,7 @@ from pipeline.triton.configs import (
     POSTPROCESSING,
     PREPROCESSING,
     TENSORRT_LLM,
+    ModelNames,
     RepositorySettings,
     all_configs,
 )
@@ -47,6 +48,7 @@ MODELS_SOURCE = Path(__file__).parent / "models"
 TOKENIZER_SUBDIR = "tokenizer"
 MANIFEST = "specdeploy-repository.json"
 PYTHON_MODELS = (PREPROCESSING, POSTPROCESSING, BLS)  # model.py copied from pipeline/triton/models/
+_FIELD = {PREPROCESSING: "preprocessing", POSTPROCESSING: "postprocessing", BLS: "bls"}  # ModelNames fields
 # Files a Hugging Face tokenizer may need; never weights. config.json lets AutoTokenizer pick
 # the class when tokenizer_config.json does not name one.
 TOKENIZER_FILES = (
@@ -136,6 +138,25 @@ def copy_tokenizer(source: Path, target: Path) -> list[str]:
     return files
 
 
+def with_chat_template(settings: RepositorySettings, tokenizer: Path) -> RepositorySettings:
+    """The chat template travels in the served preprocessing config: `specdeploy query` asks the server for it."""
+    add_special = settings.preprocessing_parameters["add_special_tokens"] == "true"
+    try:
+        template = template_parameter(tokenizer, add_special)
+    except (OSError, ValueError) as exc:
+        raise StageError(f"{tokenizer}: the tokenizer does not load ({' '.join(str(exc).split())})") from None
+    return replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
+
+
+def write_models(configs: dict[str, pbtxt.ModelConfig], names: ModelNames, out: Path) -> None:
+    """Each config with its version folder, and the Python models' model.py (tokenizers are the caller's)."""
+    for name, config in configs.items():
+        pbtxt.write(config, out / name / "config.pbtxt")
+        (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
+    for kind in PYTHON_MODELS:
+        shutil.copyfile(MODELS_SOURCE / f"{kind}.py", out / getattr(names, _FIELD[kind]) / "1" / "model.py")
+
+
 def _link_tree(source: Path, target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for file in source.iterdir():
@@ -152,22 +173,11 @@ def emit_repository(
     out = Path(out)
     if check_engine_config:
         check_engine(variant, engine_dir)
-    settings = settings_from_plan(variant, engine_dir)
     files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
     _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
-    # The chat template travels in the served config: `specdeploy query` asks the server for it.
-    add_special = settings.preprocessing_parameters["add_special_tokens"] == "true"
-    try:
-        template = template_parameter(out / PREPROCESSING / TOKENIZER_SUBDIR, add_special)
-    except (OSError, ValueError) as exc:
-        raise StageError(f"{tokenizer_dir}: the tokenizer does not load ({' '.join(str(exc).split())})") from None
-    settings = replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
+    settings = with_chat_template(settings_from_plan(variant, engine_dir), out / PREPROCESSING / TOKENIZER_SUBDIR)
     configs = all_configs(settings)
-    for name, config in configs.items():
-        pbtxt.write(config, out / name / "config.pbtxt")
-        (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
-    for name in PYTHON_MODELS:
-        shutil.copyfile(MODELS_SOURCE / f"{name}.py", out / name / "1" / "model.py")
+    write_models(configs, settings.names, out)
     manifest = {
         "variant": variant.name,
         "method": variant.method,
@@ -195,15 +205,22 @@ def emit_repository(
 
 
 def stale_models(repo: Path) -> list[str]:
-    """Python models whose model.py differs from this specdeploy's (packaged by another version).
+    """Python models whose model.py differs from this specdeploy's (packaged by another version),
+    and kinds of Python model the repository lacks (packaged before they existed).
 
     The stage fingerprint covers the plan and the inputs, not this package's own code."""
-    return [
-        name
-        for name in PYTHON_MODELS
-        if not (Path(repo) / name / "1" / "model.py").is_file()
-        or (Path(repo) / name / "1" / "model.py").read_bytes() != (MODELS_SOURCE / f"{name}.py").read_bytes()
-    ]
+    folders = sorted(path for path in Path(repo).iterdir() if path.is_dir())
+    stale = []
+    for kind in PYTHON_MODELS:
+        source = (MODELS_SOURCE / f"{kind}.py").read_bytes()
+        models = [path for path in folders if path.name == kind or path.name.endswith(f"-{kind}")]
+        if not models:
+            stale.append(kind)
+        for model in models:
+            packaged = model / "1" / "model.py"
+            if not packaged.is_file() or packaged.read_bytes() != source:
+                stale.append(model.name)
+    return stale
 
 
 def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
@@ -220,15 +237,18 @@ def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
         if not (path.parent / "1").is_dir():
             raise StageError(f"{path.parent}: no version folder 1/")
         configs[config.name] = config
+    ensembles = [c for c in configs.values() if c.platform == "ensemble"]
+    if not ensembles:
+        raise StageError(f"{repo}: no ensemble model (not a packaged repository; run `specdeploy engine SPEC`)")
     # tensorrt_llm_bls is not required: a repository packaged before it existed is reported stale instead.
-    missing = {PREPROCESSING, TENSORRT_LLM, POSTPROCESSING} - set(configs)
+    missing = {step.model_name for e in ensembles for step in e.ensemble_scheduling.step} - set(configs)
     if missing:
         raise StageError(f"{repo}: models missing: {', '.join(sorted(missing))}")
-    check_parameter_keys(pbtxt.parameters(configs[TENSORRT_LLM]))
-    ensembles = [c for c in configs.values() if c.platform == "ensemble"]
-    if len(ensembles) != 1:
-        raise StageError(f"{repo}: expected one ensemble, found {len(ensembles)}")
-    _check_ensemble(ensembles[0], configs, repo)
+    for config in configs.values():
+        if config.backend == "tensorrtllm":
+            check_parameter_keys(pbtxt.parameters(config))
+    for ensemble in ensembles:
+        _check_ensemble(ensemble, configs, repo)
     return configs
 
 

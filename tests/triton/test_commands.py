@@ -80,9 +80,19 @@ def test_serve_input_errors_are_one_line(cli, tmp_path, extra, message):
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
-def test_several_variants_need_a_choice(cli):
+def test_variants_that_cannot_share_a_server_are_served_one_at_a_time(cli):
+    """The example 8B fleet overflows its two L40S when served together: `serve` says so and how."""
     rc, _, err = cli("serve", str(Path(__file__).resolve().parents[2] / "specs" / "llama8b-fleet.yaml"))
-    assert rc == 2 and "choose one with --variant" in err
+    assert rc == 2 and "the variants cannot share one server (GPU 0 (l40s" in err and "--variant NAME" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_serving_a_whole_spec_needs_its_repository(cli, tmp_path):
+    make_model_dir(tmp_path / "model")
+    spec = tmp_path / "two.yaml"
+    spec.write_text("name: two\nmodel: {path: model}\ntarget: reference\nvariants: [{name: a}, {name: b}]\n")
+    rc, _, err = cli("serve", str(spec))
+    assert rc == 2 and "no Triton repository for spec two" in err and "specdeploy engine" in err
 
 
 def test_bench_with_a_missing_prompts_file_is_an_input_error(cli, tmp_path):
