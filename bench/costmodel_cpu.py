@@ -7,8 +7,8 @@ GEMM cost by rows for the variant's shapes (pipeline/costmodel/cpu.py; the engin
 thread) as the evaluate stage probed it right after timing the candidates (an evaluation without that
 record is probed now, with the error of the host's drift in between), takes plain decoding's
 measured step as the one fitted parameter (its non-GEMM time), and
-fits the per-row work outside the GEMMs from the evaluation's timed engine passes (cpu_forward_s),
-and prints per candidate the predicted and the measured CPU decode speedup (and step cost) side by
+takes the evaluation's timed engine passes by rows fed (cpu_forward_s) as the target pass, and
+prints per candidate the predicted and the measured CPU decode speedup (and step cost) side by
 side, with the relative error; the target is within 15% for every candidate. The measured figures,
 acceptance length and rows fed per step are the batch-1 timing probe's (cpu_probe; Lookahead feeds
 fewer than (W + G)(N - 1) when its pool has no n-gram).
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline import presets, trees
-from pipeline.costmodel.cpu import CpuProfile, per_row_s, predicted_cpu_speedup, probe
+from pipeline.costmodel.cpu import CpuProfile, interpolate, predicted_cpu_speedup, probe
 from pipeline.costmodel.step import Drafting
 from pipeline.speculative import LookaheadConfig
 
@@ -62,11 +62,16 @@ def main() -> int:
         plain = next(c for c in result["candidates"] if c["name"] == "plain")
         plain_step = plain["cpu_step_ms"] / 1e3
         forward = {int(r): s for r, s in (result["timing"].get("cpu_forward_s") or {}).items()}
-        per_row = per_row_s(profile, arch, forward) if forward else 0.0
         print(
             f"{result['variant']} ({path}): {result['prompts']['count']} prompts; plain step "
-            f"{plain['cpu_step_ms']:.1f} ms; outside the GEMMs {per_row * 1e3:.2f} ms per extra fed row"
-            + ("" if forward else " (no forward probe in this evaluation: 0)")
+            f"{plain['cpu_step_ms']:.1f} ms"
+            + (
+                "; engine pass 1 / 8 / 16 rows "
+                + " / ".join(f"{interpolate(forward, r) * 1e3:.1f}" for r in (1, 8, 16))
+                + " ms"
+                if forward
+                else " (no timed engine passes in this evaluation: GEMM probe only)"
+            )
         )
         print(
             f"  {'candidate':30s} {'AL':>5s} {'rows':>5s}  {'step cost pred/meas':>20s}  "
@@ -78,7 +83,7 @@ def main() -> int:
             # The CPU figures come from the batch-1 timing probe: its own acceptance length and rows.
             timed = c.get("cpu_probe") or c
             al, rows = timed["mean_acceptance_length"], timed["rows_per_step"]
-            speedup, cost = predicted_cpu_speedup(profile, arch, drafting_of(c), rows, al, plain_step, per_row)
+            speedup, cost = predicted_cpu_speedup(profile, arch, drafting_of(c), rows, al, plain_step, forward)
             error = (speedup - c["cpu_speedup"]) / c["cpu_speedup"]
             worst = max(worst, abs(error))
             print(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -170,11 +171,18 @@ def decode(
 
 
 def forward_probe(
-    engine: Engine, prompt: list[int], shared: Prefill, rows: tuple[int, ...] = FORWARD_PROBE_ROWS, repeats: int = 5
+    engine: Engine,
+    prompt: list[int],
+    shared: Prefill,
+    rows: tuple[int, ...] = FORWARD_PROBE_ROWS,
+    repeats: int = 5,
+    times: dict[int, list[float]] | None = None,
 ) -> dict[str, float]:
     """Median CPU seconds (one thread) of one engine pass feeding ``rows`` new tokens, every one with logits
-    (as a verification pass), after ``prompt``'s shared prefill; row counts interleaved."""
-    times: dict[int, list[float]] = {r: [] for r in rows}
+    (as a verification pass), after ``prompt``'s shared prefill; row counts interleaved. ``times``: earlier
+    samples to add to (the timing probe takes some after each of its prompts, so both span the same
+    minutes of this host's drifting speed)."""
+    times = times if times is not None else {r: [] for r in rows}
     with torch_threads(1):
         clock = step_clock(engine)
         for _ in range(repeats):
@@ -184,7 +192,7 @@ def forward_probe(
                 start = clock()
                 engine.forward([StepInput(cache, tokens, Logits.ALL)])
                 times[r].append(clock() - start)
-    return {str(r): sorted(t)[len(t) // 2] for r, t in times.items()}
+    return {str(r): statistics.median(t) for r, t in times.items()}
 
 
 def keep(done: dict[str, StepOutput], out: StepOutput) -> None:
@@ -201,9 +209,11 @@ def measure(
     batch: int = ACCEPTANCE_BATCH,
     probe_prompts: int = PROBE_PROMPTS,
     threads: int = ACCEPTANCE_THREADS,
+    forward: dict[int, list[float]] | None = None,
 ) -> tuple[dict[str, Measured], float]:
     """Measurements by candidate name, and the shared prefills' total CPU seconds (one thread: the
-    prefills are the probe's too)."""
+    prefills are the probe's too). ``forward``: filled with engine-pass samples (:func:`forward_probe`,
+    two rounds after each timed prompt)."""
     found = {item.candidate.name: Measured() for item in loaded}
     base = loaded[0].engine
     with torch_threads(1):
@@ -217,6 +227,8 @@ def measure(
             for item in loaded:
                 probe = found[item.candidate.name].probe
                 decode(item, prompts[i : i + 1], shared[i : i + 1], max_new_tokens, end_id, probe, in_flight=1)
+            if forward is not None:
+                forward_probe(base, prompts[i], shared[i], tuple(forward), repeats=2, times=forward)
     say(f"timed {min(probe_prompts, len(prompts))} prompts x {len(loaded)} candidates at batch 1, one thread")
     return found, sum(s.cpu_s for s in shared)
 

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -38,11 +39,10 @@ from pipeline.evaluation.choose import Gates, choose
 from pipeline.evaluation.measure import (
     ACCEPTANCE_BATCH,
     ACCEPTANCE_THREADS,
+    FORWARD_PROBE_ROWS,
     PROBE_PROMPTS,
-    forward_probe,
     identity,
     measure,
-    prefill,
     summarize,
 )
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
@@ -159,8 +159,9 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens"
         )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
-        found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
-        forward_s = forward_probe(engine, prompts[0], prefill(engine, prompts[0]))
+        samples: dict[int, list[float]] = {r: [] for r in FORWARD_PROBE_ROWS}
+        found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say, forward=samples)
+        forward_s = {str(r): statistics.median(t) for r, t in samples.items()}
         # The CPU cost model's GEMM probe, here: in the same minutes as the step costs it is checked against
         # (this host's speed drifts with its load; bench/costmodel_cpu.py reads it from the result).
         gemms = (

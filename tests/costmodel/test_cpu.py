@@ -7,12 +7,12 @@ import pytest
 from pipeline import trees
 from pipeline.costmodel.cpu import (
     CpuProfile,
+    drafting_gemms_s,
     gemm_shapes,
+    interpolate,
     method_gemms_s,
-    per_row_s,
     predicted_cpu_speedup,
     probe,
-    target_gemms_s,
 )
 from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
@@ -62,17 +62,18 @@ def test_plain_overhead_is_the_one_fitted_parameter():
     assert cost == pytest.approx(48 / 15) and speedup == pytest.approx(1.6 * 15 / 48)
 
 
-def test_per_row_work_outside_the_gemms_is_the_fitted_slope_and_charged_per_extra_row():
-    # Engine passes measured as their GEMMs + 3 ms + 0.5 ms per row: the slope is 0.5 ms.
-    forward = {r: target_gemms_s(PROFILE, TINY, r, r) + 3e-3 + 0.5e-3 * r for r in (1, 4, 8, 12)}
-    per_row = per_row_s(PROFILE, TINY, forward)
-    assert per_row == pytest.approx(0.5e-3)
+def test_measured_engine_passes_are_the_target_pass_when_given():
+    # Engine passes measured at 1 / 8 / 16 rows: 20 / 40 / 56 ms; plain step 25 ms, so other = 5 ms.
+    forward = {1: 20e-3, 8: 40e-3, 16: 56e-3}
     look = Drafting.lookahead(LookaheadConfig(2, 3, 2))
-    speedup, cost = predicted_cpu_speedup(PROFILE, TINY, look, 8, 1.6, 15e-3, per_row)
-    assert cost == pytest.approx((48 + 0.5 * 7) / 15) and speedup == pytest.approx(1.6 * 15 / 51.5)
-    # Plain decoding feeds one row: nothing extra, its cost stays 1.
-    assert predicted_cpu_speedup(PROFILE, TINY, Drafting.plain(), 1, 1.0, 15e-3, per_row) == pytest.approx((1, 1))
-    assert per_row_s(PROFILE, TINY, {1: 1e-3}) == 0.0
+    speedup, cost = predicted_cpu_speedup(PROFILE, TINY, look, 12, 1.6, 25e-3, forward)
+    assert cost == pytest.approx((48 + 5) / 25) and speedup == pytest.approx(1.6 * 25 / 53)
+    # EAGLE adds its drafter's GEMMs from the probe; plain decoding costs one plain step.
+    eagle = Drafting.eagle(trees.CHAIN_3)
+    _, cost = predicted_cpu_speedup(PROFILE, TINY, eagle, 4, 1.0, 25e-3, forward)
+    assert cost == pytest.approx((interpolate(forward, 4) + drafting_gemms_s(PROFILE, eagle) + 5e-3) / 25e-3)
+    assert predicted_cpu_speedup(PROFILE, TINY, Drafting.plain(), 1, 1.0, 25e-3, forward) == pytest.approx((1, 1))
+    assert interpolate(forward, 24) == pytest.approx(72e-3)  # beyond the last point: the last slope
 
 
 def test_probe_times_every_shape():
