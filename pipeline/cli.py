@@ -1,8 +1,7 @@
 """Command line: ``specdeploy COMMAND``, one module per command in ``pipeline.commands``.
 
 Every user-facing error is one line per problem on stderr (``error: file:line:col path:
-message``) and exit code 2 for bad input, 1 for a failed stage, 3 for a stage that
-cannot run on this host; never a traceback.
+message``) and an exit code (:data:`EXIT_CODES`); never a traceback.
 """
 
 from __future__ import annotations
@@ -34,6 +33,16 @@ from pipeline.commands import (
 )
 from pipeline.errors import SpecdeployError
 
+EXIT_CODES = """exit codes:
+  0    done
+  1    a stage failed
+  2    bad input (spec, checkpoint, heads, tokenizer, request)
+  3    a stage cannot run on this host
+  4    the filesystem refused (read-only, permission, wrong kind of path)
+  5    the disk is full
+  6    a release gate failed (release.on_fail: fail), after every variant was processed
+  130  interrupted"""
+
 # In the order `specdeploy --help` lists them; each module has register(subparsers).
 COMMANDS = (
     validate,
@@ -56,7 +65,12 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdeploy", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="specdeploy",
+        description=__doc__.splitlines()[0],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"specdeploy {__version__}")
     parser.add_argument("--engines-dir", default=os.environ.get("SPECDEPLOY_ENGINES", "engines"))
     parser.add_argument("--triton-repo", default=os.environ.get("SPECDEPLOY_TRITON_REPO", "triton_repo"))

@@ -3,7 +3,8 @@
 ``engines/<spec name>/manifest.json``, written by every ``specdeploy engine`` run (local or on
 Ray): per variant the sha256 of every input file (model, heads, calibration data, tokenizer and
 Triton model sources: every stage input that no stage produced), of every output file, the plan,
-the method and why it was chosen, and how each stage ended; once, the tool versions. Hashes are
+the method and why it was chosen, how each stage ended and, when the evaluate stage ran, its choice,
+release gates and per-candidate figures; once, the tool versions. Hashes are
 streamed and cached by file identity (:mod:`pipeline.hashing`), so re-runs do not re-read a
 checkpoint. ``specdeploy verify MANIFEST`` re-hashes the outputs (:func:`verify`).
 """
@@ -26,6 +27,7 @@ from pipeline.hashing import HashCache, content_files
 from pipeline.plan import Plan, VariantPlan
 
 MANIFEST_NAME = "manifest.json"
+DONE_STATES = ("ran", "skipped", "gate failed")  # a stage whose output is complete ("gate failed": evaluate)
 FORMAT = 1
 # Distribution names of the tools a release depends on (the first installed name wins).
 TOOLS = {
@@ -102,7 +104,7 @@ def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCach
         stage.name: {
             "path": str(stage.output),
             "state": states.get(stage.name, "not run"),
-            "files": _files(stage.output, hashes) if states.get(stage.name) in ("ran", "skipped") else {},
+            "files": _files(stage.output, hashes) if states.get(stage.name) in DONE_STATES else {},
         }
         for stage in variant.stages
     }
@@ -113,9 +115,18 @@ def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCach
         "inputs": inputs,
         "outputs": outputs,
         "plan": variant.to_dict(),
-        # No evaluate stage yet: figures and gates are added here when a variant has them.
-        "evaluation": None,
+        "evaluation": _evaluation(variant, states),
     }
+
+
+def _evaluation(variant: VariantPlan, states: dict[str, str]) -> dict[str, Any] | None:
+    """The evaluate stage's choice, gates and figures, when that stage ran (or was up to date)."""
+    from pipeline.evaluation.result import manifest_entry
+
+    stage = next((s for s in variant.stages if s.name == "evaluate"), None)
+    if stage is None or states.get("evaluate") not in DONE_STATES:
+        return None
+    return manifest_entry(stage.output)
 
 
 def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, str]], hashes: HashCache) -> Path:

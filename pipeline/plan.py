@@ -103,6 +103,10 @@ class VariantPlan:
     stages: tuple[StagePlan, ...]
     notes: tuple[str, ...]
     serve_resources: resources.StageResources | None = None  # the server's needs (serving is not a stage)
+    # method: best: what the evaluate stage measures (the heads' candidates) and their build; None otherwise.
+    # ``speculative`` and ``build`` are then the measured choice's (pipeline/evaluation/apply.py).
+    rehearsal: SpeculativeConfig | None = None
+    rehearsal_build: BuildConfig | None = None
 
     @property
     def world_size(self) -> int:
@@ -114,6 +118,12 @@ class VariantPlan:
 
     def stage(self, name: str) -> StagePlan:
         return next(stage for stage in self.stages if stage.name == name)
+
+    def rehearsed(self) -> VariantPlan:
+        """This variant as the evaluate stage measures it: with the candidates' config (method: best)."""
+        if self.rehearsal is None or self.rehearsal_build is None:
+            return self
+        return dataclasses.replace(self, speculative=self.rehearsal, build=self.rehearsal_build)
 
     def to_dict(self) -> dict[str, Any]:
         data = _jsonable(dataclasses.asdict(self))
@@ -248,6 +258,16 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     speculative, heads_dir = _choose_method(spec, variant, arch, problems)
     if speculative is None:
         return None
+    rehearsal, rehearsal_heads = None, heads_dir
+    if variant.speculative.method == "best":  # the measured choice, when an evaluation recorded one
+        from pipeline.evaluation.apply import measured_config
+
+        rehearsal = speculative
+        chosen, note = measured_config(roots.engines / variant.name / "evaluation", rehearsal)
+        problems.note(note)
+        if chosen is not None:
+            speculative = chosen
+            heads_dir = heads_dir if chosen.method in ("medusa", "eagle") else None
     tp, pp = variant.parallel.tp, variant.parallel.pp
     _check_parallelism(variant, arch, speculative, problems)
     gpu = gpus.gpu_type(variant.gpu.type) if variant.gpu else None
@@ -284,8 +304,11 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
     stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge)
+    rehearsal_build = None
+    if rehearsal is not None:
+        rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
     if variant.evaluation is not None:
-        stages = _with_evaluate(spec, variant, stages, model_dir, heads_dir, gpu)
+        stages = _with_evaluate(spec, variant, stages, model_dir, heads_dir, gpu, rehearsal, rehearsal_heads)
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
         name=variant.name,
@@ -307,6 +330,8 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         stages=stages,
         notes=tuple(problems.notes),
         serve_resources=serve_resources,
+        rehearsal=rehearsal,
+        rehearsal_build=rehearsal_build,
     )
 
 
@@ -665,8 +690,12 @@ def _with_evaluate(
     model_dir: Path | None,
     heads_dir: Path | None,
     gpu: gpus.GpuType | None,
+    rehearsal: SpeculativeConfig | None = None,
+    rehearsal_heads: Path | None = None,
 ) -> tuple[StagePlan, ...]:
-    """The evaluate stage after convert (pipeline/evaluation/ has what it measures)."""
+    """The evaluate stage after convert (pipeline/evaluation/ has what it measures). With method: best
+    (``rehearsal``, the heads' candidates) it comes before convert and converts the candidates' checkpoint
+    itself, so that convert, build and package can follow its choice."""
     from pipeline.evaluation.prompts import prompt_files
 
     evaluation = variant.evaluation
@@ -678,6 +707,13 @@ def _with_evaluate(
         "tokenizer": model_dir or Path("<weights missing>"),
         **{f"prompts{i}": path for i, path in enumerate(prompts)},
     } | ({"heads": heads_dir} if heads_dir else {})
+    convert_params = convert.params
+    if rehearsal is not None:
+        del inputs["checkpoint"]
+        inputs |= {"model": convert.inputs["model"]} | ({"heads": rehearsal_heads} if rehearsal_heads else {})
+        if not rehearsal_heads:
+            inputs.pop("heads", None)
+        convert_params = convert.params | {"speculative": _jsonable(dataclasses.asdict(rehearsal))}
     look = variant.speculative.lookahead
     stage = StagePlan(
         "evaluate",
@@ -685,7 +721,7 @@ def _with_evaluate(
         inputs,
         {
             "evaluation": evaluation.model_dump(),
-            "convert": convert.params,
+            "convert": convert_params,
             "lookahead": [look.window, look.ngram, look.verification_set],
             "eagle_dynamic_top_k": variant.speculative.eagle.dynamic_tree_max_top_k,
             "gpu": gpu.name if gpu else None,
@@ -694,7 +730,7 @@ def _with_evaluate(
             "method": variant.speculative.method,
         },
     )
-    at = stages.index(convert) + 1
+    at = stages.index(convert) + (0 if rehearsal is not None else 1)
     return (*stages[:at], stage, *stages[at:])
 
 

@@ -73,3 +73,17 @@ def test_no_traceback_from_the_real_entry_point(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "parallel.tp: must be >= 1" in proc.stderr
+
+
+def test_help_lists_the_exit_codes_release_gate_is_6(capsys):
+    from pipeline.cli import build_parser
+    from pipeline.errors import DiskFullError, HostFilesystemError
+    from pipeline.evaluation.result import RELEASE_EXIT_CODE
+
+    assert (RELEASE_EXIT_CODE, HostFilesystemError.exit_code, DiskFullError.exit_code) == (6, 4, 5)
+    for argv in (["--help"], ["engine", "--help"], ["evaluate", "--help"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert "6: a release gate failed" in text or "6 a release gate failed" in text, argv
+        assert "the disk is full" in text and "filesystem refused" in text

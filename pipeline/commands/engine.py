@@ -5,8 +5,8 @@ Without ``--ray`` the variants run one after another here. Exit 0 when every var
 otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
 or at a failed release gate (6, one line each on stderr after every variant).
 With ``--ray`` (no address: a local Ray cluster; ``auto``: the running one) each stage is a Ray
-task (:mod:`pipeline.fleet.ray_runner`); the exit code is that of the failed stages, after all
-other variants finished.
+task (:mod:`pipeline.fleet.ray_runner`); the exit code is that of the failed stages (a failed
+release gate: 6, with the same line on stderr), after all other variants finished.
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+def say_choices(plan, console: Console) -> None:
+    """One line per variant whose method was chosen by measurement: what is built and why."""
+    for variant in plan.variants:
+        if variant.rehearsal is not None:
+            console.print(
+                f"[{variant.name}] method best: building {variant.method}: {variant.speculative.reason}",
+                highlight=False,
+                markup=False,
+            )
+
+
 def _spec_repository(plan, states: dict[str, dict[str, str]], args: argparse.Namespace, console: Console, hashes):
     """triton_repo/<spec>/ for one server of all variants, after every variant is packaged."""
     from pipeline.stages.execute import execute_spec_repository
@@ -53,28 +64,38 @@ def _spec_repository(plan, states: dict[str, dict[str, str]], args: argparse.Nam
 
 
 def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache | None):
-    from pipeline.stages.execute import execute_plan
+    from pipeline.evaluation.apply import split_at_evaluate
+    from pipeline.stages.execute import VariantOutcome, execute_plan
 
     plan = load_plan(args)
-    outcomes = execute_plan(
-        plan,
-        only=set(args.variant or ()),
-        force=args.force,
-        hashes=hashes,
-        say=lambda text: console.print(text, highlight=False, markup=False),
-    )
-    from pipeline.evaluation.result import RELEASE_EXIT_CODE
+    only = set(args.variant or ())
+    say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
+    # method: best: the stages up to evaluate first, then the plan again, so its choice is what is built.
+    first, rest = split_at_evaluate(plan, only)
+    early: dict[str, VariantOutcome] = {}
+    if first is not None:
+        early = {o.variant: o for o in execute_plan(first, force=args.force, hashes=hashes, say=say)}
+        plan = load_plan(args)
+        say_choices(plan, console)
+    stopped = {name for name, o in early.items() if o.stopped_at}  # a gate failed, or evaluate could not run
+    names = {v.name for v in plan.variants if (not only or v.name in only) and v.name not in stopped}
+    later = execute_plan(rest(plan), only=names, force=args.force, hashes=hashes, say=say) if names else []
+    by_name = {o.variant: early[o.variant].joined(o) if o.variant in early else o for o in later}
+    by_name |= {name: early[name] for name in stopped}
+    outcomes = [by_name[v.name] for v in plan.variants if v.name in by_name]
+    from pipeline.evaluation.result import GATE_FAILED, RELEASE_EXIT_CODE
 
     for outcome in outcomes:  # after every variant, so a release pipeline sees every failed gate at once
         if outcome.exit_code == RELEASE_EXIT_CODE:
             print(f"error: {outcome.variant}: release gate failed: {outcome.reason}", file=sys.stderr)
-    states = {
-        o.variant: {r.name: r.status for r in o.results} | ({o.stopped_at: "unavailable"} if o.stopped_at else {})
+    states = {  # a failed release gate stops after an evaluate stage that ran: the manifest says which gate
+        o.variant: {r.name: r.status for r in o.results}
+        | ({o.stopped_at: GATE_FAILED if o.exit_code == RELEASE_EXIT_CODE else "unavailable"} if o.stopped_at else {})
         for o in outcomes
     }
-    stopped = [outcome for outcome in outcomes if outcome.stopped_at and outcome.exit_code != RELEASE_EXIT_CODE]
-    if stopped:
-        console.print(f"[yellow]{len(stopped)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
+    unavailable = [o for o in outcomes if o.stopped_at and o.exit_code != RELEASE_EXIT_CODE]
+    if unavailable:
+        console.print(f"[yellow]{len(unavailable)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
     codes = [outcome.exit_code for outcome in outcomes if outcome.stopped_at]
     if codes:
         return plan, states, max(codes)
@@ -96,22 +117,47 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
     args.engines_dir, args.triton_repo, args.cache_dir = (
         str(Path(p).resolve()) for p in (args.engines_dir, args.triton_repo, args.cache_dir)
     )
+    from pipeline.evaluation.apply import split_at_evaluate
+    from pipeline.fleet.ray_runner import exit_code_of
+
     plan = load_plan(args, resolve=True)
-    graph = build_graph(plan, only=set(args.variant or ()))
+    only = set(args.variant or ())
     roots = output_roots(args)
     needs_cache = any(variant.builtin for variant in plan.variants)
-    result = run_fleet(
-        graph,
-        address=None if args.ray == "local" else args.ray,
-        force=args.force,
-        hashes=hashes,
-        max_retries=args.ray_retries,
-        console=console,
-        roots=(roots.engines, roots.triton_repo) + ((roots.cache,) if needs_cache else ()),
+
+    def run(todo, names):
+        return run_fleet(
+            build_graph(todo, only=names),
+            address=None if args.ray == "local" else args.ray,
+            force=args.force,
+            hashes=hashes,
+            max_retries=args.ray_retries,
+            console=console,
+            roots=(roots.engines, roots.triton_repo) + ((roots.cache,) if needs_cache else ()),
+        )
+
+    # method: best: the stages up to evaluate first, then the plan again, so its choice is what is built.
+    first, rest = split_at_evaluate(plan, only)
+    early = run(first, set()) if first is not None else None
+    stopped = {v for v in early.graph.variants if early.stopped(v) is not None} if early is not None else set()
+    if early is not None:
+        plan = load_plan(args, resolve=True)
+        say_choices(plan, console)
+    names = {v.name for v in plan.variants if (not only or v.name in only) and v.name not in stopped}
+    result = run(rest(plan), names) if names else None
+    results = [r for r in (early, result) if r is not None]
+    graph = build_graph(plan, only=only)
+    states: dict[str, dict[str, str]] = {variant: {} for variant in graph.variants}
+    for r in results:
+        for variant in r.graph.variants:
+            states[variant] |= r.stage_states(variant)
+    failures = {variant: failed for r in results for variant, failed in r.release_failures().items()}
+    for variant, failed in failures.items():  # as without --ray: one line each, at the end
+        print(f"error: {variant}: release gate failed: {failed}", file=sys.stderr)
+    code = exit_code_of([stop for r in results for stop in r.stops])
+    done = sum(
+        variant not in stopped and (result is None or result.stopped(variant) is None) for variant in graph.variants
     )
-    states = {variant: result.stage_states(variant) for variant in graph.variants}
-    code = result.exit_code
-    done = sum(result.stopped(variant) is None for variant in graph.variants)
     console.print(
         f"{'[green]done[/green]' if code == 0 else '[yellow]stopped[/yellow]'}: {done} of "
         f"{len(graph.variants)} variant(s) complete"
@@ -121,7 +167,12 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
-    engine = commands.add_parser("engine", help="run the stages: quantize, convert, build, package")
+    engine = commands.add_parser(
+        "engine",
+        help="run the stages: quantize, convert, build, package",
+        epilog="exit 6: a release gate failed (release.on_fail: fail), one line per variant after every variant "
+        "was processed; 4/5: the filesystem refused / the disk is full; all codes: specdeploy --help",
+    )
     add_spec_argument(engine)
     add_variant_filter(engine)
     engine.add_argument("--force", action="store_true", help="re-run stages even if up to date")

@@ -18,7 +18,12 @@ from rich.table import Table
 def register(commands: argparse._SubParsersAction) -> None:
     from pipeline.commands.common import add_spec_argument, add_variant_filter
 
-    parser = commands.add_parser("evaluate", help="measure every candidate method on the variant's prompts")
+    parser = commands.add_parser(
+        "evaluate",
+        help="measure every candidate method on the variant's prompts",
+        epilog="exit 6: a release gate failed (release.on_fail: fail), one line per variant after every variant "
+        "was processed; 4/5: the filesystem refused / the disk is full; all codes: specdeploy --help",
+    )
     add_spec_argument(parser, required=True)
     add_variant_filter(parser)
     parser.add_argument("--force", action="store_true", help="re-run even if the evaluation is up to date")

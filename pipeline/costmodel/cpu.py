@@ -9,10 +9,19 @@ measured time of each of the engine's weight GEMMs at each row count (:func:`pro
     t_step(rows, logit_rows) = layers x sum over (qkv, dense, fc, gate, proj) of gemm(shape, rows)
                                + gemm(lm_head, logit_rows) + other
 
-``other`` (norms, rope, attention, sampling, scheduling) is the one parameter taken from a
-measurement of plain decoding on the host: plain decoding's measured step minus its GEMMs. Methods
-add their own GEMMs as on the GPU: Medusa's ResBlocks and one lm_head pass over K rows (the heads
-share the base lm_head in specdeploy's heads), EAGLE's fc + drafter layer + lm_head per tree level.
+``other`` (norms, rope, attention, sampling, scheduling) is plain decoding's measured step minus its
+GEMMs. That GEMM-only view misses what a real pass pays at few rows: the probe calls each GEMM on one
+weight again and again, so the weight sits in cache, while a decode pass streams every layer's
+weights from memory (SmolLM2 float32 here: a 1-row engine pass measured ~46 ms against ~16 ms of
+probed GEMMs), and the per-row work outside the GEMMs. So when the evaluate stage's timed engine
+passes by rows fed are at hand (``forward_s``, measure.forward_probe), the target pass is that
+measurement (interpolated at the rows fed) and ``other`` is plain's step minus its 1-row pass:
+
+    t_step(rows) = forward(rows) + the method's own GEMMs (probe) + (plain step - forward(1))
+
+Methods add their own GEMMs as on the GPU: Medusa's ResBlocks and one lm_head pass over K rows (the
+heads share the base lm_head in specdeploy's heads), EAGLE's fc + drafter layer + lm_head per tree
+level.
 """
 
 from __future__ import annotations
@@ -51,6 +60,13 @@ class CpuProfile:
 
     rows: tuple[int, ...]
     seconds: dict[str, tuple[float, ...]]  # by shape name, one per probed row count
+
+    def to_dict(self) -> dict:
+        return {"rows": list(self.rows), "seconds": {name: list(s) for name, s in self.seconds.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CpuProfile:
+        return cls(tuple(data["rows"]), {name: tuple(s) for name, s in data["seconds"].items()})
 
     def gemm_s(self, name: str, rows: float) -> float:
         if rows <= 0:
@@ -98,11 +114,9 @@ def target_gemms_s(profile: CpuProfile, arch: ModelGeometry, rows: float, logit_
     return arch.num_layers * layer + profile.gemm_s("lm_head", logit_rows)
 
 
-def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float) -> float:
-    """One step's GEMM seconds of a method feeding ``rows`` rows (plain decoding: 1 row, 1 logit row)."""
-    if drafting.method == "none":
-        return target_gemms_s(profile, arch, 1, 1)
-    total = target_gemms_s(profile, arch, rows, rows)
+def drafting_gemms_s(profile: CpuProfile, drafting: Drafting) -> float:
+    """A method's own GEMM seconds beyond the target pass: Medusa's heads, EAGLE's drafter levels."""
+    total = 0.0
     if drafting.method == "medusa":
         total += drafting.medusa_heads * profile.gemm_s("medusa_resblock", 1)
         total += profile.gemm_s("lm_head", drafting.medusa_heads)  # one pass over every head's row
@@ -113,6 +127,23 @@ def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting,
     return total
 
 
+def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float) -> float:
+    """One step's GEMM seconds of a method feeding ``rows`` rows (plain decoding: 1 row, 1 logit row)."""
+    if drafting.method == "none":
+        return target_gemms_s(profile, arch, 1, 1)
+    return target_gemms_s(profile, arch, rows, rows) + drafting_gemms_s(profile, drafting)
+
+
+def interpolate(points: dict[int, float], x: float) -> float:
+    """Linear between measured points, and beyond them from the nearest two."""
+    xs = sorted(points)
+    if len(xs) == 1:
+        return points[xs[0]]
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1 = xs[i - 1], xs[i]
+    return points[x0] + (points[x1] - points[x0]) * (x - x0) / (x1 - x0)
+
+
 def predicted_cpu_speedup(
     profile: CpuProfile,
     arch: ModelGeometry,
@@ -120,8 +151,17 @@ def predicted_cpu_speedup(
     rows: float,
     acceptance_length: float,
     plain_step_s: float,
+    forward_s: dict[int, float] | None = None,
 ) -> tuple[float, float]:
-    """(speedup, step cost in plain steps) from the probe, with ``other`` = plain's measured step - its GEMMs."""
-    other = max(plain_step_s - method_gemms_s(profile, arch, Drafting.plain(), 1), 0.0)
-    step = method_gemms_s(profile, arch, drafting, rows) + other
+    """(speedup, step cost in plain steps). With ``forward_s`` (measured engine passes by rows fed): the
+    target pass is that measurement at ``rows``, plus the method's own GEMMs from the probe, plus
+    ``other`` = plain's measured step - its 1-row pass. Without: GEMMs from the probe only, ``other`` =
+    plain's measured step - its probed GEMMs."""
+    fed = 1.0 if drafting.method == "none" else rows
+    if forward_s:
+        other = max(plain_step_s - interpolate(forward_s, 1), 0.0)
+        step = interpolate(forward_s, fed) + drafting_gemms_s(profile, drafting) + other
+    else:
+        other = max(plain_step_s - method_gemms_s(profile, arch, Drafting.plain(), 1), 0.0)
+        step = method_gemms_s(profile, arch, drafting, rows) + other
     return acceptance_length * plain_step_s / step, step / plain_step_s

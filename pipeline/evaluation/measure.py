@@ -1,11 +1,27 @@
 """Every candidate decoded on every prompt through the reference runtime, from one shared prefill.
 
 Each prompt is prefilled once (one engine pass, every prompt row's hidden state kept for EAGLE's
-drafter); each candidate then starts from a copy of that KV cache (``Scheduler.submit_prefilled``)
-and decodes greedily through the scheduler, one request in flight, so its acceptance counters are
-the ones ``return_perf_metrics`` reports (serving/metrics.py) and its decode-step CPU time is the
-time one step of that method costs here. Candidates are interleaved per prompt: this host's speed
-drifts during a run, and interleaving spreads the drift over all of them alike.
+drafter); each candidate then starts every prompt from a copy of that KV cache
+(``Scheduler.submit_prefilled``) and decodes greedily through the scheduler, so its acceptance
+counters are the ones ``return_perf_metrics`` reports (serving/metrics.py).
+
+Two runs per candidate, because acceptance and speed ask different things of the host:
+
+* acceptance: all prompts in flight together (up to :data:`ACCEPTANCE_BATCH` sequences per
+  verification pass), on :data:`ACCEPTANCE_THREADS` torch threads. Greedy acceptance does not
+  depend on what else is in the batch, and a CPU GEMM over many rows costs far less per row than
+  one over a single row (and splits well over cores), so this is where most of the tokens are
+  decoded. Its outputs are the ones checked against plain decoding (stage.py); its CPU time is
+  reported, not used for step costs.
+* speed: the first :data:`PROBE_PROMPTS` prompts again, one request in flight, each step timed in
+  this thread's CPU time: the decode-step cost of the method at batch 1, as the reference backend
+  serves one request. The probe's outputs must equal the batched run's (``batch_invariant``): a
+  check that batching changed nothing. Candidates are interleaved per probe prompt: this host's
+  speed drifts during a run, and interleaving spreads the drift over all of them alike.
+
+:func:`forward_probe` times bare engine passes of 1..32 rows after a prompt: with the GEMM probe
+of pipeline/costmodel/cpu.py it gives the per-row work outside the GEMMs (norms, rope, attention,
+masks), which the cost model charges for every row a method feeds.
 
 The saving of the shared prefill is measured, not estimated: the prefill's CPU time is timed once
 per prompt, and every candidate after the first would have spent it again.
@@ -13,10 +29,15 @@ per prompt, and every candidate after the first would have spent it again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+import torch
 
 from pipeline.evaluation.candidates import Loaded
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
@@ -25,6 +46,13 @@ from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
+
+ACCEPTANCE_BATCH = 32  # sequences in flight in the acceptance run (bench/evaluate.py measured the payoff)
+# torch threads for it. One: on this shared 2-core host two threads made it several times slower (a
+# preempted thread stalls the other at every GEMM's barrier); more help on an idle many-core host.
+ACCEPTANCE_THREADS = 1
+FORWARD_PROBE_ROWS = (1, 2, 4, 8, 16, 32)  # rows of the engine passes timed for the CPU cost model
+PROBE_PROMPTS = 4  # prompts decoded one at a time per candidate for its CPU step cost
 
 
 @dataclass
@@ -36,14 +64,22 @@ class Prefill:
 
 @dataclass
 class Tally:
-    """One candidate's totals over the prompts."""
+    """One run's totals over its prompts (per request step: one request's part of a forward pass)."""
 
     stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
-    decode_steps: int = 0
+    decode_steps: int = 0  # request steps
     decode_tokens: int = 0
     decode_cpu_s: float = 0.0
     rows_fed: int = 0  # rows fed to the target in decode steps
     outputs: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class Measured:
+    """One candidate: the acceptance run over every prompt and the batch-1 timing probe."""
+
+    acceptance: Tally = field(default_factory=Tally)
+    probe: Tally = field(default_factory=Tally)
 
 
 def clone_cache(cache: KVCache, limit: int) -> KVCache:
@@ -60,9 +96,22 @@ Clock = Callable[[], float]
 
 
 def step_clock(engine: Engine) -> Clock:
-    """This thread's CPU time on a CPU engine (other processes' load does not count); wall time on a GPU,
-    where the step is the GPU's work."""
-    return time.thread_time if engine.device.type == "cpu" else time.perf_counter
+    """On a CPU engine, CPU time (other processes' load does not count): this thread's with one torch
+    thread, the process's with more; wall time on a GPU, where the step is the GPU's work."""
+    if engine.device.type != "cpu":
+        return time.perf_counter
+    return time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` (at most this host's cores) inside the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(count, os.cpu_count() or 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def prefill(engine: Engine, prompt: list[int]) -> Prefill:
@@ -74,37 +123,81 @@ def prefill(engine: Engine, prompt: list[int]) -> Prefill:
 
 
 def decode(
-    loaded: Loaded, prompt: list[int], shared: Prefill, max_new_tokens: int, end_id: int | None, tally: Tally
+    loaded: Loaded,
+    prompts: list[list[int]],
+    shared: list[Prefill],
+    max_new_tokens: int,
+    end_id: int | None,
+    tally: Tally,
+    in_flight: int,
 ) -> None:
-    """One request from the shared prefill to its end; adds to ``tally``."""
+    """``prompts`` from their shared prefills to their ends, ``in_flight`` at a time; adds to ``tally``
+    (outputs in prompt order)."""
     candidate, method = loaded.candidate, loaded.method
-    request = GenerationRequest(
-        "0", tuple(prompt), max_new_tokens, end_id=end_id, exclude_input_in_output=True, lookahead=candidate.lookahead
-    )
-    limits = dataclasses.replace(loaded.engine.config.limits, max_batch_size=1)
+    limits = dataclasses.replace(loaded.engine.config.limits, max_batch_size=in_flight)
     now_s = step_clock(loaded.engine)
     clock = [0.0]
 
     def count(step: StepStats) -> None:
         now = now_s()
-        tally.decode_steps += 1
+        tally.decode_steps += step.batch_size
         tally.decode_tokens += step.generated_tokens
         tally.decode_cpu_s += now - clock[0]
-        tally.rows_fed += step.input_tokens
+        tally.rows_fed += step.input_tokens - step.prefill_tokens
         clock[0] = now
 
-    done: list[StepOutput] = []
+    done: dict[str, StepOutput] = {}
     sched = Scheduler(loaded.engine, method, limits=limits, on_step=count)
-    cache = clone_cache(shared.cache, len(prompt) + max_new_tokens + method.max_draft_len)
-    sched.submit_prefilled(request, lambda out: done.append(out) if out.finished else None, cache, shared.rows)
+    for i, (prompt, prefilled) in enumerate(zip(prompts, shared)):
+        request = GenerationRequest(
+            str(i),
+            tuple(prompt),
+            max_new_tokens,
+            end_id=end_id,
+            exclude_input_in_output=True,
+            lookahead=candidate.lookahead,
+        )
+        cache = clone_cache(prefilled.cache, len(prompt) + max_new_tokens + method.max_draft_len)
+        sched.submit_prefilled(request, lambda out: keep(done, out), cache, prefilled.rows)
     clock[0] = now_s()
     sched.run_until_idle()
-    (out,) = done
-    if out.reason == FinishReason.ERROR:
-        raise RuntimeError(f"{candidate.name}: {out.error}")
-    assert isinstance(out.metrics, SpecRequestMetrics)  # what the scheduler gives every request
-    tally.stats.merge(out.metrics.spec)
-    tally.outputs.append(list(out.tokens))
+    for i in range(len(prompts)):
+        out = done[str(i)]
+        if out.reason == FinishReason.ERROR:
+            raise RuntimeError(f"{candidate.name}: {out.error}")
+        assert isinstance(out.metrics, SpecRequestMetrics)  # what the scheduler gives every request
+        tally.stats.merge(out.metrics.spec)
+        tally.outputs.append(list(out.tokens))
+
+
+def forward_probe(
+    engine: Engine,
+    prompt: list[int],
+    shared: Prefill,
+    rows: tuple[int, ...] = FORWARD_PROBE_ROWS,
+    repeats: int = 5,
+    times: dict[int, list[float]] | None = None,
+) -> dict[str, float]:
+    """Median CPU seconds (one thread) of one engine pass feeding ``rows`` new tokens, every one with logits
+    (as a verification pass), after ``prompt``'s shared prefill; row counts interleaved. ``times``: earlier
+    samples to add to (the timing probe takes some after each of its prompts, so both span the same
+    minutes of this host's drifting speed)."""
+    times = times if times is not None else {r: [] for r in rows}
+    with torch_threads(1):
+        clock = step_clock(engine)
+        for _ in range(repeats):
+            for r in rows:
+                cache = clone_cache(shared.cache, shared.cache.length + r)
+                tokens = [prompt[i % len(prompt)] for i in range(r)]
+                start = clock()
+                engine.forward([StepInput(cache, tokens, Logits.ALL)])
+                times[r].append(clock() - start)
+    return {str(r): statistics.median(t) for r, t in times.items()}
+
+
+def keep(done: dict[str, StepOutput], out: StepOutput) -> None:
+    if out.finished:
+        done[out.request_id] = out
 
 
 def measure(
@@ -113,19 +206,31 @@ def measure(
     max_new_tokens: int,
     end_id: int | None,
     say: Callable[[str], None] = lambda _: None,
-) -> tuple[dict[str, Tally], float]:
-    """Tallies by candidate name, and the shared prefills' total CPU seconds."""
-    tallies = {item.candidate.name: Tally() for item in loaded}
+    batch: int = ACCEPTANCE_BATCH,
+    probe_prompts: int = PROBE_PROMPTS,
+    threads: int = ACCEPTANCE_THREADS,
+    forward: dict[int, list[float]] | None = None,
+) -> tuple[dict[str, Measured], float]:
+    """Measurements by candidate name, and the shared prefills' total CPU seconds (one thread: the
+    prefills are the probe's too). ``forward``: filled with engine-pass samples (:func:`forward_probe`,
+    two rounds after each timed prompt)."""
+    found = {item.candidate.name: Measured() for item in loaded}
     base = loaded[0].engine
-    prefill_cpu = 0.0
-    for i, prompt in enumerate(prompts):
-        shared = prefill(base, prompt)
-        prefill_cpu += shared.cpu_s
+    with torch_threads(1):
+        shared = [prefill(base, prompt) for prompt in prompts]
+    with torch_threads(threads):
         for item in loaded:
-            decode(item, prompt, shared, max_new_tokens, end_id, tallies[item.candidate.name])
-        if (i + 1) % 8 == 0 or i + 1 == len(prompts):
-            say(f"evaluated {i + 1}/{len(prompts)} prompts x {len(loaded)} candidates")
-    return tallies, prefill_cpu
+            decode(item, prompts, shared, max_new_tokens, end_id, found[item.candidate.name].acceptance, batch)
+            say(f"{item.candidate.name}: {len(prompts)} prompts decoded, {batch} in flight")
+    with torch_threads(1):
+        for i in range(min(probe_prompts, len(prompts))):
+            for item in loaded:
+                probe = found[item.candidate.name].probe
+                decode(item, prompts[i : i + 1], shared[i : i + 1], max_new_tokens, end_id, probe, in_flight=1)
+            if forward is not None:
+                forward_probe(base, prompts[i], shared[i], tuple(forward), repeats=2, times=forward)
+    say(f"timed {min(probe_prompts, len(prompts))} prompts x {len(loaded)} candidates at batch 1, one thread")
+    return found, sum(s.cpu_s for s in shared)
 
 
 def identity(engine: Engine, prompts: list[list[int]], plain: list[list[int]], other: list[list[int]]) -> dict:
@@ -153,13 +258,15 @@ def tokens_per_step(stats: SpecDecodingStats, positions: int) -> dict[str, float
     return {str(k + 1): (counts[k] - (counts[k + 1] if k + 1 < len(counts) else 0)) / steps for k in range(len(counts))}
 
 
-def summarize(tally: Tally, plain: Tally, positions: int) -> dict:
-    """The record of one candidate (plain decoding's tally is the reference for CPU speed)."""
-    stats = tally.stats
-    step_cpu = tally.decode_cpu_s / max(tally.decode_steps, 1)
-    plain_step = plain.decode_cpu_s / max(plain.decode_steps, 1)
-    rate = tally.decode_tokens / max(tally.decode_cpu_s, 1e-12)
-    plain_rate = plain.decode_tokens / max(plain.decode_cpu_s, 1e-12)
+def summarize(found: Measured, plain: Measured, positions: int) -> dict:
+    """The record of one candidate: acceptance from the run over every prompt, CPU speed from the batch-1
+    probe (plain decoding's probe is the reference)."""
+    stats, probe, base = found.acceptance.stats, found.probe, plain.probe
+    step_cpu = probe.decode_cpu_s / max(probe.decode_steps, 1)
+    plain_step = base.decode_cpu_s / max(base.decode_steps, 1)
+    rate = probe.decode_tokens / max(probe.decode_cpu_s, 1e-12)
+    plain_rate = base.decode_tokens / max(base.decode_cpu_s, 1e-12)
+    run = found.acceptance
     return {
         "mean_acceptance_length": stats.mean_acceptance_length,
         "acceptance_rate": stats.acceptance_rate,
@@ -168,10 +275,19 @@ def summarize(tally: Tally, plain: Tally, positions: int) -> dict:
         "verification_steps": stats.verification_steps,
         "draft_tokens": stats.draft_tokens,
         "accepted_tokens": stats.accepted_tokens,
-        "rows_per_step": tally.rows_fed / max(tally.decode_steps, 1),
-        "decode_steps": tally.decode_steps,
-        "decode_tokens": tally.decode_tokens,
-        "decode_cpu_s": tally.decode_cpu_s,
+        "rows_per_step": run.rows_fed / max(run.decode_steps, 1),
+        "decode_steps": run.decode_steps,
+        "decode_tokens": run.decode_tokens,
+        "decode_cpu_s": run.decode_cpu_s,
+        "cpu_probe": {  # the batch-1 timing run the CPU figures below come from
+            "prompts": len(probe.outputs),
+            "mean_acceptance_length": probe.stats.mean_acceptance_length,
+            "rows_per_step": probe.rows_fed / max(probe.decode_steps, 1),
+            "decode_steps": probe.decode_steps,
+            "decode_tokens": probe.decode_tokens,
+            "decode_cpu_s": probe.decode_cpu_s,
+            "batch_invariant": probe.outputs == run.outputs[: len(probe.outputs)],
+        },
         "cpu_step_ms": step_cpu * 1e3,
         "cpu_step_cost": step_cpu / plain_step if plain_step else float("nan"),  # in plain decoding steps
         "cpu_speedup": rate / plain_rate if plain_rate else float("nan"),

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -27,13 +28,23 @@ from typing import Any
 
 import torch
 
+from pipeline.costmodel.cpu import probe
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.evaluation import candidates as cands
+from pipeline.evaluation.apply import candidate_build
 from pipeline.evaluation.choose import Gates, choose
-from pipeline.evaluation.measure import identity, measure, summarize
+from pipeline.evaluation.measure import (
+    ACCEPTANCE_BATCH,
+    ACCEPTANCE_THREADS,
+    FORWARD_PROBE_ROWS,
+    PROBE_PROMPTS,
+    identity,
+    measure,
+    summarize,
+)
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
 from pipeline.evaluation.result import RESULT_FILE
@@ -42,6 +53,7 @@ from pipeline.runtime.model.engine import Engine
 from pipeline.speculative import LookaheadConfig
 from pipeline.trtllm.engine_config import predict_engine_config
 
+EVALUATION_PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)  # the rows decode steps and trees feed here
 DEFAULT_GPU = "h100-sxm-80gb"  # predictions for a plan without gpu.type (said so in the result)
 
 
@@ -78,7 +90,22 @@ def load_engine(variant: VariantPlan, checkpoint: Path, scratch: Path, device: s
     return Engine.load(folder, device=device)
 
 
+def candidates_checkpoint(variant: VariantPlan, stage: StagePlan, scratch: Path) -> Path:
+    """The checkpoint the candidates are served from: the convert stage's, or (method: best, where convert
+    follows the choice) the candidates' own, converted here by the convert stage's body."""
+    if "checkpoint" in stage.inputs:
+        return stage.inputs["checkpoint"]
+    from pipeline.stages import convert
+
+    folder = scratch / "checkpoint"
+    folder.mkdir()
+    inputs = {"model": stage.inputs["model"]} | ({"heads": stage.inputs["heads"]} if "heads" in stage.inputs else {})
+    convert.run(variant, StagePlan("convert", folder, inputs, stage.params["convert"]), folder)
+    return folder
+
+
 def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Callable[[str], None] = print) -> dict:
+    variant = variant.rehearsed()  # method: best: the heads' candidates, whatever was chosen before
     params = stage.params
     settings = params["evaluation"]
     device = settings["device"]
@@ -110,7 +137,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     # entered: it would put a torch-function hook in front of every op (~40% on small ops).
     on_device = torch.device(device) if device != "cpu" else contextlib.nullcontext()
     with tempfile.TemporaryDirectory(prefix=".evaluate-engine-", dir=out.parent) as scratch, one_thread(), on_device:
-        engine = load_engine(variant, stage.inputs["checkpoint"], Path(scratch), device)
+        engine = load_engine(variant, candidates_checkpoint(variant, stage, Path(scratch)), Path(scratch), device)
         limit = engine.config.limits.max_input_len
         for prompt, ids in zip(prompts_read, prompts):
             if len(ids) + settings["max_new_tokens"] > engine.config.limits.max_seq_len or len(ids) > limit:
@@ -132,18 +159,26 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens"
         )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
-        tallies, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say)
-        plain = tallies["plain"]
+        samples: dict[int, list[float]] = {r: [] for r in FORWARD_PROBE_ROWS}
+        found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say, forward=samples)
+        forward_s = {str(r): statistics.median(t) for r, t in samples.items()}
+        # The CPU cost model's GEMM probe, here: in the same minutes as the step costs it is checked against
+        # (this host's speed drifts with its load; bench/costmodel_cpu.py reads it from the result).
+        gemms = (
+            probe(variant.arch, bf16=engine.bf16, repeats=3, rows=EVALUATION_PROBE_ROWS) if device == "cpu" else None
+        )
+        plain = found["plain"]
         records = []
         for item in loaded:
-            tally = tallies[item.candidate.name]
+            measured = found[item.candidate.name]
             record: dict[str, Any] = {
                 "name": item.candidate.name,
                 "method": item.candidate.method,
                 "describe": item.candidate.describe,
-                **summarize(tally, plain, item.method.draft_positions),
+                "build": candidate_build(item.candidate),  # what method: best builds when this one is chosen
+                **summarize(measured, plain, item.method.draft_positions),
             }
-            record["identity"] = identity(engine, prompts, plain.outputs, tally.outputs)
+            record["identity"] = identity(engine, prompts, plain.acceptance.outputs, measured.acceptance.outputs)
             records.append(record)
     wall = time.perf_counter() - started
     gpu = params["gpu"] or DEFAULT_GPU
@@ -167,11 +202,19 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "wall_s": wall,
             "prefill_cpu_s": prefill_cpu,
             "prefill_saved_cpu_s": prefill_cpu * (len(listed) - 1),
-            "decode_cpu_s": sum(t.decode_cpu_s for t in tallies.values()),
+            "decode_cpu_s": sum(m.acceptance.decode_cpu_s + m.probe.decode_cpu_s for m in found.values()),
+            "acceptance_cpu_s": sum(m.acceptance.decode_cpu_s for m in found.values()),
+            "probe_cpu_s": sum(m.probe.decode_cpu_s for m in found.values()),
+            "acceptance_batch": ACCEPTANCE_BATCH,
+            "acceptance_threads": min(ACCEPTANCE_THREADS, os.cpu_count() or 1),
+            "cpu_forward_s": forward_s,  # one engine pass by rows fed (measure.forward_probe)
+            "cpu_gemm_probe": gemms.to_dict() if gemms is not None else None,  # costmodel.cpu.probe
+            "probe_prompts": min(PROBE_PROMPTS, len(prompts)),
         },
         "candidates": records,
         "choice": choice.to_dict(),
         "method_requested": params["method"],
+        "release": params["release"],  # the gates the choice was judged by (None: none)
     }
     (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     write_report(result, out)

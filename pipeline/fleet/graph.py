@@ -91,6 +91,7 @@ def build_graph(plan: Plan, *, only: set[str] | None = None) -> FleetGraph:
     variants = [v for v in plan.variants if not only or v.name in only]
     for variant in variants:
         previous: tuple[str, ...] = ()
+        column: str | None = None
         if variant.builtin and variant.model_dir is not None:
             key = f"{PREPARE}:{variant.model_dir}"
             _add(
@@ -101,7 +102,7 @@ def build_graph(plan: Plan, *, only: set[str] | None = None) -> FleetGraph:
             )
             cells[(variant.name, PREPARE)] = key
             _column(columns, PREPARE)
-            previous = (key,)
+            previous, column = (key,), PREPARE
         for stage in variant.stages:
             _check_absolute(variant, stage)
             key = str(stage.output)
@@ -117,8 +118,8 @@ def build_graph(plan: Plan, *, only: set[str] | None = None) -> FleetGraph:
                 )
             _add(tasks, FleetTask(key, stage.name, variant, (variant.name,), stage, previous, stage_request(stage)))
             cells[(variant.name, stage.name)] = key
-            _column(columns, stage.name)
-            previous = (key,)
+            _column(columns, stage.name, after=column)
+            previous, column = (key,), stage.name
     return FleetGraph(tasks, tuple(columns), cells, tuple(v.name for v in variants))
 
 
@@ -133,9 +134,11 @@ def _add(tasks: dict[str, FleetTask], new: FleetTask) -> None:
     tasks[new.key] = FleetTask(task.key, task.kind, task.variant, owners, task.stage, deps, task.request)
 
 
-def _column(columns: list[str], name: str) -> None:
+def _column(columns: list[str], name: str, after: str | None = None) -> None:
+    """Add a stage's column after the column of the stage before it, so every variant's chain is in
+    plan order (a variant with an evaluate stage after one without: convert, evaluate, build, ...)."""
     if name not in columns:
-        columns.append(name)
+        columns.insert(columns.index(after) + 1 if after in columns else len(columns), name)
 
 
 def _check_absolute(variant: VariantPlan, stage: StagePlan) -> None:

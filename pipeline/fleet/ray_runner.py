@@ -14,8 +14,9 @@
   make the retry skip or redo the stage cleanly. Worker output goes to Ray's logs (and, by
   Ray's default, to this terminal).
 * The result: a variants x stages table, live and again at the end; the exit code is that of
-  the failed stages (the largest), else 3 when a stage could not run on the cluster, else 0,
-  given once every variant that could go on has finished.
+  the failed stages (the largest; a release gate failed by an evaluated choice, ``release.on_fail:
+  fail``, counts as a failed stage with exit code 6 and stops only its variant), else 3 when a
+  stage could not run on the cluster, else 0, given once every variant that could go on has finished.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import pipeline
 from pipeline.errors import InputError, StageError
 from pipeline.fleet import storage
 from pipeline.fleet.graph import GIB, FleetGraph, FleetTask, TaskRequest
-from pipeline.fleet.task import BLOCKED, FAILED, UNAVAILABLE, TaskReport, run_task
+from pipeline.fleet.task import BLOCKED, FAILED, GATED, UNAVAILABLE, TaskReport, run_task
 from pipeline.fleet.view import WAITING, Board
 from pipeline.hashing import HashCache
 
@@ -75,13 +76,25 @@ class FleetResult:
             if (variant, column) in self.graph.cells
         }
 
+    def release_failures(self) -> dict[str, str]:
+        """{variant: the release gate its evaluated choice failed} (release.on_fail: fail)."""
+        return {v: s.message for v in self.graph.variants if (s := self.stopped(v)) is not None and s.state == GATED}
+
+    @property
+    def stops(self) -> list[TaskReport]:
+        return [s for s in (self.stopped(v) for v in self.graph.variants) if s is not None and s.state != BLOCKED]
+
     @property
     def exit_code(self) -> int:
-        stops = [s for s in (self.stopped(v) for v in self.graph.variants) if s is not None and s.state != BLOCKED]
-        failed = [s.exit_code for s in stops if s.state == FAILED]
-        if failed:
-            return max(failed)
-        return max((s.exit_code for s in stops), default=0)
+        return exit_code_of(self.stops)
+
+
+def exit_code_of(stops: list[TaskReport]) -> int:
+    """The failed stages' code (the largest), else that of stages that could not run, else 0."""
+    failed = [s.exit_code for s in stops if s.state in (FAILED, GATED)]
+    if failed:
+        return max(failed)
+    return max((s.exit_code for s in stops), default=0)
 
 
 def require_ray():
@@ -337,7 +350,7 @@ class _Driver:
         for variant in self.graph.variants:
             for task in self.graph.chain(variant):
                 report = self.reports[task.key]
-                if report.state in (FAILED, UNAVAILABLE):
+                if report.state in (FAILED, UNAVAILABLE, GATED):
                     self.console.print(
                         f"[{variant}] {task.kind}: {report.state}: {report.message}", markup=False, highlight=False
                     )

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import SpecdeployError, StageUnavailable
+from pipeline.evaluation.result import RELEASE_EXIT_CODE, release_failure
 from pipeline.fleet.graph import PREPARE, FleetTask
 from pipeline.hashing import HashCache
 
 RAN, SKIPPED, FAILED, UNAVAILABLE, BLOCKED = "ran", "skipped", "failed", "unavailable", "blocked"
+GATED = "gate failed"  # an evaluate stage that ran and whose choice failed a release gate (evaluation/result.py)
 OK_STATES = (RAN, SKIPPED)
 
 
@@ -95,6 +97,15 @@ def run_task(
                 on_wait=lambda text: print(f"[{variant.name}] {stage.name}: {text}", flush=True),
             )
             state = result.status
+            failed = release_gate(stage.name, result.output)
+            if failed:  # the variant stops here, as without Ray; its later tasks are blocked
+                return TaskReport(
+                    state=GATED,
+                    exit_code=RELEASE_EXIT_CODE,
+                    message=failed,
+                    seconds=time.monotonic() - start,
+                    **base,
+                )
     except StageUnavailable as exc:
         return TaskReport(
             state=UNAVAILABLE, exit_code=exc.exit_code, message=str(exc), seconds=time.monotonic() - start, **base
@@ -113,6 +124,11 @@ def run_task(
             **base,
         )
     return TaskReport(state=state, seconds=time.monotonic() - start, **base)
+
+
+def release_gate(stage: str, output: Path) -> str | None:
+    """The release gate an evaluate stage's choice failed (release.on_fail: fail), else None."""
+    return release_failure(output) if stage == "evaluate" else None
 
 
 def _ray_context() -> tuple[tuple[str, ...], str | None]:

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.fleet.graph import FleetGraph
-from pipeline.fleet.task import BLOCKED, FAILED, RAN, SKIPPED, UNAVAILABLE, TaskReport
+from pipeline.fleet.task import BLOCKED, FAILED, GATED, RAN, SKIPPED, UNAVAILABLE, TaskReport
 
 WAITING, QUEUED, RUNNING = "waiting", "queued", "running"
 _STYLE = {
@@ -23,6 +23,7 @@ _STYLE = {
     RAN: "green",
     SKIPPED: "green",
     FAILED: "bold red",
+    GATED: "bold red",
     UNAVAILABLE: "yellow",
     BLOCKED: "dim",
 }

@@ -10,6 +10,7 @@ stages are skipped and the reason is reported.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,10 @@ class VariantOutcome:
     stopped_at: str | None = None
     reason: str | None = None
     exit_code: int = 0
+
+    def joined(self, later: VariantOutcome) -> VariantOutcome:
+        """This run's stages followed by a later run's (the rest of the variant's stages)."""
+        return dataclasses.replace(later, results=self.results + later.results)
 
 
 def stage_body(name: str) -> StageBody:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from pipeline import trees
-from pipeline.costmodel.cpu import CpuProfile, gemm_shapes, method_gemms_s, predicted_cpu_speedup, probe
+from pipeline.costmodel.cpu import (
+    CpuProfile,
+    drafting_gemms_s,
+    gemm_shapes,
+    interpolate,
+    method_gemms_s,
+    predicted_cpu_speedup,
+    probe,
+)
 from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
@@ -52,6 +60,20 @@ def test_plain_overhead_is_the_one_fitted_parameter():
     # plain measured 15 ms = 11 ms of GEMMs + 4 ms other; lookahead: 44 + 4 = 48 ms for AL 1.6.
     speedup, cost = predicted_cpu_speedup(PROFILE, TINY, Drafting.lookahead(LookaheadConfig(2, 3, 2)), 8, 1.6, 15e-3)
     assert cost == pytest.approx(48 / 15) and speedup == pytest.approx(1.6 * 15 / 48)
+
+
+def test_measured_engine_passes_are_the_target_pass_when_given():
+    # Engine passes measured at 1 / 8 / 16 rows: 20 / 40 / 56 ms; plain step 25 ms, so other = 5 ms.
+    forward = {1: 20e-3, 8: 40e-3, 16: 56e-3}
+    look = Drafting.lookahead(LookaheadConfig(2, 3, 2))
+    speedup, cost = predicted_cpu_speedup(PROFILE, TINY, look, 12, 1.6, 25e-3, forward)
+    assert cost == pytest.approx((48 + 5) / 25) and speedup == pytest.approx(1.6 * 25 / 53)
+    # EAGLE adds its drafter's GEMMs from the probe; plain decoding costs one plain step.
+    eagle = Drafting.eagle(trees.CHAIN_3)
+    _, cost = predicted_cpu_speedup(PROFILE, TINY, eagle, 4, 1.0, 25e-3, forward)
+    assert cost == pytest.approx((interpolate(forward, 4) + drafting_gemms_s(PROFILE, eagle) + 5e-3) / 25e-3)
+    assert predicted_cpu_speedup(PROFILE, TINY, Drafting.plain(), 1, 1.0, 25e-3, forward) == pytest.approx((1, 1))
+    assert interpolate(forward, 24) == pytest.approx(72e-3)  # beyond the last point: the last slope
 
 
 def test_probe_times_every_shape():

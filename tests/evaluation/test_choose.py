@@ -62,3 +62,34 @@ def test_a_planned_method_is_judged_by_the_same_gates():
     choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=2.0), planned="medusa[t]")
     assert choice.candidate == "eagle[t]" and "medusa[t] misses release gate min_acceptance_length 2.0" in choice.reason
     assert choose(RECORDS, 1, "l40s", Gates(), planned="medusa[t]").candidate == "medusa[t]"
+
+
+def test_a_chosen_candidate_becomes_the_plan_config():
+    from pipeline import trees
+    from pipeline.costmodel.step import Drafting
+    from pipeline.evaluation.apply import candidate_build, config_of
+    from pipeline.evaluation.candidates import Candidate
+    from pipeline.runtime.spec_decode.factory import MethodSettings
+    from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig
+
+    tree = trees.CPU_SMALL_10_DEPTH_3
+    heads = SpeculativeConfig("eagle", "heads", eagle=EagleConfig(tree, trees.tree_depth(tree), 10, 10, False, 10))
+    dynamic = Candidate(
+        "eagle2(top_k 4)", "eagle", MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=4),
+        Drafting.plain(),
+    )  # fmt: skip
+    chosen = config_of(candidate_build(dynamic), heads, "why")
+    assert chosen.method == "eagle" and chosen.reason == "why"
+    assert chosen.eagle.dynamic_tree and chosen.eagle.tree is None and chosen.eagle.dynamic_tree_max_top_k == 4
+    look = Candidate(
+        "lookahead(2,3,2)", "lookahead", MethodSettings("lookahead", lookahead=LookaheadConfig(4, 3, 4)),
+        Drafting.plain(), LookaheadConfig(2, 3, 2),
+    )  # fmt: skip
+    assert config_of(candidate_build(look), heads, "why").lookahead == LookaheadConfig(2, 3, 2)
+    plain = Candidate("plain", "none", MethodSettings(), Drafting.plain())
+    assert config_of(candidate_build(plain), heads, "why") == SpeculativeConfig("none", "why")
+    medusa_heads = SpeculativeConfig("medusa", "heads", medusa=MedusaConfig(3, 1, tree, 16))
+    other = trees.SMOLLM2_MEDUSA_10
+    medusa = Candidate("medusa[x]", "medusa", MethodSettings("medusa", medusa_choices=other), Drafting.plain())
+    assert config_of(candidate_build(medusa), medusa_heads, "why").medusa.tree == other
+    assert config_of(candidate_build(medusa), heads, "why") is None  # not from EAGLE heads

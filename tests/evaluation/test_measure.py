@@ -6,7 +6,7 @@ import pytest
 
 from pipeline import trees
 from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
-from pipeline.evaluation.measure import measure, summarize, tokens_per_step
+from pipeline.evaluation.measure import forward_probe, measure, prefill, summarize, tokens_per_step
 from pipeline.runtime.serving.metrics import SpecDecodingStats
 from pipeline.speculative import LookaheadConfig
 from tests.runtime import drive
@@ -17,11 +17,7 @@ NEW = 16
 
 
 def test_lookahead_sweep_is_the_spec_and_smaller_settings():
-    assert lookahead_sweep(LookaheadConfig(4, 3, 4)) == [
-        LookaheadConfig(4, 3, 4),
-        LookaheadConfig(2, 3, 2),
-        LookaheadConfig(4, 2, 4),
-    ]
+    assert lookahead_sweep(LookaheadConfig(4, 3, 4)) == [LookaheadConfig(4, 3, 4), LookaheadConfig(2, 3, 2)]
     assert lookahead_sweep(LookaheadConfig(1, 2, 0)) == [LookaheadConfig(1, 2, 0)]
 
 
@@ -45,30 +41,45 @@ def test_shared_prefill_equals_serving_from_scratch(tiny, kind):
         engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None, sf.TREE if kind == "eagle" else None, eagle_top_k=3
     )
     names = [c.name for c in listed]
-    assert names[:4] == ["plain", "lookahead(4,3,4)", "lookahead(2,3,2)", "lookahead(4,2,4)"]
-    assert names[4:] == (
+    assert names[:3] == ["plain", "lookahead(4,3,4)", "lookahead(2,3,2)"]
+    assert names[3:] == (
         ["medusa[cpu_small_10_depth_3]", "medusa[smollm2_medusa_10]"]
         if kind == "medusa"
         else ["eagle[cpu_small_10_depth_3]", "eagle2(top_k 3)"]
     )
     loaded = [load(engine, c) for c in listed]
-    tallies, prefill_cpu = measure(loaded, PROMPTS, NEW, end_id=None)
+    found, prefill_cpu = measure(loaded, PROMPTS, NEW, end_id=None, batch=3, probe_prompts=2)
     assert prefill_cpu > 0
-    plain = tallies["plain"]
+    plain = found["plain"]
     for item in loaded:
-        tally = tallies[item.candidate.name]
-        assert tally.outputs == plain.outputs, item.candidate.name  # float32: every method is lossless
-        # The same method and settings served from scratch (its own prefill): same tokens, same counters.
+        measured = found[item.candidate.name]
+        tally = measured.acceptance
+        assert tally.outputs == plain.acceptance.outputs, item.candidate.name  # float32: every method is lossless
+        # The same method and settings served from scratch (its own prefill), one request at a time: the
+        # batched run from shared prefills gives the same tokens and the same counters.
         fresh = load(engine, item.candidate)
         out = drive.decode(
             fresh.engine, fresh.method, drive.requests(PROMPTS, NEW, lookahead=item.candidate.lookahead), in_flight=1
         )
         assert [out[str(i)].tokens for i in range(len(PROMPTS))] == tally.outputs
         assert drive.totals(out) == tally.stats, item.candidate.name
-        record = summarize(tally, plain, item.method.draft_positions)
+        assert measured.probe.outputs == tally.outputs[:2]  # the batch-1 timing probe: the first two prompts
+        assert measured.probe.decode_cpu_s > 0 and measured.probe.decode_steps > 0
+        record = summarize(measured, plain, item.method.draft_positions)
+        assert record["cpu_probe"]["batch_invariant"] and record["cpu_probe"]["prompts"] == 2
         assert sum(record["tokens_per_step"].values()) == pytest.approx(1.0)
         assert 1 <= record["rows_per_step"] <= 1 + item.method.max_draft_len
         if item.candidate.method == "none":
             assert record["mean_acceptance_length"] == 1.0 and record["rows_per_step"] == 1.0
+            assert record["cpu_speedup"] == 1.0 and record["cpu_step_cost"] == 1.0
     spec = [n for n in names if n.startswith(kind)][0]
-    assert tallies[spec].stats.mean_acceptance_length > 1.3  # the fitted heads are right often enough
+    assert found[spec].acceptance.stats.mean_acceptance_length > 1.3  # the fitted heads are right often enough
+
+
+def test_forward_probe_times_passes_by_rows_and_leaves_the_shared_cache_alone(tiny):
+    engine = tiny.engine(None)
+    shared = prefill(engine, PROMPTS[0])
+    length = shared.cache.length
+    times = forward_probe(engine, PROMPTS[0], shared, rows=(1, 4), repeats=2)
+    assert set(times) == {"1", "4"} and min(times.values()) > 0
+    assert shared.cache.length == length

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline.costmodel.cpu import CpuProfile
 from pipeline.evaluation.result import RELEASE_EXIT_CODE
 from tests.runtime import fixtures as sf
 
@@ -57,8 +58,13 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
     assert result["timing"]["prefill_saved_cpu_s"] == pytest.approx(
         result["timing"]["prefill_cpu_s"] * (len(names) - 1)
     )
+    # The CPU cost model's measurements, taken in the same run: engine passes by rows and the GEMM probe.
+    assert set(result["timing"]["cpu_forward_s"]) == {"1", "2", "4", "8", "16", "32"}
+    profile = CpuProfile.from_dict(result["timing"]["cpu_gemm_probe"])
+    assert profile.rows[0] == 1 and profile.gemm_s("lm_head", 1) > 0
     for c in result["candidates"]:
         assert c["identity"]["lossless"] and c["identity"]["identical"] == 3
+        assert c["cpu_probe"]["batch_invariant"] and c["cpu_probe"]["prompts"] == 3
         assert set(c["predicted_speedup"]) == {"1", "4"}
     assert "medusa[cpu_small_10_depth_3]" in out
     assert result["choice"]["failed"] is None and result["method_requested"] == "auto"
@@ -90,6 +96,17 @@ def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
     assert rc == RELEASE_EXIT_CODE and err.startswith("error: tiny: release gate failed: ") and err.count("\n") == 1
     assert "misses release gate min_acceptance_length 50.0: measured" in err
     assert not (tmp_path / "engines" / "tiny" / "engine").exists()
+    # The release manifest records the evaluation: the choice, the gates and each candidate against them.
+    entry = json.loads((tmp_path / "engines" / "tiny" / "manifest.json").read_text())["variants"]["tiny"]
+    evaluation = entry["evaluation"]
+    assert evaluation["method_requested"] == "best" and evaluation["release_failed"] == result["choice"]["failed"]
+    assert evaluation["gates"] == {**evaluation["gates"], "min_acceptance_length": 50.0, "on_fail": "fail"}
+    by_name = {c["name"]: c for c in evaluation["candidates"]}
+    assert set(by_name) == {c["name"] for c in result["candidates"]}
+    assert by_name["plain"]["gate"] == "pass" and by_name["plain"]["cpu_speedup"] == 1.0
+    spec_tree = by_name["medusa[cpu_small_10_depth_3]"]
+    assert spec_tree["gate"].startswith("min_acceptance_length 50.0: measured") and spec_tree["lossless"]
+    assert set(spec_tree["predicted_speedup"]) == {"1", "8", "32"} and spec_tree["mean_acceptance_length"] > 1
 
 
 def test_best_without_evaluation_is_a_spec_error(cli, spec):
@@ -134,3 +151,36 @@ def test_device_cuda_without_a_gpu_is_exit_3(cli, spec, tmp_path):
     )
     assert rc == 3 and "no CUDA device" in out
     assert not (tmp_path / "engines" / "tiny" / "evaluation").exists()
+
+
+def test_best_builds_and_packages_the_measured_choice(cli, spec, tmp_path):
+    # A gate no head can pass makes the choice fall back to plain decoding: the build must then be a plain
+    # engine from a checkpoint without the Medusa heads, and the Triton model must not be told of them.
+    path = spec(
+        evaluation="evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 6, batch_sizes: [1]}\n"
+        "release: {min_acceptance_length: 50, on_fail: fallback}"
+    )
+    path.write_text(path.read_text().replace("speculative: {", "speculative: {method: best, "))
+    rc, out, err = cli("plan", str(path))
+    assert rc == 0 and "best: no evaluation yet" in out, err
+    rc, out, err = cli("engine", str(path))
+    assert rc == 0, err
+    engines = tmp_path / "engines" / "tiny"
+    result = json.loads((engines / "evaluation" / "evaluation.json").read_text())
+    assert result["choice"]["candidate"] == "plain" and "fell back to plain" in result["choice"]["reason"]
+    assert "[tiny] method best: building none: best: measured choice plain: " in out
+    engine = json.loads((engines / "engine" / "config.json").read_text())
+    assert engine["pretrained_config"]["architecture"] == "LlamaForCausalLM"
+    assert engine["build_config"]["speculative_decoding_mode"] == 1  # TensorRT-LLM's SpeculativeDecodingMode.NONE
+    checkpoint = json.loads((engines / "checkpoint" / "config.json").read_text())
+    assert checkpoint["architecture"] == "LlamaForCausalLM" and "num_medusa_heads" not in checkpoint
+    triton = (tmp_path / "triton_repo" / "tiny" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "medusa_choices" not in triton
+    # The evaluation measured the heads' candidates all the same (it converts them itself) and stays up to date.
+    assert any(c["method"] == "medusa" for c in result["candidates"])
+    rc, out, err = cli("engine", str(path))
+    assert rc == 0 and "evaluate: up to date, skipped" in out and "build: up to date, skipped" in out, err
+    rc, out, _ = cli("plan", str(path))
+    assert rc == 0 and "best: measured choice plain" in out
+    manifest = json.loads((engines / "manifest.json").read_text())["variants"]["tiny"]
+    assert manifest["method"] == "none" and manifest["evaluation"]["chosen"] == "plain"

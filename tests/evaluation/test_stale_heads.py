@@ -44,17 +44,17 @@ def evaluate(engine, hf, kind):
         engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None, sf.TREE if kind == "eagle" else None, eagle_top_k=3
     )
     loaded = [load(engine, c) for c in listed]
-    tallies, _ = measure(loaded, PROMPTS, NEW, end_id=None)
+    found, _ = measure(loaded, PROMPTS, NEW, end_id=None)
     config = hf / "config.json"
     deployment = Deployment(ModelGeometry.from_hf(json.loads(config.read_text()), str(config)), gpu_perf("l40s"))
     records = []
     for item in loaded:
-        tally = tallies[item.candidate.name]
+        measured, plain = found[item.candidate.name], found["plain"]
         record = {
             "name": item.candidate.name,
             "method": item.candidate.method,
-            **summarize(tally, tallies["plain"], item.method.draft_positions),
-            "identity": identity(engine, PROMPTS, tallies["plain"].outputs, tally.outputs),
+            **summarize(measured, plain, item.method.draft_positions),
+            "identity": identity(engine, PROMPTS, plain.acceptance.outputs, measured.acceptance.outputs),
         }
         al = min(record["mean_acceptance_length"], item.candidate.drafting.rows)
         record["predicted_speedup"] = {

@@ -52,6 +52,14 @@ def test_stages_of_a_variant_in_order_variants_independent_the_model_prepared_on
     assert build_graph(plan, only={"b"}).variants == ("b",)
 
 
+def test_a_stage_only_a_later_variant_has_gets_its_column_in_plan_order(write_spec, tmp_path):
+    text = FLEET.replace("    target: reference\n", "    target: reference\n    evaluation: {count: 2}\n")
+    roots = OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
+    graph = build_graph(make_plan(load_spec(write_spec(text)), roots))
+    assert graph.columns == (PREPARE, "convert", "evaluate", "build", "package")
+    assert [t.kind for t in graph.chain("d")] == [PREPARE, "convert", "evaluate", "build", "package"]
+
+
 def test_each_task_asks_for_what_the_plan_computes(plan):
     graph = build_graph(plan)
     for variant in plan.variants:

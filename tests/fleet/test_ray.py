@@ -205,3 +205,35 @@ def test_engine_ray_cli_writes_a_manifest_and_reruns_as_a_no_op(cluster, cli, ti
     assert rc == 0, err
     assert json.loads(manifest.read_text())["variants"]["one"]["outputs"]["convert"]["state"] == SKIPPED
     assert cli("verify", str(manifest))[0] == 0
+
+
+def test_release_gates_and_method_best_on_ray(cluster, cli, tiny, tmp_path):
+    # As without --ray: a failed gate stops only its variant (exit 6, one line naming it and the gate, after
+    # the others); a method: best variant is evaluated first and then built as the method it chose.
+    (tmp_path / "prompts.jsonl").write_text('{"input_ids": [5, 9, 14, 3]}\n{"input_ids": [7, 2, 11]}\n')
+    evaluation = "evaluation: {prompts: prompts.jsonl, count: 2, max_new_tokens: 4, batch_sizes: [1]}"
+    spec = tmp_path / "gates.yaml"
+    spec.write_text(
+        f"name: gates\nmodel: {{path: {tiny}, dtype: float32}}\n{LIMITS}target: reference\nvariants:\n"
+        "  - name: built\n"
+        f"  - name: gated\n    {evaluation}\n    release: {{min_acceptance_length: 50, on_fail: fail}}\n"
+        f"  - name: chosen\n    speculative: {{method: best}}\n    {evaluation}\n"
+        "    release: {min_acceptance_length: 50, on_fail: fallback}\n"
+    )
+    rc, out, err = cli("engine", str(spec), "--ray")
+    assert rc == 6, out + err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith("error: gated: release gate failed: lookahead(")
+    assert "misses release gate min_acceptance_length 50.0: measured" in lines[0]
+    variants = json.loads((tmp_path / "engines" / "gates" / "manifest.json").read_text())["variants"]
+    states = {name: {s: o["state"] for s, o in v["outputs"].items()} for name, v in variants.items()}
+    assert states["built"] == {"convert": RAN, "build": RAN, "package": RAN}
+    assert states["gated"] == {"convert": RAN, "evaluate": "gate failed", "build": BLOCKED, "package": BLOCKED}
+    assert variants["gated"]["evaluation"]["release_failed"] in lines[0]
+    assert not (tmp_path / "engines" / "gated" / "engine").exists()
+    # method: best with a gate no candidate passes falls back to plain decoding, and a plain engine is built.
+    assert states["chosen"] == {"evaluate": RAN, "convert": RAN, "build": RAN, "package": RAN}
+    assert "[chosen] method best: building none: best: measured choice plain: " in out
+    assert variants["chosen"]["method"] == "none" and variants["chosen"]["evaluation"]["chosen"] == "plain"
+    engine = json.loads((tmp_path / "engines" / "chosen" / "engine" / "config.json").read_text())
+    assert engine["build_config"]["speculative_decoding_mode"] == 1  # TensorRT-LLM's SpeculativeDecodingMode.NONE

@@ -1,0 +1,119 @@
+"""``speculative.method: best``: the measured choice becomes what is built and packaged.
+
+The evaluate stage measures the *candidates*: every method the variant's heads can serve, from one
+checkpoint with those heads (the plan's ``rehearsal`` config). Its result names the chosen
+candidate and records, per candidate, the settings a build of it needs (:func:`candidate_build`).
+The plan of a ``best`` variant reads that result (:func:`measured_config`) and plans the convert,
+build and package stages for the chosen method: a Lookahead or plain choice converts the base model
+without the heads, a Medusa or EAGLE choice keeps them with the chosen tree (EAGLE-2: the dynamic
+tree). The evaluate stage itself never depends on the choice (it converts the candidates' checkpoint
+in its own scratch folder), so re-planning after it is stable; ``specdeploy engine`` runs the
+stages up to evaluate first, re-plans, then runs the rest (:func:`split_at_evaluate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from pipeline import trees
+from pipeline.speculative import LookaheadConfig, SpeculativeConfig
+
+EVALUATE = "evaluate"
+
+
+def candidate_build(candidate: Any) -> dict[str, Any]:
+    """What a build of this candidate (pipeline.evaluation.candidates.Candidate) sets, as JSON."""
+    settings = candidate.settings
+    tree = settings.medusa_choices if candidate.method == "medusa" else settings.eagle_choices
+    look = candidate.lookahead or settings.lookahead
+    return {
+        "method": candidate.method,
+        "tree": [list(node) for node in tree] if tree is not None and not settings.eagle_dynamic_tree else None,
+        "dynamic_tree": bool(settings.eagle_dynamic_tree),
+        "dynamic_tree_max_top_k": settings.eagle_dynamic_tree_max_top_k if settings.eagle_dynamic_tree else None,
+        "lookahead": list(look) if candidate.method == "lookahead" and look is not None else None,
+    }
+
+
+def config_of(build: dict[str, Any], candidates: SpeculativeConfig, reason: str) -> SpeculativeConfig | None:
+    """The plan's speculative config of a candidate recorded by :func:`candidate_build` (None: it cannot be
+    made from these candidates, e.g. a result recorded for other heads)."""
+    method = build.get("method")
+    if method == "none":
+        return SpeculativeConfig("none", reason)
+    if method == "lookahead" and build.get("lookahead"):
+        return SpeculativeConfig("lookahead", reason, lookahead=LookaheadConfig(*build["lookahead"]))
+    if method == "medusa" and candidates.medusa is not None and build.get("tree"):
+        tree = _tree(build["tree"])
+        if not tree or len(tree) > candidates.medusa.max_draft_len:
+            return None
+        return SpeculativeConfig("medusa", reason, medusa=dataclasses.replace(candidates.medusa, tree=tree))
+    if method == "eagle" and candidates.eagle is not None:
+        eagle = candidates.eagle
+        if build.get("dynamic_tree"):
+            eagle = dataclasses.replace(
+                eagle, tree=None, dynamic_tree=True, dynamic_tree_max_top_k=int(build["dynamic_tree_max_top_k"])
+            )
+        elif build.get("tree"):
+            tree = _tree(build["tree"])
+            if not tree or trees.tree_depth(tree) != eagle.num_eagle_layers or len(tree) > eagle.max_draft_len:
+                return None
+            eagle = dataclasses.replace(eagle, tree=tree, dynamic_tree=False)
+        else:
+            return None
+        return SpeculativeConfig("eagle", reason, eagle=eagle)
+    return None
+
+
+def _tree(nodes: list[list[int]]) -> trees.Tree:
+    try:
+        return trees.resolve_tree(nodes)
+    except ValueError:
+        return ()
+
+
+def measured_config(folder: Path, candidates: SpeculativeConfig) -> tuple[SpeculativeConfig | None, str]:
+    """The chosen candidate's config from the evaluation in ``folder`` and a line for the plan's notes;
+    (None, why) when there is no usable evaluation there yet."""
+    from pipeline.evaluation.result import read_result
+
+    result = read_result(folder)
+    if result is None:
+        return None, (
+            "best: no evaluation yet, so this plan shows the candidates' build; `specdeploy engine` runs the "
+            "evaluate stage first and builds the measured choice"
+        )
+    choice = result.get("choice") or {}
+    record = next((c for c in result.get("candidates", []) if c.get("name") == choice.get("candidate")), None)
+    reason = f"best: measured choice {choice.get('candidate')}: {choice.get('reason')}"
+    config = config_of(record.get("build") or {}, candidates, reason) if record else None
+    if config is None:
+        return None, (
+            f"best: {folder} does not record how to build {choice.get('candidate')} from these heads; "
+            "run `specdeploy evaluate SPEC --force`"
+        )
+    return config, f"{reason} (from {folder / 'evaluation.json'})"
+
+
+def split_at_evaluate(plan: Any, only: set[str]) -> tuple[Any | None, Any]:
+    """(the stages up to evaluate of the variants that choose by measurement, or None when none does;
+    a function giving, from the plan made again after them, the stages still to run)."""
+    first = [
+        dataclasses.replace(v, stages=v.stages[: [s.name for s in v.stages].index(EVALUATE) + 1])
+        for v in plan.variants
+        if v.rehearsal is not None and (not only or v.name in only)
+    ]
+    names = {v.name for v in first}
+
+    def rest(replanned: Any) -> Any:
+        variants = tuple(
+            dataclasses.replace(v, stages=v.stages[[s.name for s in v.stages].index(EVALUATE) + 1 :])
+            if v.name in names
+            else v
+            for v in replanned.variants
+        )
+        return dataclasses.replace(replanned, variants=variants)
+
+    return (dataclasses.replace(plan, variants=tuple(first)) if first else None), rest
