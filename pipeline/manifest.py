@@ -129,9 +129,16 @@ def _evaluation(variant: VariantPlan, states: dict[str, str]) -> dict[str, Any] 
     return manifest_entry(stage.output)
 
 
-def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, str]], hashes: HashCache) -> Path:
+def write_manifest(
+    plan: Plan,
+    engines_root: Path,
+    states: dict[str, dict[str, str]],
+    hashes: HashCache,
+    repository: Path | None = None,
+) -> Path:
     """Write (atomically) the manifest of the variants in ``states`` ({variant: {stage: state}});
-    variants of an earlier run that this one did not touch are kept."""
+    variants of an earlier run that this one did not touch are kept. ``repository``: the whole-spec
+    Triton repository when this run wrote it (or found it up to date)."""
     path = manifest_path(plan, engines_root)
     entries = {v.name: variant_entry(v, states[v.name], hashes) for v in plan.variants if v.name in states}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,11 +149,18 @@ def write_manifest(plan: Plan, engines_root: Path, states: dict[str, dict[str, s
         except InputError:  # unreadable: this run writes it anew
             previous = {}
         variants = dict(previous.get("variants", {})) if previous.get("name") == plan.spec_name else {}
-        _write(path, plan, variants | entries, hashes)
+        spec_repository = (
+            {"path": str(repository), "files": _files(repository, hashes)}
+            if repository is not None
+            else previous.get("repository")
+        )
+        _write(path, plan, variants | entries, hashes, spec_repository)
     return path
 
 
-def _write(path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache) -> None:
+def _write(
+    path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache, repository: dict[str, Any] | None
+) -> None:
     body = {
         "format": FORMAT,
         "spec": str(plan.spec_file),
@@ -155,6 +169,7 @@ def _write(path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache) 
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "tools": tool_versions(),
         "variants": variants,
+        "repository": repository,  # triton_repo/<spec>/: every variant from one server
     }
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
@@ -181,12 +196,18 @@ def verify(path: Path, hashes: HashCache | None = None) -> tuple[int, list[str]]
     data = _read(path)
     hashes = hashes or HashCache(None)
     checked, problems = 0, []
-    for name, variant in sorted(data["variants"].items()):
-        for stage, output in sorted((variant.get("outputs") or {}).items()):
-            for file, expected in sorted((output.get("files") or {}).items()):
-                checked += 1
-                if not os.path.isfile(file):
-                    problems.append(f"{file}: missing ({name} {stage})")
-                elif hashes.sha256(Path(file)) != expected:
-                    problems.append(f"{file}: changed ({name} {stage}; sha256 differs from the manifest)")
+    listed = [
+        (f"{name} {stage}", output.get("files") or {})
+        for name, variant in sorted(data["variants"].items())
+        for stage, output in sorted((variant.get("outputs") or {}).items())
+    ]
+    if data.get("repository"):
+        listed.append((f"{data.get('name')} repository", data["repository"].get("files") or {}))
+    for what, files in listed:
+        for file, expected in sorted(files.items()):
+            checked += 1
+            if not os.path.isfile(file):
+                problems.append(f"{file}: missing ({what})")
+            elif hashes.sha256(Path(file)) != expected:
+                problems.append(f"{file}: changed ({what}; sha256 differs from the manifest)")
     return checked, problems

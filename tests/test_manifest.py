@@ -129,3 +129,18 @@ def test_runs_of_some_variants_keep_the_others_entries(write_spec, tmp_path):
     path.write_text("{not json")
     write_manifest(plan, tmp_path / "engines", {"b": {}}, HashCache(None))
     assert list(json.loads(path.read_text())["variants"]) == ["b"]
+
+
+def test_the_spec_repository_is_in_the_manifest_and_verified(cli, tiny_spec, tmp_path):
+    spec, model = tiny_spec
+    spec.write_text(spec.read_text().replace("parallel: {tp: 2}\n", "variants: [{name: a}, {name: b}]\n"))
+    rc, _, err = cli("engine", str(spec))
+    assert rc == 0, err
+    data = json.loads((tmp_path / "engines" / "tiny" / "manifest.json").read_text())
+    repo = tmp_path / "triton_repo" / "tiny"
+    assert data["repository"]["path"] == str(repo)
+    ensemble = repo / "b" / "config.pbtxt"
+    assert data["repository"]["files"][str(ensemble)] == sha(ensemble)
+    ensemble.write_text(ensemble.read_text() + "\n# edited\n")
+    rc, _, err = cli("verify", str(tmp_path / "engines" / "tiny" / "manifest.json"))
+    assert rc == 1 and err.strip() == f"error: {ensemble}: changed (tiny repository; sha256 differs from the manifest)"

@@ -31,9 +31,10 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
         plan, states, code = _engine_on_ray(args, console, hashes if args.hash_inputs else None)
     else:
         plan, states, code = _engine_here(args, console, hashes if args.hash_inputs else None)
-    if code == 0:
-        _spec_repository(plan, states, args, console, hashes if args.hash_inputs else None)
-    manifest = write_manifest(plan, roots.engines, states, hashes)
+    repository = (
+        _spec_repository(plan, states, args, console, hashes if args.hash_inputs else None) if code == 0 else None
+    )
+    manifest = write_manifest(plan, roots.engines, states, hashes, repository)
     console.print(f"manifest: {manifest}", highlight=False, markup=False)
     return code
 
@@ -49,18 +50,22 @@ def say_choices(plan, console: Console) -> None:
             )
 
 
-def _spec_repository(plan, states: dict[str, dict[str, str]], args: argparse.Namespace, console: Console, hashes):
-    """triton_repo/<spec>/ for one server of all variants, after every variant is packaged."""
+def _spec_repository(
+    plan, states: dict[str, dict[str, str]], args: argparse.Namespace, console: Console, hashes
+) -> Path | None:
+    """triton_repo/<spec>/ for one server of all variants, after every variant is packaged; its path
+    when it is up to date now."""
     from pipeline.stages.execute import execute_spec_repository
 
     packaged = {name for name, stages in states.items() if stages.get("package") in ("ran", "skipped")}
-    execute_spec_repository(
+    result = execute_spec_repository(
         plan,
         packaged,
         force=args.force,
         hashes=hashes,
         say=lambda text: console.print(text, highlight=False, markup=False),
     )
+    return None if result is None else result.output
 
 
 def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache | None):
