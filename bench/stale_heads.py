@@ -5,8 +5,8 @@
 Builds the fleet through the pipeline (up-to-date stages skip), then decodes the same eval prompts
 greedily with plain decoding and with EAGLE on the ``base``, ``code-stale-eagle`` (the base's drafter
 on the code fine-tune) and ``code-refreshed-eagle`` (heads/smollm2-code-eagle) engines through the
-scheduler of specs/smollm2-fleet.yaml, and reports the mean acceptance length of each and whether EAGLE's output equals the
-same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
+scheduler of specs/smollm2-fleet.yaml, and reports the mean acceptance length of each and whether
+EAGLE's output equals the same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
 bench/out/stale_heads.json. Not a test: acceptance depends on the prompts; CPU time depends on the machine.
 """
 
