@@ -1,6 +1,6 @@
 """Stale vs refreshed heads: EAGLE on the base, the base's drafter on the code fine-tune, its refreshed drafter.
 
-    .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat]
+    .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat] [--variants ...]
 
 Builds the fleet through the pipeline (up-to-date stages skip), then decodes the same eval prompts
 greedily with plain decoding and with EAGLE on the ``base``, ``code-stale-eagle`` (the base's drafter
@@ -40,12 +40,13 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--sets", nargs="+", default=["code", "chat"], choices=["code", "chat"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     plan = make_plan(load_spec(SPEC), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache"))
-    execute_plan(plan, only=set(VARIANTS), say=lambda text: print(f"  {text}", flush=True))
+    execute_plan(plan, only=set(args.variants), say=lambda text: print(f"  {text}", flush=True))
     results: dict[str, dict] = {}
-    for name in VARIANTS:
+    for name in args.variants:
         variant = next(v for v in plan.variants if v.name == name)
         engine = Engine.load(variant.stage("build").output)
         eagle, _ = make_method(engine, MethodSettings("eagle", eagle_choices=variant.speculative.eagle.tree))
