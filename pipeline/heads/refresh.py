@@ -62,6 +62,15 @@ class RefreshSettings:
     max_new_tokens: int = 128  # self-distillation: answer length limit
 
 
+def fast_bf16() -> bool:
+    """bfloat16 autocast only where the CPU computes it natively (AMX or AVX512-BF16); emulated, it is
+    several times slower than float32."""
+    cpu = torch.cpu
+    return any(
+        getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
+
+
 def _device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise StageUnavailable("heads training with device: cuda needs a CUDA GPU and a CUDA torch on this host")
@@ -148,6 +157,7 @@ def refresh_heads(
             num_layers=init.num_layers if init is not None else MedusaTrainConfig.num_layers,
             epochs=settings.epochs,
             seed=settings.seed,
+            bf16=fast_bf16(),
         )
         if init is not None:
             cfg = replace(cfg, lr=cfg.lr * WARM_START_LR_FACTOR)
@@ -168,7 +178,7 @@ def refresh_heads(
         )
     elif settings.method == "eagle":
         eagle_init = load_eagle_folder(settings.init) if settings.init is not None else None
-        eagle_cfg = EagleTrainConfig(epochs=settings.epochs, seed=settings.seed)
+        eagle_cfg = EagleTrainConfig(epochs=settings.epochs, seed=settings.seed, bf16=fast_bf16())
         if eagle_init is not None:
             eagle_cfg = replace(eagle_cfg, lr=eagle_cfg.lr * WARM_START_LR_FACTOR)
         embed = base_embedding(Path(target_dir)).float()

@@ -72,4 +72,3 @@ def test_warm_starts_begin_from_the_given_heads(data):
     medusa_cfg = MedusaTrainConfig(num_heads=2, epochs=1, lr=1e-9, vocab_top_k=None, bf16=False)
     trained, _ = train_medusa(data, lm_head, medusa_cfg, say=lambda _: None, init=blocks)
     torch.testing.assert_close(trained.heads[0][0].linear.weight, blocks.heads[0][0].linear.weight)
-
