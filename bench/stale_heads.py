@@ -1,11 +1,12 @@
-"""Stale heads on a fine-tune: the base's EAGLE drafter on the base vs on the code fine-tune (specs/smollm2-fleet.yaml).
+"""Stale vs refreshed heads: EAGLE on the base, the base's drafter on the code fine-tune, its refreshed drafter.
 
     .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat] [--variants ...]
 
 Builds the fleet through the pipeline (up-to-date stages skip), then decodes the same eval prompts
-greedily with plain decoding and with EAGLE on the ``base`` and ``code-stale-eagle`` engines through
-the scheduler, and reports the mean acceptance length of each and whether EAGLE's output equals the
-same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
+greedily with plain decoding and with EAGLE on the ``base``, ``code-stale-eagle`` (the base's drafter
+on the code fine-tune) and ``code-refreshed-eagle`` (heads/smollm2-code-eagle) engines through the
+scheduler of specs/smollm2-fleet.yaml, and reports the mean acceptance length of each and whether
+EAGLE's output equals the same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
 bench/out/stale_heads.json. Not a test: acceptance depends on the prompts; CPU time depends on the machine.
 """
 
@@ -30,7 +31,7 @@ from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan
 
 SPEC = REPO / "specs" / "smollm2-fleet.yaml"
-VARIANTS = ("base", "code-stale-eagle")
+VARIANTS = ("base", "code-stale-eagle", "code-refreshed-eagle")
 END_ID = 2  # SmolLM2's <|im_end|>, as bench/speculative.py
 
 

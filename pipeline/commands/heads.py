@@ -84,7 +84,7 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
             merged.mkdir()
             merge_adapters(target, [Path(a) for a in args.adapter], merged)  # copies the tokenizer too
             target = merged
-        heads = Path(work) / "heads"
+        heads = Path(work) / out.name  # the folder's name is the heads' name in their README
         refresh_heads(target, heads, settings, say, command=command)
         replace_folder(heads, out)  # complete folders only
     say(f"{args.method} heads written to {out}")
