@@ -11,8 +11,8 @@ With ``--init``, ``--data``, ``--tokens`` or ``--adapter`` the heads are trained
 spec's train-heads stage does (:mod:`pipeline.heads.refresh`): ``--adapter`` (repeatable) merges PEFT
 LoRA adapters into ``--model`` first, so a fine-tune's heads are refreshed by one command:
 
-    specdeploy train-heads --method eagle --adapter adapters/smollm2-code --init heads/smollm2-eagle \
-        --data fixed-text --tokens 120000 --epochs 2 --seed 0 --out heads/smollm2-code-eagle
+    specdeploy train-heads --threads 1 --method eagle --adapter adapters/smollm2-code --init heads/smollm2-eagle \
+        --data fixed-text --tokens 40000 --epochs 2 --seed 0 --out heads/smollm2-code-eagle
 """
 
 from __future__ import annotations
