@@ -1,11 +1,12 @@
-"""Stale heads on a fine-tune: the base's EAGLE drafter on the base vs on the code fine-tune (specs/smollm2-fleet.yaml).
+"""Stale vs refreshed heads: EAGLE on the base, the base's drafter on the code fine-tune, its refreshed drafter.
 
-    .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat]
+    .venv/bin/python bench/stale_heads.py [--prompts 8] [--new-tokens 48] [--sets code chat] [--variants ...]
 
 Builds the fleet through the pipeline (up-to-date stages skip), then decodes the same eval prompts
-greedily with plain decoding and with EAGLE on the ``base`` and ``code-stale-eagle`` engines through
-the scheduler, and reports the mean acceptance length of each and whether EAGLE's output equals the
-same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
+greedily with plain decoding and with EAGLE on the ``base``, ``code-stale-eagle`` (the base's drafter
+on the code fine-tune) and ``code-refreshed-eagle`` (heads/smollm2-code-eagle) engines through the
+scheduler of specs/smollm2-fleet.yaml, and reports the mean acceptance length of each and whether
+EAGLE's output equals the same engine's plain decoding (it must: stale heads cost speed, never correctness). Writes
 bench/out/stale_heads.json. Not a test: acceptance depends on the prompts; CPU time depends on the machine.
 """
 
@@ -30,7 +31,7 @@ from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan
 
 SPEC = REPO / "specs" / "smollm2-fleet.yaml"
-VARIANTS = ("base", "code-stale-eagle")
+VARIANTS = ("base", "code-stale-eagle", "code-refreshed-eagle")
 END_ID = 2  # SmolLM2's <|im_end|>, as bench/speculative.py
 
 
@@ -39,12 +40,13 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--sets", nargs="+", default=["code", "chat"], choices=["code", "chat"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     plan = make_plan(load_spec(SPEC), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache"))
-    execute_plan(plan, only=set(VARIANTS), say=lambda text: print(f"  {text}", flush=True))
+    execute_plan(plan, only=set(args.variants), say=lambda text: print(f"  {text}", flush=True))
     results: dict[str, dict] = {}
-    for name in VARIANTS:
+    for name in args.variants:
         variant = next(v for v in plan.variants if v.name == name)
         engine = Engine.load(variant.stage("build").output)
         eagle, _ = make_method(engine, MethodSettings("eagle", eagle_choices=variant.speculative.eagle.tree))
@@ -60,7 +62,7 @@ def main() -> int:
             }
             results.setdefault(name, {})[kind] = row
             print(
-                f"{name:18s} {kind:5s} EAGLE mean acceptance length {row['mean_acceptance_length']:.2f} "
+                f"{name:20s} {kind:5s} EAGLE mean acceptance length {row['mean_acceptance_length']:.2f} "
                 f"(output {'=' if row['same_as_plain'] else '!='} plain decoding)",
                 flush=True,
             )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline import adapters, gpus, presets, resources, trees
+from pipeline import adapters, gpus, head_training, presets, resources, trees
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
@@ -255,9 +255,13 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
     if arch is None:
         return None
-    speculative, heads_dir = _choose_method(spec, variant, arch, problems)
+    trained_dir = _inside(roots.engines, variant.name, problems) / "heads"  # a train-heads stage's output
+    speculative, heads_dir = _choose_method(spec, variant, arch, problems, trained_dir)
     if speculative is None:
         return None
+    training = head_training.plan_training(spec, variant, speculative.method, trained_dir.parent, problems)
+    if training is not None:  # convert and evaluate read the trained heads
+        heads_dir = training.output
     rehearsal, rehearsal_heads = None, heads_dir
     if variant.speculative.method == "best":  # the measured choice, when an evaluation recorded one
         from pipeline.evaluation.apply import measured_config
@@ -303,7 +307,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
-    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge)
+    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge, training)
     rehearsal_build = None
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
@@ -416,7 +420,7 @@ def _resolve_model(
 
 
 def _choose_method(
-    spec: Spec, variant: VariantSpec, arch: ModelGeometry, problems: _Problems
+    spec: Spec, variant: VariantSpec, arch: ModelGeometry, problems: _Problems, trained_dir: Path
 ) -> tuple[SpeculativeConfig | None, Path | None]:
     """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
     requested = variant.speculative.method
@@ -446,11 +450,11 @@ def _choose_method(
         )
         return None, None
     if method == "medusa" and heads.medusa is not None:
-        heads_dir = spec.resolve_path(heads.medusa.path)
+        heads_dir = spec.resolve_path(heads.medusa.path) if heads.medusa.path else trained_dir
         medusa = MedusaConfig.check(variant, arch, heads_dir, problems)
         return (SpeculativeConfig(method, reason, medusa=medusa) if medusa else None), heads_dir
     if method == "eagle" and heads.eagle is not None:
-        heads_dir = spec.resolve_path(heads.eagle.path)
+        heads_dir = spec.resolve_path(heads.eagle.path) if heads.eagle.path else trained_dir
         eagle = EagleConfig.check(variant, arch, heads_dir, problems)
         return SpeculativeConfig(method, reason, eagle=eagle), heads_dir
     if method == "lookahead":
@@ -617,6 +621,7 @@ def _stages(
     build: BuildConfig,
     problems: _Problems,
     merge: adapters.MergeTarget | None = None,
+    training: head_training.HeadsTraining | None = None,
 ) -> tuple[StagePlan, ...]:
     variant_root = _inside(roots.engines, variant.name, problems)
     stages: list[StagePlan] = []
@@ -625,6 +630,8 @@ def _stages(
         merge_inputs = {"model": source} | {f"adapter{i}": folder for i, folder in enumerate(merge.adapters)}
         stages.append(StagePlan("merge", merge.output, merge_inputs, {"adapters": [str(a) for a in merge.adapters]}))
         source = merge.output
+    if training is not None:  # the heads learn the variant's own target, before any quantization
+        stages.append(StagePlan("train-heads", training.output, {"model": source} | training.inputs, training.params))
     if quant.weights_fp8 and not quant.prequantized:
         quantized = variant_root / "quantized"
         stages.append(

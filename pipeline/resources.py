@@ -201,6 +201,20 @@ def merge_resources(s: Sizing) -> StageResources:
     )
 
 
+def train_heads_resources(s: Sizing) -> StageResources:
+    """Heads training: the target in float32 for its forward passes, the features of the training tokens
+    (float16) and the heads with their optimizer state; on the CPU (device: cuda adds one GPU)."""
+    target = s.arch.total_params() * 4 / GIB
+    heads = _heads_file_params(s) * 4 * 4 / GIB  # weights, gradients, two Adam moments
+    return StageResources(
+        0,
+        0.0,
+        CONVERT_HOST_BASE_GIB + 2 * target + heads,
+        heads / 4 + 0.1,
+        f"the target in float32 ({target:.1f} GiB) + heads and optimizer ({heads:.1f} GiB); writes the heads",
+    )
+
+
 def convert_resources(s: Sizing) -> StageResources:
     heads = _heads_file_params(s)
     host = CONVERT_HOST_BASE_GIB + 3 * CONVERT_CHUNK_BYTES / GIB + heads * 4 / GIB
@@ -260,6 +274,7 @@ def evaluate_resources(s: Sizing) -> StageResources:
 
 STAGE_ESTIMATES = {
     "merge": merge_resources,
+    "train-heads": train_heads_resources,
     "quantize": quantize_resources,
     "convert": convert_resources,
     "evaluate": evaluate_resources,

@@ -69,20 +69,61 @@ class ModelSpec(_Strict):
 BUILTIN_MODELS = tuple(EMBEDDED_MODELS)
 
 
-class MedusaHeadsSpec(_Strict):
-    path: str
+class HeadsTrainSpec(_Strict):
+    """The train-heads stage: the variant's heads trained against its own (merged) target."""
+
+    init: Literal["base", "random"] = "base"
+    """base: warm-start from the heads at ``path`` (the base's heads, which a variant inherits), so a
+    fine-tune's refresh only follows the drift; random: train from scratch."""
+    data: str = "self-distill"
+    """self-distill: the target's greedy answers to the training prompts; fixed-text: teacher-forced on the
+    Python standard library's source (one forward pass per block); or a text/JSONL file of your own."""
+    tokens: int = Field(200_000, ge=64, le=INT32_MAX)
+    """Training tokens at most (prompt + answer tokens when self-distilling)."""
+    epochs: int = Field(2, ge=1, le=100)
+    """Passes over the training tokens; the epoch with the best validation score is kept."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the target's forward passes run: cpu, or cuda (one GPU; the stage cannot run without one)."""
+    seed: int = Field(0, ge=0, le=INT32_MAX)
+    """Seeds initialization, batching and noise: a re-run reproduces the heads."""
+
+
+class _TrainedHeads(_Strict):
+    @model_validator(mode="after")
+    def _path_or_training(self):
+        train = getattr(self, "train", None)
+        if getattr(self, "path", None) is None and (train is None or train.init == "base"):
+            raise ValueError(
+                "give 'path' (the heads folder)"
+                + (", which train.init: base starts from; or set train.init: random" if train else "")
+            )
+        return self
+
+
+class MedusaHeadsSpec(_TrainedHeads):
+    path: str | None = None
     """Medusa heads folder (FasterDecoding layout or the compact ResBlocks-only one); relative to the spec."""
     num_heads: int | None = Field(None, ge=1, le=16)
     """Expected head count; used only to plan while the weights are absent, else checked."""
     num_layers: int = Field(1, ge=1, le=8)
     """ResBlocks per Medusa head; used only to plan while the weights are absent."""
+    train: HeadsTrainSpec | None = None
+    """Train the heads for this variant's target (train-heads stage); the stage's output replaces ``path``."""
+
+    @model_validator(mode="after")
+    def _random_needs_count(self) -> MedusaHeadsSpec:
+        if self.train is not None and self.train.init == "random" and self.num_heads is None:
+            raise ValueError("train.init: random needs num_heads (how many Medusa heads to train)")
+        return self
 
 
-class EagleHeadsSpec(_Strict):
-    path: str
+class EagleHeadsSpec(_TrainedHeads):
+    path: str | None = None
     """EAGLE-1 drafter folder (config.json + weights); relative paths are relative to the spec file."""
     num_layers: int = Field(1, ge=1, le=1)
     """Drafter decoder layers; TensorRT-LLM's EAGLE-1 engine supports exactly one."""
+    train: HeadsTrainSpec | None = None
+    """Train the drafter for this variant's target (train-heads stage); the stage's output replaces ``path``."""
 
 
 class HeadsSpec(_Strict):

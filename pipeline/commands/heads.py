@@ -6,6 +6,13 @@
 
 ``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The self-distillation
 data is cached in ``<cache>/heads-data/``; a rerun only trains.
+
+With ``--init``, ``--data``, ``--tokens`` or ``--adapter`` the heads are trained for the target as the
+spec's train-heads stage does (:mod:`pipeline.heads.refresh`): ``--adapter`` (repeatable) merges PEFT
+LoRA adapters into ``--model`` first, so a fine-tune's heads are refreshed by one command:
+
+    specdeploy train-heads --threads 1 --method eagle --adapter adapters/smollm2-code --init heads/smollm2-eagle \
+        --data fixed-text --tokens 40000 --epochs 2 --seed 0 --out heads/smollm2-code-eagle
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
+    if args.init or args.data or args.tokens or args.adapter:
+        return _refresh(args, say, command if "train-heads" in command else "")
     train_heads(
         args.method,
         _base_dir(args),
@@ -45,6 +54,40 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
         command=command if "train-heads" in command else "",
         say=say,
     )
+    return 0
+
+
+def _refresh(args: argparse.Namespace, say, command: str) -> int:
+    import tempfile
+
+    from pipeline.atomic import replace_folder
+    from pipeline.heads.fixed_text import BUILTIN_TEXT
+    from pipeline.heads.refresh import RefreshSettings, refresh_heads
+
+    settings = RefreshSettings(
+        method=args.method,
+        init=Path(args.init) if args.init else None,
+        data=args.data or BUILTIN_TEXT,
+        tokens=args.tokens or RefreshSettings.tokens,
+        epochs=args.epochs or RefreshSettings.epochs,
+        device=args.device,
+        seed=args.seed,
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent) as work:
+        target = _base_dir(args)
+        if args.adapter:
+            from pipeline.checkpoint.merge import merge_adapters
+
+            merged = Path(work) / "merged"
+            merged.mkdir()
+            merge_adapters(target, [Path(a) for a in args.adapter], merged)  # copies the tokenizer too
+            target = merged
+        heads = Path(work) / out.name  # the folder's name is the heads' name in their README
+        refresh_heads(target, heads, settings, say, command=command)
+        replace_folder(heads, out)  # complete folders only
+    say(f"{args.method} heads written to {out}")
     return 0
 
 
@@ -71,6 +114,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="torch threads (default 1: reproducible, and fastest on a shared 2-core CPU)",
     )
     train.add_argument("--report", help="merge the evaluation into this JSON file (e.g. bench/heads.json)")
+    train.add_argument("--init", help="warm-start from these heads (e.g. heads/smollm2-eagle); default: random")
+    train.add_argument(
+        "--data",
+        help="self-distill, fixed-text (stdlib source, teacher-forced) or a text/JSONL file (default: fixed-text)",
+    )
+    train.add_argument("--tokens", type=int, help="training tokens at most (default 200000)")
+    train.add_argument("--adapter", action="append", help="PEFT LoRA folder merged into --model first (repeatable)")
+    train.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the target and heads run")
     train.set_defaults(handler=cmd_train_heads)
 
     expand = commands.add_parser("expand-heads", help="write the FasterDecoding folder for shipped Medusa ResBlocks")

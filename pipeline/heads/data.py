@@ -200,15 +200,15 @@ def greedy_answers(
             ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
             mask[row, width - len(prompts[i]) :] = 1
         out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=pad_id,
             eos_token_id=stops,
         )
         for row, i in enumerate(chunk):
-            answer = out[row, width:].tolist()
+            answer = out[row, width:].cpu().tolist()
             for cut, token in enumerate(answer):
                 if token in stops:
                     answer = answer[: cut + 1]
@@ -232,9 +232,10 @@ def final_hidden_states(model, sequences: list[list[int]], *, batch: int) -> lis
         for row, i in enumerate(chunk):
             ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
             mask[row, : len(sequences[i])] = 1
-        states = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        device = model.device  # the target may sit on a GPU; the features come back to the host
+        states = model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
         for row, i in enumerate(chunk):
-            hidden[i] = states[row, : len(sequences[i])].to(torch.float16)
+            hidden[i] = states[row, : len(sequences[i])].to("cpu", torch.float16)
     return hidden
 
 

@@ -319,13 +319,19 @@ def train_eagle(
     cfg: EagleTrainConfig,
     say: Progress = print,
     validate: Callable[[EagleDrafter], float] | None = None,
+    init: EagleDrafter | None = None,
 ) -> tuple[EagleDrafter, list[dict]]:
-    """AdamW with warmup + cosine decay; with ``validate``, the best epoch's weights are returned."""
+    """AdamW with warmup + cosine decay; with ``validate``, the best epoch's weights are returned.
+
+    ``init``: start from these weights (a warm start, e.g. the base model's drafter for a fine-tune).
+    """
     from pipeline.heads.medusa import keep_best
 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     drafter = EagleDrafter(config)
+    if init is not None:
+        drafter.load_state_dict(init.state_dict())
     embed = embed.detach().float()
     lm_head, table = loss_lm_head(data, lm_head, cfg.vocab_top_k, cfg.bf16)
     if table is not None:

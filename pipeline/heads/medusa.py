@@ -137,6 +137,7 @@ def train_medusa(
     cfg: MedusaTrainConfig,
     say: Progress = print,
     validate: Callable[[MedusaResBlocks], float] | None = None,
+    init: MedusaResBlocks | None = None,
 ) -> tuple[MedusaResBlocks, list[dict]]:
     """Adam on the ResBlocks with cosine decay; returns the blocks and a per-epoch log.
 
@@ -147,6 +148,8 @@ def train_medusa(
     gen = torch.Generator().manual_seed(cfg.seed)
     feats, labels = flat_examples(data, cfg.num_heads)
     blocks = MedusaResBlocks(lm_head.shape[1], cfg.num_heads, cfg.num_layers)
+    if init is not None:  # a warm start (e.g. the base model's heads for a fine-tune)
+        blocks.load_state_dict(init.state_dict())
     lm_head, table = loss_lm_head(data, lm_head, cfg.vocab_top_k, cfg.bf16)
     if table is not None:
         labels = torch.where(labels == IGNORE, labels, table[labels.clamp(min=0)])

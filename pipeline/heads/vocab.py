@@ -16,13 +16,15 @@ from pipeline.heads.data import SeqData
 
 
 @torch.no_grad()
-def training_vocab(data: SeqData, lm_head: torch.Tensor, top_k: int = 10, chunk: int = 2048) -> torch.Tensor:
-    """Sorted token ids: all tokens of ``data`` + the base top-``top_k`` at each position."""
+def training_vocab(
+    data: SeqData, lm_head: torch.Tensor, top_k: int = 10, chunk: int = 2048, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Sorted token ids: all tokens of ``data`` + the base top-``top_k`` at each position (scored in ``dtype``)."""
     keep = torch.zeros(lm_head.shape[0], dtype=torch.bool)
     keep[data.tokens] = True
-    weight = lm_head.to(torch.bfloat16)
+    weight = lm_head.to(dtype)
     for first in range(0, data.hidden.shape[0], chunk):
-        logits = data.hidden[first : first + chunk].to(torch.bfloat16) @ weight.T
+        logits = data.hidden[first : first + chunk].to(dtype) @ weight.T
         keep[logits.topk(top_k, dim=-1).indices.reshape(-1)] = True
     return keep.nonzero().squeeze(1)
 
@@ -37,7 +39,7 @@ def loss_lm_head(
     """
     lm_head, table = lm_head.detach().float(), None
     if top_k is not None:
-        vocab = training_vocab(data, lm_head, top_k)
+        vocab = training_vocab(data, lm_head, top_k, dtype=torch.bfloat16 if bf16 else torch.float32)
         table = remap(vocab, lm_head.shape[0])
         lm_head = lm_head[vocab]
     return (lm_head.to(torch.bfloat16) if bf16 else lm_head), table

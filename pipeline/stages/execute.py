@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline.errors import StageUnavailable
 from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
-from pipeline.stages import build, convert, evaluate, merge, package, quantize
+from pipeline.stages import build, convert, evaluate, merge, package, quantize, train_heads
 from pipeline.stages.runner import StageResult, run_stage
 from pipeline.triton.spec_repository import sharing_problem
 
@@ -27,6 +27,7 @@ StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 
 STAGE_BODIES: dict[str, StageBody] = {
     "merge": merge.run,
+    "train-heads": train_heads.run,
     "quantize": quantize.run,
     "convert": convert.run,
     "evaluate": evaluate.run,
@@ -151,6 +152,8 @@ _INPUT_HINTS = {
     "model": ("model weights", "put the Hugging Face checkpoint there (model.path)"),
     "tokenizer": ("tokenizer files", "put the Hugging Face checkpoint there (model.path)"),
     "heads": ("speculative heads", "put the heads there (heads.<method>.path)"),
+    "init": ("heads to warm-start from", "put the base's heads there (heads.<method>.path) or use train.init: random"),
+    "data": ("heads training text", "fix heads.<method>.train.data in the spec"),
     "checkpoint": ("converted checkpoint files", "run the convert stage first (specdeploy engine SPEC)"),
     "engine": ("engine files", "run the build stage first (specdeploy engine SPEC)"),
     "prompts0": ("evaluation prompts", "fix evaluation.prompts in the spec"),

@@ -41,10 +41,15 @@ def test_fleet_spec_plans_stale_heads_lookahead_and_one_merge_per_adapter(tmp_pa
         "base": "eagle",
         "base-medusa": "medusa",
         "code-stale-eagle": "eagle",
+        "code-refreshed-eagle": "eagle",
         "code-lookahead": "lookahead",
         "json-lookahead": "lookahead",
     }
     assert variants["code-stale-eagle"].heads_dir == variants["base"].heads_dir
+    refreshed = variants["code-refreshed-eagle"]
+    assert refreshed.heads_dir.resolve() == (REPO / "heads" / "smollm2-code-eagle").resolve()  # shipped heads
+    assert all(s.name != "train-heads" for v in plan.variants for s in v.stages)  # make engine never trains
+    assert refreshed.stage("merge") == variants["code-stale-eagle"].stage("merge")
     assert variants["code-stale-eagle"].stage("merge") == variants["code-lookahead"].stage("merge")
     assert variants["json-lookahead"].stage("merge").output == tmp_path / "engines" / "json-lookahead" / "merged"
     assert all(s.name != "merge" for v in ("base", "base-medusa") for s in variants[v].stages)

@@ -14,7 +14,7 @@ from pipeline.heads.export import MAX_ARTIFACT_BYTES, verify_manifest
 HEADS = Path(__file__).resolve().parents[2] / "heads"
 
 
-@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-eagle"])
+@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-eagle", "smollm2-code-eagle"])
 def test_shipped_folder_matches_manifest_and_size(name):
     folder = HEADS / name
     assert verify_manifest(folder) == []
@@ -31,8 +31,9 @@ def test_shipped_medusa_is_three_heads_one_layer():
     assert (config["hidden_size"], config["vocab_size"]) == (576, 49152)
 
 
-def test_shipped_eagle_is_smollm2_shaped():
-    folder = HEADS / "smollm2-eagle"
+@pytest.mark.parametrize("name", ["smollm2-eagle", "smollm2-code-eagle"])
+def test_shipped_eagle_is_smollm2_shaped(name):
+    folder = HEADS / name
     layout = inputs.inspect_eagle(folder)
     assert (layout.num_layers, layout.has_fc_bias, layout.hidden_size) == (1, True, 576)
     config = json.loads((folder / "config.json").read_text())
@@ -44,3 +45,10 @@ def test_shipped_eagle_is_smollm2_shaped():
         config["rope_theta"],
         config["vocab_size"],
     ) == (9, 3, 64, 1536, 100000.0, 49152)
+
+
+def test_refreshed_code_eagle_was_warm_started_from_the_base_drafter_on_the_fine_tune():
+    manifest = json.loads((HEADS / "smollm2-code-eagle" / "manifest.json").read_text())
+    assert manifest["settings"]["init"] == "heads/smollm2-eagle"
+    assert manifest["settings"]["data"] == "fixed-text" and manifest["settings"]["seed"] == 0
+    assert "--adapter adapters/smollm2-code" in manifest["command"]

@@ -1,0 +1,213 @@
+"""Heads for any Llama target: data from the target itself, optionally warm-started from existing heads.
+
+What the ``train-heads`` stage (``heads.<method>.train`` in a spec) and ``specdeploy train-heads
+--init/--data/--adapter`` run. A fine-tune makes its base model's heads stale; the Medusa paper's
+answer (Cai et al. 2024) is to retrain them with the new target, and starting from the base's heads
+(``init``) makes that cheap: the heads only have to follow the drift.
+
+Data (``RefreshSettings.data``):
+
+* ``self-distill``: the target's own greedy answers to the training prompts
+  (pipeline/data/prompts/*_train.jsonl, never the held-out *_eval.jsonl), then one teacher-forced
+  pass for the features (:mod:`pipeline.heads.data`). One decoding step per answer token: slow.
+* ``fixed-text`` or a file: teacher-forced on fixed text, one batched forward pass per block
+  (:mod:`pipeline.heads.fixed_text`).
+
+``tokens`` bounds the training tokens; every ``VALID_EVERY``-th sequence is held back and the epoch
+with the best validation tokens/step ships. The output is the folder the convert stage reads:
+EAGLE-1 (config.json + model.safetensors) or the compact Medusa ResBlocks, with a manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import InputError, StageUnavailable
+from pipeline.geometry import ModelGeometry
+from pipeline.heads.data import DataSettings, SeqData, build_split, load_base
+from pipeline.heads.eagle import EagleTrainConfig, train_eagle
+from pipeline.heads.evaluate import evaluate_eagle, evaluate_medusa
+from pipeline.heads.expand import base_lm_head, is_compact_medusa
+from pipeline.heads.export import export_eagle, export_medusa, load_eagle_folder, load_medusa_folder
+from pipeline.heads.fixed_text import BUILTIN_TEXT, fixed_text_data
+from pipeline.heads.medusa import MedusaTrainConfig, train_medusa
+from pipeline.heads.prompts import load_prompts
+from pipeline.heads.train import EAGLE_TREES, MEDUSA_TREES, VALID_EVERY, base_embedding, best_epoch, validation_score
+from pipeline.heads.train import split_validation as split_every
+
+Progress = Callable[[str], None]
+SELF_DISTILL = "self-distill"
+# Warm starts follow a small drift: half the learning rate of a training from scratch.
+WARM_START_LR_FACTOR = 0.5
+
+
+@dataclass(frozen=True)
+class RefreshSettings:
+    method: str  # medusa | eagle
+    init: Path | None  # heads folder to start from; None: random initialization
+    data: str = BUILTIN_TEXT  # self-distill | fixed-text | a text/JSONL file
+    tokens: int = 200_000
+    epochs: int = 2
+    device: str = "cpu"
+    seed: int = 0
+    num_heads: int = 3  # Medusa from a random start; a warm start keeps the init's head count
+    block: int = 256  # fixed text: tokens per sequence
+    max_new_tokens: int = 128  # self-distillation: answer length limit
+
+
+def fast_bf16() -> bool:
+    """bfloat16 autocast only where the CPU computes it natively (AMX or AVX512-BF16); emulated, it is
+    several times slower than float32."""
+    cpu = torch.cpu
+    return any(
+        getattr(cpu, probe, lambda: False)() for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise StageUnavailable("heads training with device: cuda needs a CUDA GPU and a CUDA torch on this host")
+    return torch.device(name)
+
+
+def self_distilled_data(model, tokenizer, settings: RefreshSettings, say: Progress) -> tuple[SeqData, dict]:
+    """The target's greedy answers to training prompts (chat and code alternating), about ``tokens`` in all."""
+    chat = [("chat", r) for part in ("train", "train_extra") for r in load_prompts("chat", part)]
+    code = [("code", r) for part in ("train", "train_extra") for r in load_prompts("code", part)]
+    mixed = [pair for pairs in zip(chat, code) for pair in pairs]
+    count = max(2, min(len(mixed), settings.tokens // (settings.max_new_tokens + 40)))  # ~40 prompt tokens
+    records = mixed[:count]
+    say(f"self-distillation: {len(records)} training prompts, up to {settings.max_new_tokens} new tokens each")
+    data = build_split(model, tokenizer, records, DataSettings(max_new_tokens=settings.max_new_tokens), say)
+    meta = {"source": SELF_DISTILL, "sequences": len(data), "tokens": int(data.tokens.numel())}
+    return data, meta
+
+
+def split_validation(data: SeqData) -> tuple[SeqData, SeqData]:
+    """(fit, valid); with fewer than ``VALID_EVERY`` sequences nothing is held back (no best-epoch choice)."""
+    if len(data) < VALID_EVERY:
+        return data, SeqData.from_sequences([], [], [], [])
+    return split_every(data)
+
+
+def _check_init(method: str, init: Path, target: ModelGeometry) -> None:
+    config_file = init / "config.json"
+    if not config_file.is_file():
+        raise InputError(f"{config_file}: missing; heads.{method}.train.init: base needs the heads folder there")
+    config = json.loads(config_file.read_text())
+    hidden = config.get("hidden_size")
+    if hidden != target.hidden_size:
+        raise InputError(
+            f"{config_file}: hidden size {hidden} does not match the target's {target.hidden_size}; "
+            "warm-start from heads of the same base model, or use init: random"
+        )
+    if method == "medusa" and not is_compact_medusa(init):
+        raise InputError(
+            f"{init}: init: base needs specdeploy's compact Medusa heads (medusa_resblocks.safetensors); "
+            "use init: random for FasterDecoding folders"
+        )
+
+
+def refresh_heads(
+    target_dir: Path, out: Path, settings: RefreshSettings, say: Progress = print, command: str = ""
+) -> dict:
+    """Train ``settings.method`` heads for the target in ``target_dir`` into ``out``; returns the manifest."""
+
+    start = time.monotonic()
+    device = _device(settings.device)
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    geometry = ModelGeometry.from_hf(config, str(Path(target_dir) / "config.json"), require_architecture=False)
+    if settings.init is not None:
+        _check_init(settings.method, settings.init, geometry)
+    model, tokenizer = load_base(Path(target_dir))
+    model = model.to(device)
+    if settings.data == SELF_DISTILL:
+        data, data_meta = self_distilled_data(model, tokenizer, settings, say)
+    else:
+        data, data_meta = fixed_text_data(
+            model, tokenizer, settings.data, tokens=settings.tokens, block=settings.block, say=say
+        )
+    del model
+    data_seconds = time.monotonic() - start
+    fit, valid = split_validation(data)
+    lm_head = base_lm_head(Path(target_dir)).float()
+    info: dict = {
+        "name": Path(out).name,
+        "method": settings.method,
+        "target": {"model_type": config.get("model_type"), "hidden_size": geometry.hidden_size},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "data": {**data_meta, "fit_sequences": len(fit), "validation_sequences": len(valid)},
+        "command": command,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+    t0 = time.monotonic()
+    if settings.method == "medusa":
+        init = load_medusa_folder(settings.init) if settings.init is not None else None
+        cfg = MedusaTrainConfig(
+            num_heads=init.num_heads if init is not None else settings.num_heads,
+            num_layers=init.num_layers if init is not None else MedusaTrainConfig.num_layers,
+            epochs=settings.epochs,
+            seed=settings.seed,
+            bf16=fast_bf16(),
+        )
+        if init is not None:
+            cfg = replace(cfg, lr=cfg.lr * WARM_START_LR_FACTOR)
+        validate = (
+            (lambda m: validation_score(evaluate_medusa(m, lm_head, valid, MEDUSA_TREES))) if len(valid) else None
+        )
+        blocks, log = train_medusa(fit, lm_head, cfg, say, validate=validate, init=init)
+        info.update(train_config=asdict(cfg), train_log=log, best_epoch=best_epoch(log))
+        info["seconds"] = {"data": round(data_seconds, 1), "train": round(time.monotonic() - t0, 1)}
+        manifest = export_medusa(
+            blocks,
+            Path(out),
+            hidden_size=geometry.hidden_size,
+            vocab_size=lm_head.shape[0],
+            base_model=str(config.get("_name_or_path") or Path(target_dir).name),
+            info=info,
+            readme=_readme(info),
+        )
+    elif settings.method == "eagle":
+        eagle_init = load_eagle_folder(settings.init) if settings.init is not None else None
+        eagle_cfg = EagleTrainConfig(epochs=settings.epochs, seed=settings.seed, bf16=fast_bf16())
+        if eagle_init is not None:
+            eagle_cfg = replace(eagle_cfg, lr=eagle_cfg.lr * WARM_START_LR_FACTOR)
+        embed = base_embedding(Path(target_dir)).float()
+        validate_eagle = (
+            (lambda m: validation_score(evaluate_eagle(m, embed, lm_head, valid, EAGLE_TREES))) if len(valid) else None
+        )
+        drafter, log = train_eagle(
+            fit, embed, lm_head, geometry, eagle_cfg, say, validate=validate_eagle, init=eagle_init
+        )
+        info.update(train_config=asdict(eagle_cfg), train_log=log, best_epoch=best_epoch(log))
+        info["seconds"] = {"data": round(data_seconds, 1), "train": round(time.monotonic() - t0, 1)}
+        manifest = export_eagle(drafter, Path(out), info=info, readme=_readme(info))
+    else:
+        raise InputError(f"unknown heads method {settings.method!r} (medusa or eagle)")
+    say(f"{settings.method} heads: wrote {out} in {time.monotonic() - start:.0f} s")
+    return manifest
+
+
+def _readme(info: dict) -> str:
+    s, d = info["settings"], info["data"]
+    start = f"warm-started from {s['init']}" if s["init"] not in (None, "None") else "from a random start"
+    lines = [
+        f"# {info['name']}: {info['method']} heads trained by specdeploy for their target",
+        "",
+        f"Trained {start}, {s['epochs']} epoch(s), seed {s['seed']}, on {d['tokens']} tokens of "
+        f"{d['source']} ({d['sequences']} sequences; {d['validation_sequences']} held back to pick the epoch"
+        + (f", epoch {info['best_epoch']} shipped)." if info.get("best_epoch") else ")."),
+    ]
+    if info.get("command"):
+        lines.append(f"Reproduce: `{info['command']}`.")
+    lines += ["", "Layout: as the shipped heads of the base model (see heads/smollm2-eagle, heads/smollm2-medusa).", ""]
+    return "\n".join(lines)
