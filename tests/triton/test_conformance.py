@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conformance import DEFAULTS, NUMPY, Reply, default_value, infer, tensors
-from triton_fixtures import SPECIALS, WORDS, build_with_stages, plan_spec, start_server, tiny_llama
+from triton_fixtures import SPECIALS, WORDS, build_with_stages, plan_spec, serve_repository, tiny_llama
 
 from pipeline.triton import contract
-from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
+from pipeline.triton.launch_cpu import reference_backend_available
 from pipeline.triton.repository import emit_repository
 
 pytestmark = [
@@ -145,19 +145,7 @@ def served(request, repositories, tmp_path_factory):
     repo = repositories[method, decoupled]
     log = tmp_path_factory.mktemp("logs") / f"{method}-{decoupled}.log"
 
-    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(
-            repositories=(repo,),
-            cache_dir=REPO_ROOT / ".cache",
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            ready_timeout=240,
-            log_file=log,
-            models=(*SERVED, "preprocessing", "postprocessing"),
-        )
-
-    server = start_server(config)
+    server = serve_repository(repo, log, models=(*SERVED, "preprocessing", "postprocessing"))
     try:
         yield method, decoupled, server, repo
     finally:

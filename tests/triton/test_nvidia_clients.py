@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_fixtures import start_server
+from triton_fixtures import serve_repository
 
 from pipeline.client import GenerationRequest, TritonClient, build_inputs
 from pipeline.plan import OutputRoots, make_plan
 from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan
-from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
+from pipeline.triton.launch_cpu import reference_backend_available
 from pipeline.triton.repository import emit_repository
 from tests.conftest import embedded_cache_dir
 
@@ -84,19 +84,7 @@ def repositories(tmp_path_factory) -> dict[bool, Path]:
 
 
 def _server(repo: Path, log: Path):
-    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(
-            repositories=(repo,),
-            cache_dir=REPO_ROOT / ".cache",
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            ready_timeout=300,
-            log_file=log,
-            models=("ensemble", "tensorrt_llm_bls", "tensorrt_llm"),
-        )
-
-    return start_server(config)
+    return serve_repository(repo, log, models=("ensemble", "tensorrt_llm_bls", "tensorrt_llm"), ready_timeout=300)
 
 
 @pytest.fixture(scope="module")

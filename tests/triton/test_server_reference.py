@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from triton_fixtures import build_with_stages, plan_spec, start_server, tiny_llama
+from triton_fixtures import build_with_stages, plan_spec, serve_repository, tiny_llama
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
-from pipeline.triton.launch_cpu import CpuServerConfig, reference_backend_available
+from pipeline.triton.launch_cpu import reference_backend_available
 
 pytestmark = [
     pytest.mark.tritonserver,
@@ -56,20 +56,7 @@ def server(tmp_path_factory):
     (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     variant = plan_spec(folder / "spec.yaml", folder).variants[0]
     repo = build_with_stages(variant)
-
-    def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
-        return CpuServerConfig(
-            repositories=(repo,),
-            cache_dir=REPO_ROOT / ".cache",
-            http_port=http,
-            grpc_port=grpc,
-            metrics_port=metrics,
-            ready_timeout=240,
-            models=("ensemble",),
-            log_file=folder / "tritonserver.log",
-        )
-
-    running = start_server(config)
+    running = serve_repository(repo, folder / "tritonserver.log")
     try:
         yield running
     finally:

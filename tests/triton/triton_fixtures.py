@@ -166,8 +166,11 @@ def start_server(make_config: Callable[[int, int, int], CpuServerConfig], attemp
 STANDIN_BACKEND = Path(__file__).with_name("standin_backend.py")
 
 
-def start_standin_server(repo: Path, log_file: Path, **options: Any) -> CpuTritonServer:
-    """A real tritonserver serving ``repo``'s ensemble, with the stand-in ``tensorrtllm`` backend."""
+def serve_repository(
+    repo: Path, log_file: Path, models: tuple[str, ...] = ("ensemble",), ready_timeout: float = 240, **options: Any
+) -> CpuTritonServer:
+    """A real tritonserver serving ``repo`` with the reference backend (or ``backend_model=``), on
+    free ports; ready when ``models`` are."""
     from tests.conftest import REPO
 
     def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
@@ -177,11 +180,15 @@ def start_standin_server(repo: Path, log_file: Path, **options: Any) -> CpuTrito
             http_port=http,
             grpc_port=grpc,
             metrics_port=metrics,
-            backend_model=STANDIN_BACKEND,
-            ready_timeout=180,
-            models=("ensemble",),
+            ready_timeout=ready_timeout,
+            models=models,
             log_file=log_file,
             **options,
         )
 
     return start_server(config)
+
+
+def start_standin_server(repo: Path, log_file: Path, **options: Any) -> CpuTritonServer:
+    """A real tritonserver serving ``repo``'s ensemble, with the stand-in ``tensorrtllm`` backend."""
+    return serve_repository(repo, log_file, ready_timeout=180, backend_model=STANDIN_BACKEND, **options)
