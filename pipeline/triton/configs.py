@@ -41,6 +41,10 @@ class ModelNames:
     postprocessing: str = POSTPROCESSING
     bls: str = BLS
 
+    def python_models(self) -> dict[str, str]:
+        """Kind -> name of the Python models (their model.py comes from pipeline/triton/models/<kind>.py)."""
+        return {PREPROCESSING: self.preprocessing, POSTPROCESSING: self.postprocessing, BLS: self.bls}
+
 
 @dataclass(frozen=True)
 class RepositorySettings:

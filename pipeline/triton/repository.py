@@ -48,7 +48,6 @@ MODELS_SOURCE = Path(__file__).parent / "models"
 TOKENIZER_SUBDIR = "tokenizer"
 MANIFEST = "specdeploy-repository.json"
 PYTHON_MODELS = (PREPROCESSING, POSTPROCESSING, BLS)  # model.py copied from pipeline/triton/models/
-_FIELD = {PREPROCESSING: "preprocessing", POSTPROCESSING: "postprocessing", BLS: "bls"}  # ModelNames fields
 # Files a Hugging Face tokenizer may need; never weights. config.json lets AutoTokenizer pick
 # the class when tokenizer_config.json does not name one.
 TOKENIZER_FILES = (
@@ -138,23 +137,27 @@ def copy_tokenizer(source: Path, target: Path) -> list[str]:
     return files
 
 
-def with_chat_template(settings: RepositorySettings, tokenizer: Path) -> RepositorySettings:
-    """The chat template travels in the served preprocessing config: `specdeploy query` asks the server for it."""
+def with_chat_template(settings: RepositorySettings, tokenizer: Path, source: Path | None = None) -> RepositorySettings:
+    """The chat template travels in the served preprocessing config: `specdeploy query` asks the server for it.
+    ``source``: the folder the error names (the tokenizer's origin, when ``tokenizer`` is a copy)."""
     add_special = settings.preprocessing_parameters["add_special_tokens"] == "true"
     try:
         template = template_parameter(tokenizer, add_special)
     except (OSError, ValueError) as exc:
-        raise StageError(f"{tokenizer}: the tokenizer does not load ({' '.join(str(exc).split())})") from None
+        shown = source or tokenizer
+        raise StageError(f"{shown}: the tokenizer does not load ({' '.join(str(exc).split())})") from None
     return replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
 
 
 def write_models(configs: dict[str, pbtxt.ModelConfig], names: ModelNames, out: Path) -> None:
-    """Each config with its version folder, and the Python models' model.py (tokenizers are the caller's)."""
+    """Each config with its version folder, and the model.py of the Python models among them
+    (tokenizers are the caller's)."""
     for name, config in configs.items():
         pbtxt.write(config, out / name / "config.pbtxt")
         (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
-    for kind in PYTHON_MODELS:
-        shutil.copyfile(MODELS_SOURCE / f"{kind}.py", out / getattr(names, _FIELD[kind]) / "1" / "model.py")
+    for kind, name in names.python_models().items():
+        if name in configs:
+            shutil.copyfile(MODELS_SOURCE / f"{kind}.py", out / name / "1" / "model.py")
 
 
 def _link_tree(source: Path, target: Path) -> None:
@@ -175,7 +178,8 @@ def emit_repository(
         check_engine(variant, engine_dir)
     files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
     _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
-    settings = with_chat_template(settings_from_plan(variant, engine_dir), out / PREPROCESSING / TOKENIZER_SUBDIR)
+    tokenizer = out / PREPROCESSING / TOKENIZER_SUBDIR
+    settings = with_chat_template(settings_from_plan(variant, engine_dir), tokenizer, source=tokenizer_dir)
     configs = all_configs(settings)
     write_models(configs, settings.names, out)
     manifest = {
