@@ -19,8 +19,13 @@ specdeploy's own additions (:data:`EXTENSIONS`) are extra tensors only; none cha
 Checked tensor by tensor (name, data type, dims, optional, reshape, ragged) against NVIDIA/TensorRT-LLM
 ``tensorrt_llm/config.pbtxt`` at commit 0c8de69a1ca6213eebb20a51873890ff128666c2 and ``ensemble/config.pbtxt``
 (inputs, outputs and the tensorrt_llm step's wiring) at 2a9abd9536aa62ad3e4b9314be9286b1b1be523b, the commit
-``end_to_end_grpc_client.py`` in tests/data comes from; which commit the v1.2.1 tag points to is not
-recorded here.
+``end_to_end_grpc_client.py`` in tests/data comes from; ``preprocessing/config.pbtxt`` at
+08dc37e368e4718ae680bdb9be8da24ebd420a53, ``postprocessing/config.pbtxt`` at
+89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0 and ``tensorrt_llm_bls/config.pbtxt`` at
+0193dbd4189221d0fd5e9f20cdb384d3da8dbc24. Which 1.2.1 is meant: triton-inference-server/tensorrtllm_backend
+commit 8addf2f (pull request 853) builds its container from TensorRT-LLM's ``release/1.2.1`` branch, and its
+``tensorrt_llm`` submodule pins commit 2fdb9e66 of the triton-inference-server/TensorRT-LLM fork; the commit
+of NVIDIA's ``v1.2.1`` tag itself was not resolvable here (no copy of its history).
 tests/triton/test_conformance.py sends every tensor of the table to a running server.
 """
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -139,7 +140,26 @@ def repositories(tiny, tmp_path_factory) -> dict[tuple[str, bool], Path]:
 CONFIGS = [(method, decoupled) for method in METHOD_SPEC for decoupled in (True, False)]
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=lambda p: f"{p[0]}-{'decoupled' if p[1] else 'offline'}")
+def only(predicate: Callable[[str, bool], bool]) -> Callable[[Callable], Callable]:
+    """Run a test on the (method, decoupled) servers it applies to, not on every one with a skip."""
+
+    def mark(test: Callable) -> Callable:
+        test.configs = [config for config in CONFIGS if predicate(*config)]  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize ``served`` per test: every config, or the ones its ``only`` names (module-scoped, so
+    tests on the same config share one server)."""
+    if "served" in metafunc.fixturenames:
+        configs = getattr(metafunc.function, "configs", CONFIGS)
+        ids = [f"{method}-{'decoupled' if decoupled else 'offline'}" for method, decoupled in configs]
+        metafunc.parametrize("served", configs, ids=ids, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def served(request, repositories, tmp_path_factory):
     method, decoupled = request.param
     repo = repositories[method, decoupled]
@@ -221,12 +241,19 @@ def check_outputs(model: str, reply: Reply, absent: set[str]) -> None:
             assert array.ndim == rank, (model, name, array.shape)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streaming"])
 @pytest.mark.parametrize("model", SERVED)
-def test_every_input_and_output(served, model, stream):
+def test_every_input_and_output(served, model):
+    every_input_and_output(served, model, stream=False)
+
+
+@only(lambda method, decoupled: decoupled)  # streaming needs the decoupled policy (TensorRT-LLM's rule)
+@pytest.mark.parametrize("model", SERVED)
+def test_every_input_and_output_streamed(served, model):
+    every_input_and_output(served, model, stream=True)
+
+
+def every_input_and_output(served, model: str, stream: bool) -> None:
     method, decoupled, server, repo = served
-    if stream and not decoupled:
-        pytest.skip("streaming needs the decoupled policy (TensorRT-LLM's rule); tested below as a refusal")
     ids = _prompt_ids(repo)
     ctx = _context(method, decoupled, stream)
     gather = method == "none"
@@ -252,10 +279,9 @@ def test_every_input_and_output(served, model, stream):
         assert int(last["total_draft_tokens"].reshape(-1)[0]) > 0 or stream
 
 
+@only(lambda method, decoupled: (method, decoupled) == ("none", True))  # they do not depend on the method
 def test_pre_and_postprocessing_take_every_input(served):
     method, decoupled, server, repo = served
-    if (method, decoupled) != ("none", True):
-        pytest.skip("the tokenizer models do not depend on the method: checked once")
     declared, outputs = tensors("preprocessing")
     values = {name: default_value(t, _context(method, decoupled, False)) for name, t in declared.items()}
     values = {name: value for name, value in values.items() if value is not None}
@@ -320,15 +346,12 @@ def test_split_requests_carry_batch_and_sequence_index(served):
     assert sorted(int(r["sequence_index"].reshape(-1)[0]) for r in reply.responses) == [0, 1]
     assert len({r["text_output"].reshape(-1)[0] for r in reply.responses}) == 1  # greedy: the same twice
     # A [2, L] batch straight to tensorrt_llm: one response per row, tagged (TensorRT-LLM's split).
-    import tritonclient.grpc as grpcclient
-
     batch = np.array([ids, ids[:2] + [PAD_ID] * (len(ids) - 2)], np.int32)
     extra = {
         "input_ids": ("INT32", batch),
         "input_lengths": ("INT32", np.array([[len(ids)], [2]], np.int32)),
         "request_output_len": ("INT32", np.array([[TOKENS], [TOKENS]], np.int32)),
     }
-    del grpcclient
     reply = infer(server.grpc_url, "tensorrt_llm", {}, ["output_ids", "batch_index"], decoupled, extra_inputs=extra)
     assert reply.error is None, reply.error
     assert sorted(int(r["batch_index"].reshape(-1)[0]) for r in reply.responses) == [0, 1]
@@ -366,10 +389,9 @@ def _client(script: str, server, *args: str, cwd: Path) -> subprocess.CompletedP
     return done
 
 
+@only(lambda method, decoupled: method == "none")  # beam search needs a method none engine
 def test_nvidia_clients_get_two_beams(served, tmp_path):
     method, decoupled, server, repo = served
-    if method != "none":
-        pytest.skip("beam search needs a method none engine")
     if not decoupled:
         done = _client(
             "inflight_batcher_llm_client.py",
