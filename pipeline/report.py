@@ -32,17 +32,29 @@ def _needs(resources: StageResources | None) -> str:
     return text
 
 
-def _measured_choice(variant: VariantPlan) -> str | None:
-    """The evaluate stage's choice, when this variant has been evaluated."""
+def _measured_choice(variant: VariantPlan) -> list[tuple[str, str]]:
+    """Plan rows for the evaluate stage's choice, when this variant has been evaluated, and a warning
+    row when that evaluation is out of date (its inputs or settings no longer have the recorded
+    fingerprint)."""
     from pipeline.evaluation.result import read_result
+    from pipeline.stages.runner import fingerprint, recorded_fingerprint
 
     stage = next((s for s in variant.stages if s.name == "evaluate"), None)
     result = read_result(stage.output) if stage else None
-    if not result:
-        return None
+    if not stage or not result:
+        return []
     choice = result["choice"]
     failed = f"  [red]release gate failed[/red]: {choice['failed']}" if choice.get("failed") else ""
-    return f"{choice['candidate']}: {choice['reason']}{failed}"
+    rows = [("measured choice", f"{choice['candidate']}: {choice['reason']}{failed}")]
+    if (recorded_fingerprint(stage.output) or {}).get("digest") != fingerprint(stage)["digest"]:
+        rows.append(
+            (
+                "evaluation",
+                "[yellow]out of date[/yellow]: the model, heads or evaluation settings changed since it ran; "
+                "`specdeploy engine` evaluates again",
+            )
+        )
+    return rows
 
 
 def print_plan(plan: Plan, console: Console) -> None:
@@ -53,9 +65,8 @@ def print_plan(plan: Plan, console: Console) -> None:
         table.add_column("key", style="cyan")
         table.add_column("value")
         table.add_row("method", f"{_speculative_line(variant)}  ({variant.speculative.reason})")
-        measured = _measured_choice(variant)
-        if measured:
-            table.add_row("measured choice", measured)
+        for key, value in _measured_choice(variant):
+            table.add_row(key, value)
         table.add_row("model", f"{variant.arch.name}  ({variant.model_dir or 'preset only'})")
         table.add_row("target", variant.target + (f" on {variant.gpu.name}" if variant.gpu else ""))
         table.add_row("parallel", f"tp={variant.tp} pp={variant.pp} (world size {variant.world_size})")

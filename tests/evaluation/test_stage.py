@@ -76,7 +76,10 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
     rc, out, err = cli("report", str(path))
     assert rc == 0 and "tiny" in out and "pass" in out, err
     rc, out, _ = cli("plan", str(path))
-    assert rc == 0 and "measured choice" in out
+    assert rc == 0 and "measured choice" in out and "out of date" not in out
+    path.write_text(path.read_text().replace("count: 3", "count: 2"))  # other settings: no longer current
+    rc, out, _ = cli("plan", str(path))
+    assert rc == 0 and "measured choice" in out and "out of date" in out
 
 
 def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
