@@ -30,7 +30,9 @@ Stop words: a beam whose history (prompt + its tokens) ends with a stop word is 
 ids). A finished beam stays in the batch and at the next step offers one candidate only, the end id at
 log-probability 0 (cumulative value unchanged, no diversity term): TensorRT-LLM's beam search masks a
 finished beam's row to the end id (``beamStage1Kernel`` / ``addCumLogProbs`` in
-cpp/tensorrt_llm/kernels/beamSearchKernels*, ``addBiasSoftMax`` before them). From there the end-id rule
+cpp/tensorrt_llm/kernels/beamSearchKernels*, ``addBiasSoftMax`` before them; the V1 stage-1 kernel writes
+the largest float there instead of a log-probability, which would rank such a beam first with a saturated
+score: the reference keeps the log-softmax value, 0). From there the end-id rule
 above applies: ranked in the top beam_width it becomes a hypothesis, its length counting the end id; its
 tokens keep the stop word (the end id is not returned), as TensorRT-LLM keeps stop words in the output.
 
