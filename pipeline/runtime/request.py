@@ -115,6 +115,9 @@ class GenerationRequest:
     # Triton's optional lookahead_window_size / _ngram_size / _verification_set_size inputs:
     # this request's (w, n, g), each at most the server's (W, N, G).
     lookahead: LookaheadConfig | None = None
+    # Beam search: how many of the best beams the response carries (num_return_sequences, at most
+    # beam_width: TensorRT-LLM's SamplingConfig::getNumReturnBeams); None: all beam_width of them.
+    num_return_beams: int | None = None
 
 
 class FinishReason(str, Enum):
@@ -155,11 +158,13 @@ class RequestMetrics:
 @dataclass(frozen=True)
 class BeamOutput:
     """One finished beam of a beam-search request: its generated tokens (without the end id), their
-    log-probabilities and their sum (TensorRT-LLM's output_log_probs / cum_log_probs per beam)."""
+    log-probabilities and their sum (TensorRT-LLM's output_log_probs / cum_log_probs per beam), and with
+    return_generation_logits the logits row behind each of its tokens, along the beam's own history."""
 
     tokens: tuple[int, ...]
     log_probs: tuple[float, ...]
     cum_log_prob: float
+    generation_logits: tuple[np.ndarray, ...] = ()
 
 
 @dataclass
@@ -210,3 +215,16 @@ def parse_words_list(
             words.append(tuple(tokens[start:end]))
         start = end
     return tuple(words)
+
+
+def ends_with_stop_word(
+    prompt: Sequence[int], generated: Sequence[int], stop_words: tuple[tuple[int, ...], ...]
+) -> bool:
+    """Does prompt + generated end with a stop word? A word may start inside the prompt, as in TensorRT-LLM's
+    ``stopWordsCriterion`` (cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu), which matches the whole
+    sequence (for a beam: its own history, gathered through the parent ids). Only the tail is built."""
+    if not stop_words:
+        return False
+    longest = max(len(word) for word in stop_words)
+    tail = (list(prompt[-longest:]) + list(generated[-longest:]))[-longest:]
+    return any(len(word) <= len(tail) and tuple(tail[-len(word) :]) == word for word in stop_words)

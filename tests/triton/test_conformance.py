@@ -267,9 +267,7 @@ def every_input_and_output(served, model: str, stream: bool) -> None:
     full = infer(server.grpc_url, model, everything, list(outputs), decoupled)
     assert _tokens(model, full, stream, len(ids)) == _tokens(model, baseline, stream, len(ids))
     absent = set(NEVER_HERE) | (set() if gather else {"context_logits"})
-    if stream:  # context logits come with the final response
-        check_outputs(model, Reply(full.responses[:-1]), absent | {"context_logits"})
-    check_outputs(model, Reply(full.responses[-1:]), absent)
+    check_outputs(model, full, absent)  # streaming too: context logits come with every response, as TensorRT-LLM
     last = full.last
     if gather:
         assert last["context_logits"].shape[-1] == VOCAB
@@ -332,6 +330,37 @@ def test_beam_search_and_context_logits_or_their_refusals(served):
     assert cum.error is None and cum.last["output_ids"].shape[:2] == (1, 2)
     assert cum.last["cum_log_probs"][0, 0] >= cum.last["cum_log_probs"][0, 1]
     assert logits.error is None and logits.last["context_logits"].shape == (1, len(ids), VOCAB)
+    _beam_search_combinations(decoupled, server, ids, cum.last)
+
+
+def _beam_search_combinations(decoupled: bool, server, ids: list[int], two: dict) -> None:
+    """Beam search with stop words, generation logits, num_return_sequences, through the BLS, and
+    context logits in every streaming response."""
+    url, plain = server.grpc_url, {**required("tensorrt_llm", ids), "exclude_input_in_output": np.array([True])}
+    beams = {**plain, "beam_width": np.array([2], np.int32)}
+    row, with_prompt = two["output_ids"][0, 0], int(two["sequence_length"][0, 0]) > TOKENS
+    first = int(row[len(ids)] if with_prompt else row[0])  # the best beam's first token
+    stop = {**beams, "stop_words_list": np.array([[ids[-1], first], [2, -1]], np.int32)}
+    stopped = infer(url, "tensorrt_llm", stop, ["output_ids", "sequence_length"], decoupled)
+    assert stopped.error is None and stopped.last["output_ids"][0, 0, :1].tolist() == [first]
+    assert int(stopped.last["sequence_length"][0, 0]) == 1  # (last prompt token, first) ended it at once
+    gen = {**beams, "return_generation_logits": np.array([True])}
+    logits = infer(url, "tensorrt_llm", gen, ["generation_logits", "sequence_length"], decoupled)
+    assert logits.error is None and logits.last["generation_logits"].shape == (1, 2, TOKENS, VOCAB)
+    one = {**beams, "num_return_sequences": np.array([1], np.int32)}
+    best = infer(url, "tensorrt_llm", one, ["output_ids", "sequence_index"], decoupled)
+    assert best.error is None and len(best.responses) == 1 and best.last["output_ids"].shape[:2] == (1, 1)
+    bls = {**required("tensorrt_llm_bls", ids), "beam_width": np.array([2], np.int32)}
+    bls["num_return_sequences"] = np.array([1], np.int32)  # NVIDIA's BLS does not pass it on: both beams
+    bls["return_log_probs"] = np.array([True])
+    texts = infer(url, "tensorrt_llm_bls", bls, ["text_output", "cum_log_probs"], decoupled)
+    assert texts.error is None and texts.last["text_output"].shape == (2,)
+    assert texts.last["cum_log_probs"].shape == (1, 2)
+    if decoupled:
+        streamed = {**plain, "streaming": np.array([True]), "return_context_logits": np.array([True])}
+        every = infer(url, "tensorrt_llm", streamed, ["output_ids", "context_logits"], decoupled)
+        assert every.error is None and len(every.responses) == TOKENS
+        assert all(r["context_logits"].shape == (1, len(ids), VOCAB) for r in every.responses)
 
 
 def test_split_requests_carry_batch_and_sequence_index(served):
@@ -405,6 +434,7 @@ def test_nvidia_clients_get_two_beams(served, tmp_path):
             "--beam-width",
             "2",
             "--return-log-probs",
+            "--return-generation-logits",
             "--exclude-input-in-output",
             cwd=tmp_path,
         )
@@ -412,6 +442,7 @@ def test_nvidia_clients_get_two_beams(served, tmp_path):
         beams = re.findall(r"Output beam (\d): (.*)", done.stdout)
         assert [b for b, _ in beams] == ["0", "1"] and beams[0][1] != beams[1][1], done.stdout
         assert "cum_log_probs:" in done.stdout
+        assert f"generation_logits.shape: (2, {TOKENS}, {VOCAB})" in done.stdout, done.stdout  # per beam
         return
     args = ("-p", PROMPT, "-o", str(TOKENS), "--beam-width", "2")
     done = _client("end_to_end_grpc_client.py", server, *args, cwd=tmp_path)

@@ -25,6 +25,21 @@ When the request ends by length, the alive beams join the hypotheses (scored at 
 TensorRT-LLM's ``insertUnfinishedPath``; the result is the best beam_width hypotheses, best first, each
 with its tokens (the end id not returned), per-token log-probabilities and raw cumulative log-probability.
 
+Stop words: a beam whose history (prompt + its tokens) ends with a stop word is marked finished
+(``stopWordsCriterion`` in cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu, which walks the beam's parent
+ids). A finished beam stays in the batch and at the next step offers one candidate only, the end id at
+log-probability 0 (cumulative value unchanged, no diversity term): TensorRT-LLM's beam search masks a
+finished beam's row to the end id (``beamStage1Kernel`` / ``addCumLogProbs`` in
+cpp/tensorrt_llm/kernels/beamSearchKernels*, ``addBiasSoftMax`` before them; the V1 stage-1 kernel writes
+the largest float there instead of a log-probability, which would rank such a beam first with a saturated
+score: the reference keeps the log-softmax value, 0). From there the end-id rule
+above applies: ranked in the top beam_width it becomes a hypothesis, its length counting the end id; its
+tokens keep the stop word (the end id is not returned), as TensorRT-LLM keeps stop words in the output.
+
+Generation logits (return_generation_logits): each beam carries the raw logits row behind each of its
+tokens, continued from its parent's, so a returned beam's logits follow its own history (the reordering
+TensorRT-LLM does in ``trtGptModelInflightBatching.cpp``, NVIDIA/TensorRT-LLM pull request 12268).
+
 The KV cache is real: every alive beam has its own cache; a beam continues its parent's cache, and a
 parent with several children is forked (copied) for all but the first. The block accounting counts the
 prompt's full blocks once (shared by all beams, as TensorRT-LLM's paged cache shares them) and every
@@ -33,13 +48,13 @@ other block per beam.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from pipeline.runtime.model.engine import Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
-from pipeline.runtime.request import BeamOutput, GenerationRequest
+from pipeline.runtime.request import BeamOutput, GenerationRequest, ends_with_stop_word
 from pipeline.runtime.sampling import adjust_logits
 
 
@@ -49,6 +64,8 @@ class _Beam:
     log_probs: list[float]
     cum_log_prob: float
     cache: KVCache
+    logits: list[torch.Tensor] = field(default_factory=list)  # return_generation_logits: a row per token
+    finished: bool = False  # ends with a stop word: its next candidate is the end id only
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,12 @@ class _Hypothesis:
     log_probs: tuple[float, ...]
     cum_log_prob: float
     score: float  # the length-penalised score hypotheses are ranked by
+    logits: tuple[torch.Tensor, ...] = ()
+
+
+def _output(tokens, log_probs, cum_log_prob: float, logits) -> BeamOutput:
+    rows = tuple(row.float().numpy() for row in logits)
+    return BeamOutput(tuple(tokens), tuple(log_probs), cum_log_prob, rows)
 
 
 def length_penalised(cum_log_prob: float, length: int, length_penalty: float) -> float:
@@ -95,12 +118,18 @@ class BeamSearch:
         """A generation step's rows, one per alive beam in :meth:`inputs`' order."""
         self._step(self.beams, torch.stack([r.logits[-1] for r in rows]))
 
+    @property
+    def _end_token(self) -> int:
+        """The id a finished beam's only candidate carries (any id when the request has no end id:
+        a finished beam's candidate is recognised by its parent, not by the id)."""
+        return self.request.end_id if self.request.end_id is not None else 0
+
     def results(self) -> list[BeamOutput]:
         """The beams as they stand, best first: the final hypotheses once done, else the alive beams."""
         if self.done:
             ranked = sorted(self.hypotheses, key=lambda h: h.score, reverse=True)[: self.width]
-            return [BeamOutput(h.tokens, h.log_probs, h.cum_log_prob) for h in ranked]
-        return [BeamOutput(tuple(b.tokens), tuple(b.log_probs), b.cum_log_prob) for b in self.beams]
+            return [_output(h.tokens, h.log_probs, h.cum_log_prob, h.logits) for h in ranked]
+        return [_output(b.tokens, b.log_probs, b.cum_log_prob, b.logits) for b in self.beams]
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -108,6 +137,11 @@ class BeamSearch:
         request, params = self.request, self.request.sampling
         rows = []
         for row, beam in zip(logits, parents):
+            if beam.finished:  # a stop word ended it: the end id only, at log-probability 0
+                only_end = torch.full_like(row, float("-inf"), dtype=torch.float32)
+                only_end[self._end_token] = 0.0
+                rows.append(only_end)
+                continue
             context = [*request.input_ids, *beam.tokens]
             row = adjust_logits(row.float(), params, context, len(beam.tokens), request.end_id)
             if params.temperature > 0.0 and params.temperature != 1.0:
@@ -122,8 +156,10 @@ class BeamSearch:
         per_beam = min(2 * width, log_probs.shape[1])
         top = torch.topk(log_probs, per_beam, dim=-1)  # each beam's best tokens
         cum = torch.tensor([b.cum_log_prob for b in parents], dtype=torch.float64)
-        # [P, per_beam] candidate cumulative log-probs, diversity_rate x beam index added (addCumLogProbs)
-        diversity = params.beam_search_diversity_rate * torch.arange(len(parents), dtype=torch.float64)[:, None]
+        # [P, per_beam] candidate cumulative log-probs, diversity_rate x beam index added (addCumLogProbs;
+        # not to a finished beam's end id)
+        index = torch.tensor([0.0 if b.finished else k for k, b in enumerate(parents)], dtype=torch.float64)
+        diversity = params.beam_search_diversity_rate * index[:, None]
         values = cum[:, None] + top.values.double() + diversity
         order = torch.argsort(values.flatten(), descending=True, stable=True)[: 2 * width].tolist()
         chosen: list[tuple[int, int, float, float]] = []  # (parent, token, log_prob, cum)
@@ -131,12 +167,15 @@ class BeamSearch:
             parent, j = divmod(flat, per_beam)
             token, value = int(top.indices[parent, j]), float(values[parent, j])
             step_log_prob = float(top.values[parent, j])
-            if end_id is not None and token == end_id:
+            if value == float("-inf"):  # a finished beam's masked row: no candidate at all
+                continue
+            beam = parents[parent]
+            if beam.finished or (end_id is not None and token == end_id):
                 if i >= width:
                     continue
-                beam = parents[parent]
                 score = length_penalised(value, len(beam.tokens) + 1, params.length_penalty)
-                if not self._add(_Hypothesis(tuple(beam.tokens), tuple(beam.log_probs), value, score)):
+                hypothesis = _Hypothesis(tuple(beam.tokens), tuple(beam.log_probs), value, score, tuple(beam.logits))
+                if not self._add(hypothesis):
                     if params.early_stopping:
                         break
                     continue
@@ -146,11 +185,13 @@ class BeamSearch:
                 break
         best = float(values.flatten()[order[0]])
         self.done = self._is_done(best, len(parents[0].tokens) + 1)
-        self.beams = self._children(parents, chosen)
+        self.beams = self._children(parents, chosen, logits)
         if not self.done and (not self.beams or len(self.beams[0].tokens) >= self.max_new_tokens):
             for beam in self.beams:  # out of length: the alive beams become hypotheses
                 score = length_penalised(beam.cum_log_prob, len(beam.tokens), params.length_penalty)
-                self._add(_Hypothesis(tuple(beam.tokens), tuple(beam.log_probs), beam.cum_log_prob, score))
+                self._add(
+                    _Hypothesis(tuple(beam.tokens), tuple(beam.log_probs), beam.cum_log_prob, score, tuple(beam.logits))
+                )
             self.done = True
         shared = self._shared_blocks
         self.blocks = max(self.blocks, shared + sum(max(b.cache.blocks - shared, 0) for b in self.beams))
@@ -177,13 +218,20 @@ class BeamSearch:
         worst = min(h.score for h in self.hypotheses)
         return worst >= length_penalised(best_value, length, params.length_penalty)
 
-    def _children(self, parents: list[_Beam], chosen: list[tuple[int, int, float, float]]) -> list[_Beam]:
-        """The next alive beams; each continues its parent's cache (forked when the parent has several)."""
+    def _children(
+        self, parents: list[_Beam], chosen: list[tuple[int, int, float, float]], logits: torch.Tensor
+    ) -> list[_Beam]:
+        """The next alive beams; each continues its parent's cache (forked when the parent has several),
+        its logits rows (return_generation_logits) and is finished when it now ends with a stop word."""
+        request = self.request
         taken: set[int] = set()
         beams = []
         for parent, token, log_prob, value in chosen:
             beam = parents[parent]
             cache = beam.cache.fork() if parent in taken else beam.cache
             taken.add(parent)
-            beams.append(_Beam([*beam.tokens, token], [*beam.log_probs, log_prob], value, cache))
+            rows = [*beam.logits, logits[parent].detach().float().clone()] if request.return_generation_logits else []
+            tokens = [*beam.tokens, token]
+            finished = ends_with_stop_word(request.input_ids, tokens, request.stop_words)
+            beams.append(_Beam(tokens, [*beam.log_probs, log_prob], value, cache, rows, finished))
         return beams

@@ -31,7 +31,7 @@ import torch
 from pipeline.runtime.model.config import Limits
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
-from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
+from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput, ends_with_stop_word
 from pipeline.runtime.serving.beam_search import BeamSearch
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
@@ -253,7 +253,7 @@ class Scheduler:
 
     def _beam_problem(self, request: GenerationRequest) -> str | None:
         """beam_width > 1: TensorRT-LLM's refusals (the decoding layer's for speculative methods, the
-        executor's beyond max_beam_width), and what the reference beam search does not combine with."""
+        executor's beyond max_beam_width or num_return_sequences > beam_width)."""
         width = request.sampling.beam_width
         if width == 1:
             return None
@@ -263,16 +263,9 @@ class Scheduler:
             return f"Decoding mode is {mode}, but beamWidth != 1 ({width} != 1)"
         if width > self.limits.max_beam_width:
             return f"Requested beam width {width} is larger than configured max beam width {self.limits.max_beam_width}"
-        unsupported = [
-            name
-            for name, used in (
-                ("stop_words", bool(request.stop_words)),
-                ("return_generation_logits", request.return_generation_logits),
-            )
-            if used
-        ]
-        if unsupported:
-            return f"{', '.join(unsupported)} with beam_width > 1 is not supported by the reference backend"
+        count = request.num_return_beams
+        if count is not None and not 1 <= count <= width:  # executor SamplingConfig::checkNumReturnSequences
+            return f"num_return_sequences {count} must be between 1 and beam_width {width} with beam search"
         return None
 
     def _admit(self) -> None:
@@ -352,11 +345,9 @@ class Scheduler:
         if reason is not None:
             self._finish(entry, reason, kept)
         elif request.streaming:
-            _deliver(
-                entry.sink,
-                StepOutput(request.request_id, kept, False, None, None, m, *_log_probs(seq, len(kept))),
-                entry,
-            )
+            out = StepOutput(request.request_id, kept, False, None, None, m, *_log_probs(seq, len(kept)))
+            out.context_logits = _context_logits(entry)
+            _deliver(entry.sink, out, entry)
         return len(kept)
 
     def _beam_step(self, entry: _Entry, rows: list[StepRows], after_prefill: bool) -> int:
@@ -376,7 +367,9 @@ class Scheduler:
         if beams.done:
             self._finish(entry, FinishReason.LENGTH, [])
         elif seq.request.streaming:
-            _deliver(entry.sink, _beam_output(entry, finished=False), entry)
+            out = _beam_output(entry, finished=False)
+            out.context_logits = _context_logits(entry)
+            _deliver(entry.sink, out, entry)
         return len(beams.beams)
 
     def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
@@ -409,18 +402,22 @@ class Scheduler:
 
 
 def _context_logits(entry: _Entry) -> np.ndarray | None:
-    """The prompt's logits [prompt_len, vocab] (return_context_logits), None otherwise."""
+    """The prompt's logits [prompt_len, vocab] (return_context_logits), None otherwise. Every response
+    carries them, streaming ones too, as TensorRT-LLM's ``LlmRequest::createResult``
+    (cpp/tensorrt_llm/batch_manager/llmRequest.cpp) puts them in every result."""
     if not entry.seq.request.return_context_logits or not entry.context_logits:
         return None
-    return torch.cat(entry.context_logits).float().cpu().numpy()
+    if len(entry.context_logits) > 1:  # the chunks of a chunked prefill, joined once
+        entry.context_logits[:] = [torch.cat(entry.context_logits)]
+    return entry.context_logits[0].float().cpu().numpy()
 
 
 def _beam_output(entry: _Entry, finished: bool, reason: FinishReason | None = None) -> StepOutput:
-    """A beam-search response: every beam as it stands (whole beams, streaming or not; the prompt
-    before each unless excluded or streaming)."""
+    """A beam-search response: the best num_return_beams beams as they stand (whole beams, streaming or
+    not; the prompt before each unless excluded or streaming)."""
     seq, request, beams = entry.seq, entry.seq.request, entry.beams
     assert beams is not None
-    results = beams.results()
+    results = beams.results()[: request.num_return_beams or beams.width]
     prompt = [] if request.streaming or request.exclude_input_in_output else list(request.input_ids)
     tokens = [*prompt, *results[0].tokens] if results else prompt
     cum = results[0].cum_log_prob if results and request.return_log_probs else 0.0
@@ -461,8 +458,4 @@ def _deliver(sink: Sink, output: StepOutput, entry: _Entry | None = None) -> Non
 
 
 def _ends_with_stop_word(seq: Sequence, stop_words: tuple[tuple[int, ...], ...]) -> bool:
-    """Does prompt + generated end with a stop word? (A word may start inside the prompt, as in
-    TensorRT-LLM, which matches on the whole sequence.) Only the tail is built."""
-    longest = max(len(word) for word in stop_words)
-    tail = (list(seq.request.input_ids[-longest:]) + seq.generated[-longest:])[-longest:]
-    return any(len(word) <= len(tail) and tuple(tail[-len(word) :]) == word for word in stop_words)
+    return ends_with_stop_word(seq.request.input_ids, seq.generated, stop_words)

@@ -5,13 +5,16 @@
   (what the C++ backend does).
 * :func:`parse_parts`: a request's sequences (batch rows x ``num_return_sequences``), each a
   :class:`Part` whose responses carry ``batch_index`` / ``sequence_index``, as TensorRT-LLM
-  splits them; :func:`parse_request` parses one sequence's tensors.
+  splits them (with beam search a row is one sequence whose response carries the best
+  ``num_return_sequences`` beams); :func:`parse_request` parses one sequence's tensors.
 * :func:`parse_request`: one sequence's input tensors -> :class:`GenerationRequest`, or a
   :class:`StopRequest` (the ``stop`` input cancels the in-flight request with the same id).
 * :func:`response_arrays`: a :class:`StepOutput` -> output arrays shaped as the config declares
   them with the leading batch dim of 1 (``max_batch_size`` > 0): ``output_ids`` [1, beams, len]
   (shorter beams padded with the end id), ``sequence_length`` / ``cum_log_probs`` [1, beams],
-  ``output_log_probs`` [1, beams, len], ``context_logits`` [1, prompt, vocab], perf metrics [1, 1].
+  ``output_log_probs`` [1, beams, len], ``generation_logits`` [1, beams, len, vocab] (shorter beams padded
+  with zeros), ``context_logits`` [1, prompt, vocab] (in every response, streaming ones too), perf metrics
+  [1, 1].
 """
 
 from __future__ import annotations
@@ -249,11 +252,16 @@ def parse_parts(get: GetInput, request_id: str, params: BackendParams) -> list[P
         row_get = _row_getter(get, row, rows)
         request = parse_request(row_get, request_id, params)
         assert isinstance(request, GenerationRequest)
-        count = int(_scalar(row_get, "num_return_sequences", 1) or 1)
+        sent = _scalar(row_get, "num_return_sequences", None)
+        count = int(sent or 1)
         if count < 1:
             raise InputError(f"num_return_sequences must be at least 1, got {count}")
-        if count > 1 and request.sampling.beam_width > 1:
-            raise InputError("num_return_sequences > 1 with beam_width > 1 is not supported by the reference backend")
+        if request.sampling.beam_width > 1:
+            # Beam search: one sequence whose response carries the best num_return_sequences beams
+            # (executor SamplingConfig::getNumReturnBeams; the scheduler refuses more than beam_width).
+            beams = replace(request, num_return_beams=None if sent is None else count)
+            parts.append(Part(beams, row, 0))
+            continue
         if count > 1 and not params.decoupled:
             raise InputError(
                 "num_return_sequences > 1 needs the decoupled transaction policy: each sequence is its own response"
@@ -324,7 +332,7 @@ def response_arrays(
     if request.return_log_probs and out.beams is None:  # [1, beam, tokens] and [1, beam], generated tokens only
         arrays["output_log_probs"] = np.array(out.log_probs, dtype=np.float32).reshape(1, 1, -1)
         arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], dtype=np.float32)
-    if request.return_generation_logits:  # [1, beam, tokens, vocab]
+    if request.return_generation_logits and out.beams is None:  # [1, beam, tokens, vocab]
         rows = np.stack(out.generation_logits) if out.generation_logits else np.zeros((0, 0), np.float32)
         arrays["generation_logits"] = rows.astype(np.float32).reshape(1, 1, *rows.shape)
     if out.context_logits is not None:  # [1, prompt, vocab]
@@ -381,4 +389,12 @@ def _beam_arrays(out: StepOutput, request: GenerationRequest) -> dict[str, np.nd
             log_probs[0, b, : len(beam.log_probs)] = beam.log_probs
         arrays["output_log_probs"] = log_probs
         arrays["cum_log_probs"] = np.array([[beam.cum_log_prob for beam in beams]], dtype=np.float32)
+    if request.return_generation_logits:  # [1, beams, longest, vocab], each beam's rows along its history
+        longest = max((len(beam.generation_logits) for beam in beams), default=0)
+        vocab = next((len(beam.generation_logits[0]) for beam in beams if beam.generation_logits), 0)
+        logits = np.zeros((1, len(beams), longest, vocab), dtype=np.float32)
+        for b, beam in enumerate(beams):
+            if beam.generation_logits:
+                logits[0, b, : len(beam.generation_logits)] = np.stack(beam.generation_logits)
+        arrays["generation_logits"] = logits
     return arrays

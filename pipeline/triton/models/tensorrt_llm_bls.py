@@ -7,6 +7,10 @@ same wiring the ensemble's config has, generated from one table): preprocessing 
 repository ships a model of this name with the same inputs and outputs; clients select it with
 ``--model-name tensorrt_llm_bls``.
 
+Beam search (``beam_width`` > 1) as NVIDIA's: every response carries one ``text_output`` per beam
+(and the beams' ``cum_log_probs`` / ``output_log_probs`` / logits), and ``num_return_sequences`` is not
+passed on, so all beam_width beams come back (NVIDIA's decoder does not forward it either).
+
 What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
 draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
 multimodal inputs. Both get a one-line error instead of an answer that ignores them.
@@ -88,6 +92,10 @@ class TritonPythonModel:
         stream = _flag(tensors.get("stream"))
         if stream and not self.decoupled:
             raise RequestError("Streaming is only supported if model is deployed using decoupled mode.")
+        if _beams(tensors) > 1:
+            # NVIDIA's BLS (lib/triton_decoder.py) never forwards num_return_sequences: with beam search
+            # every beam comes back, one text_output per beam, whatever num_return_sequences says.
+            tensors.pop("num_return_sequences", None)
         inference = _request(llm, tensors, request.request_id())
         replies = inference.exec(decoupled=True) if self.decoupled else [inference.exec()]
         for reply in replies:
@@ -123,6 +131,11 @@ class TritonPythonModel:
 def _batched(array: np.ndarray) -> np.ndarray:
     """Inputs with ``reshape: []`` arrive as [batch]; the other models take them as [batch, 1]."""
     return array.reshape(-1, 1) if array.ndim == 1 else array
+
+
+def _beams(tensors: dict) -> int:
+    width = tensors.get("beam_width")
+    return int(width.reshape(-1)[0]) if width is not None and width.size else 1
 
 
 def _flag(array) -> bool:

@@ -203,8 +203,10 @@ def test_refusals(beam_engine, spec_engines):
     method, _ = make_method(engine, MethodSettings("lookahead", lookahead=LOOKAHEAD))
     refused = serve(engine, request(2), method=method).final("b")
     assert refused.error == "Decoding mode is Lookahead, but beamWidth != 1 (2 != 1)"
-    stop = dataclasses.replace(request(2), stop_words=((5,),))
-    assert "stop_words with beam_width > 1" in (serve(beam_engine, stop).final("b").error or "")
+    too_many = dataclasses.replace(request(2), num_return_beams=3)
+    assert serve(beam_engine, too_many).final("b").error == (
+        "num_return_sequences 3 must be between 1 and beam_width 2 with beam search"
+    )
 
 
 def test_beam_response_arrays(beam_engine):
@@ -217,6 +219,79 @@ def test_beam_response_arrays(beam_engine):
     assert arrays["cum_log_probs"].shape == (1, 2) and arrays["output_log_probs"].shape == (1, 2, N)
 
 
+# -- beam search with stop words, generation logits, num_return_sequences ------------------------------
+
+
+def test_stop_word_finishes_the_beams_that_end_with_it(beam_engine):
+    plain = serve(beam_engine, request(3)).final("b")
+    assert plain.beams is not None
+    word = plain.beams[0].tokens[3]  # a token the best beam produces mid-way
+    r = dataclasses.replace(request(3), stop_words=((word,),))
+    out = serve(beam_engine, r).final("b")
+    assert out.beams is not None and len(out.beams) == 3
+    stopped = [b for b in out.beams if b.tokens[-1] == word]
+    assert stopped and all(len(b.tokens) < N for b in stopped)  # the stop word ended them, and stays in them
+    for beam in out.beams:
+        assert word not in beam.tokens[:-1]  # no beam goes on past a stop word
+        want = full_log_probs(beam_engine, PROMPT, list(beam.tokens))
+        per_token = [float(want[i, t]) for i, t in enumerate(beam.tokens)]
+        assert np.allclose(beam.log_probs, per_token, atol=1e-4)
+        assert beam.cum_log_prob == pytest.approx(sum(per_token), abs=1e-3)  # the end id that ended it: log p 0
+    assert out.beams != plain.beams
+
+
+def test_stop_word_starting_in_the_prompt_ends_the_best_beam_at_once(beam_engine):
+    """(last prompt token, the best first token) is a stop word: that one-token beam finishes at the next
+    step with its cumulative log-probability, which no longer beam can beat (length_penalty 0)."""
+    plain = serve(beam_engine, request(2)).final("b")
+    assert plain.beams is not None
+    first = plain.beams[0].tokens[0]
+    out = serve(beam_engine, dataclasses.replace(request(2), stop_words=((PROMPT[-1], first),))).final("b")
+    assert out.beams is not None and out.beams[0].tokens == (first,)
+    assert len(out.beams[1].tokens) > 1 and out.beams[1].tokens[0] != first
+
+
+def test_generation_logits_follow_each_beams_own_history(beam_engine):
+    r = dataclasses.replace(request(3), return_generation_logits=True, exclude_input_in_output=False)
+    out = serve(beam_engine, r).final("b")
+    assert out.beams is not None and len({b.tokens[:3] for b in out.beams}) > 1  # the beams were reselected
+    for beam in out.beams:
+        seq = PROMPT + list(beam.tokens)
+        full = beam_engine.forward([StepInput(beam_engine.new_cache(len(seq)), seq, Logits.ALL)])[0].logits
+        want = full[len(PROMPT) - 1 : len(seq) - 1].float().numpy()
+        assert len(beam.generation_logits) == len(beam.tokens)
+        assert np.allclose(np.stack(beam.generation_logits), want, atol=1e-4)
+    arrays = response_arrays(out, r, frozenset())
+    vocab = beam_engine.config.model.vocab_size
+    assert arrays["generation_logits"].shape == (1, 3, N, vocab)
+    assert np.array_equal(arrays["generation_logits"][0, 1], np.stack(out.beams[1].generation_logits))
+
+
+def test_generation_logits_of_beams_of_different_lengths_are_padded(beam_engine):
+    for end_id in end_candidates(beam_engine):
+        r = dataclasses.replace(request(3, end_id), return_generation_logits=True)
+        out = serve(beam_engine, r).final("b")
+        assert out.beams is not None
+        lengths = [len(b.tokens) for b in out.beams]
+        if len(set(lengths)) > 1:
+            logits = response_arrays(out, r, frozenset())["generation_logits"]
+            assert logits.shape[:3] == (1, 3, max(lengths))
+            short = lengths.index(min(lengths))
+            assert not logits[0, short, min(lengths) :].any()  # zeros past a beam's end
+            return
+    pytest.fail("no end id gave beams of different lengths")
+
+
+def test_num_return_beams_returns_the_best_ones(beam_engine):
+    full = serve(beam_engine, request(3)).final("b")
+    two = serve(beam_engine, dataclasses.replace(request(3), num_return_beams=2)).final("b")
+    assert full.beams is not None and two.beams == full.beams[:2]
+    streamed = dataclasses.replace(request(3), num_return_beams=1, streaming=True, request_id="s")
+    responses = serve(beam_engine, streamed).outputs["s"]
+    assert all(r.beams is not None and len(r.beams) == 1 for r in responses)
+    assert responses[-1].beams == full.beams[:1]
+
+
 # -- context logits -----------------------------------------------------------------------------------
 
 
@@ -226,11 +301,14 @@ def test_context_logits_equal_the_full_prompt_forward(beam_engine, engine):
     r = GenerationRequest("c", tuple(prompt), 4, exclude_input_in_output=True, return_context_logits=True)
     limits = dataclasses.replace(beam_engine.config.limits, max_num_tokens=5)  # chunked prefill: 5 + 5 + 3
     beams = dataclasses.replace(r, sampling=SamplingParams(beam_width=2))
-    for req in (r, dataclasses.replace(r, streaming=True), beams):
-        got = serve(beam_engine, req, limits=limits).final("c")
-        assert got.context_logits is not None and got.context_logits.shape == (len(prompt), want.shape[1])
-        assert np.allclose(got.context_logits, want.numpy(), atol=1e-5)
-        assert response_arrays(got, req, frozenset())["context_logits"].shape == (1, len(prompt), want.shape[1])
+    streams = (dataclasses.replace(r, streaming=True), dataclasses.replace(beams, streaming=True))
+    for req in (r, beams, *streams):
+        every = serve(beam_engine, req, limits=limits).outputs["c"]
+        assert len(every) == (4 if req.streaming else 1)
+        for got in every:  # every response carries them, streaming ones too (as TensorRT-LLM's results)
+            assert got.context_logits is not None and got.context_logits.shape == (len(prompt), want.shape[1])
+            assert np.allclose(got.context_logits, want.numpy(), atol=1e-5)
+            assert response_arrays(got, req, frozenset())["context_logits"].shape == (1, len(prompt), want.shape[1])
     assert serve(beam_engine, r).final("c").tokens == engine_greedy(beam_engine, prompt, 4)
     refused = serve(engine, r).final("c")  # the session engine is built without gather_context_logits
     assert refused.error is not None and "gather_context_logits" in refused.error

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.runtime.triton import backend as triton_backend
-from pipeline.runtime.triton.io import StopRequest, parse_parameters, parse_request
+from pipeline.runtime.triton.io import StopRequest, parse_parameters, parse_parts, parse_request
 from tests.runtime.fixtures import PROMPTS
 from tests.runtime.triton.fakes import FINAL, FakeFamily, FakeRequest, fake_pb_utils, inputs, model_config
 
@@ -230,6 +230,24 @@ def test_request_parsing(tmp_path):
     assert got.stop_words == ((5, 6), (7,)) and got.sampling.top_k == 4 and got.sampling.seed == 2**63 + 5
     assert got.exclude_input_in_output and not got.streaming
     assert parse_request(lambda n: {"stop": np.array([True])}.get(n), "x", params) == StopRequest("x")
+
+
+def test_beam_search_num_return_sequences_is_one_sequence_of_that_many_beams(tmp_path):
+    """TensorRT-LLM's executor: with beam search num_return_sequences picks the beams of ONE response
+    (SamplingConfig::getNumReturnBeams); no split, so a non-decoupled model may ask for it too."""
+    from dataclasses import replace
+
+    params = parse_parameters(model_config(tmp_path))
+    sent = inputs([1, 2, 3], 4, beam_width=np.array([3], np.int32), num_return_sequences=np.array([2], np.int32))
+    for decoupled in (True, False):
+        beams = replace(params, decoupled=decoupled)
+        (part,) = parse_parts(sent.get, "r", beams)
+        assert part.request.num_return_beams == 2 and part.sequence_index == 0
+    unset = inputs([1, 2, 3], 4, beam_width=np.array([3], np.int32))
+    (part,) = parse_parts(unset.get, "r", params)
+    assert part.request.num_return_beams is None  # every beam
+    sampled = inputs([1, 2, 3], 4, num_return_sequences=np.array([2], np.int32))
+    assert len(parse_parts(sampled.get, "r", params)) == 2  # beam width 1: still split
 
 
 def test_decoding_modes_fall_back_with_a_warning(engine):
