@@ -6,6 +6,9 @@ Convention (the converter and the reference runtime follow it):
   (what ``lm_head`` sees), and predicts token t+2+i: the base model itself predicts t+1 from
   h_t, head 0 the token after that.
 * x = h; for each ResBlock: x = x + silu(W x + b); logits_i = lm_head_i(x).
+* Label of head i at h_t: the base model's token t+2+i; on teacher-forced text, the base model's own
+  distribution of that token (its softmax at t+1+i, :mod:`pipeline.heads.teacher`), Medusa-2's
+  self-distillation.
 * Every head's lm_head is the base lm_head (SmolLM2 ties it to the embedding), frozen during
   training. Only the ResBlocks are trained and shipped (3 x 332k parameters); the expansion
   step (pipeline/heads/expand.py) writes the full FasterDecoding file with the lm_heads copied

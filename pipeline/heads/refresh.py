@@ -11,7 +11,8 @@ Data (``RefreshSettings.data``):
   (pipeline/data/prompts/*_train.jsonl, never the held-out *_eval.jsonl), then one teacher-forced
   pass for the features (:mod:`pipeline.heads.data`). One decoding step per answer token: slow.
 * ``fixed-text`` or a file: teacher-forced on fixed text, one batched forward pass per block
-  (:mod:`pipeline.heads.fixed_text`).
+  (:mod:`pipeline.heads.fixed_text`); the labels are the target's own next-token distribution there
+  (:mod:`pipeline.heads.teacher`).
 
 ``tokens`` bounds the training tokens; every ``VALID_EVERY``-th sequence is held back and the epoch
 with the best validation tokens/step ships. The output is the folder the convert stage reads:
@@ -207,6 +208,11 @@ def _readme(info: dict) -> str:
         f"{d['source']} ({d['sequences']} sequences; {d['validation_sequences']} held back to pick the epoch"
         + (f", epoch {info['best_epoch']} shipped)." if info.get("best_epoch") else ")."),
     ]
+    if d.get("labels"):
+        lines.append(
+            f"Labels: the {d['labels']} next-token distribution at every position (mean mass "
+            f"{d.get('teacher_mass')}), not the text's own tokens (pipeline/heads/teacher.py)."
+        )
     if info.get("command"):
         lines.append(f"Reproduce: `{info['command']}`.")
     lines += ["", "Layout: as the shipped heads of the base model (see heads/smollm2-eagle, heads/smollm2-medusa).", ""]
