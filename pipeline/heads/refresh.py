@@ -210,8 +210,9 @@ def _readme(info: dict) -> str:
     ]
     if d.get("labels"):
         lines.append(
-            f"Labels: the {d['labels']} next-token distribution at every position (mean mass "
-            f"{d.get('teacher_mass')}), not the text's own tokens (pipeline/heads/teacher.py)."
+            f"Labels ({d['labels']}): the target's own next-token distribution at every position (the kept "
+            f"tokens hold {d.get('teacher_mass')} of its probability on average), not the text's tokens "
+            "(pipeline/heads/teacher.py)."
         )
     if info.get("command"):
         lines.append(f"Reproduce: `{info['command']}`.")
