@@ -61,6 +61,7 @@ class RefreshSettings:
     num_heads: int = 3  # Medusa from a random start; a warm start keeps the init's head count
     block: int = 256  # fixed text: tokens per sequence
     max_new_tokens: int = 128  # self-distillation: answer length limit
+    lr: float | None = None  # None: the method's default (halved for a warm start, WARM_START_LR_FACTOR)
 
 
 def fast_bf16() -> bool:
@@ -162,6 +163,8 @@ def refresh_heads(
         )
         if init is not None:
             cfg = replace(cfg, lr=cfg.lr * WARM_START_LR_FACTOR)
+        if settings.lr is not None:
+            cfg = replace(cfg, lr=settings.lr)
         validate = (
             (lambda m: validation_score(evaluate_medusa(m, lm_head, valid, MEDUSA_TREES))) if len(valid) else None
         )
@@ -182,6 +185,8 @@ def refresh_heads(
         eagle_cfg = EagleTrainConfig(epochs=settings.epochs, seed=settings.seed, bf16=fast_bf16())
         if eagle_init is not None:
             eagle_cfg = replace(eagle_cfg, lr=eagle_cfg.lr * WARM_START_LR_FACTOR)
+        if settings.lr is not None:
+            eagle_cfg = replace(eagle_cfg, lr=settings.lr)
         embed = base_embedding(Path(target_dir)).float()
         validate_eagle = (
             (lambda m: validation_score(evaluate_eagle(m, embed, lm_head, valid, EAGLE_TREES))) if len(valid) else None

@@ -87,3 +87,16 @@ def test_eagle_learns_the_teacher_not_the_text():
     drafter, log = train_eagle(data, embed, embed, TINY_DRAFTER, cfg, say=lambda _: None)
     assert log[-1]["step1_acc"] > 0.9 and log[-1]["step2_acc"] > 0.9  # accuracy against the teacher's top-1
     assert isinstance(drafter, EagleDrafter) and VOCAB > HIDDEN
+
+
+def test_refresh_records_the_labels_and_takes_a_learning_rate(tmp_path):
+    from pipeline.heads.refresh import RefreshSettings, refresh_heads
+
+    folder = build_tiny_llama(tmp_path / "tiny", tie_word_embeddings=True)
+    text = tmp_path / "text.txt"
+    text.write_text("write short code python def return print function class data model text " * 12)
+    settings = RefreshSettings(method="medusa", init=None, data=str(text), tokens=96, epochs=1, num_heads=2, lr=3e-3)
+    manifest = refresh_heads(folder, tmp_path / "heads", settings, say=lambda _: None)
+    assert manifest["train_config"]["lr"] == 3e-3
+    assert manifest["data"]["labels"] == f"target top-{TEACHER_TOP_K}"
+    assert "Labels (target top-10)" in (tmp_path / "heads" / "README.md").read_text()
