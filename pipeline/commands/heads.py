@@ -12,7 +12,7 @@ spec's train-heads stage does (:mod:`pipeline.heads.refresh`): ``--adapter`` (re
 LoRA adapters into ``--model`` first, so a fine-tune's heads are refreshed by one command:
 
     specdeploy train-heads --threads 1 --method eagle --adapter adapters/smollm2-code --init heads/smollm2-eagle \
-        --data self-distill --tokens 30000 --epochs 2 --seed 0 --out heads/smollm2-code-eagle
+        --data self-distill --tokens 40000 --epochs 3 --seed 0 --out heads/smollm2-code-eagle
 """
 
 from __future__ import annotations
