@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
+# What the heads learn: the target's own next-token distribution (fixed text and files; self-distilled
+# answers are the target's greedy tokens). Fingerprinted, so heads trained on other labels retrain.
+LABELS = "target-distribution"
 PROMPTS_DIR = Path(__file__).parent / "data" / "prompts"  # the self-distillation prompts (train files)
 
 
@@ -84,5 +87,6 @@ def plan_training(
         "device": train.device,
         "seed": train.seed,
         "num_heads": getattr(heads, "num_heads", None),
+        "labels": LABELS,
     }
     return HeadsTraining(method, variant_root / "heads", init, data, params)

@@ -78,6 +78,7 @@ def test_plan_trains_after_merge_and_converts_the_trained_heads(fleet, tmp_path)
     assert train.inputs["init"] == tmp_path / "base-eagle"  # init: base = the inherited heads
     assert refreshed.stage("convert").inputs["heads"] == train.output
     assert medusa.method == "medusa" and "init" not in medusa.stage("train-heads").inputs
+    assert train.params["labels"] == "target-distribution"  # fingerprinted: heads trained on text labels retrain
 
 
 def test_engine_trains_heads_once_and_convert_reads_them(fleet, cli, tmp_path):
@@ -91,6 +92,7 @@ def test_engine_trains_heads_once_and_convert_reads_them(fleet, cli, tmp_path):
     assert not torch.equal(refreshed["fc.weight"], init["fc.weight"])  # trained, from the base's weights
     info = json.loads((trained / "manifest.json").read_text())
     assert info["data"]["source"] == "fixed-text" and info["settings"]["init"].endswith("base-eagle")
+    assert info["data"]["labels"] == "target top-10"  # distilled from the fine-tune, not the text's tokens
     recorded = json.loads((tmp_path / "engines" / "ft-refreshed" / "checkpoint" / FINGERPRINT_FILE).read_text())
     assert recorded["inputs"]["heads"]["path"] == str(trained)
     medusa_config = json.loads((tmp_path / "engines" / "ft-medusa" / "heads" / "config.json").read_text())

@@ -12,7 +12,7 @@ spec's train-heads stage does (:mod:`pipeline.heads.refresh`): ``--adapter`` (re
 LoRA adapters into ``--model`` first, so a fine-tune's heads are refreshed by one command:
 
     specdeploy train-heads --threads 1 --method eagle --adapter adapters/smollm2-code --init heads/smollm2-eagle \
-        --data fixed-text --tokens 40000 --epochs 2 --seed 0 --out heads/smollm2-code-eagle
+        --data self-distill --tokens 40000 --epochs 3 --seed 0 --out heads/smollm2-code-eagle
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    if args.init or args.data or args.tokens or args.adapter:
+    if args.init or args.data or args.tokens or args.adapter or args.lr:
         return _refresh(args, say, command if "train-heads" in command else "")
     train_heads(
         args.method,
@@ -72,6 +72,7 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
         epochs=args.epochs or RefreshSettings.epochs,
         device=args.device,
         seed=args.seed,
+        lr=args.lr,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -122,6 +123,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--tokens", type=int, help="training tokens at most (default 200000)")
     train.add_argument("--adapter", action="append", help="PEFT LoRA folder merged into --model first (repeatable)")
     train.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the target and heads run")
+    train.add_argument("--lr", type=float, help="learning rate (default: the method's, halved for a warm start)")
     train.set_defaults(handler=cmd_train_heads)
 
     expand = commands.add_parser("expand-heads", help="write the FasterDecoding folder for shipped Medusa ResBlocks")

@@ -27,6 +27,12 @@ heads always read exact float32 base features. Tensors per shard:
 * ``offsets`` int64 [S + 1]   sequence s is ``[offsets[s], offsets[s+1])``
 * ``prompt_lens`` int64 [S]   answer of sequence s starts at ``offsets[s] + prompt_lens[s]``
 * ``kinds``   int64 [S]       0 chat, 1 code
+
+Teacher-forced data (:mod:`pipeline.heads.fixed_text`) also carries the target's own next-token
+distribution at every position (:mod:`pipeline.heads.teacher`), the heads' training labels:
+
+* ``teacher_ids``   int64 [N, K]    the target's top-K next tokens at each position, best first
+* ``teacher_probs`` float16 [N, K]  their probabilities (full-vocabulary softmax)
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,6 +73,8 @@ class SeqData:
     offsets: torch.Tensor
     prompt_lens: torch.Tensor
     kinds: torch.Tensor
+    teacher_ids: torch.Tensor | None = None
+    teacher_probs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.prompt_lens.numel())
@@ -75,43 +83,88 @@ class SeqData:
         a, b = int(self.offsets[s]), int(self.offsets[s + 1])
         return self.tokens[a:b], self.hidden[a:b], int(self.prompt_lens[s])
 
-    def select(self, kind: str) -> SeqData:
-        keep = [s for s in range(len(self)) if int(self.kinds[s]) == KINDS.index(kind)]
+    def teacher(self, s: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids [T, K], probs [T, K]) of sequence s: the target's next-token distribution; None without one."""
+        if self.teacher_ids is None or self.teacher_probs is None:
+            return None
+        a, b = int(self.offsets[s]), int(self.offsets[s + 1])
+        return self.teacher_ids[a:b], self.teacher_probs[a:b]
+
+    def next_labels(self, s: int) -> torch.Tensor:
+        """[T]: the target's greedy token after each position of sequence s (the last one repeats).
+
+        With a teacher, its top-1; else the data's next token (self-distilled answers are the target's greedy
+        tokens)."""
+        teacher = self.teacher(s)
+        if teacher is not None:
+            return teacher[0][:, 0]
+        tokens = self.seq(s)[0]
+        return torch.cat([tokens[1:], tokens[-1:]]) if len(tokens) else tokens
+
+    def subset(self, keep: list[int]) -> SeqData:
+        """The sequences ``keep`` in that order, teacher included."""
         parts = [self.seq(s) for s in keep]
+        teachers = [t for t in (self.teacher(s) for s in keep) if t is not None]
         return SeqData.from_sequences(
-            [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], [KINDS.index(kind)] * len(parts)
+            [p[0] for p in parts],
+            [p[1] for p in parts],
+            [p[2] for p in parts],
+            [int(self.kinds[s]) for s in keep],
+            teachers=teachers if self.teacher_ids is not None else None,
         )
+
+    def select(self, kind: str) -> SeqData:
+        return self.subset([s for s in range(len(self)) if int(self.kinds[s]) == KINDS.index(kind)])
 
     @staticmethod
     def from_sequences(
-        tokens: list[torch.Tensor], hidden: list[torch.Tensor], prompt_lens: list[int], kinds: list[int]
+        tokens: list[torch.Tensor],
+        hidden: list[torch.Tensor],
+        prompt_lens: list[int],
+        kinds: list[int],
+        teachers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> SeqData:
         lengths = torch.tensor([0] + [len(t) for t in tokens], dtype=torch.int64)
         width = hidden[0].shape[-1] if hidden else 0
+        ids = probs = None
+        if teachers is not None:
+            k = teachers[0][0].shape[-1] if teachers else 0
+            ids = torch.cat([t[0] for t in teachers]).long() if teachers else torch.zeros(0, k, dtype=torch.int64)
+            probs = torch.cat([t[1] for t in teachers]).half() if teachers else torch.zeros(0, k, dtype=torch.float16)
         return SeqData(
             tokens=torch.cat(tokens).long() if tokens else torch.zeros(0, dtype=torch.int64),
             hidden=torch.cat(hidden).half() if hidden else torch.zeros(0, width, dtype=torch.float16),
             offsets=torch.cumsum(lengths, 0),
             prompt_lens=torch.tensor(prompt_lens, dtype=torch.int64),
             kinds=torch.tensor(kinds, dtype=torch.int64),
+            teacher_ids=ids,
+            teacher_probs=probs,
         )
 
     def save(self, path: Path) -> None:
-        save_file(
-            {
-                "tokens": self.tokens,
-                "hidden": self.hidden.contiguous(),
-                "offsets": self.offsets,
-                "prompt_lens": self.prompt_lens,
-                "kinds": self.kinds,
-            },
-            str(path),
-        )
+        tensors = {
+            "tokens": self.tokens,
+            "hidden": self.hidden.contiguous(),
+            "offsets": self.offsets,
+            "prompt_lens": self.prompt_lens,
+            "kinds": self.kinds,
+        }
+        if self.teacher_ids is not None and self.teacher_probs is not None:
+            tensors.update(teacher_ids=self.teacher_ids.contiguous(), teacher_probs=self.teacher_probs.contiguous())
+        save_file(tensors, str(path))
 
     @staticmethod
     def load(path: Path) -> SeqData:
         t = load_file(str(path))
-        return SeqData(t["tokens"], t["hidden"], t["offsets"], t["prompt_lens"], t["kinds"])
+        return SeqData(
+            t["tokens"],
+            t["hidden"],
+            t["offsets"],
+            t["prompt_lens"],
+            t["kinds"],
+            t.get("teacher_ids"),
+            t.get("teacher_probs"),
+        )
 
 
 @dataclass(frozen=True)
@@ -222,8 +275,17 @@ def greedy_answers(
 @torch.no_grad()
 def final_hidden_states(model, sequences: list[list[int]], *, batch: int) -> list[torch.Tensor]:
     """Teacher-forced last hidden state (after the final norm) of each sequence, right padded."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     hidden: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    for i, states in teacher_forced_states(model, sequences, batch=batch):
+        hidden[i] = states.to("cpu", torch.float16)
+    return hidden
+
+
+@torch.no_grad()
+def teacher_forced_states(model, sequences: list[list[int]], *, batch: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, [T, H] last hidden state after the final norm, in the model's dtype and on its device) per
+    sequence, batched by length and right padded."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     for first in range(0, len(order), batch):
         chunk = order[first : first + batch]
         width = max(len(sequences[i]) for i in chunk)
@@ -235,8 +297,7 @@ def final_hidden_states(model, sequences: list[list[int]], *, batch: int) -> lis
         device = model.device  # the target may sit on a GPU; the features come back to the host
         states = model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
         for row, i in enumerate(chunk):
-            hidden[i] = states[row, : len(sequences[i])].to("cpu", torch.float16)
-    return hidden
+            yield i, states[row, : len(sequences[i])]
 
 
 def build_split(

@@ -17,8 +17,10 @@ Convention (the converter and the reference runtime follow it):
   export; the converter falls back to the base embedding). lm_head = base lm_head (tied).
 
 Losses (EAGLE paper): smooth-L1 regression of f' against the true next feature
-+ ``w_cls`` x cross-entropy of lm_head(f') against the base model's next token (hard label: the
-data is the base model's own greedy output, so the label is its argmax), with uniform noise
++ ``w_cls`` x cross-entropy of lm_head(f') against the target's next token: against its distribution
+when the data carries one (teacher-forced text, :mod:`pipeline.heads.teacher`, EAGLE's soft label), else
+against the data's next token (self-distilled data is the target's own greedy output, so that token is
+its argmax), with uniform noise
 U(-a, a), a = ``noise`` x RMS of the features, added to the input features. Beyond EAGLE-1,
 ``unroll`` > 1 also trains draft steps 2.. on the drafter's own predicted features (the
 "training-time test" of HASS/EAGLE-3) with the exact attention pattern of drafting: true-prefix
@@ -38,6 +40,7 @@ from torch import nn
 
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import SeqData
+from pipeline.heads.teacher import soft_cross_entropy
 from pipeline.heads.vocab import loss_lm_head
 
 Progress = Callable[[str], None]
@@ -263,6 +266,21 @@ def pad_batch(data: SeqData, seqs: list[int]) -> tuple[torch.Tensor, torch.Tenso
     return tokens, feats, valid, torch.tensor([p[2] for p in parts])
 
 
+def pad_teacher(data: SeqData, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The teacher of :func:`pad_batch`'s batch: ids [B,T,K] and probs [B,T,K] (zero past the end); None
+    when the data has none."""
+    teachers = [data.teacher(s) for s in seqs]
+    if any(t is None for t in teachers):
+        return None
+    pairs = [t for t in teachers if t is not None]
+    T, K = max(len(p[0]) for p in pairs), pairs[0][0].shape[1]
+    ids = torch.zeros(len(pairs), T, K, dtype=torch.long)
+    probs = torch.zeros(len(pairs), T, K)
+    for b, (i, p) in enumerate(pairs):
+        ids[b, : len(i)], probs[b, : len(i)] = i, p.float()
+    return ids, probs
+
+
 def step_targets(
     tokens: torch.Tensor, valid: torch.Tensor, start: torch.Tensor, s: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -288,8 +306,13 @@ def eagle_loss(
     noise_amp: float,
     gen: torch.Generator | None,
     table: torch.Tensor | None = None,
+    teacher: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, list[dict]]:
-    """Loss of one padded batch; ``lm_head`` may be a vocabulary subset, ``table`` maps ids into it."""
+    """Loss of one padded batch; ``lm_head`` may be a vocabulary subset, ``table`` maps ids into it.
+
+    ``teacher`` (:func:`pad_teacher`): the target's next-token distribution at each position, the label of
+    the row predicting that token (soft cross-entropy); None: the data's next token (hard label).
+    """
     tokens, feats, valid, start = batch
     noisy = feats
     if noise_amp > 0 and gen is not None:
@@ -301,9 +324,16 @@ def eagle_loss(
         n = mask.sum().clamp(min=1)
         target = feats.gather(1, feat_idx[..., None].expand_as(feats))
         reg = (F.smooth_l1_loss(pred, target, reduction="none").mean(-1) * mask).sum() / n
-        labels = target_tok[mask] if table is None else table[target_tok[mask]]
         logits = (pred[mask] @ lm_head.T).float()  # cross-entropy wants float32; argmax is 2x faster on it too
-        cls = F.cross_entropy(logits, labels, reduction="sum") / n
+        if teacher is None:
+            labels = target_tok[mask] if table is None else table[target_tok[mask]]
+            cls = F.cross_entropy(logits, labels, reduction="sum") / n
+        else:  # row j predicts token j+s+1: the target's distribution at position j+s (= feat_idx)
+            K = teacher[0].shape[-1]
+            ids = teacher[0].gather(1, feat_idx[..., None].expand(-1, -1, K))[mask]
+            probs = teacher[1].gather(1, feat_idx[..., None].expand(-1, -1, K))[mask]
+            cls = soft_cross_entropy(logits, ids, probs, table) / n
+            labels = ids[:, 0] if table is None else table[ids[:, 0]]
         total = total + cfg.step_decay ** (s - 1) * (reg + cfg.w_cls * cls)
         # A progress figure only: every 4th row (a full argmax costs ~5% of the step).
         acc = (logits.detach()[::4].argmax(-1) == labels[::4]).float().mean()
@@ -354,7 +384,8 @@ def train_eagle(
         drafter.train()
         for seqs in _batches(data, cfg.batch_tokens, gen):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss, stats = eagle_loss(drafter, embed, lm_head, pad_batch(data, seqs), cfg, noise_amp, gen, table)
+                batch, teacher = pad_batch(data, seqs), pad_teacher(data, seqs)
+                loss, stats = eagle_loss(drafter, embed, lm_head, batch, cfg, noise_amp, gen, table, teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)

@@ -13,8 +13,9 @@ path so far*:
 
 A tree path (r_1, ..., r_d) is accepted when it is in the tree and r_k is the true token's rank
 at depth k; the step yields 1 + (longest accepted depth) tokens and the next anchor is the last
-accepted position. Mean tokens per step = answer tokens / steps. An estimate: the reference
-backend's numbers (numerics, batching) come later.
+accepted position. Mean tokens per step = answer tokens / steps. On teacher-forced text the true
+token is the target's own greedy choice after the text's prefix (its teacher's top-1), not the text's.
+An estimate: the reference backend's numbers (numerics, batching) come later.
 """
 
 from __future__ import annotations
@@ -58,18 +59,29 @@ def simulate(ranks: torch.Tensor, start: int, tree: Tree) -> tuple[int, int]:
     return T - start, steps
 
 
-def _shifted_targets(tokens: torch.Tensor, depth: int) -> torch.Tensor:
-    """[T, depth]: column d-1 = token t+1+d (clamped; callers mask past the end)."""
-    T = tokens.numel()
-    idx = (torch.arange(T)[:, None] + 1 + torch.arange(1, depth + 1)[None, :]).clamp(max=T - 1)
-    return tokens[idx]
+def _shifted_targets(next_labels: torch.Tensor, depth: int) -> torch.Tensor:
+    """[T, depth]: column d-1 = the target's token t+1+d, i.e. its next token after position t+d
+    (:meth:`SeqData.next_labels`; clamped, callers mask past the end)."""
+    T = next_labels.numel()
+    idx = (torch.arange(T)[:, None] + torch.arange(1, depth + 1)[None, :]).clamp(max=T - 1)
+    return next_labels[idx]
+
+
+def _next(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.cat([tokens[1:], tokens[-1:]])
 
 
 @torch.no_grad()
 def medusa_ranks(
-    blocks: MedusaResBlocks, lm_head: torch.Tensor, tokens: torch.Tensor, hidden: torch.Tensor, cap: int
+    blocks: MedusaResBlocks,
+    lm_head: torch.Tensor,
+    tokens: torch.Tensor,
+    hidden: torch.Tensor,
+    cap: int,
+    next_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    targets = _shifted_targets(tokens, blocks.num_heads)
+    """Ranks of the target's tokens (``next_labels``; None: the data's own next tokens) per anchor and head."""
+    targets = _shifted_targets(_next(tokens) if next_labels is None else next_labels, blocks.num_heads)
     cols = [true_ranks(x @ lm_head.T, targets[:, i], cap) for i, x in enumerate(blocks(hidden.float()))]
     return torch.stack(cols, 1)
 
@@ -83,10 +95,12 @@ def eagle_ranks(
     hidden: torch.Tensor,
     depth: int,
     cap: int,
+    next_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Ranks of the target's tokens (``next_labels``; None: the data's own next tokens) per anchor and depth."""
     T = tokens.numel()
     preds = drafter.unrolled(embed, tokens[None], hidden.float()[None], torch.ones(1, T, dtype=torch.bool), depth)
-    targets = _shifted_targets(tokens, depth)
+    targets = _shifted_targets(_next(tokens) if next_labels is None else next_labels, depth)
     return torch.stack([true_ranks(p[0] @ lm_head.T, targets[:, i], cap) for i, p in enumerate(preds)], 1)
 
 
@@ -101,7 +115,7 @@ def summarize(rank_fn, data: SeqData, trees: dict[str, Tree], depth: int) -> dic
         produced, steps = {name: 0 for name in trees}, {name: 0 for name in trees}
         for s in range(len(part)):
             tokens, hidden, start = part.seq(s)
-            ranks = rank_fn(tokens, hidden)
+            ranks = rank_fn(tokens, hidden, part.next_labels(s))
             T = tokens.numel()
             for d in range(1, depth + 1):
                 rows = torch.arange(T)
@@ -125,7 +139,9 @@ def summarize(rank_fn, data: SeqData, trees: dict[str, Tree], depth: int) -> dic
 
 def evaluate_medusa(blocks: MedusaResBlocks, lm_head: torch.Tensor, data: SeqData, trees: dict[str, Tree]) -> dict:
     lm_head = lm_head.float()
-    return summarize(lambda tk, hd: medusa_ranks(blocks, lm_head, tk, hd, cap=16), data, trees, blocks.num_heads)
+    return summarize(
+        lambda tk, hd, nx: medusa_ranks(blocks, lm_head, tk, hd, cap=16, next_labels=nx), data, trees, blocks.num_heads
+    )
 
 
 def evaluate_eagle(
@@ -137,4 +153,9 @@ def evaluate_eagle(
     depth: int = 4,
 ) -> dict:
     embed, lm_head = embed.float(), lm_head.float()
-    return summarize(lambda tk, hd: eagle_ranks(drafter, embed, lm_head, tk, hd, depth, cap=16), data, trees, depth)
+    return summarize(
+        lambda tk, hd, nx: eagle_ranks(drafter, embed, lm_head, tk, hd, depth, cap=16, next_labels=nx),
+        data,
+        trees,
+        depth,
+    )

@@ -8,8 +8,9 @@ budget. The EAGLE paper (Li et al. 2024, "EAGLE: Speculative Sampling Requires R
 Uncertainty", Table 6) measured heads trained on a fixed dataset nearly as good as heads trained on
 the target's own generations (acceptance length 3.62 vs 3.75 on MT-bench).
 
-Labels are the text's own next tokens (Medusa-1's fixed-dataset recipe); EAGLE also regresses the
-target's next feature, which is exactly the target's. Every position trains (``prompt_lens`` 0).
+Labels are the target's own next-token distribution at every position, not the text's tokens
+(:mod:`pipeline.heads.teacher`: distillation, as EAGLE's and Medusa-2's training); EAGLE also regresses
+the target's next feature. Every position trains (``prompt_lens`` 0).
 
 Sources (``heads.<method>.train.data``):
 
@@ -27,7 +28,8 @@ from pathlib import Path
 import torch
 
 from pipeline.errors import InputError
-from pipeline.heads.data import KINDS, SeqData, final_hidden_states
+from pipeline.heads.data import KINDS, SeqData
+from pipeline.heads.teacher import TEACHER_TOP_K, teacher_forced
 
 BUILTIN_TEXT = "fixed-text"
 Progress = Callable[[str], None]
@@ -105,10 +107,20 @@ def fixed_text_data(
         blocks, kind = token_blocks(tokenizer, read_texts(Path(source)), block, tokens), "chat"
     if not blocks:
         raise InputError(f"{source}: no block of at least {max(2, block // 4)} tokens in the training text")
-    hidden = final_hidden_states(model, blocks, batch=batch)
+    hidden, teachers, mass = teacher_forced(model, blocks, batch=batch)
     data = SeqData.from_sequences(
-        [torch.tensor(b) for b in blocks], hidden, [0] * len(blocks), [KINDS.index(kind)] * len(blocks)
+        [torch.tensor(b) for b in blocks], hidden, [0] * len(blocks), [KINDS.index(kind)] * len(blocks), teachers
     )
-    meta = {"source": str(source), "sequences": len(blocks), "tokens": int(data.tokens.numel()), "block": block}
-    say(f"fixed text: {meta['sequences']} blocks, {meta['tokens']} tokens, one forward pass each")
+    meta = {
+        "source": str(source),
+        "sequences": len(blocks),
+        "tokens": int(data.tokens.numel()),
+        "block": block,
+        "labels": f"target top-{TEACHER_TOP_K}",
+        "teacher_mass": round(mass, 4),
+    }
+    say(
+        f"fixed text: {meta['sequences']} blocks, {meta['tokens']} tokens, one forward pass each; labels: the "
+        f"target's top-{TEACHER_TOP_K} (mean mass {mass:.3f})"
+    )
     return data, meta

@@ -6,6 +6,9 @@ Convention (the converter and the reference runtime follow it):
   (what ``lm_head`` sees), and predicts token t+2+i: the base model itself predicts t+1 from
   h_t, head 0 the token after that.
 * x = h; for each ResBlock: x = x + silu(W x + b); logits_i = lm_head_i(x).
+* Label of head i at h_t: the base model's token t+2+i; on teacher-forced text, the base model's own
+  distribution of that token (its softmax at t+1+i, :mod:`pipeline.heads.teacher`), Medusa-2's
+  self-distillation.
 * Every head's lm_head is the base lm_head (SmolLM2 ties it to the embedding), frozen during
   training. Only the ResBlocks are trained and shipped (3 x 332k parameters); the expansion
   step (pipeline/heads/expand.py) writes the full FasterDecoding file with the lm_heads copied
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.heads.data import SeqData
+from pipeline.heads.teacher import soft_cross_entropy
 from pipeline.heads.vocab import loss_lm_head
 
 Progress = Callable[[str], None]
@@ -106,15 +110,46 @@ def flat_examples(data: SeqData, num_heads: int) -> tuple[torch.Tensor, torch.Te
     return torch.cat(feats), torch.cat(labels)
 
 
+def flat_teacher(data: SeqData, num_heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows of :func:`flat_examples` with the target's distribution of each head's token: ids and probs
+    [N, heads, K]; head i at position t predicts token t+2+i, whose distribution the target gives at t+1+i.
+    None when the data has no teacher."""
+    if data.teacher_ids is None:
+        return None
+    ids, probs = [], []
+    for s in range(len(data)):
+        tokens, _, prompt_len = data.seq(s)
+        teacher = data.teacher(s)
+        assert teacher is not None
+        keep = (medusa_targets(tokens, prompt_len, num_heads) != IGNORE).any(dim=1)
+        T = tokens.numel()
+        at = (torch.arange(T)[:, None] + 1 + torch.arange(num_heads)[None, :]).clamp(max=T - 1)  # [T, heads]
+        ids.append(teacher[0][at][keep])
+        probs.append(teacher[1][at][keep])
+    return torch.cat(ids), torch.cat(probs)
+
+
 def head_losses(
-    blocks: MedusaResBlocks, lm_head: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor
+    blocks: MedusaResBlocks,
+    lm_head: torch.Tensor,
+    feats: torch.Tensor,
+    labels: torch.Tensor,
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None,
+    table: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """Mean cross-entropy per head (0 for a head with no target in the batch)."""
+    """Mean cross-entropy per head (0 for a head with no target in the batch).
+
+    ``soft`` (:func:`flat_teacher`): against the target's distribution (``table`` maps its ids to the rows of
+    ``lm_head``); None: against ``labels`` (already mapped)."""
     xs = blocks(feats.float())
     out = []
     for i, x in enumerate(xs):
-        count = (labels[:, i] != IGNORE).sum().clamp(min=1)
-        out.append(F.cross_entropy(x @ lm_head.T, labels[:, i], ignore_index=IGNORE, reduction="sum") / count)
+        mask = labels[:, i] != IGNORE
+        count = mask.sum().clamp(min=1)
+        if soft is None:
+            out.append(F.cross_entropy(x @ lm_head.T, labels[:, i], ignore_index=IGNORE, reduction="sum") / count)
+        else:
+            out.append(soft_cross_entropy(x[mask] @ lm_head.T, soft[0][mask, i], soft[1][mask, i], table) / count)
     return out
 
 
@@ -147,6 +182,7 @@ def train_medusa(
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     feats, labels = flat_examples(data, cfg.num_heads)
+    soft = flat_teacher(data, cfg.num_heads)  # the target's distribution, when the data carries it
     blocks = MedusaResBlocks(lm_head.shape[1], cfg.num_heads, cfg.num_layers)
     if init is not None:  # a warm start (e.g. the base model's heads for a fine-tune)
         blocks.load_state_dict(init.state_dict())
@@ -165,7 +201,8 @@ def train_medusa(
         for first in range(0, len(order), cfg.batch_tokens):
             idx = order[first : first + cfg.batch_tokens]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                losses = head_losses(blocks, lm_head, feats[idx], labels[idx])
+                part = None if soft is None else (soft[0][idx], soft[1][idx])
+                losses = head_losses(blocks, lm_head, feats[idx], labels[idx], part, table)
             opt.zero_grad(set_to_none=True)
             torch.stack(losses).sum().backward()
             opt.step()

@@ -11,7 +11,8 @@ Data (``RefreshSettings.data``):
   (pipeline/data/prompts/*_train.jsonl, never the held-out *_eval.jsonl), then one teacher-forced
   pass for the features (:mod:`pipeline.heads.data`). One decoding step per answer token: slow.
 * ``fixed-text`` or a file: teacher-forced on fixed text, one batched forward pass per block
-  (:mod:`pipeline.heads.fixed_text`).
+  (:mod:`pipeline.heads.fixed_text`); the labels are the target's own next-token distribution there
+  (:mod:`pipeline.heads.teacher`).
 
 ``tokens`` bounds the training tokens; every ``VALID_EVERY``-th sequence is held back and the epoch
 with the best validation tokens/step ships. The output is the folder the convert stage reads:
@@ -60,6 +61,7 @@ class RefreshSettings:
     num_heads: int = 3  # Medusa from a random start; a warm start keeps the init's head count
     block: int = 256  # fixed text: tokens per sequence
     max_new_tokens: int = 128  # self-distillation: answer length limit
+    lr: float | None = None  # None: the method's default (halved for a warm start, WARM_START_LR_FACTOR)
 
 
 def fast_bf16() -> bool:
@@ -161,6 +163,8 @@ def refresh_heads(
         )
         if init is not None:
             cfg = replace(cfg, lr=cfg.lr * WARM_START_LR_FACTOR)
+        if settings.lr is not None:
+            cfg = replace(cfg, lr=settings.lr)
         validate = (
             (lambda m: validation_score(evaluate_medusa(m, lm_head, valid, MEDUSA_TREES))) if len(valid) else None
         )
@@ -181,6 +185,8 @@ def refresh_heads(
         eagle_cfg = EagleTrainConfig(epochs=settings.epochs, seed=settings.seed, bf16=fast_bf16())
         if eagle_init is not None:
             eagle_cfg = replace(eagle_cfg, lr=eagle_cfg.lr * WARM_START_LR_FACTOR)
+        if settings.lr is not None:
+            eagle_cfg = replace(eagle_cfg, lr=settings.lr)
         embed = base_embedding(Path(target_dir)).float()
         validate_eagle = (
             (lambda m: validation_score(evaluate_eagle(m, embed, lm_head, valid, EAGLE_TREES))) if len(valid) else None
@@ -207,6 +213,12 @@ def _readme(info: dict) -> str:
         f"{d['source']} ({d['sequences']} sequences; {d['validation_sequences']} held back to pick the epoch"
         + (f", epoch {info['best_epoch']} shipped)." if info.get("best_epoch") else ")."),
     ]
+    if d.get("labels"):
+        lines.append(
+            f"Labels ({d['labels']}): the target's own next-token distribution at every position (the kept "
+            f"tokens hold {d.get('teacher_mass')} of its probability on average), not the text's tokens "
+            "(pipeline/heads/teacher.py)."
+        )
     if info.get("command"):
         lines.append(f"Reproduce: `{info['command']}`.")
     lines += ["", "Layout: as the shipped heads of the base model (see heads/smollm2-eagle, heads/smollm2-medusa).", ""]

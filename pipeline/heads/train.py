@@ -37,12 +37,11 @@ VALID_EVERY = 40
 def split_validation(data: SeqData, every: int = VALID_EVERY) -> tuple[SeqData, SeqData]:
     """(fit, valid): sequence s is validation when s % every == every - 1."""
 
-    def pick(keep) -> SeqData:
-        parts = [data.seq(s) for s in range(len(data)) if keep(s)]
-        kinds = [int(data.kinds[s]) for s in range(len(data)) if keep(s)]
-        return SeqData.from_sequences([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], kinds)
-
-    return pick(lambda s: s % every != every - 1), pick(lambda s: s % every == every - 1)
+    sequences = range(len(data))
+    return (
+        data.subset([s for s in sequences if s % every != every - 1]),
+        data.subset([s for s in sequences if s % every == every - 1]),
+    )
 
 
 def best_epoch(log: list[dict]) -> int | None:

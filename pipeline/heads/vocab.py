@@ -19,9 +19,12 @@ from pipeline.heads.data import SeqData
 def training_vocab(
     data: SeqData, lm_head: torch.Tensor, top_k: int = 10, chunk: int = 2048, dtype: torch.dtype = torch.bfloat16
 ) -> torch.Tensor:
-    """Sorted token ids: all tokens of ``data`` + the base top-``top_k`` at each position (scored in ``dtype``)."""
+    """Sorted token ids: all tokens of ``data`` (and of its teacher) + the base top-``top_k`` at each position
+    (scored in ``dtype``)."""
     keep = torch.zeros(lm_head.shape[0], dtype=torch.bool)
     keep[data.tokens] = True
+    if data.teacher_ids is not None:  # distillation labels (pipeline/heads/teacher.py) are always rows
+        keep[data.teacher_ids.reshape(-1)] = True
     weight = lm_head.to(dtype)
     for first in range(0, data.hidden.shape[0], chunk):
         logits = data.hidden[first : first + chunk].to(dtype) @ weight.T

@@ -42,12 +42,18 @@ def test_fleet_spec_plans_stale_heads_lookahead_and_one_merge_per_adapter(tmp_pa
         "base-medusa": "medusa",
         "code-stale-eagle": "eagle",
         "code-refreshed-eagle": "eagle",
+        "code-stale-medusa": "medusa",
+        "code-refreshed-medusa": "medusa",
         "code-lookahead": "lookahead",
         "json-lookahead": "lookahead",
     }
     assert variants["code-stale-eagle"].heads_dir == variants["base"].heads_dir
     refreshed = variants["code-refreshed-eagle"]
     assert refreshed.heads_dir.resolve() == (REPO / "heads" / "smollm2-code-eagle").resolve()  # shipped heads
+    assert variants["code-stale-medusa"].heads_dir == variants["base-medusa"].heads_dir
+    medusa = variants["code-refreshed-medusa"]
+    assert medusa.heads_dir.resolve() == (REPO / "heads" / "smollm2-code-medusa").resolve()
+    assert medusa.stage("merge") == variants["code-stale-eagle"].stage("merge")
     assert all(s.name != "train-heads" for v in plan.variants for s in v.stages)  # make engine never trains
     assert refreshed.stage("merge") == variants["code-stale-eagle"].stage("merge")
     assert variants["code-stale-eagle"].stage("merge") == variants["code-lookahead"].stage("merge")

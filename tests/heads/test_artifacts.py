@@ -14,7 +14,7 @@ from pipeline.heads.export import MAX_ARTIFACT_BYTES, verify_manifest
 HEADS = Path(__file__).resolve().parents[2] / "heads"
 
 
-@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-eagle", "smollm2-code-eagle"])
+@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-eagle", "smollm2-code-eagle", "smollm2-code-medusa"])
 def test_shipped_folder_matches_manifest_and_size(name):
     folder = HEADS / name
     assert verify_manifest(folder) == []
@@ -24,8 +24,9 @@ def test_shipped_folder_matches_manifest_and_size(name):
     assert set(manifest["files"]) | {"manifest.json"} == {p.name for p in folder.iterdir()}
 
 
-def test_shipped_medusa_is_three_heads_one_layer():
-    folder = HEADS / "smollm2-medusa"
+@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-code-medusa"])
+def test_shipped_medusa_is_three_heads_one_layer(name):
+    folder = HEADS / name
     assert is_compact_medusa(folder) and compact_medusa_layout(folder) == (3, 1)
     config = json.loads((folder / "config.json").read_text())
     assert (config["hidden_size"], config["vocab_size"]) == (576, 49152)
@@ -47,8 +48,10 @@ def test_shipped_eagle_is_smollm2_shaped(name):
     ) == (9, 3, 64, 1536, 100000.0, 49152)
 
 
-def test_refreshed_code_eagle_was_warm_started_from_the_base_drafter_on_the_fine_tune():
-    manifest = json.loads((HEADS / "smollm2-code-eagle" / "manifest.json").read_text())
-    assert manifest["settings"]["init"] == "heads/smollm2-eagle"
-    assert manifest["settings"]["data"] == "fixed-text" and manifest["settings"]["seed"] == 0
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_refreshed_code_heads_were_warm_started_from_the_base_heads_on_the_fine_tune(method):
+    manifest = json.loads((HEADS / f"smollm2-code-{method}" / "manifest.json").read_text())
+    assert manifest["settings"]["init"] == f"heads/smollm2-{method}"
+    assert manifest["settings"]["data"] == "self-distill" and manifest["settings"]["seed"] == 0
     assert "--adapter adapters/smollm2-code" in manifest["command"]
+    assert verify_manifest(HEADS / f"smollm2-code-{method}") == []
