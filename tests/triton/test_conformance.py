@@ -24,15 +24,22 @@ run against the ``none`` servers too.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conformance import DEFAULTS, NUMPY, Reply, default_value, infer, tensors
-from triton_fixtures import SPECIALS, WORDS, build_with_stages, plan_spec, serve_repository, tiny_llama
+from triton_fixtures import (
+    NVIDIA_CLIENTS,
+    SPECIALS,
+    WORDS,
+    build_with_stages,
+    plan_spec,
+    run_client,
+    serve_repository,
+    tiny_llama,
+)
 
 from pipeline.triton import contract
 from pipeline.triton.launch_cpu import reference_backend_available
@@ -43,8 +50,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not reference_backend_available(), reason="the reference backend is not in this checkout"),
 ]
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CLIENTS = REPO_ROOT / "tests" / "data" / "nvidia_clients"
 PROMPT = "the quick brown fox"
 TOKENS = 6
 END_ID, PAD_ID = 2, 1  # the tiny tokenizer's </s> and <pad>
@@ -406,25 +411,13 @@ def test_defaults_table_names_only_contract_tensors():
 # -- NVIDIA's clients with --beam-width 2 --------------------------------------------------------------------
 
 
-def _client(script: str, server, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, str(CLIENTS / script), "-u", server.grpc_url, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    print(done.stdout[-3000:], done.stderr[-3000:])
-    return done
-
-
 @only(lambda method, decoupled: method == "none")  # beam search needs a method none engine
 def test_nvidia_clients_get_two_beams(served, tmp_path):
     method, decoupled, server, repo = served
     if not decoupled:
-        done = _client(
-            "inflight_batcher_llm_client.py",
-            server,
+        done = run_client(
+            NVIDIA_CLIENTS / "inflight_batcher_llm_client.py",
+            server.grpc_url,
             "--tokenizer-dir",
             str(repo / "preprocessing" / "tokenizer"),
             "--text",
@@ -445,7 +438,7 @@ def test_nvidia_clients_get_two_beams(served, tmp_path):
         assert f"generation_logits.shape: (2, {TOKENS}, {VOCAB})" in done.stdout, done.stdout  # per beam
         return
     args = ("-p", PROMPT, "-o", str(TOKENS), "--beam-width", "2")
-    done = _client("end_to_end_grpc_client.py", server, *args, cwd=tmp_path)
+    done = run_client(NVIDIA_CLIENTS / "end_to_end_grpc_client.py", server.grpc_url, *args, cwd=tmp_path)
     assert done.returncode == 0 and "Received an error from server" not in done.stdout, done.stdout
     two = {**required("ensemble", _prompt_ids(repo)), "beam_width": np.array([2], np.int32)}
     beam = infer(server.grpc_url, "ensemble", two, ["text_output"], decoupled)

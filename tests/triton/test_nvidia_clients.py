@@ -17,7 +17,6 @@ import json
 import logging
 import re
 import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from triton_fixtures import serve_repository
+from triton_fixtures import NVIDIA_CLIENTS, run_client, serve_repository
 
 from pipeline.client import GenerationRequest, TritonClient, build_inputs
 from pipeline.plan import OutputRoots, make_plan
@@ -41,7 +40,7 @@ pytestmark = [
     pytest.mark.skipif(not reference_backend_available(), reason="the reference backend is not in this checkout"),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CLIENTS = REPO_ROOT / "tests" / "data" / "nvidia_clients"
+CLIENTS = NVIDIA_CLIENTS
 END_TO_END = CLIENTS / "end_to_end_grpc_client.py"
 INFLIGHT = CLIENTS / "inflight_batcher_llm_client.py"
 PROMPT = "The capital of France is"
@@ -104,15 +103,6 @@ def offline_server(repositories, tmp_path_factory, server):
         yield running
     finally:
         running.stop()
-
-
-def run_client(script: Path, url: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The client exactly as a user runs it: its own process, from a directory of its own."""
-    done = subprocess.run(
-        [sys.executable, str(script), "-u", url, *args], cwd=cwd, capture_output=True, text=True, timeout=600
-    )
-    print(done.stdout[-4000:], done.stderr[-4000:])
-    return done
 
 
 def _raw(name: str, value: np.ndarray, dtype: str) -> grpcclient.InferInput:

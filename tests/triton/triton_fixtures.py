@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -164,6 +166,17 @@ def start_server(make_config: Callable[[int, int, int], CpuServerConfig], attemp
 
 
 STANDIN_BACKEND = Path(__file__).with_name("standin_backend.py")
+# NVIDIA's client programs, kept unchanged as test inputs (tests/data/nvidia_clients/README.md).
+NVIDIA_CLIENTS = Path(__file__).resolve().parents[1] / "data" / "nvidia_clients"
+
+
+def run_client(script: Path, url: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A client program exactly as a user runs it: its own process, from a directory of its own."""
+    done = subprocess.run(
+        [sys.executable, str(script), "-u", url, *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    print(done.stdout[-4000:], done.stderr[-4000:])
+    return done
 
 
 def serve_repository(
