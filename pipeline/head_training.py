@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
-# What the heads learn: the target's own next-token distribution (fixed text and files; self-distilled
-# answers are the target's greedy tokens). Fingerprinted, so heads trained on other labels retrain.
-LABELS = "target-distribution"
+# What the heads learn: the target's own top-10 next-token distribution, on every kind of data.
+# Fingerprinted, so heads trained on other labels (the text's tokens, greedy tokens only) retrain.
+LABELS = "target-top-10"
 PROMPTS_DIR = Path(__file__).parent / "data" / "prompts"  # the self-distillation prompts (train files)
 
 

@@ -78,7 +78,7 @@ def test_plan_trains_after_merge_and_converts_the_trained_heads(fleet, tmp_path)
     assert train.inputs["init"] == tmp_path / "base-eagle"  # init: base = the inherited heads
     assert refreshed.stage("convert").inputs["heads"] == train.output
     assert medusa.method == "medusa" and "init" not in medusa.stage("train-heads").inputs
-    assert train.params["labels"] == "target-distribution"  # fingerprinted: heads trained on text labels retrain
+    assert train.params["labels"] == "target-top-10"  # fingerprinted: heads trained on other labels retrain
 
 
 def test_engine_trains_heads_once_and_convert_reads_them(fleet, cli, tmp_path):
@@ -97,6 +97,9 @@ def test_engine_trains_heads_once_and_convert_reads_them(fleet, cli, tmp_path):
     assert recorded["inputs"]["heads"]["path"] == str(trained)
     medusa_config = json.loads((tmp_path / "engines" / "ft-medusa" / "heads" / "config.json").read_text())
     assert medusa_config["medusa_num_heads"] == 3
+    medusa_info = json.loads((tmp_path / "engines" / "ft-medusa" / "heads" / "manifest.json").read_text())
+    assert medusa_info["data"]["source"] == "self-distill" and medusa_info["data"]["labels"] == "target top-10"
+    assert list((tmp_path / "engines" / "ft-medusa" / ".heads-data").glob("refresh-*.json"))  # kept for a re-run
     rc, out, err = cli("engine", str(fleet))
     assert rc == 0, err
     assert "[ft-refreshed] train-heads: up to date, skipped" in out

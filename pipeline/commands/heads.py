@@ -5,7 +5,8 @@
     specdeploy expand-heads heads/smollm2-medusa --out DIR [--model DIR]
 
 ``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The self-distillation
-data is cached in ``<cache>/heads-data/``; a rerun only trains.
+data is cached in ``<cache>/heads-data/`` (a refresh's too, keyed by the target's files and the data
+settings); a rerun only trains.
 
 With ``--init``, ``--data``, ``--tokens`` or ``--adapter`` the heads are trained for the target as the
 spec's train-heads stage does (:mod:`pipeline.heads.refresh`): ``--adapter`` (repeatable) merges PEFT
@@ -61,13 +62,12 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
     import tempfile
 
     from pipeline.atomic import replace_folder
-    from pipeline.heads.fixed_text import BUILTIN_TEXT
     from pipeline.heads.refresh import RefreshSettings, refresh_heads
 
     settings = RefreshSettings(
         method=args.method,
         init=Path(args.init) if args.init else None,
-        data=args.data or BUILTIN_TEXT,
+        data=args.data or RefreshSettings.data,
         tokens=args.tokens or RefreshSettings.tokens,
         epochs=args.epochs or RefreshSettings.epochs,
         device=args.device,
@@ -86,7 +86,7 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
             merge_adapters(target, [Path(a) for a in args.adapter], merged)  # copies the tokenizer too
             target = merged
         heads = Path(work) / out.name  # the folder's name is the heads' name in their README
-        refresh_heads(target, heads, settings, say, command=command)
+        refresh_heads(target, heads, settings, say, command=command, cache=Path(args.cache_dir) / "heads-data")
         replace_folder(heads, out)  # complete folders only
     say(f"{args.method} heads written to {out}")
     return 0
@@ -118,7 +118,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--init", help="warm-start from these heads (e.g. heads/smollm2-eagle); default: random")
     train.add_argument(
         "--data",
-        help="self-distill, fixed-text (stdlib source, teacher-forced) or a text/JSONL file (default: fixed-text)",
+        help="self-distill (default), fixed-text (stdlib source, teacher-forced) or a text/JSONL file",
     )
     train.add_argument("--tokens", type=int, help="training tokens at most (default 200000)")
     train.add_argument("--adapter", action="append", help="PEFT LoRA folder merged into --model first (repeatable)")

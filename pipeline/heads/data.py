@@ -301,8 +301,16 @@ def teacher_forced_states(model, sequences: list[list[int]], *, batch: int) -> I
 
 
 def build_split(
-    model, tokenizer, records: list[tuple[str, dict]], settings: DataSettings, say: Progress, gen_dtype: str = "float32"
+    model,
+    tokenizer,
+    records: list[tuple[str, dict]],
+    settings: DataSettings,
+    say: Progress,
+    gen_dtype: str = "float32",
+    teacher: bool = False,
 ) -> SeqData:
+    """Greedy answers to ``records``, then their features; with ``teacher``, also the target's top-k
+    next-token distribution at every position (:mod:`pipeline.heads.teacher`), from the same pass."""
     prompts = [encode_prompt(tokenizer, kind, r["prompt"]) for kind, r in records]
     # A cast copy: casting ``model`` in place and back would round its float32 weights.
     generator = model if gen_dtype == "float32" else copy.deepcopy(model).to(getattr(torch, gen_dtype))
@@ -319,13 +327,20 @@ def build_split(
     sequences = [p + a for p, a in zip(prompts, answers)]
     say(f"  sample answer: {tokenizer.decode(answers[0])[:200]!r}")
     start = time.monotonic()
-    hidden = final_hidden_states(model, sequences, batch=settings.feature_batch)
+    teachers = None
+    if teacher:
+        from pipeline.heads.teacher import teacher_forced  # teacher imports this module
+
+        hidden, teachers, _ = teacher_forced(model, sequences, batch=settings.feature_batch)
+    else:
+        hidden = final_hidden_states(model, sequences, batch=settings.feature_batch)
     say(f"  features for {len(sequences)} sequences ({time.monotonic() - start:.0f} s)")
     return SeqData.from_sequences(
         [torch.tensor(s) for s in sequences],
         hidden,
         [len(p) for p in prompts],
         [KINDS.index(kind) for kind, _ in records],
+        teachers,
     )
 
 

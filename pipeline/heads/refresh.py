@@ -21,6 +21,7 @@ EAGLE-1 (config.json + model.safetensors) or the compact Medusa ResBlocks, with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import time
@@ -32,19 +33,23 @@ import torch
 
 from pipeline.errors import InputError, StageUnavailable
 from pipeline.geometry import ModelGeometry
-from pipeline.heads.data import DataSettings, SeqData, build_split, load_base
+from pipeline.hashing import HashCache, sha256_file
+from pipeline.heads.data import DATA_VERSION, DataSettings, SeqData, build_split, load_base
 from pipeline.heads.eagle import EagleTrainConfig, train_eagle
 from pipeline.heads.evaluate import evaluate_eagle, evaluate_medusa
 from pipeline.heads.expand import base_lm_head, is_compact_medusa
-from pipeline.heads.export import export_eagle, export_medusa, load_eagle_folder, load_medusa_folder
+from pipeline.heads.export import export_eagle, export_medusa, load_eagle_folder, load_medusa_folder, write_json
 from pipeline.heads.fixed_text import BUILTIN_TEXT, fixed_text_data
 from pipeline.heads.medusa import MedusaTrainConfig, train_medusa
-from pipeline.heads.prompts import load_prompts
+from pipeline.heads.prompts import PROMPTS_DIR, load_prompts
+from pipeline.heads.teacher import TEACHER_TOP_K
 from pipeline.heads.train import EAGLE_TREES, MEDUSA_TREES, VALID_EVERY, base_embedding, best_epoch, validation_score
 from pipeline.heads.train import split_validation as split_every
 
 Progress = Callable[[str], None]
 SELF_DISTILL = "self-distill"
+# Training prompts of self-distillation, in order (never the held-out *_eval files).
+SELF_DISTILL_PARTS = {"chat": ("train", "train_extra", "train_more"), "code": ("train", "train_extra")}
 # Warm starts follow a small drift: half the learning rate of a training from scratch.
 WARM_START_LR_FACTOR = 0.5
 
@@ -53,7 +58,7 @@ WARM_START_LR_FACTOR = 0.5
 class RefreshSettings:
     method: str  # medusa | eagle
     init: Path | None  # heads folder to start from; None: random initialization
-    data: str = BUILTIN_TEXT  # self-distill | fixed-text | a text/JSONL file
+    data: str = SELF_DISTILL  # self-distill | fixed-text | a text/JSONL file (as the spec's default)
     tokens: int = 200_000
     epochs: int = 2
     device: str = "cpu"
@@ -80,15 +85,69 @@ def _device(name: str) -> torch.device:
 
 
 def self_distilled_data(model, tokenizer, settings: RefreshSettings, say: Progress) -> tuple[SeqData, dict]:
-    """The target's greedy answers to training prompts (chat and code alternating), about ``tokens`` in all."""
-    chat = [("chat", r) for part in ("train", "train_extra") for r in load_prompts("chat", part)]
-    code = [("code", r) for part in ("train", "train_extra") for r in load_prompts("code", part)]
+    """The target's greedy answers to training prompts (chat and code alternating), about ``tokens`` in all,
+    labelled with the target's top-k distribution at every position (as teacher-forced text is)."""
+    chat = [("chat", r) for part in SELF_DISTILL_PARTS["chat"] for r in load_prompts("chat", part)]
+    code = [("code", r) for part in SELF_DISTILL_PARTS["code"] for r in load_prompts("code", part)]
     mixed = [pair for pairs in zip(chat, code) for pair in pairs]
     count = max(2, min(len(mixed), settings.tokens // (settings.max_new_tokens + 40)))  # ~40 prompt tokens
     records = mixed[:count]
     say(f"self-distillation: {len(records)} training prompts, up to {settings.max_new_tokens} new tokens each")
-    data = build_split(model, tokenizer, records, DataSettings(max_new_tokens=settings.max_new_tokens), say)
-    meta = {"source": SELF_DISTILL, "sequences": len(data), "tokens": int(data.tokens.numel())}
+    data = build_split(
+        model, tokenizer, records, DataSettings(max_new_tokens=settings.max_new_tokens), say, teacher=True
+    )
+    meta = {
+        "source": SELF_DISTILL,
+        "sequences": len(data),
+        "tokens": int(data.tokens.numel()),
+        "labels": f"target top-{TEACHER_TOP_K}",
+    }
+    return data, meta
+
+
+def data_key(target_dir: Path, settings: RefreshSettings) -> str:
+    """What the training data depends on: the target's files, the data source and the settings that shape it."""
+    digest = hashlib.sha256(
+        f"v{DATA_VERSION}|top{TEACHER_TOP_K}|{settings.data}|{settings.tokens}|{settings.block}|"
+        f"{settings.max_new_tokens}|{settings.device}".encode()
+    )
+    digest.update(json.dumps(HashCache(None).tree(Path(target_dir)), sort_keys=True).encode())
+    if settings.data == SELF_DISTILL:
+        for kind, parts in SELF_DISTILL_PARTS.items():
+            for part in parts:
+                digest.update((PROMPTS_DIR / f"{kind}_{part}.jsonl").read_bytes())
+    elif settings.data == BUILTIN_TEXT:
+        digest.update(platform.python_version().encode())  # the standard library's source
+    elif Path(settings.data).is_file():
+        digest.update(sha256_file(Path(settings.data)).encode())
+    return digest.hexdigest()[:16]
+
+
+def training_data(
+    target_dir: Path, settings: RefreshSettings, say: Progress, cache: Path | None
+) -> tuple[SeqData, dict]:
+    """(data, meta) for the target, from ``cache`` (a folder) when an earlier run built the same data.
+
+    Self-distillation costs one decoding step per token; caching it makes a second training on the same
+    target (other epochs, learning rate or method) cost only the training."""
+    stem = cache / f"refresh-{data_key(target_dir, settings)}" if cache is not None else None
+    if stem is not None and stem.with_suffix(".json").is_file():
+        say(f"training data: reusing {stem}.safetensors")
+        return SeqData.load(stem.with_suffix(".safetensors")), json.loads(stem.with_suffix(".json").read_text())
+    model, tokenizer = load_base(Path(target_dir))
+    model = model.to(_device(settings.device))
+    if settings.data == SELF_DISTILL:
+        data, meta = self_distilled_data(model, tokenizer, settings, say)
+    else:
+        data, meta = fixed_text_data(
+            model, tokenizer, settings.data, tokens=settings.tokens, block=settings.block, say=say
+        )
+    if stem is not None:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        partial = stem.with_name(f".{stem.name}.partial.safetensors")
+        data.save(partial)
+        partial.replace(stem.with_suffix(".safetensors"))
+        write_json(stem.with_suffix(".json"), meta)  # written last: marks the entry complete
     return data, meta
 
 
@@ -118,25 +177,24 @@ def _check_init(method: str, init: Path, target: ModelGeometry) -> None:
 
 
 def refresh_heads(
-    target_dir: Path, out: Path, settings: RefreshSettings, say: Progress = print, command: str = ""
+    target_dir: Path,
+    out: Path,
+    settings: RefreshSettings,
+    say: Progress = print,
+    command: str = "",
+    cache: Path | None = None,
 ) -> dict:
-    """Train ``settings.method`` heads for the target in ``target_dir`` into ``out``; returns the manifest."""
+    """Train ``settings.method`` heads for the target in ``target_dir`` into ``out``; returns the manifest.
+
+    ``cache``: a folder keeping the training data by what it depends on (:func:`training_data`)."""
 
     start = time.monotonic()
-    device = _device(settings.device)
+    _device(settings.device)
     config = json.loads((Path(target_dir) / "config.json").read_text())
     geometry = ModelGeometry.from_hf(config, str(Path(target_dir) / "config.json"), require_architecture=False)
     if settings.init is not None:
         _check_init(settings.method, settings.init, geometry)
-    model, tokenizer = load_base(Path(target_dir))
-    model = model.to(device)
-    if settings.data == SELF_DISTILL:
-        data, data_meta = self_distilled_data(model, tokenizer, settings, say)
-    else:
-        data, data_meta = fixed_text_data(
-            model, tokenizer, settings.data, tokens=settings.tokens, block=settings.block, say=say
-        )
-    del model
+    data, data_meta = training_data(Path(target_dir), settings, say, cache)
     data_seconds = time.monotonic() - start
     fit, valid = split_validation(data)
     lm_head = base_lm_head(Path(target_dir)).float()

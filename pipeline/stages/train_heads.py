@@ -29,4 +29,10 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
         seed=p["seed"],
         num_heads=p["num_heads"] or RefreshSettings.num_heads,
     )
-    refresh_heads(stage.inputs["model"], out, settings, say=lambda text: print(f"[{variant.name}] {text}", flush=True))
+    refresh_heads(
+        stage.inputs["model"],
+        out,
+        settings,
+        say=lambda text: print(f"[{variant.name}] {text}", flush=True),
+        cache=stage.output.parent / ".heads-data",  # beside the output: another epochs setting only trains
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -72,3 +74,32 @@ def test_warm_starts_begin_from_the_given_heads(data):
     medusa_cfg = MedusaTrainConfig(num_heads=2, epochs=1, lr=1e-9, vocab_top_k=None, bf16=False)
     trained, _ = train_medusa(data, lm_head, medusa_cfg, say=lambda _: None, init=blocks)
     torch.testing.assert_close(trained.heads[0][0].linear.weight, blocks.heads[0][0].linear.weight)
+
+
+def test_training_data_is_cached_by_target_and_settings(tmp_path, monkeypatch):
+    from pipeline.heads import refresh
+
+    folder = build_tiny_llama(tmp_path / "tiny")
+    text = tmp_path / "text.txt"
+    text.write_text("write short code python def return print function class data model text " * 8)
+    settings = refresh.RefreshSettings(method="eagle", init=None, data=str(text), tokens=64, block=32)
+    cache = tmp_path / "cache"
+    first, meta = refresh.training_data(folder, settings, say=lambda _: None, cache=cache)
+    assert len(list(cache.glob("refresh-*.json"))) == 1 and not list(cache.glob(".*"))  # complete entries only
+
+    def no_target(_):
+        raise AssertionError("the target was loaded although the data was cached")
+
+    monkeypatch.setattr(refresh, "load_base", no_target)
+    again, meta_again = refresh.training_data(folder, settings, say=lambda _: None, cache=cache)
+    assert meta_again == meta and torch.equal(again.hidden, first.hidden) and torch.equal(again.tokens, first.tokens)
+    assert again.teacher_ids is not None and torch.equal(again.teacher_ids, first.teacher_ids)
+    key = refresh.data_key(folder, settings)
+    assert refresh.data_key(folder, refresh.RefreshSettings("medusa", None, data=str(text), tokens=64, block=32)) == key
+    assert refresh.data_key(folder, refresh.RefreshSettings("eagle", None, data=str(text), tokens=96)) != key
+    text.write_text("other text " * 40)  # another source file: other data
+    assert refresh.data_key(folder, settings) != key
+    text.write_text("write short code python def return print function class data model text " * 8)
+    config = folder / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"rms_norm_eps": 1e-3}))
+    assert refresh.data_key(folder, settings) != key  # another target: other data
