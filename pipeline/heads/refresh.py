@@ -105,13 +105,15 @@ def self_distilled_data(model, tokenizer, settings: RefreshSettings, say: Progre
     return data, meta
 
 
-def data_key(target_dir: Path, settings: RefreshSettings) -> str:
-    """What the training data depends on: the target's files, the data source and the settings that shape it."""
+def data_key(target_dir: Path, settings: RefreshSettings, hashes: HashCache | None = None) -> str:
+    """What the training data depends on: the target's files, the data source and the settings that shape it.
+
+    ``hashes`` remembers the target's file hashes, so a large target is read once, not on every run."""
     digest = hashlib.sha256(
         f"v{DATA_VERSION}|top{TEACHER_TOP_K}|{settings.data}|{settings.tokens}|{settings.block}|"
         f"{settings.max_new_tokens}|{settings.device}".encode()
     )
-    digest.update(json.dumps(HashCache(None).tree(Path(target_dir)), sort_keys=True).encode())
+    digest.update(json.dumps((hashes or HashCache(None)).tree(Path(target_dir)), sort_keys=True).encode())
     if settings.data == SELF_DISTILL:
         for kind, parts in SELF_DISTILL_PARTS.items():
             for part in parts:
@@ -130,7 +132,7 @@ def training_data(
 
     Self-distillation costs one decoding step per token; caching it makes a second training on the same
     target (other epochs, learning rate or method) cost only the training."""
-    stem = cache / f"refresh-{data_key(target_dir, settings)}" if cache is not None else None
+    stem = cache / f"refresh-{data_key(target_dir, settings, HashCache(cache))}" if cache is not None else None
     if stem is not None and stem.with_suffix(".json").is_file():
         say(f"training data: reusing {stem}.safetensors")
         return SeqData.load(stem.with_suffix(".safetensors")), json.loads(stem.with_suffix(".json").read_text())

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pipeline.errors import InputError
+from pipeline.hashing import HashCache
 from pipeline.heads.eagle import EagleDrafter, EagleTrainConfig, train_eagle
 from pipeline.heads.fixed_text import fixed_text_data, read_texts, token_blocks
 from pipeline.heads.medusa import MedusaResBlocks, MedusaTrainConfig, train_medusa
@@ -86,6 +87,7 @@ def test_training_data_is_cached_by_target_and_settings(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first, meta = refresh.training_data(folder, settings, say=lambda _: None, cache=cache)
     assert len(list(cache.glob("refresh-*.json"))) == 1 and not list(cache.glob(".*"))  # complete entries only
+    assert refresh.data_key(folder, settings, HashCache(cache)) == refresh.data_key(folder, settings)
 
     def no_target(_):
         raise AssertionError("the target was loaded although the data was cached")
