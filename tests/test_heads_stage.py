@@ -99,6 +99,7 @@ def test_engine_trains_heads_once_and_convert_reads_them(fleet, cli, tmp_path):
     assert medusa_config["medusa_num_heads"] == 3
     medusa_info = json.loads((tmp_path / "engines" / "ft-medusa" / "heads" / "manifest.json").read_text())
     assert medusa_info["data"]["source"] == "self-distill" and medusa_info["data"]["labels"] == "target top-10"
+    assert 0 < medusa_info["data"]["teacher_mass"] <= 1.001  # the share of the target's probability kept
     assert list((tmp_path / "engines" / "ft-medusa" / ".heads-data").glob("refresh-*.json"))  # kept for a re-run
     rc, out, err = cli("engine", str(fleet))
     assert rc == 0, err

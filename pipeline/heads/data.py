@@ -90,6 +90,12 @@ class SeqData:
         a, b = int(self.offsets[s]), int(self.offsets[s + 1])
         return self.teacher_ids[a:b], self.teacher_probs[a:b]
 
+    def teacher_mass(self) -> float | None:
+        """The mean probability the kept teacher tokens hold per position; None without a teacher."""
+        if self.teacher_probs is None or not len(self.teacher_probs):
+            return None
+        return round(float(self.teacher_probs.float().sum(-1).mean()), 4)
+
     def next_labels(self, s: int) -> torch.Tensor:
         """[T]: the target's greedy token after each position of sequence s (the last one repeats).
 

@@ -101,6 +101,7 @@ def self_distilled_data(model, tokenizer, settings: RefreshSettings, say: Progre
         "sequences": len(data),
         "tokens": int(data.tokens.numel()),
         "labels": f"target top-{TEACHER_TOP_K}",
+        "teacher_mass": data.teacher_mass(),
     }
     return data, meta
 
