@@ -28,7 +28,8 @@ heads always read exact float32 base features. Tensors per shard:
 * ``prompt_lens`` int64 [S]   answer of sequence s starts at ``offsets[s] + prompt_lens[s]``
 * ``kinds``   int64 [S]       0 chat, 1 code
 
-Teacher-forced data (:mod:`pipeline.heads.fixed_text`) also carries the target's own next-token
+A refresh's data (:mod:`pipeline.heads.refresh`: self-distilled answers with ``teacher=True``, or
+teacher-forced text, :mod:`pipeline.heads.fixed_text`) also carries the target's own next-token
 distribution at every position (:mod:`pipeline.heads.teacher`), the heads' training labels:
 
 * ``teacher_ids``   int64 [N, K]    the target's top-K next tokens at each position, best first

@@ -8,11 +8,13 @@ answer (Cai et al. 2024) is to retrain them with the new target, and starting fr
 Data (``RefreshSettings.data``):
 
 * ``self-distill``: the target's own greedy answers to the training prompts
-  (pipeline/data/prompts/*_train.jsonl, never the held-out *_eval.jsonl), then one teacher-forced
-  pass for the features (:mod:`pipeline.heads.data`). One decoding step per answer token: slow.
+  (pipeline/data/prompts/*_train*.jsonl, never the held-out *_eval.jsonl), then one teacher-forced
+  pass for the features and the labels (:mod:`pipeline.heads.data`). One decoding step per answer
+  token: slow, hence cached (:func:`training_data`).
 * ``fixed-text`` or a file: teacher-forced on fixed text, one batched forward pass per block
-  (:mod:`pipeline.heads.fixed_text`); the labels are the target's own next-token distribution there
-  (:mod:`pipeline.heads.teacher`).
+  (:mod:`pipeline.heads.fixed_text`).
+
+Either way the labels are the target's own next-token distribution (:mod:`pipeline.heads.teacher`).
 
 ``tokens`` bounds the training tokens; every ``VALID_EVERY``-th sequence is held back and the epoch
 with the best validation tokens/step ships. The output is the folder the convert stage reads:
@@ -192,7 +194,7 @@ def refresh_heads(
     ``cache``: a folder keeping the training data by what it depends on (:func:`training_data`)."""
 
     start = time.monotonic()
-    _device(settings.device)
+    _device(settings.device)  # no CUDA for device: cuda: fail before any work
     config = json.loads((Path(target_dir) / "config.json").read_text())
     geometry = ModelGeometry.from_hf(config, str(Path(target_dir) / "config.json"), require_architecture=False)
     if settings.init is not None:
