@@ -43,7 +43,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +51,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.heads.prompts import PROMPTS_DIR, load_prompts
+from pipeline.heads.teacher import teacher_forced, teacher_forced_states
 
 DATA_VERSION = 1
 KINDS = ("chat", "code")
@@ -288,25 +289,6 @@ def final_hidden_states(model, sequences: list[list[int]], *, batch: int) -> lis
     return hidden
 
 
-@torch.no_grad()
-def teacher_forced_states(model, sequences: list[list[int]], *, batch: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(index, [T, H] last hidden state after the final norm, in the model's dtype and on its device) per
-    sequence, batched by length and right padded."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    for first in range(0, len(order), batch):
-        chunk = order[first : first + batch]
-        width = max(len(sequences[i]) for i in chunk)
-        ids = torch.zeros((len(chunk), width), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-            mask[row, : len(sequences[i])] = 1
-        device = model.device  # the target may sit on a GPU; the features come back to the host
-        states = model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
-        for row, i in enumerate(chunk):
-            yield i, states[row, : len(sequences[i])]
-
-
 def build_split(
     model,
     tokenizer,
@@ -336,8 +318,6 @@ def build_split(
     start = time.monotonic()
     teachers = None
     if teacher:
-        from pipeline.heads.teacher import teacher_forced  # teacher imports this module
-
         hidden, teachers, _ = teacher_forced(model, sequences, batch=settings.feature_batch)
     else:
         hidden = final_hidden_states(model, sequences, batch=settings.feature_batch)

@@ -19,12 +19,31 @@ training softmax.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
-from pipeline.heads.data import teacher_forced_states
-
 TEACHER_TOP_K = 10
+
+
+@torch.no_grad()
+def teacher_forced_states(model, sequences: list[list[int]], *, batch: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, [T, H] last hidden state after the final norm, in the model's dtype and on its device) per
+    sequence, batched by length and right padded."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for first in range(0, len(order), batch):
+        chunk = order[first : first + batch]
+        width = max(len(sequences[i]) for i in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+            mask[row, : len(sequences[i])] = 1
+        device = model.device  # the target may sit on a GPU; the features come back to the host
+        states = model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+        for row, i in enumerate(chunk):
+            yield i, states[row, : len(sequences[i])]
 
 
 @torch.no_grad()
