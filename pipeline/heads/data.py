@@ -318,7 +318,7 @@ def build_split(
     start = time.monotonic()
     teachers = None
     if teacher:
-        hidden, teachers, _ = teacher_forced(model, sequences, batch=settings.feature_batch)
+        hidden, teachers = teacher_forced(model, sequences, batch=settings.feature_batch)
     else:
         hidden = final_hidden_states(model, sequences, batch=settings.feature_batch)
     say(f"  features for {len(sequences)} sequences ({time.monotonic() - start:.0f} s)")

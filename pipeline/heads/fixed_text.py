@@ -107,7 +107,7 @@ def fixed_text_data(
         blocks, kind = token_blocks(tokenizer, read_texts(Path(source)), block, tokens), "chat"
     if not blocks:
         raise InputError(f"{source}: no block of at least {max(2, block // 4)} tokens in the training text")
-    hidden, teachers, mass = teacher_forced(model, blocks, batch=batch)
+    hidden, teachers = teacher_forced(model, blocks, batch=batch)
     data = SeqData.from_sequences(
         [torch.tensor(b) for b in blocks], hidden, [0] * len(blocks), [KINDS.index(kind)] * len(blocks), teachers
     )
@@ -117,10 +117,10 @@ def fixed_text_data(
         "tokens": int(data.tokens.numel()),
         "block": block,
         "labels": f"target top-{TEACHER_TOP_K}",
-        "teacher_mass": round(mass, 4),
+        "teacher_mass": data.teacher_mass(),
     }
     say(
         f"fixed text: {meta['sequences']} blocks, {meta['tokens']} tokens, one forward pass each; labels: the "
-        f"target's top-{TEACHER_TOP_K} (mean mass {mass:.3f})"
+        f"target's top-{TEACHER_TOP_K} (mean mass {meta['teacher_mass']:.3f})"
     )
     return data, meta

@@ -56,18 +56,15 @@ def teacher_topk(logits: torch.Tensor, k: int = TEACHER_TOP_K) -> tuple[torch.Te
 @torch.no_grad()
 def teacher_forced(
     model, sequences: list[list[int]], *, batch: int, top_k: int = TEACHER_TOP_K
-) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]], float]:
-    """(features float16, teacher (ids, probs float16) per sequence, mean top-k mass) in one target pass."""
+) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """(features float16, teacher (ids, probs float16) per sequence) in one target pass."""
     hidden: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     teachers: list[tuple[torch.Tensor, torch.Tensor]] = [(torch.empty(0), torch.empty(0))] * len(sequences)
-    mass, count = 0.0, 0
     for i, states in teacher_forced_states(model, sequences, batch=batch):
         ids, probs = teacher_topk(model.lm_head(states), top_k)
         hidden[i] = states.to("cpu", torch.float16)
         teachers[i] = (ids.cpu(), probs.to("cpu", torch.float16))
-        mass += float(probs.sum())
-        count += probs.shape[0]
-    return hidden, teachers, mass / max(1, count)
+    return hidden, teachers
 
 
 def soft_cross_entropy(

@@ -40,9 +40,8 @@ pytestmark = [
     pytest.mark.skipif(not reference_backend_available(), reason="the reference backend is not in this checkout"),
 ]
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CLIENTS = NVIDIA_CLIENTS
-END_TO_END = CLIENTS / "end_to_end_grpc_client.py"
-INFLIGHT = CLIENTS / "inflight_batcher_llm_client.py"
+END_TO_END = NVIDIA_CLIENTS / "end_to_end_grpc_client.py"
+INFLIGHT = NVIDIA_CLIENTS / "inflight_batcher_llm_client.py"
 PROMPT = "The capital of France is"
 OTHER_PROMPT = "Water boils at"
 TOKENS = 8
@@ -411,7 +410,7 @@ def test_speculative_repositories_answer_nvidias_clients(heads_server, tmp_path)
 
 def test_data_files_are_unchanged_copies():
     """The README names the source; the license header is kept (BSD-3-Clause)."""
-    readme = (CLIENTS / "README.md").read_text()
+    readme = (NVIDIA_CLIENTS / "README.md").read_text()
     for script in (END_TO_END, INFLIGHT):
         text = script.read_text()
         assert "Redistribution and use in source and binary forms" in text
