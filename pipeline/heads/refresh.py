@@ -52,6 +52,9 @@ Progress = Callable[[str], None]
 SELF_DISTILL = "self-distill"
 # Training prompts of self-distillation, in order (never the held-out *_eval files).
 SELF_DISTILL_PARTS = {"chat": ("train", "train_extra", "train_more"), "code": ("train", "train_extra")}
+# The data cache keeps the most recently used entries up to this size (an entry of 120k self-distilled
+# tokens is ~145 MB); the entry just written or reused always stays, however large.
+DATA_CACHE_BYTES = 2 << 30
 # Warm starts follow a small drift: half the learning rate of a training from scratch.
 WARM_START_LR_FACTOR = 0.5
 
@@ -138,6 +141,7 @@ def training_data(
     stem = cache / f"refresh-{data_key(target_dir, settings, HashCache(cache))}" if cache is not None else None
     if stem is not None and stem.with_suffix(".json").is_file():
         say(f"training data: reusing {stem}.safetensors")
+        stem.with_suffix(".json").touch()  # recently used: pruned last
         return SeqData.load(stem.with_suffix(".safetensors")), json.loads(stem.with_suffix(".json").read_text())
     model, tokenizer = load_base(Path(target_dir))
     model = model.to(_device(settings.device))
@@ -153,7 +157,25 @@ def training_data(
         data.save(partial)
         partial.replace(stem.with_suffix(".safetensors"))
         write_json(stem.with_suffix(".json"), meta)  # written last: marks the entry complete
+        prune_data_cache(stem.parent, keep=stem, say=say)
     return data, meta
+
+
+def prune_data_cache(folder: Path, keep: Path, say: Progress, max_bytes: int = DATA_CACHE_BYTES) -> None:
+    """Delete the least recently used ``refresh-*`` entries of ``folder`` (by their marker's time) until the
+    entries fill at most ``max_bytes``; ``keep`` (an entry's stem) stays."""
+    markers = sorted(folder.glob("refresh-*.json"), key=lambda m: m.stat().st_mtime, reverse=True)
+    total, full = 0, False
+    for marker in markers:
+        data = marker.with_suffix(".safetensors")
+        size = data.stat().st_size if data.is_file() else 0
+        full = full or (total + size > max_bytes and marker.with_suffix("") != keep)
+        if not full or marker.with_suffix("") == keep:
+            total += size
+            continue
+        marker.unlink()  # first: a half-deleted entry is never taken for a complete one
+        data.unlink(missing_ok=True)
+        say(f"training data: removed {data.name} from the cache (least recently used; it keeps {max_bytes >> 20} MiB)")
 
 
 def split_validation(data: SeqData) -> tuple[SeqData, SeqData]:

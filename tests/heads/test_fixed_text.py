@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,3 +107,33 @@ def test_training_data_is_cached_by_target_and_settings(tmp_path, monkeypatch):
     config = folder / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text()) | {"rms_norm_eps": 1e-3}))
     assert refresh.data_key(folder, settings) != key  # another target: other data
+
+
+def test_data_cache_keeps_the_most_recently_used_entries(tmp_path):
+    from pipeline.heads.refresh import prune_data_cache
+
+    def entry(name: str, size: int, age: int) -> Path:
+        (tmp_path / f"refresh-{name}.safetensors").write_bytes(b"x" * size)
+        marker = tmp_path / f"refresh-{name}.json"
+        marker.write_text("{}")
+        os.utime(marker, (1_000_000 - age, 1_000_000 - age))
+        return tmp_path / f"refresh-{name}"
+
+    entry("old", 40, age=3)
+    entry("mid", 40, age=2)
+    entry("new", 40, age=1)
+    (tmp_path / "eval-base.json").write_text("{}")  # not a refresh entry: never pruned
+    said: list[str] = []
+    prune_data_cache(tmp_path, keep=tmp_path / "refresh-new", say=said.append, max_bytes=100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "eval-base.json",
+        "refresh-mid.json",
+        "refresh-mid.safetensors",
+        "refresh-new.json",
+        "refresh-new.safetensors",
+    ]
+    assert len(said) == 1 and "refresh-old.safetensors" in said[0]
+    # The entry being used stays although it alone exceeds the limit; everything older goes.
+    huge = entry("huge", 500, age=0)
+    prune_data_cache(tmp_path, keep=huge, say=said.append, max_bytes=100)
+    assert [p.name for p in tmp_path.glob("refresh-*.json")] == ["refresh-huge.json"]
