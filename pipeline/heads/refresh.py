@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.checkpoint.merge import PROVENANCE_FILE
 from pipeline.errors import InputError, StageUnavailable
 from pipeline.geometry import ModelGeometry
 from pipeline.hashing import HashCache, sha256_file
@@ -112,14 +113,18 @@ def self_distilled_data(model, tokenizer, settings: RefreshSettings, say: Progre
 
 
 def data_key(target_dir: Path, settings: RefreshSettings, hashes: HashCache | None = None) -> str:
-    """What the training data depends on: the target's files, the data source and the settings that shape it.
+    """What the training data depends on: the target's files (its weights, config and tokenizer, not where a
+    merge found its adapters), the data source and the settings that shape it.
 
     ``hashes`` remembers the target's file hashes, so a large target is read once, not on every run."""
     digest = hashlib.sha256(
         f"v{DATA_VERSION}|top{TEACHER_TOP_K}|{settings.data}|{settings.tokens}|{settings.block}|"
         f"{settings.max_new_tokens}|{settings.device}".encode()
     )
-    digest.update(json.dumps((hashes or HashCache(None)).tree(Path(target_dir)), sort_keys=True).encode())
+    files = (hashes or HashCache(None)).tree(Path(target_dir))
+    if isinstance(files, dict):  # the merge's record names the adapters' paths, which shape no weight
+        files.pop(PROVENANCE_FILE, None)
+    digest.update(json.dumps(files, sort_keys=True).encode())
     if settings.data == SELF_DISTILL:
         for kind, parts in SELF_DISTILL_PARTS.items():
             for part in parts:

@@ -101,6 +101,8 @@ def test_training_data_is_cached_by_target_and_settings(tmp_path, monkeypatch):
     key = refresh.data_key(folder, settings)
     assert refresh.data_key(folder, refresh.RefreshSettings("medusa", None, data=str(text), tokens=64, block=32)) == key
     assert refresh.data_key(folder, refresh.RefreshSettings("eagle", None, data=str(text), tokens=96)) != key
+    (folder / "specdeploy_merge.json").write_text('{"adapters": [{"path": "elsewhere"}]}')
+    assert refresh.data_key(folder, settings) == key  # where a merge found its adapters shapes no weight
     text.write_text("other text " * 40)  # another source file: other data
     assert refresh.data_key(folder, settings) != key
     text.write_text("write short code python def return print function class data model text " * 8)
