@@ -34,7 +34,7 @@ validate: setup
 	$(BIN)/specdeploy validate $(SPEC)
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # ruff (lint and format) and mypy over the code; .ci/run runs this before the tests.
 lint: setup
