@@ -42,7 +42,7 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    if args.init or args.data or args.tokens or args.adapter or args.lr:
+    if args.init or args.data or args.tokens or args.adapter or args.lr or args.device != "cpu":
         return _refresh(args, say, command if "train-heads" in command else "")
     train_heads(
         args.method,

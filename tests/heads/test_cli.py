@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 import torch
 from rich.console import Console
 
 from pipeline import inputs
 from pipeline.commands import heads
+from pipeline.errors import StageUnavailable
 from pipeline.heads.export import export_medusa
 from pipeline.heads.medusa import MedusaResBlocks
 from tests.heads.conftest import HIDDEN, VOCAB
@@ -25,6 +27,17 @@ def test_train_heads_arguments():
     args = parser().parse_args(["train-heads", "--method", "eagle", "--model", "m", "--out", "heads/x"])
     assert args.handler is heads.cmd_train_heads
     assert (args.method, args.model, args.out, args.seed, args.threads) == ("eagle", "m", "heads/x", 0, 1)
+
+
+def test_train_heads_on_cuda_never_falls_back_to_the_cpu(tmp_path, monkeypatch):
+    # The embedded model's trainer has no device setting; --device cuda takes the path that has one.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "heads" / "x"
+    args = parser().parse_args(["train-heads", "--method", "eagle", "--model", str(tmp_path), "--out", str(out),
+                                "--device", "cuda"])  # fmt: skip
+    with pytest.raises(StageUnavailable, match="needs a CUDA GPU"):
+        args.handler(args, Console(quiet=True))
+    assert not out.exists()
 
 
 def test_expand_heads_command(tmp_path, tiny_base):
