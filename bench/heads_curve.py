@@ -85,7 +85,7 @@ def score(method: str, heads, embed, lm_head, data: SeqData) -> dict[str, float]
 
 
 def train(method: str, fit: SeqData, valid: SeqData, target: Path, embed, lm_head, epochs: int, say):
-    """Heads from a random start, as ``specdeploy train-heads --init`` would train them without an init."""
+    """Heads from a random start, as ``specdeploy train-heads --data self-distill`` trains them without ``--init``."""
     if method == "eagle":
         geometry = ModelGeometry.from_hf(json.loads((target / "config.json").read_text()), "config.json")
         cfg = EagleTrainConfig(epochs=epochs, seed=0, bf16=fast_bf16())
