@@ -34,6 +34,8 @@ pytestmark = pytest.mark.slow
 
 NEW_TOKENS = 32
 PROMPTS_PER_SET = 3
+# bfloat16 is emulated on CPUs without AMX (~3x the float32 time here): its cases take the first 2 of each set.
+BF16_PROMPTS_PER_SET = 2
 MIN_ACCEPTANCE_LENGTH = {"medusa": 1.3, "eagle": 1.3, "lookahead": 1.1}
 SPEC = f"""
 name: smollm2-speculative-test
@@ -141,6 +143,8 @@ def method(engine: Engine, kind: str):
 def test_shipped_heads_are_lossless_and_accept(engines, prompts, kind, dtype):
     torch.set_num_threads(1)
     engine = engines[(kind, dtype)]
+    if dtype == "bf16":  # prompts holds PROMPTS_PER_SET chat prompts, then as many code prompts
+        prompts = [p for i, p in enumerate(prompts) if i % PROMPTS_PER_SET < BF16_PROMPTS_PER_SET]
     plain, _ = decode(engine, PlainDecoding(), prompts)
     spec, stats = decode(engine, method(engine, kind), prompts)
     for prompt, want, got in zip(prompts, plain, spec):
