@@ -20,8 +20,12 @@ SPECS_DIR = Path(__file__).resolve().parents[2] / "specs"
 DEFAULT_SPEC = Path("smollm2-lookahead.yaml")
 
 
+SPEC_HELP = "a spec file, or the name of one in the project's specs/ folder"
+
+
 def add_spec_argument(parser: argparse.ArgumentParser, *, required: bool = False, help: str | None = None) -> None:
     """The positional SPEC: optional (default: the SmolLM2 Lookahead spec) unless ``required``."""
+    help = help or SPEC_HELP
     if required:
         parser.add_argument("spec", help=help)
     else:

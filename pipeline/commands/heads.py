@@ -1,4 +1,4 @@
-"""`specdeploy train-heads` and `specdeploy expand-heads` (speculative-decoding heads).
+r"""`specdeploy train-heads` and `specdeploy expand-heads` (speculative-decoding heads).
 
     specdeploy train-heads --method medusa --out heads/smollm2-medusa [--model DIR] [--seed 0]
     specdeploy train-heads --method eagle  --out heads/smollm2-eagle

@@ -9,13 +9,15 @@ page does not depend on the shell that wrote it.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pipeline import cli
-from pipeline.docs_gen.markdown import GENERATED_NOTE, code, paragraph, table
+from pipeline.docs_gen.markdown import GENERATED_NOTE, code, docstring, paragraph, table
 
 ENVIRONMENT_DEFAULTS = ("SPECDEPLOY_ENGINES", "SPECDEPLOY_TRITON_REPO", "SPECDEPLOY_CACHE")
 _FLAG_ACTIONS = (
@@ -97,9 +99,22 @@ def help_text(action: argparse.Action, prog: str) -> str:
     notes = []
     if action.required and action.option_strings:
         notes.append("required")
-    if isinstance(action, argparse._AppendAction):
+    if isinstance(action, argparse._AppendAction) and "repeatable" not in text:
         notes.append("repeatable")
     return "; ".join(part for part in (text, *notes) if part)
+
+
+def module_of(p: argparse.ArgumentParser) -> str | None:
+    """The module whose handler a command runs (``pipeline.commands.engine``)."""
+    handler = p._defaults.get("handler")
+    return getattr(handler, "__module__", None)
+
+
+def details(module: str | None) -> str:
+    """What the command module's docstring says beyond its first line (the synopsis)."""
+    doc = inspect.getdoc(sys.modules[module]) if module in sys.modules else None
+    parts = (doc or "").split("\n\n", 1)
+    return docstring(parts[1]) if len(parts) == 2 else ""
 
 
 def usage(name: str, p: argparse.ArgumentParser) -> str:
@@ -164,11 +179,18 @@ def render() -> str:
         "",
         table(["command", "what it does"], [[f"[`{name}`](#{name})", text] for name, text, _ in listed]),
     ]
+    described: dict[str, str] = {}  # module -> the first command it was shown with
     for name, text, sub in listed:
         prog = f"{root.prog} {name}"
         out += ["", f"## `specdeploy {name}` {{#{name}}}", "", text[:1].upper() + text[1:] + "." if text else ""]
         if sub.description:
             out += ["", paragraph(sub.description)]
+        module = module_of(sub)
+        if module in described:
+            out += ["", f"Described with [`{described[module]}`](#{described[module]})."]
+        elif details(module):
+            described[module or ""] = name
+            out += ["", details(module)]
         out += ["", f"Usage: {code(usage(name, sub))}"]
         for block in (_arguments_table(sub, prog), _options_table(sub, prog)):
             if block:

@@ -17,10 +17,27 @@ GENERATED_NOTE = (
 )
 
 
+_CODE_SPAN = re.compile(r"(`+)(?:.+?)\1", flags=re.DOTALL)
+
+
+def escape_html(text: str) -> str:
+    """``<`` outside code spans as an entity, so ``engines/<spec>/`` is not read as an HTML tag.
+
+    >>> escape_html("default <cache>/logs, or `<cache>`")
+    'default &lt;cache>/logs, or `<cache>`'
+    """
+    out, last = [], 0
+    for match in _CODE_SPAN.finditer(text):
+        out += [text[last : match.start()].replace("<", "&lt;"), match.group(0)]
+        last = match.end()
+    out.append(text[last:].replace("<", "&lt;"))
+    return "".join(out)
+
+
 def cell(text: object) -> str:
     """One table cell: newlines folded, pipes escaped (also inside code spans, as Python-Markdown's
-    tables extension reads them)."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    tables extension reads them), ``<`` outside code spans as an entity."""
+    return escape_html(" ".join(str(text).split())).replace("|", "\\|")
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -45,5 +62,32 @@ def rst_to_markdown(text: str) -> str:
 
 def paragraph(text: str) -> str:
     """Docstring lines joined into one paragraph per blank-line-separated block."""
-    blocks = [" ".join(block.split()) for block in re.split(r"\n\s*\n", text.strip())]
+    blocks = [escape_html(" ".join(block.split())) for block in re.split(r"\n\s*\n", text.strip())]
     return "\n\n".join(block for block in blocks if block)
+
+
+def docstring(text: str) -> str:
+    """A docstring's body as Markdown: prose blocks as paragraphs, ``* `` items as a list, indented
+    blocks as fenced code (kept verbatim).
+
+    >>> print(docstring("Runs it.\\n\\n    specdeploy x <DIR>\\n\\n* one\\n  more\\n* two"))
+    Runs it.
+    <BLANKLINE>
+    ```
+    specdeploy x <DIR>
+    ```
+    <BLANKLINE>
+    - one more
+    - two
+    """
+    out = []
+    for block in re.split(r"\n\s*\n", text.strip("\n")):
+        lines = block.split("\n")
+        if all(line.startswith("    ") or not line.strip() for line in lines):
+            out.append("```\n" + "\n".join(line[4:] for line in lines) + "\n```")
+        elif lines[0].startswith("* "):
+            items = re.split(r"\n(?=\* )", block)
+            out.append("\n".join("- " + paragraph(rst_to_markdown(item[2:])) for item in items))
+        else:
+            out.append(paragraph(rst_to_markdown(block)))
+    return "\n\n".join(out)

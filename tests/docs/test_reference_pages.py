@@ -4,12 +4,13 @@ field and contract tensor appears)."""
 from __future__ import annotations
 
 import argparse
+import doctest
 import re
 
 import pytest
 
 from pipeline.cli import EXIT_CODES
-from pipeline.docs_gen import cli_reference, spec_reference
+from pipeline.docs_gen import cli_reference, markdown, spec_reference
 from pipeline.docs_gen.__main__ import COMMAND, PAGES, REFERENCE_DIR, main, render_all, stale, write
 from pipeline.docs_gen.markdown import cell, code, table
 from pipeline.spec_schema import PARTIAL_PREFIX, spec_json_schema
@@ -161,10 +162,15 @@ def test_contract_page_has_every_tensor_of_every_model(model, pages):
         assert f"| `{tensor.name}` |" in section, tensor.name
 
 
+def test_markdown_examples():
+    assert doctest.testmod(markdown).failed == 0
+
+
 def test_markdown_cells_keep_tables_whole():
     assert cell("a | b\nc") == "a \\| b c"
     assert code("x`y") == "``x`y``"
     assert table(["h"], [["|"]]).splitlines() == ["| h |", "|---|", "| \\| |"]
+    assert cell("engines/<spec>/ or `<spec>`") == "engines/&lt;spec>/ or `<spec>`"
 
 
 def test_stale_lists_missing_and_changed_pages(tmp_path):
