@@ -65,7 +65,9 @@ def _extensions(model: str) -> list[str]:
 
 
 def render() -> str:
-    intro = paragraph(rst_to_markdown(contract.__doc__ or "").split("\n\n")[0])
+    # The module's own account: what the contract is, where it comes from, what it was checked against.
+    blocks = [b for b in (contract.__doc__ or "").strip().split("\n\n")]
+    intro = paragraph(rst_to_markdown("\n\n".join(blocks[:2] + [b for b in blocks if b.startswith("Checked")])))
     out = [
         GENERATED_NOTE.format(source="`pipeline/triton/contract.py`"),
         "",
