@@ -279,6 +279,9 @@ class GpuSpec(_Strict):
     """GPUs available to the variant (at least tp*pp)."""
     gpus_per_node: int | None = Field(None, ge=1, le=64)
     """GPUs per machine when the variant spans several."""
+    calibration: str | None = None
+    """A `specdeploy calibrate` file for this GPU type (relative to the spec file): the evaluation's
+    predictions, best's choice and the release gates use its profile, intervals from its residuals."""
 
     @field_validator("type")
     @classmethod

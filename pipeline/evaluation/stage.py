@@ -184,7 +184,8 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     wall = time.perf_counter() - started
     gpu = params["gpu"] or DEFAULT_GPU
     context = int(sum(len(p) for p in prompts) / len(prompts) + settings["max_new_tokens"] / 2)
-    calibrated = calibration(DEFAULT_RUNTIME)
+    calibration_file = stage.inputs.get("calibration")
+    calibrated = load_calibration(calibration_file, gpu) if calibration_file else calibration(DEFAULT_RUNTIME)
     add_predictions(records, listed, variant, gpu, settings["batch_sizes"], context, calibrated)
     batch = settings["batch_sizes"][0]
     planned = None if params["method"] == "best" else planned_candidate(listed, variant)
@@ -207,6 +208,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "dtype": _weights_dtype(params),
             "runtime": calibrated.profile.runtime,
             "calibration": calibrated.source,
+            "calibration_file": str(calibration_file) if calibration_file else None,
             "error_bands": {m: dataclasses.asdict(b) for m, b in sorted(calibrated.bands.items())},
         },
         "timing": {
@@ -233,6 +235,16 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     if choice.failed:
         say(f"[{variant.name}] release gate failed: {choice.failed}")
     return result
+
+
+def load_calibration(path: Path, gpu: str) -> Calibration:
+    """gpu.calibration's profile (the plan checked it; a file changed since is an input error here)."""
+    from pipeline.costmodel.calibrate import CalibrationError, load
+
+    try:
+        return load(path, gpu)
+    except CalibrationError as exc:
+        raise InputError(str(exc)) from None
 
 
 def planned_candidate(listed: list[cands.Candidate], variant: VariantPlan) -> str:

@@ -201,3 +201,40 @@ def test_best_builds_and_packages_the_measured_choice(cli, spec, tmp_path):
     assert rc == 0 and "best: measured choice plain" in out
     manifest = json.loads((engines / "manifest.json").read_text())["variants"]["tiny"]
     assert manifest["method"] == "none" and manifest["evaluation"]["chosen"] == "plain"
+
+
+def test_a_calibration_file_prices_the_candidates(cli, spec, tmp_path):
+    """gpu.calibration: its profile and its own bands give the predictions and intervals, the result and
+    the manifest record the file; a file for another GPU type or not a calibration is a spec error."""
+    from pipeline.costmodel.calibrate import FORMAT, write
+    from pipeline.costmodel.profile import Calibration, ErrorBand, RuntimeProfile
+
+    band = ErrorBand(-0.25, 0.5, 4)
+    content = {
+        "format": FORMAT,
+        "gpu": "l40s",
+        "calibration": Calibration(
+            RuntimeProfile("trtllm", host_step_s=2e-3), {m: band for m in ("medusa", "eagle", "lookahead")}, "mine"
+        ).to_dict(),
+    }
+    write(content, tmp_path / "cal.json")
+    path = spec()
+    text = path.read_text() + "gpu: {type: l40s, calibration: cal.json}\n"
+    path.write_text(text)
+    rc, out, err = cli("evaluate", str(path))
+    assert rc == 0, err
+    result = json.loads((tmp_path / "engines" / "tiny" / "evaluation" / "evaluation.json").read_text())
+    assert result["gpu"]["calibration"] == "mine" and result["gpu"]["calibration_file"] == str(tmp_path / "cal.json")
+    medusa = next(c for c in result["candidates"] if c["method"] == "medusa")
+    interval = medusa["predicted_interval"]["1"]
+    assert interval["low"] == pytest.approx(interval["point"] / 1.5) and interval["high"] == pytest.approx(
+        interval["point"] / 0.75
+    )
+    write({**content, "gpu": "h100-sxm-80gb"}, tmp_path / "cal.json")
+    rc, _, err = cli("validate", str(path))
+    assert (
+        rc == 2 and "gpu.calibration" in err and "calibrated on h100-sxm-80gb, but the plan's GPU type is l40s" in err
+    )
+    (tmp_path / "cal.json").write_text("{}")
+    rc, _, err = cli("validate", str(path))
+    assert rc == 2 and "not a calibration `specdeploy calibrate` wrote" in err, err
