@@ -153,3 +153,26 @@ def test_shipped_profiles_are_the_fit_of_the_published_data():
             assert shipped[runtime].bands[method].low_error == pytest.approx(band.low_error, abs=1e-9)
             assert shipped[runtime].bands[method].high_error == pytest.approx(band.high_error, abs=1e-9)
     assert shipped["trtllm"].bands["eagle"].borrowed_from == "pytorch-eager"
+
+
+def test_predict_cli_gives_the_fitted_prediction_of_a_published_row(cli):
+    """`specdeploy predict --runtime pytorch-eager` on a published result's shape, GPU and settings gives
+    the fit's prediction the bench script prints beside it, inside its interval."""
+    import json
+
+    bench = _bench()
+    (row,) = [
+        o
+        for o in bench.observations()
+        if o.source == "specbench-a100-pt20" and o.method == "lookahead" and "7b" in o.label
+    ]
+    (expected,) = fit.relative_errors([row], load_calibrations()["pytorch-eager"].profile)
+    rc, out, err = cli(
+        "predict", "--preset", "vicuna-7b-v1.3", "--gpu", "a100-80gb", "--runtime", "pytorch-eager",
+        "--method", "lookahead", "--lookahead", "7,5,7", "--acceptance-length", "1.66", "--context-len", "512",
+        "--batch", "1", "--json",
+    )  # fmt: skip
+    assert rc == 0, err
+    body = json.loads(out)
+    assert body["speedup"]["1"] == pytest.approx(row.speedup * (1 + expected))
+    assert body["interval"]["1"]["low"] <= row.speedup <= body["interval"]["1"]["high"]
