@@ -16,6 +16,7 @@ from pipeline import __version__
 from pipeline.commands import (
     bench,
     build,
+    calibrate,
     doctor,
     engine,
     evaluate,
@@ -59,6 +60,7 @@ COMMANDS = (
     train_adapter,
     schema,
     predict,
+    calibrate,
     evaluate,
     report,
 )

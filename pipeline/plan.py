@@ -311,8 +311,11 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     rehearsal_build = None
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
+    calibration = _calibration(spec, variant, problems)
     if variant.evaluation is not None:
-        stages = _with_evaluate(spec, variant, stages, model_dir, heads_dir, gpu, rehearsal, rehearsal_heads)
+        stages = _with_evaluate(
+            spec, variant, stages, model_dir, heads_dir, gpu, rehearsal, rehearsal_heads, calibration
+        )
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
         name=variant.name,
@@ -690,6 +693,20 @@ def _stages(
     return tuple(stages)
 
 
+def _calibration(spec: Spec, variant: VariantSpec, problems: _Problems) -> Path | None:
+    """gpu.calibration resolved against the spec file, checked to be a calibration of gpu.type."""
+    if variant.gpu is None or variant.gpu.calibration is None:
+        return None
+    from pipeline.costmodel.calibrate import CalibrationError, load
+
+    path = spec.resolve_path(variant.gpu.calibration)
+    try:
+        load(path, variant.gpu.type)
+    except CalibrationError as exc:
+        problems.error(("gpu", "calibration"), str(exc))
+    return path
+
+
 def _with_evaluate(
     spec: Spec,
     variant: VariantSpec,
@@ -699,6 +716,7 @@ def _with_evaluate(
     gpu: gpus.GpuType | None,
     rehearsal: SpeculativeConfig | None = None,
     rehearsal_heads: Path | None = None,
+    calibration: Path | None = None,
 ) -> tuple[StagePlan, ...]:
     """The evaluate stage after convert (pipeline/evaluation/ has what it measures). With method: best
     (``rehearsal``, the heads' candidates) it comes before convert and converts the candidates' checkpoint
@@ -709,11 +727,15 @@ def _with_evaluate(
     assert evaluation is not None
     convert = next(stage for stage in stages if stage.name == "convert")
     prompts = prompt_files(spec.resolve_path(evaluation.prompts) if evaluation.prompts else None)
-    inputs = {
-        "checkpoint": convert.output,
-        "tokenizer": model_dir or Path("<weights missing>"),
-        **{f"prompts{i}": path for i, path in enumerate(prompts)},
-    } | ({"heads": heads_dir} if heads_dir else {})
+    inputs = (
+        {
+            "checkpoint": convert.output,
+            "tokenizer": model_dir or Path("<weights missing>"),
+            **{f"prompts{i}": path for i, path in enumerate(prompts)},
+        }
+        | ({"heads": heads_dir} if heads_dir else {})
+        | ({"calibration": calibration} if calibration else {})
+    )
     convert_params = convert.params
     if rehearsal is not None:
         del inputs["checkpoint"]

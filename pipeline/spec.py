@@ -279,6 +279,9 @@ class GpuSpec(_Strict):
     """GPUs available to the variant (at least tp*pp)."""
     gpus_per_node: int | None = Field(None, ge=1, le=64)
     """GPUs per machine when the variant spans several."""
+    calibration: str | None = None
+    """A `specdeploy calibrate` file for this GPU type (relative to the spec file): the evaluation's
+    predictions, best's choice and the release gates use its profile, intervals from its residuals."""
 
     @field_validator("type")
     @classmethod
@@ -301,6 +304,17 @@ class EvaluationSpec(_Strict):
     """Concurrencies to predict GPU speedups for; the first is the expected one (method: best chooses there)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the reference runtime runs: cpu, or cuda (one GPU, for models too large for a CPU)."""
+    prefer: list[Literal["none", "lookahead", "medusa", "eagle"]] | None = None
+    """method: best's tie rule, for candidates whose predicted intervals overlap: the method order to
+    prefer (default none, lookahead, medusa, eagle: the least to maintain first; unlisted methods follow
+    in that order)."""
+
+    @field_validator("prefer")
+    @classmethod
+    def _unique(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("each method at most once")
+        return value
 
     @field_validator("batch_sizes")
     @classmethod
@@ -317,6 +331,9 @@ class ReleaseSpec(_Strict):
     """The measured mean acceptance length the chosen method must reach."""
     min_speedup: float | None = Field(None, gt=0)
     """The predicted GPU speedup it must reach at evaluation.batch_sizes[0] on gpu.type."""
+    speedup_bound: Literal["low", "point"] = "low"
+    """What min_speedup is checked against: low, the lower end of the prediction's interval (its method's
+    held-out error); point, the point prediction."""
     max_batch_for_speculation: int | None = Field(None, ge=1)
     """Speculate only when the expected concurrency (evaluation.batch_sizes[0]) is at most this."""
     on_fail: Literal["fallback", "fail"] = "fallback"

@@ -2,7 +2,9 @@
 
 N concurrent streaming clients send M requests in total (bounded also by --time-limit), then
 the command prints tokens/s, time to first token, inter-token latency (p50/p90/p99) and
-speculative acceptance, and writes bench.json and bench.png into --out.
+speculative acceptance, and writes bench.json and bench.png into --out. With --repository (the
+Triton model repository the server loaded) bench.json also records what was served: the method and
+its settings, the engine's shape, dtypes and parallelism, which `specdeploy calibrate` needs.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def print_summary(summary: dict, console: Console) -> None:
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from pipeline.commands.query import request_from_args
 
+    served = None
+    if args.repository:
+        from pipeline.costmodel.served import describe
+
+        served = describe(Path(args.repository))  # before the load: a wrong folder fails at once
     prompts = load_prompts(Path(args.prompts))
     run = run_load(
         args.url,
@@ -67,7 +74,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         run,
         summary,
         out,
-        extra={"url": args.url, "model": args.model, "max_tokens": args.max_tokens, "prompts": str(args.prompts)},
+        extra={"url": args.url, "model": args.model, "max_tokens": args.max_tokens, "prompts": str(args.prompts)}
+        | ({"server": served} if served else {}),
     )
     print_summary(summary, console)
     console.print(f"wrote {path} and {path.with_suffix('.png')}", highlight=False)
@@ -84,5 +92,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--requests", type=int, default=16, help="requests in total")
     bench.add_argument("--time-limit", type=float, default=600.0, help="stop sending after this many seconds")
     bench.add_argument("--out", help="folder for bench.json and bench.png (default bench/out/<time>)")
+    bench.add_argument(
+        "--repository", help="the Triton model repository the server loaded: recorded for `specdeploy calibrate`"
+    )
     add_sampling_arguments(bench)
     bench.set_defaults(handler=cmd_bench, max_tokens=64)

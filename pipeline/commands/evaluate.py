@@ -100,11 +100,14 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
 
 
 def summary_table(evaluation: dict) -> Table:
+    from pipeline.evaluation.choose import interval_text
+
     batches = evaluation["settings"]["batch_sizes"]
     gpu = evaluation["gpu"]
     table = Table(
         title=f"{evaluation['variant']}: {evaluation['prompts']['count']} prompts, predicted on "
-        f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}",
+        f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}, {gpu.get('runtime', 'trtllm')} profile: "
+        "point (interval of the method's held-out error)",
         title_justify="left",
     )
     for column in (
@@ -131,6 +134,6 @@ def summary_table(evaluation: dict) -> Table:
             f"{c['cpu_step_cost']:.2f}",
             f"{c['cpu_speedup']:.2f}x",
             same,
-            *[f"{c['predicted_speedup'][str(b)]:.2f}x" for b in batches],
+            *[interval_text(c, b) for b in batches],
         )
     return table

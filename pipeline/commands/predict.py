@@ -1,9 +1,12 @@
 """`specdeploy predict`: predicted step costs and speedup of a method on a GPU type, without weights.
 
     specdeploy predict --preset llama-3.1-8b --gpu l40s --method eagle --tree mc_sim_7b_63 \\
-        --acceptance-length 2.5 --batch 1 8 32 [--tp 2] [--dtype fp8] [--context-len 1024] [--json]
+        --acceptance-length 2.5 --batch 1 8 32 [--tp 2] [--dtype fp8] [--context-len 1024] \\
+        [--runtime trtllm|pytorch-eager] [--json]
 
-The formulas and GPU figures are in pipeline/costmodel/ (step.py, hardware.py).
+Each speedup comes with the interval its method's held-out error puts around it (the runtime
+profile's error band, pipeline/costmodel/profile.py). The formulas and GPU figures are in
+pipeline/costmodel/ (step.py, hardware.py, profile.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import gpus, presets, trees
+from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES, calibration
 from pipeline.errors import InputError
 from pipeline.speculative import LookaheadConfig, lookahead_problem
 
@@ -44,7 +48,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32], help="batch sizes (requests in flight)")
     parser.add_argument("--context-len", type=int, default=1024, help="cached tokens per request")
-    parser.add_argument("--json", action="store_true", help='{"speedup": {"1": ...}, "step_cost": {...}}')
+    parser.add_argument(
+        "--runtime",
+        default=DEFAULT_RUNTIME,
+        choices=RUNTIMES,
+        help="the runtime profile: trtllm (TensorRT-LLM engines, what specdeploy deploys) or pytorch-eager "
+        "(the papers' and Spec-Bench's reference code, evaluation.device cuda)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help='{"speedup": {"1": ...}, "interval": {"1": ...}, "step_cost": {...}}'
+    )
     parser.set_defaults(handler=cmd_predict)
 
 
@@ -95,17 +108,37 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         )
     if args.tp < 1 or args.pp < 1 or args.context_len < 0:
         raise InputError("--tp and --pp must be >= 1 and --context-len >= 0")
-    deployment = Deployment(arch, gpu_perf(args.gpu), args.dtype, args.dtype, args.tp, args.pp, args.context_len)
+    calibrated = calibration(args.runtime)
+    deployment = Deployment(
+        arch,
+        gpu_perf(args.gpu),
+        args.dtype,
+        args.dtype,
+        args.tp,
+        args.pp,
+        args.context_len,
+        profile=calibrated.profile,
+    )
     drafting = drafting_from_args(args)
     try:
         rows = predict(deployment, drafting, args.acceptance_length, args.batch)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    band = calibrated.band(drafting.method)
+    intervals = {p.batch: band.interval(p.speedup) for p in rows}
     if args.json:
         print(
             json.dumps(
                 {
+                    "runtime": args.runtime,
                     "speedup": {str(p.batch): p.speedup for p in rows},
+                    "interval": {str(b): i.to_dict() for b, i in intervals.items()},
+                    "error_band": {
+                        "low_error": band.low_error,
+                        "high_error": band.high_error,
+                        "residuals": band.residuals,
+                        "borrowed_from": band.borrowed_from,
+                    },
                     "step_cost": {str(p.batch): p.to_dict() for p in rows},
                     "rows_per_step": drafting.rows,
                 },
@@ -115,13 +148,26 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         return 0
     table = Table(
         title=f"{args.method} on {args.preset}, {args.gpu} x tp{args.tp} pp{args.pp}, {args.dtype}, "
-        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}",
+        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}, {args.runtime}",
         title_justify="left",
     )
-    for column in ("batch", "plain step ms", "method step ms", "speedup", "method step parts (ms)"):
+    for column in ("batch", "plain step ms", "method step ms", "speedup (interval)", "method step parts (ms)"):
         table.add_column(column)
     for p in rows:
         parts = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in p.parts.items())
-        table.add_row(str(p.batch), f"{p.plain_s * 1e3:.2f}", f"{p.method_s * 1e3:.2f}", f"{p.speedup:.2f}x", parts)
+        table.add_row(
+            str(p.batch), f"{p.plain_s * 1e3:.2f}", f"{p.method_s * 1e3:.2f}", intervals[p.batch].text(), parts
+        )
     console.print(table)
+    if drafting.method != "none":
+        console.print(error_note(args.runtime, band, calibrated.source))
     return 0
+
+
+def error_note(runtime: str, band, source: str) -> str:
+    """One line: where the interval comes from, and how far it can be trusted."""
+    borrowed = f", borrowed from {band.borrowed_from}" if band.borrowed_from else ""
+    return (
+        f"interval: the 10th-90th percentile of {band.residuals} held-out errors of this method "
+        f"({band.low_error:+.0%} .. {band.high_error:+.0%}{borrowed}); {runtime} profile {source}"
+    )

@@ -24,8 +24,8 @@ Sources (datasheets, fetched 2026):
 * PCIe 4.0 x16: 32 GB/s per direction (PCI-SIG).
 
 The attainable fractions of those peaks (``BANDWIDTH_EFFICIENCY``, ``COMPUTE_EFFICIENCY``) and the
-latencies are the model's assumptions, not datasheet figures; the table of predictions against
-published speedups (docs/concepts/rehearsal.md) is what checks them.
+latencies are the model's assumptions, not datasheet figures: the ``trtllm`` runtime profile's host
+side (pipeline/costmodel/profile.py, where the fitted constants and their sources are).
 """
 
 from __future__ import annotations

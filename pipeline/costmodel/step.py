@@ -17,7 +17,8 @@ step; it adds a hop per stage boundary). Per GPU:
 * tensor parallelism: two all-reduces per layer (after attention and after the MLP) of
   ``b x T x hidden x 2`` bytes; a ring all-reduce moves ``2 (tp - 1) / tp`` of them per GPU over the
   link, plus a fixed latency each; pipeline stages add ``pp - 1`` hops of the same activations;
-* a fixed per-step overhead (hardware.STEP_OVERHEAD_S).
+* a fixed per-step overhead (hardware.STEP_OVERHEAD_S), or with a runtime profile
+  (:mod:`pipeline.costmodel.profile`) its host work: ``host_step_s + host_layer_s x layers``.
 
 Each method adds its own work (:class:`Drafting` says what it is):
 
@@ -28,6 +29,13 @@ Each method adds its own work (:class:`Drafting` says what it is):
   one lm_head pass over the nodes expanded at that level, each its own roofline, its own KV read
   (one layer), tp all-reduces and a pass overhead; rows fed = 1 + tree nodes.
 * Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
+
+With a runtime profile, the costs the roofline leaves out are their own parts: the draft rows' GEMM
+work its max() lets ride free below the ridge point (``row_compute`` x their FLOPs / peak, rows
+beyond the first, up to where the step is compute-bound anyway), the
+tree-attention mask and acceptance work of Medusa and EAGLE (``tree_row_s`` per draft row), EAGLE's
+per-level drafter launches (``level_s + host_layer_s`` per level), Lookahead's custom-mask rows and
+n-gram pool work (``lookahead_row_s`` per draft row), the runtime's host work per step and per layer.
 
 Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/presets.py).
 """
@@ -40,6 +48,7 @@ from typing import Literal
 from pipeline import trees
 from pipeline.costmodel import hardware
 from pipeline.costmodel.hardware import GpuPerf
+from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
 
@@ -60,6 +69,22 @@ class Deployment:
     pp: int = 1
     context_len: int = 1024  # cached tokens per request the attention reads
     step_overhead_s: float = hardware.STEP_OVERHEAD_S
+    profile: RuntimeProfile | None = None  # None: hardware's assumptions (TensorRT-LLM's, unfitted)
+
+    def constants(self) -> RuntimeProfile:
+        """The runtime constants this deployment is priced with (read at call time, so the
+        hardware module's assumptions can be changed in one place)."""
+        if self.profile is not None:
+            return self.profile
+        return RuntimeProfile(
+            "trtllm",
+            hardware.BANDWIDTH_EFFICIENCY,
+            hardware.COMPUTE_EFFICIENCY,
+            0.0,
+            self.step_overhead_s,
+            0.0,
+            hardware.PASS_OVERHEAD_S,
+        )
 
 
 @dataclass(frozen=True)
@@ -111,10 +136,15 @@ class StepCost:
         return sum(self.parts.values())
 
 
-def roofline_s(gpu: GpuPerf, bytes_read: float, flops: float, dtype: str) -> float:
-    """max(memory time, compute time) at the attainable fractions of the peaks."""
-    memory = bytes_read / (gpu.memory_gbps * 1e9 * hardware.BANDWIDTH_EFFICIENCY)
-    compute = flops / (gpu.peak_flops(dtype) * hardware.COMPUTE_EFFICIENCY)
+def roofline_s(
+    gpu: GpuPerf, bytes_read: float, flops: float, dtype: str, profile: RuntimeProfile | None = None
+) -> float:
+    """max(memory time, compute time) at the attainable fractions of the peaks (the profile's, or
+    hardware's assumptions)."""
+    bandwidth = profile.bandwidth_efficiency if profile else hardware.BANDWIDTH_EFFICIENCY
+    peak = profile.compute_efficiency if profile else hardware.COMPUTE_EFFICIENCY
+    memory = bytes_read / (gpu.memory_gbps * 1e9 * bandwidth)
+    compute = flops / (gpu.peak_flops(dtype) * peak)
     return max(memory, compute)
 
 
@@ -136,7 +166,7 @@ def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
         batch * d.context_len * layers * 2 * _kv_heads_per_gpu(arch, d.tp) * arch.head_dim * DTYPE_BYTES[d.kv_dtype]
     )
     flops = 4 * batch * rows * d.context_len * (arch.num_heads / d.tp) * arch.head_dim * layers
-    return roofline_s(d.gpu, kv_bytes, flops, "bfloat16")
+    return roofline_s(d.gpu, kv_bytes, flops, "bfloat16", d.constants())
 
 
 def target_step(d: Deployment, batch: int, rows: int, logit_rows: int | None = None) -> StepCost:
@@ -147,7 +177,16 @@ def target_step(d: Deployment, batch: int, rows: int, logit_rows: int | None = N
     lm_head = arch.vocab_size * arch.hidden_size
     weight_bytes = (decoder * DTYPE_BYTES[d.dtype] + lm_head * ACTIVATION_BYTES) / d.tp
     flops = 2 * (decoder * batch * rows + lm_head * batch * logit_rows) / d.tp
-    cost.add("weights and GEMMs", roofline_s(gpu, weight_bytes, flops, d.dtype))
+    k = d.constants()
+    roofline = roofline_s(gpu, weight_bytes, flops, d.dtype, k)
+    cost.add("weights and GEMMs", roofline)
+    memory_bound = roofline_s(gpu, weight_bytes, 0.0, d.dtype, k) >= roofline
+    if k.row_compute and rows > 1 and memory_bound:
+        # below the ridge the draft rows add their FLOPs at peak x row_compute to the weight read; above
+        # it the step is compute-bound and the roofline's compute time already holds them (the branch
+        # depends on the roofline alone, so a step stays linear in the constants)
+        extra = 2 * (decoder * batch * (rows - 1) + lm_head * batch * max(logit_rows - 1, 0)) / d.tp
+        cost.add("draft rows' GEMMs", k.row_compute * extra / gpu.peak_flops(d.dtype))
     cost.add("attention (KV read)", attention_s(d, batch, rows, arch.num_layers))
     activations = batch * rows * arch.hidden_size * ACTIVATION_BYTES
     comm = 2 * arch.num_layers * allreduce_s(gpu, d.tp, activations)
@@ -155,14 +194,16 @@ def target_step(d: Deployment, batch: int, rows: int, logit_rows: int | None = N
         comm += (d.pp - 1) * (gpu.allreduce_latency_s + activations / (gpu.link_gbps * 1e9))
     if comm:
         cost.add("tp/pp communication", comm)
-    cost.add("step overhead", d.step_overhead_s)
+    cost.add("step overhead", k.host_step_s)
+    if k.host_layer_s:
+        cost.add("layer launches", k.host_layer_s * arch.num_layers)
     return cost
 
 
 def medusa_heads_s(d: Deployment, batch: int, heads: int) -> float:
     arch = d.arch
     params = heads * (arch.hidden_size * arch.hidden_size + arch.vocab_size * arch.hidden_size)
-    return roofline_s(d.gpu, params * ACTIVATION_BYTES / d.tp, 2 * params * batch / d.tp, "bfloat16")
+    return roofline_s(d.gpu, params * ACTIVATION_BYTES / d.tp, 2 * params * batch / d.tp, "bfloat16", d.constants())
 
 
 def eagle_level_s(d: Deployment, batch: int, rows: int) -> float:
@@ -170,19 +211,27 @@ def eagle_level_s(d: Deployment, batch: int, rows: int) -> float:
     arch = d.arch
     layer = arch.decoder_layer_params() + 2 * arch.hidden_size * arch.hidden_size
     lm_head = arch.vocab_size * arch.hidden_size
-    drafter = roofline_s(d.gpu, layer * DTYPE_BYTES[d.dtype] / d.tp, 2 * layer * batch * rows / d.tp, d.dtype)
-    head = roofline_s(d.gpu, lm_head * ACTIVATION_BYTES / d.tp, 2 * lm_head * batch * rows / d.tp, "bfloat16")
+    k = d.constants()
+    drafter = roofline_s(d.gpu, layer * DTYPE_BYTES[d.dtype] / d.tp, 2 * layer * batch * rows / d.tp, d.dtype, k)
+    head = roofline_s(d.gpu, lm_head * ACTIVATION_BYTES / d.tp, 2 * lm_head * batch * rows / d.tp, "bfloat16", k)
     comm = 2 * allreduce_s(d.gpu, d.tp, batch * rows * arch.hidden_size * ACTIVATION_BYTES)
-    return drafter + head + attention_s(d, batch, rows, 1) + comm + hardware.PASS_OVERHEAD_S
+    return drafter + head + attention_s(d, batch, rows, 1) + comm
 
 
 def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     """One step of ``drafting``'s method: the verification pass plus the method's own work."""
     plain = drafting.method == "none"
     cost = target_step(d, batch, drafting.rows, logit_rows=1 if plain else drafting.rows)
+    k = d.constants()
+    drafts = batch * (drafting.rows - 1)
     if drafting.method == "medusa":
         cost.add("medusa heads", medusa_heads_s(d, batch, drafting.medusa_heads))
     elif drafting.method == "eagle":
         for rows in drafting.eagle_level_rows:
             cost.add("eagle drafter", eagle_level_s(d, batch, rows))
+        cost.add("eagle level launches", len(drafting.eagle_level_rows) * (k.level_s + k.host_layer_s))
+    if drafting.method in ("medusa", "eagle") and k.tree_row_s:
+        cost.add("tree mask and acceptance", k.tree_row_s * drafts)
+    if drafting.method == "lookahead" and k.lookahead_row_s:
+        cost.add("lookahead mask and n-gram pool", k.lookahead_row_s * drafts)
     return cost

@@ -1,11 +1,17 @@
 """Choosing a method by measurement, and the release gates.
 
 ``speculative.method: best`` takes the candidate with the highest predicted GPU speedup at the
-expected concurrency (``evaluation.batch_sizes[0]``); plain decoding when nothing beats it. The
-``release:`` gates then judge the chosen candidate:
+expected concurrency (``evaluation.batch_sizes[0]``); plain decoding when nothing beats it. Each
+prediction carries the interval its method's held-out error puts around it
+(``predicted_interval``, pipeline/costmodel/profile.py): when other candidates' intervals overlap the
+top one's, the model's error cannot separate them, and the tie rule takes the one with less to
+maintain among them: plain < Lookahead < Medusa < EAGLE (no heads; heads that share the lm_head; a
+drafter layer), or the order of ``evaluation.prefer``; the highest point prediction within a method.
+The ``release:`` gates then judge the chosen candidate:
 
 * ``min_acceptance_length``: its measured mean acceptance length;
-* ``min_speedup``: its predicted speedup at the expected concurrency;
+* ``min_speedup``: its predicted speedup at the expected concurrency, the interval's lower end by
+  default (``speedup_bound: low``) or the point prediction (``speedup_bound: point``);
 * ``max_batch_for_speculation``: speculation only when the expected concurrency is at most this;
 * a candidate that is not lossless (outputs differ from plain decoding beyond the near-tie rule)
   never passes.
@@ -17,8 +23,12 @@ On a miss, ``on_fail: fallback`` takes the next best candidate that passes, down
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+SpeedupBound = Literal["low", "point"]
+MAINTENANCE_ORDER = ("none", "lookahead", "medusa", "eagle")  # least to most to maintain
 
 
 @dataclass(frozen=True)
@@ -27,10 +37,47 @@ class Gates:
     min_speedup: float | None = None
     max_batch_for_speculation: int | None = None
     on_fail: str = "fallback"  # fallback | fail
+    speedup_bound: SpeedupBound = "low"  # what min_speedup is checked against
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Gates:
         return cls(**data) if data else cls()
+
+
+def interval(record: dict, batch: int) -> dict[str, float]:
+    """{"point", "low", "high"} of a record's prediction at ``batch`` (point-only for records without
+    intervals: plain decoding, or results written before they existed)."""
+    point = record["predicted_speedup"][str(batch)]
+    found = (record.get("predicted_interval") or {}).get(str(batch))
+    return found or {"point": point, "low": point, "high": point}
+
+
+def interval_text(record: dict, batch: int) -> str:
+    i = interval(record, batch)
+    if i["low"] == i["high"] == i["point"]:
+        return f"{i['point']:.2f}x"
+    return f"{i['point']:.2f}x ({i['low']:.2f}-{i['high']:.2f})"
+
+
+def preference(prefer: Sequence[str] | None) -> tuple[str, ...]:
+    """The tie rule's method order: ``prefer`` first, then the rest in MAINTENANCE_ORDER."""
+    first = tuple(prefer or ())
+    return first + tuple(m for m in MAINTENANCE_ORDER if m not in first)
+
+
+def tie_break(records: list[dict], top: dict, batch: int, prefer: Sequence[str] | None) -> tuple[dict, list[str]]:
+    """(the candidate the tie rule takes, the names whose intervals overlap ``top``'s) (see the module)."""
+    mine = interval(top, batch)
+    tied = [
+        r
+        for r in records
+        if r is top or (interval(r, batch)["low"] <= mine["high"] and mine["low"] <= interval(r, batch)["high"])
+    ]
+    if len(tied) == 1:
+        return top, []
+    order = preference(prefer)
+    rank = sorted(tied, key=lambda r: (order.index(r["method"]), -r["predicted_speedup"][str(batch)]))
+    return rank[0], [r["name"] for r in tied]
 
 
 @dataclass(frozen=True)
@@ -40,6 +87,8 @@ class Choice:
     reason: str
     failed: str | None = None  # with on_fail: fail, the gate the best candidate missed (one line)
     misses: dict[str, str] = field(default_factory=dict)  # candidate -> the gate it missed
+    not_separable: list[str] = field(default_factory=list)  # candidates tied with the best by the error
+    speedup_bound: SpeedupBound = "low"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +97,8 @@ class Choice:
             "reason": self.reason,
             "failed": self.failed,
             "misses": dict(self.misses),
+            "not_separable": list(self.not_separable),
+            "speedup_bound": self.speedup_bound,
         }
 
 
@@ -55,7 +106,8 @@ def gate_miss(record: dict, gates: Gates, batch: int) -> str | None:
     """Which gate this candidate misses at the expected concurrency (None: it passes)."""
     if record["method"] == "none":
         return None
-    al, speedup = record["mean_acceptance_length"], record["predicted_speedup"][str(batch)]
+    al, predicted = record["mean_acceptance_length"], interval(record, batch)
+    speedup = predicted[gates.speedup_bound]
     if not record["identity"]["lossless"]:
         return "lossless: its outputs differ from plain decoding beyond the near-tie rule"
     if gates.max_batch_for_speculation is not None and batch > gates.max_batch_for_speculation:
@@ -63,42 +115,84 @@ def gate_miss(record: dict, gates: Gates, batch: int) -> str | None:
     if gates.min_acceptance_length is not None and al < gates.min_acceptance_length:
         return f"min_acceptance_length {gates.min_acceptance_length}: measured {al:.2f}"
     if gates.min_speedup is not None and speedup < gates.min_speedup:
-        return f"min_speedup {gates.min_speedup}: predicted {speedup:.2f}x at batch {batch}"
+        if gates.speedup_bound == "point":
+            return f"min_speedup {gates.min_speedup}: predicted {speedup:.2f}x at batch {batch}"
+        return (
+            f"min_speedup {gates.min_speedup}: predicted {interval_text(record, batch)} at batch {batch}, "
+            f"lower bound {speedup:.2f}x"
+        )
     return None
 
 
-def choose(records: list[dict], batch: int, gpu: str, gates: Gates, planned: str | None = None) -> Choice:
-    """The candidate to ship: best predicted speedup at ``batch`` that passes the gates (see the module).
-    ``planned``: a candidate fixed by the spec (method auto or explicit) instead of the best one; the gates
-    judge it the same way."""
+def choose(
+    records: list[dict],
+    batch: int,
+    gpu: str,
+    gates: Gates,
+    planned: str | None = None,
+    prefer: Sequence[str] | None = None,
+) -> Choice:
+    """The candidate to ship: best predicted speedup at ``batch``, the tie rule among those the model's
+    error cannot separate from it, then the gates (see the module). ``planned``: a candidate fixed by the
+    spec (method auto or explicit) instead of the best one; the gates judge it the same way."""
     ranked = sorted(records, key=lambda r: -r["predicted_speedup"][str(batch)])
     plain = next(r for r in records if r["method"] == "none")
+    tie = ""
+    tied: list[str] = []
     if planned is not None:
         best = next(r for r in records if r["name"] == planned)
     else:
         best = ranked[0] if ranked[0]["predicted_speedup"][str(batch)] > 1.0 else plain
-    misses = {r["name"]: miss for r in ranked if (miss := gate_miss(r, gates, batch))}
+        if best is not plain:
+            taken, tied = tie_break(records, best, batch, prefer)
+            if tied:
+                order = " < ".join("plain" if m == "none" else m for m in preference(prefer))
+                tie = (
+                    f"{', '.join(tied)} are not separable by the model's error at batch {batch} (their intervals "
+                    f"overlap {best['name']}'s {interval_text(best, batch)}); tie rule {order}: {taken['name']}; "
+                )
+            best = taken
 
     def why(r: dict) -> str:
         return (
-            f"predicted {r['predicted_speedup'][str(batch)]:.2f}x on {gpu} at batch {batch} with measured "
+            f"predicted {interval_text(r, batch)} on {gpu} at batch {batch} with measured "
             f"acceptance length {r['mean_acceptance_length']:.2f}"
         )
 
+    misses = {r["name"]: miss for r in ranked if (miss := gate_miss(r, gates, batch))}
+
     if best["method"] == "none":
-        reason = (
-            "planned: plain decoding"
-            if planned is not None
-            else f"no candidate beats plain decoding on {gpu} at batch {batch} (best: {ranked[0]['name']}, "
-            f"{why(ranked[0])})"
-        )
-        return Choice("plain", "none", reason, misses=misses)
+        if planned is not None:
+            reason = "planned: plain decoding"
+        elif tie:
+            reason = f"{tie}plain decoding"
+        else:
+            reason = (
+                f"no candidate beats plain decoding on {gpu} at batch {batch} (best: {ranked[0]['name']}, "
+                f"{why(ranked[0])})"
+            )
+        return Choice("plain", "none", reason, misses=misses, not_separable=tied, speedup_bound=gates.speedup_bound)
     if best["name"] not in misses:
         prefix = "planned " if planned is not None else ""
-        return Choice(best["name"], best["method"], f"{prefix}{best['name']}: {why(best)}", misses=misses)
+        return Choice(
+            best["name"],
+            best["method"],
+            f"{tie}{prefix}{best['name']}: {why(best)}",
+            misses=misses,
+            not_separable=tied,
+            speedup_bound=gates.speedup_bound,
+        )
     missed = f"{best['name']} misses release gate {misses[best['name']]}"
     if gates.on_fail == "fail":
-        return Choice(best["name"], best["method"], missed, failed=missed, misses=misses)
+        return Choice(
+            best["name"],
+            best["method"],
+            f"{tie}{missed}",
+            failed=missed,
+            misses=misses,
+            not_separable=tied,
+            speedup_bound=gates.speedup_bound,
+        )
     passing = next(
         (
             r
@@ -110,6 +204,8 @@ def choose(records: list[dict], batch: int, gpu: str, gates: Gates, planned: str
     return Choice(
         passing["name"],
         passing["method"],
-        f"{missed}; fell back to {passing['name']}" + (f": {why(passing)}" if passing["method"] != "none" else ""),
+        f"{tie}{missed}; fell back to {passing['name']}" + (f": {why(passing)}" if passing["method"] != "none" else ""),
         misses=misses,
+        not_separable=tied,
+        speedup_bound=gates.speedup_bound,
     )

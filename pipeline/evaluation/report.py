@@ -4,8 +4,9 @@
   measured CPU speedup, predicted GPU speedup at each batch size, losslessness) and the choice with its
   reason;
 * ``acceptance.png``: per-position acceptance per candidate;
-* ``speedup_vs_batch.png``: predicted GPU speedup against batch size per candidate, with the 1.0 line,
-  so the batch size where speculation stops paying is visible.
+* ``speedup_vs_batch.png``: predicted GPU speedup against batch size per candidate, as a line in the
+  band of its interval (its method's held-out error), with the 1.0 line, so the batch size where
+  speculation stops paying, and how sure the model is of it, are visible.
 
 Colours: one per candidate, in candidate order, the same in both charts (plain decoding is black).
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from pipeline.evaluation.choose import interval_text
 
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -46,6 +49,13 @@ def markdown(result: dict) -> str:
         "",
         f"**Choice: {choice['candidate']}** ({choice['method']}): {choice['reason']}.",
         "",
+        f"GPU speedups: point prediction (interval) of the {gpu.get('runtime', 'trtllm')} profile, the "
+        "interval the 10th-90th percentile of its method's held-out error"
+        + (f" ({gpu['calibration']})" if gpu.get("calibration") else "")
+        + ". Release gates check "
+        + ("the point prediction" if choice.get("speedup_bound") == "point" else "the interval's lower end")
+        + " (release.speedup_bound).",
+        "",
     ]
     if choice.get("failed"):
         lines += [f"**Release gate failed**: {choice['failed']}.", ""]
@@ -60,7 +70,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {c['name']} | {c['mean_acceptance_length']:.2f} | {per_pos} | {c['rows_per_step']:.1f} | "
             f"{c['cpu_step_cost']:.2f} | {c['cpu_speedup']:.2f}x | "
-            + " | ".join(f"{c['predicted_speedup'][str(b)]:.2f}x" for b in batches)
+            + " | ".join(interval_text(c, b) for b in batches)
             + f" | {identity_text(c['identity'])} |"
         )
     timing = result["timing"]
@@ -107,12 +117,17 @@ def charts(result: dict, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for c in result["candidates"]:
         curve = c["predicted_curve"]
-        ax.plot([int(b) for b in curve], list(curve.values()), marker=".", color=colour[c["name"]], label=c["name"])
+        xs = [int(b) for b in curve]
+        band = c.get("predicted_curve_interval") or {}
+        if band and c["method"] != "none":
+            low, high = [band[b]["low"] for b in curve], [band[b]["high"] for b in curve]
+            ax.fill_between(xs, low, high, color=colour[c["name"]], alpha=0.18, linewidth=0)
+        ax.plot(xs, list(curve.values()), marker=".", color=colour[c["name"]], label=c["name"])
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (requests in flight)")
     ax.set_ylabel(f"predicted speedup on {result['gpu']['type']}")
-    ax.set_title(f"{result['variant']}: predicted GPU speedup vs batch size")
+    ax.set_title(f"{result['variant']}: predicted GPU speedup vs batch size (bands: model error)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "speedup_vs_batch.png", dpi=100)
@@ -141,7 +156,7 @@ def spec_table(rows: list[tuple[str, dict | None]]) -> list[list[str]]:
                 name,
                 choice["candidate"],
                 f"{chosen['mean_acceptance_length']:.2f}",
-                f"{chosen['predicted_speedup'][batch]:.2f}x (b{batch}, {result['gpu']['type']})",
+                f"{interval_text(chosen, int(batch))} (b{batch}, {result['gpu']['type']})",
                 "FAILED: " + choice["failed"] if choice.get("failed") else "pass",
                 choice["reason"],
             ]

@@ -41,6 +41,8 @@ def manifest_entry(output: Path) -> dict | None:
         "chosen_method": choice.get("method"),
         "reason": choice.get("reason"),
         "release_failed": choice.get("failed"),
+        "speedup_bound": choice.get("speedup_bound"),
+        "not_separable": choice.get("not_separable"),
         "gates": result.get("release"),
         "gpu": result.get("gpu"),
         "expected_batch": batch,
@@ -54,6 +56,7 @@ def manifest_entry(output: Path) -> dict | None:
                 "mean_acceptance_length": c["mean_acceptance_length"],
                 "cpu_speedup": c["cpu_speedup"],
                 "predicted_speedup": c.get("predicted_speedup"),
+                "predicted_interval": c.get("predicted_interval"),
                 "lossless": (c.get("identity") or {}).get("lossless"),
                 "gate": "pass" if c["name"] not in misses else misses[c["name"]],
             }

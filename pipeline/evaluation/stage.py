@@ -31,6 +31,7 @@ import torch
 from pipeline.costmodel.cpu import probe
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
+from pipeline.costmodel.profile import DEFAULT_RUNTIME, Calibration, calibration
 from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError, StageError, StageUnavailable
 from pipeline.evaluation import candidates as cands
@@ -183,10 +184,13 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     wall = time.perf_counter() - started
     gpu = params["gpu"] or DEFAULT_GPU
     context = int(sum(len(p) for p in prompts) / len(prompts) + settings["max_new_tokens"] / 2)
-    add_predictions(records, listed, variant, gpu, settings["batch_sizes"], context)
+    calibration_file = stage.inputs.get("calibration")
+    calibrated = load_calibration(calibration_file, gpu) if calibration_file else calibration(DEFAULT_RUNTIME)
+    add_predictions(records, listed, variant, gpu, settings["batch_sizes"], context, calibrated)
     batch = settings["batch_sizes"][0]
     planned = None if params["method"] == "best" else planned_candidate(listed, variant)
-    choice = choose(records, batch, gpu, Gates.from_dict(params["release"]), planned)
+    gates = Gates.from_dict(params["release"])
+    choice = choose(records, batch, gpu, gates, planned, settings.get("prefer"))
     result = {
         "variant": variant.name,
         "settings": settings,
@@ -197,7 +201,16 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "count": len(prompts),
             "mean_tokens": sum(len(p) for p in prompts) / len(prompts),
         },
-        "gpu": {"type": gpu, "assumed": params["gpu"] is None, "context_len": context, "dtype": _weights_dtype(params)},
+        "gpu": {
+            "type": gpu,
+            "assumed": params["gpu"] is None,
+            "context_len": context,
+            "dtype": _weights_dtype(params),
+            "runtime": calibrated.profile.runtime,
+            "calibration": calibrated.source,
+            "calibration_file": str(calibration_file) if calibration_file else None,
+            "error_bands": {m: dataclasses.asdict(b) for m, b in sorted(calibrated.bands.items())},
+        },
         "timing": {
             "wall_s": wall,
             "prefill_cpu_s": prefill_cpu,
@@ -224,6 +237,16 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     return result
 
 
+def load_calibration(path: Path, gpu: str) -> Calibration:
+    """gpu.calibration's profile (the plan checked it; a file changed since is an input error here)."""
+    from pipeline.costmodel.calibrate import CalibrationError, load
+
+    try:
+        return load(path, gpu)
+    except CalibrationError as exc:
+        raise InputError(str(exc)) from None
+
+
 def planned_candidate(listed: list[cands.Candidate], variant: VariantPlan) -> str:
     """The candidate that is the plan's own method and settings (method auto or explicit)."""
     spec = variant.speculative
@@ -243,8 +266,10 @@ def add_predictions(
     gpu: str,
     batch_sizes: list[int],
     context_len: int,
+    calibrated: Calibration,
 ) -> None:
-    """Each record's predicted GPU speedup per batch size, at its measured mean acceptance length."""
+    """Each record's predicted GPU speedup per batch size, at its measured mean acceptance length, with
+    the interval of its method's error band (``calibrated``)."""
     quant = variant.quant
     deployment = Deployment(
         variant.arch,
@@ -254,13 +279,18 @@ def add_predictions(
         variant.tp,
         variant.pp,
         context_len,
+        profile=calibrated.profile,
     )
     for record, candidate in zip(records, listed):
         drafting = candidate.drafting
         if drafting.method == "lookahead":  # it feeds fewer than (W + G)(N - 1) rows when the pool has no match
             drafting = dataclasses.replace(drafting, rows=max(1, math.ceil(record["rows_per_step"])))
         al = min(max(record["mean_acceptance_length"], 1.0), drafting.rows)
+        band = calibrated.band(drafting.method)
         rows = predict(deployment, drafting, al, batch_sizes)
+        curve = predict(deployment, drafting, al, CURVE_BATCHES)
         record["predicted_speedup"] = {str(p.batch): p.speedup for p in rows}
+        record["predicted_interval"] = {str(p.batch): band.interval(p.speedup).to_dict() for p in rows}
         record["predicted_step_ms"] = {str(p.batch): p.method_s * 1e3 for p in rows}
-        record["predicted_curve"] = {str(p.batch): p.speedup for p in predict(deployment, drafting, al, CURVE_BATCHES)}
+        record["predicted_curve"] = {str(p.batch): p.speedup for p in curve}
+        record["predicted_curve_interval"] = {str(p.batch): band.interval(p.speedup).to_dict() for p in curve}

@@ -5,14 +5,26 @@ from __future__ import annotations
 from pipeline.evaluation.choose import Choice, Gates, choose
 
 
-def record(name: str, method: str, al: float, speedup: dict[int, float], lossless: bool = True) -> dict:
-    return {
+def record(
+    name: str,
+    method: str,
+    al: float,
+    speedup: dict[int, float],
+    lossless: bool = True,
+    band: tuple[float, float] | None = None,  # (low, high) as fractions of the point
+) -> dict:
+    out = {
         "name": name,
         "method": method,
         "mean_acceptance_length": al,
         "identity": {"lossless": lossless},
         "predicted_speedup": {str(b): s for b, s in speedup.items()},
     }
+    if band:
+        out["predicted_interval"] = {
+            str(b): {"point": s, "low": s * band[0], "high": s * band[1]} for b, s in speedup.items()
+        }
+    return out
 
 
 RECORDS = [
@@ -40,7 +52,10 @@ def test_gate_miss_falls_back_to_the_next_best_that_passes():
     choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=1.7))
     assert choice.candidate == "eagle[t]"
     choice = choose(RECORDS, 1, "l40s", Gates(min_acceptance_length=1.5, min_speedup=1.95))
-    assert choice.candidate == "plain" and "min_speedup 1.95: predicted 1.90x" in choice.reason
+    assert (
+        choice.candidate == "plain"
+        and "min_speedup 1.95: predicted 1.90x at batch 1, lower bound 1.90x" in choice.reason
+    )
     choice = choose([*RECORDS[:2], record("eagle[t]", "eagle", 2.4, {1: 1.9}, lossless=False)], 1, "l40s", Gates())
     assert choice.candidate == "lookahead(4,3,4)" and "lossless" in choice.reason
 
@@ -54,7 +69,8 @@ def test_max_batch_for_speculation_and_on_fail():
     failed = choose(RECORDS, 1, "l40s", Gates(min_speedup=2.0, on_fail="fail"))
     assert (
         isinstance(failed, Choice)
-        and failed.failed == "eagle[t] misses release gate min_speedup 2.0: predicted 1.90x at batch 1"
+        and failed.failed
+        == "eagle[t] misses release gate min_speedup 2.0: predicted 1.90x at batch 1, lower bound 1.90x"
     )
 
 
@@ -93,3 +109,44 @@ def test_a_chosen_candidate_becomes_the_plan_config():
     medusa = Candidate("medusa[x]", "medusa", MethodSettings("medusa", medusa_choices=other), Drafting.plain())
     assert config_of(candidate_build(medusa), medusa_heads, "why").medusa.tree == other
     assert config_of(candidate_build(medusa), heads, "why") is None  # not from EAGLE heads
+
+
+def test_gates_check_the_lower_bound_by_default():
+    """A point estimate of 1.62x with a lower bound of 1.30x passes min_speedup 1.5 only when the spec asks
+    for the point."""
+    records = [RECORDS[0], record("lookahead(4,3,4)", "lookahead", 1.7, {1: 1.62}, band=(0.8, 1.05))]
+    low = choose(records, 1, "h100-sxm-80gb", Gates(min_speedup=1.5))
+    assert low.candidate == "plain" and low.speedup_bound == "low"
+    assert "min_speedup 1.5: predicted 1.62x (1.30-1.70) at batch 1, lower bound 1.30x" in low.reason
+    point = choose(records, 1, "h100-sxm-80gb", Gates(min_speedup=1.5, speedup_bound="point"))
+    assert point.candidate == "lookahead(4,3,4)" and point.to_dict()["speedup_bound"] == "point"
+    assert "1.62x (1.30-1.70)" in point.reason
+
+
+def test_overlapping_intervals_take_the_tie_rule():
+    """Lookahead 1.62x and EAGLE 1.41x with intervals that overlap: not separable, so the one with less
+    to maintain (Lookahead) is taken; when EAGLE's interval is clear of the others, EAGLE wins on its
+    point; evaluation.prefer reorders the rule."""
+    wide = [
+        RECORDS[0],
+        record("eagle[t]", "eagle", 2.4, {1: 1.70}, band=(0.85, 1.05)),
+        record("medusa[t]", "medusa", 1.8, {1: 1.60}, band=(0.9, 1.05)),
+        record("lookahead(4,3,4)", "lookahead", 1.5, {1: 1.20}, band=(0.9, 1.05)),
+    ]
+    choice = choose(wide, 1, "l40s", Gates())
+    assert choice.candidate == "medusa[t]" and set(choice.not_separable) == {"eagle[t]", "medusa[t]"}
+    assert "not separable by the model's error" in choice.reason
+    assert "tie rule plain < lookahead < medusa < eagle: medusa[t]" in choice.reason
+    assert choose(wide, 1, "l40s", Gates(), prefer=["eagle"]).candidate == "eagle[t]"
+    narrow = [RECORDS[0], record("eagle[t]", "eagle", 2.4, {1: 1.9}, band=(0.97, 1.02)), wide[2]]
+    clear = choose(narrow, 1, "l40s", Gates())
+    assert clear.candidate == "eagle[t]" and clear.not_separable == [] and "not separable" not in clear.reason
+    near_plain = [RECORDS[0], record("eagle[t]", "eagle", 2.4, {1: 1.04}, band=(0.9, 1.05))]
+    assert choose(near_plain, 1, "l40s", Gates()).candidate == "plain"
+
+
+def test_preference_order():
+    from pipeline.evaluation.choose import preference
+
+    assert preference(None) == ("none", "lookahead", "medusa", "eagle")
+    assert preference(["eagle", "none"]) == ("eagle", "none", "lookahead", "medusa")

@@ -66,11 +66,21 @@ def test_evaluate_writes_a_fingerprinted_result_and_skips_when_up_to_date(cli, s
         assert c["identity"]["lossless"] and c["identity"]["identical"] == 3
         assert c["cpu_probe"]["batch_invariant"] and c["cpu_probe"]["prompts"] == 3
         assert set(c["predicted_speedup"]) == {"1", "4"}
+        for b, i in c["predicted_interval"].items():  # every prediction carries its interval
+            assert i["low"] <= i["point"] == c["predicted_speedup"][b] <= i["high"]
+            assert (i["low"] < i["high"]) == (c["method"] != "none")
+        assert set(c["predicted_curve_interval"]) == set(c["predicted_curve"])
+    assert result["gpu"]["runtime"] == "trtllm" and "pytorch-eager" in result["gpu"]["calibration"]
+    assert result["choice"]["speedup_bound"] == "low"
     assert "medusa[cpu_small_10_depth_3]" in out
     assert result["choice"]["failed"] is None and result["method_requested"] == "auto"
     for name in ("report.json", "report.md", "acceptance.png", "speedup_vs_batch.png"):
         assert (folder / name).is_file(), name
-    assert "**Choice:" in (folder / "report.md").read_text()
+    report = (folder / "report.md").read_text()
+    assert "**Choice:" in report and "Release gates check the interval's lower end" in report
+    medusa = next(c for c in result["candidates"] if c["method"] == "medusa")
+    low, high = medusa["predicted_interval"]["1"]["low"], medusa["predicted_interval"]["1"]["high"]
+    assert f"({low:.2f}-{high:.2f})" in report
     rc, out, _ = cli("evaluate", str(path))
     assert rc == 0 and "evaluate: skipped" in out
     rc, out, err = cli("report", str(path))
@@ -110,6 +120,7 @@ def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
     spec_tree = by_name["medusa[cpu_small_10_depth_3]"]
     assert spec_tree["gate"].startswith("min_acceptance_length 50.0: measured") and spec_tree["lossless"]
     assert set(spec_tree["predicted_speedup"]) == {"1", "8", "32"} and spec_tree["mean_acceptance_length"] > 1
+    assert set(spec_tree["predicted_interval"]) == {"1", "8", "32"} and evaluation["speedup_bound"] == "low"
 
 
 def test_best_without_evaluation_is_a_spec_error(cli, spec):
@@ -139,6 +150,9 @@ def test_bad_prompt_file_is_one_line_with_file_and_line(cli, spec, tmp_path):
         ("evaluation: {count: 0}", "evaluation.count"),
         ("evaluation: {batch_sizes: [0]}", "batch sizes must be >= 1"),
         ("evaluation: {devices: cpu}", "unknown key 'devices'"),
+        ("evaluation: {prefer: [eagle, eagle]}", "each method at most once"),
+        ("evaluation: {prefer: [draft]}", "evaluation.prefer"),
+        ("evaluation: {}\nrelease: {speedup_bound: mean}", "release.speedup_bound"),
     ],
 )
 def test_bad_evaluation_section(cli, spec, evaluation, expected):
@@ -187,3 +201,40 @@ def test_best_builds_and_packages_the_measured_choice(cli, spec, tmp_path):
     assert rc == 0 and "best: measured choice plain" in out
     manifest = json.loads((engines / "manifest.json").read_text())["variants"]["tiny"]
     assert manifest["method"] == "none" and manifest["evaluation"]["chosen"] == "plain"
+
+
+def test_a_calibration_file_prices_the_candidates(cli, spec, tmp_path):
+    """gpu.calibration: its profile and its own bands give the predictions and intervals, the result and
+    the manifest record the file; a file for another GPU type or not a calibration is a spec error."""
+    from pipeline.costmodel.calibrate import FORMAT, write
+    from pipeline.costmodel.profile import Calibration, ErrorBand, RuntimeProfile
+
+    band = ErrorBand(-0.25, 0.5, 4)
+    content = {
+        "format": FORMAT,
+        "gpu": "l40s",
+        "calibration": Calibration(
+            RuntimeProfile("trtllm", host_step_s=2e-3), {m: band for m in ("medusa", "eagle", "lookahead")}, "mine"
+        ).to_dict(),
+    }
+    write(content, tmp_path / "cal.json")
+    path = spec()
+    text = path.read_text() + "gpu: {type: l40s, calibration: cal.json}\n"
+    path.write_text(text)
+    rc, out, err = cli("evaluate", str(path))
+    assert rc == 0, err
+    result = json.loads((tmp_path / "engines" / "tiny" / "evaluation" / "evaluation.json").read_text())
+    assert result["gpu"]["calibration"] == "mine" and result["gpu"]["calibration_file"] == str(tmp_path / "cal.json")
+    medusa = next(c for c in result["candidates"] if c["method"] == "medusa")
+    interval = medusa["predicted_interval"]["1"]
+    assert interval["low"] == pytest.approx(interval["point"] / 1.5) and interval["high"] == pytest.approx(
+        interval["point"] / 0.75
+    )
+    write({**content, "gpu": "h100-sxm-80gb"}, tmp_path / "cal.json")
+    rc, _, err = cli("validate", str(path))
+    assert (
+        rc == 2 and "gpu.calibration" in err and "calibrated on h100-sxm-80gb, but the plan's GPU type is l40s" in err
+    )
+    (tmp_path / "cal.json").write_text("{}")
+    rc, _, err = cli("validate", str(path))
+    assert rc == 2 and "not a calibration `specdeploy calibrate` wrote" in err, err

@@ -1,0 +1,57 @@
+"""`specdeploy calibrate`: the cost model's constants fitted on your own servers' bench runs.
+
+    specdeploy calibrate --gpu h100-sxm-80gb --runtime trtllm RUN_DIR... [--out calibration.json]
+
+Each RUN_DIR is what `specdeploy bench --repository DIR` wrote (bench.json: tokens/s, acceptance,
+concurrency and what the server served). Plain decoding and at least one speculative method, each at
+two concurrencies or more, on one model: anything less is refused with what to bench
+(pipeline/costmodel/calibrate.py). The file goes into a spec as `gpu: {type: ..., calibration: PATH}`:
+predictions, `best` and the release gates then use it, intervals from its own residuals.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline import gpus
+from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("calibrate", help="fit the cost model on `specdeploy bench --repository` runs")
+    parser.add_argument("runs", nargs="+", help="bench output folders (or bench.json files)")
+    parser.add_argument("--gpu", required=True, choices=sorted(gpus.GPU_TYPES), help="the GPU type the runs ran on")
+    parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES, help="the profile to start from")
+    parser.add_argument("--context-len", type=int, default=512, help="mean cached tokens per request in the runs")
+    parser.add_argument("--out", default="calibration.json", help="the calibration file to write")
+    parser.set_defaults(handler=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.costmodel import calibrate
+    from pipeline.errors import InputError
+
+    try:
+        runs = [calibrate.read_run(Path(r)) for r in args.runs]
+        content = calibrate.calibrate(runs, args.gpu, args.runtime, args.context_len)
+    except calibrate.CalibrationError as exc:
+        raise InputError(str(exc)) from None
+    out = Path(args.out)
+    calibrate.write(content, out)
+    table = Table(title=f"{args.runtime} on {args.gpu}: {content['calibration']['source']}", title_justify="left")
+    for column in ("run", "method", "concurrency", "AL", "measured speedup", "residual"):
+        table.add_column(column)
+    for o in content["observations"]:
+        table.add_row(
+            o["run"], o["method"], str(o["concurrency"]), f"{o['acceptance_length']:.2f}", f"{o['speedup']:.2f}x",
+            f"{o['residual']:+.1%}",
+        )  # fmt: skip
+    console.print(table)
+    profile = content["calibration"]["profile"]
+    console.print(", ".join(f"{k} {profile[k]:.4g}" for k in content["fitted"]), highlight=False)
+    console.print(f"wrote {out}; use it with gpu: {{type: {args.gpu}, calibration: {out}}}", highlight=False)
+    return 0

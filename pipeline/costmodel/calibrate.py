@@ -1,0 +1,205 @@
+"""A runtime profile calibrated on the user's own servers, from ``specdeploy bench --repository`` runs.
+
+Each run is one served variant (method, settings, engine shape: ``served.describe``) loaded at one
+concurrency: its tokens/s and mean acceptance length. A speculative run at concurrency ``c`` against a
+plain-decoding run of the same model at the same ``c`` is one observed speedup, priced at batch ``c``;
+:func:`calibrate` fits the profile's constants on them (pipeline/costmodel/fit.py) and takes the error
+bands from leave-one-out residuals (each observation predicted by a fit on the others; in-sample when
+there are no more observations than constants, said so in the file).
+
+What the data can determine is checked first, each refusal one :class:`CalibrationError` line:
+
+* every run at one concurrency: per-step and per-row costs cannot be told apart;
+* one method only, or no plain-decoding run beside a speculative one at the same concurrency: a
+  speedup needs both;
+* runs of different models or engines (shape, dtype, tp/pp): one profile per model and GPU type.
+
+Then the constants are taken greedily in order (the served methods' own terms, the draft rows' GEMMs,
+host work a step, a layer) as long as each adds a dimension the observations resolve; the others keep
+the shipped profile's values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.costmodel import fit, served
+from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
+from pipeline.costmodel.step import Deployment
+from pipeline.geometry import ModelGeometry
+
+FORMAT = "specdeploy-calibration/1"
+METHOD_TERMS = {"lookahead": ("lookahead_row_s",), "medusa": ("tree_row_s",), "eagle": ("level_s", "tree_row_s")}
+SHARED_TERMS = ("row_compute", "host_step_s", "host_layer_s")
+
+
+class CalibrationError(ValueError):
+    """The runs cannot calibrate a profile (one line: what is missing and what to run)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    path: Path  # the bench.json
+    served: dict[str, Any]
+    concurrency: int
+    tokens_per_second: float
+    acceptance_length: float
+
+
+def read_run(folder: Path) -> Run:
+    path = folder / "bench.json" if folder.is_dir() else folder
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"{path}: not a readable bench.json ({exc})") from None
+    if not isinstance(body, dict) or "server" not in body:
+        raise CalibrationError(
+            f"{path}: the run does not say what was served; run `specdeploy bench --repository DIR` "
+            "with the Triton repository the server loaded"
+        )
+    if not body.get("completed") or not body.get("tokens_per_second"):
+        raise CalibrationError(f"{path}: no completed requests to calibrate on")
+    al = (body.get("acceptance") or {}).get("mean_acceptance_length")
+    if body["server"]["method"] != "none" and not al:
+        raise CalibrationError(f"{path}: a {body['server']['method']} run without an acceptance length")
+    return Run(path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0))
+
+
+def _model_key(s: dict[str, Any]) -> tuple:
+    return (json.dumps(s["arch"], sort_keys=True), s["dtype"], s["kv_dtype"], s["tp"], s["pp"])
+
+
+def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Observation]:
+    """One observation per speculative run with a plain run at its concurrency; refusals as documented."""
+    if len({_model_key(r.served) for r in runs}) > 1:
+        raise CalibrationError(
+            "the runs serve different models or engines (shape, dtype or tp/pp): calibrate one model at a time"
+        )
+    concurrencies = sorted({r.concurrency for r in runs})
+    methods = sorted({r.served["method"] for r in runs})
+    if len(concurrencies) < 2:
+        raise CalibrationError(
+            f"every run is at concurrency {concurrencies[0]}: one concurrency cannot tell per-step from per-row "
+            "costs apart; bench each variant at a second --concurrency"
+        )
+    if len(methods) < 2 or "none" not in methods:
+        raise CalibrationError(
+            f"the runs serve {' and '.join(methods)} only: a speedup needs plain decoding and a speculative "
+            "method on the same model at the same concurrency; bench both"
+        )
+    plain = {r.concurrency: r for r in runs if r.served["method"] == "none"}
+    found = []
+    for r in runs:
+        if r.served["method"] == "none" or r.concurrency not in plain:
+            continue
+        s = r.served
+        deployment = Deployment(
+            ModelGeometry(**s["arch"]), gpu_perf(gpu), s["dtype"], s["kv_dtype"], s["tp"], s["pp"], context_len
+        )
+        drafting = served.drafting(s)
+        found.append(
+            fit.Observation(
+                f"{r.path}",
+                s["method"],
+                deployment,
+                drafting,
+                min(max(r.acceptance_length, 1.0), drafting.rows),
+                r.tokens_per_second / plain[r.concurrency].tokens_per_second,
+                r.concurrency,
+                f"{s['method']} at concurrency {r.concurrency}",
+            )
+        )
+    if len({o.batch for o in found}) < 2:
+        raise CalibrationError(
+            "no speculative run has a plain-decoding run at two concurrencies: bench plain decoding at the "
+            "speculative runs' concurrencies"
+        )
+    return found
+
+
+def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile) -> list[str]:
+    """The constants the observations resolve, greedily in the module's order."""
+    order = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())] + list(SHARED_TERMS)
+    chosen: list[str] = []
+    rank = 0
+    for name in dict.fromkeys(order):
+        a, _ = fit.design(found, base, [*chosen, name])
+        scaled = a / np.maximum(np.abs(a).max(axis=0), 1e-300)
+        new_rank = int(np.linalg.matrix_rank(scaled, tol=1e-6))
+        if new_rank > rank and len(chosen) < len(found):
+            chosen.append(name)
+            rank = new_rank
+    return chosen
+
+
+def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> dict[str, Any]:
+    """The calibration file's content (see :func:`write`)."""
+    found = observations(runs, gpu, context_len)
+    base = calibration(runtime).profile
+    names = choose_constants(found, base)
+    if not names:
+        raise CalibrationError("the runs determine no constant of the cost model")
+    profile = fit.fit(found, base, names)
+    if len(found) > len(names):
+        residuals = []
+        for i in range(len(found)):
+            rest = [o for j, o in enumerate(found) if j != i]
+            residuals += fit.relative_errors([found[i]], fit.fit(rest, base, names))
+        how = "leave-one-out"
+    else:
+        residuals, how = fit.relative_errors(found, profile), "in-sample (no more observations than constants)"
+    by_method: dict[str, list[float]] = {}
+    for o, e in zip(found, residuals):
+        by_method.setdefault(o.method, []).append(e)
+    bands = {m: fit.band(e) for m, e in sorted(by_method.items())}
+    shipped = calibration(runtime)
+    for method, band in shipped.bands.items():  # methods not benched keep the shipped bands, said so
+        bands.setdefault(method, dataclasses.replace(band, borrowed_from=band.borrowed_from or runtime))
+    source = (
+        f"calibrated on {len(found)} speedups of {len(runs)} bench runs on {gpu} "
+        f"({', '.join(sorted(by_method))}); fitted {', '.join(names)}; bands: {how} residuals"
+    )
+    return {
+        "format": FORMAT,
+        "gpu": gpu,
+        "runtime": runtime,
+        "context_len": context_len,
+        "calibration": Calibration(profile, bands, source).to_dict(),
+        "fitted": names,
+        "observations": [
+            {"run": o.source, "method": o.method, "concurrency": o.batch, "acceptance_length": o.acceptance_length,
+             "speedup": o.speedup, "residual": e}
+            for o, e in zip(found, residuals)
+        ],
+    }  # fmt: skip
+
+
+def write(content: dict[str, Any], path: Path) -> None:
+    """Written beside ``path`` and renamed into place: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(content, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def load(path: Path, gpu: str | None = None) -> Calibration:
+    """A calibration file's profile and bands; CalibrationError naming the file for a bad one or one
+    made for another GPU type."""
+    try:
+        body = json.loads(path.read_text())
+        if body.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} file")
+        found = Calibration.from_dict(body["calibration"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CalibrationError(f"{path}: not a calibration `specdeploy calibrate` wrote ({exc})") from None
+    if gpu is not None and body["gpu"] != gpu:
+        raise CalibrationError(f"{path}: calibrated on {body['gpu']}, but the plan's GPU type is {gpu}")
+    return found

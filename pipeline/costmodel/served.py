@@ -1,0 +1,105 @@
+"""What a Triton model repository serves, as the cost model needs it: the method and its settings, the
+engine's shape, dtypes and parallelism. ``specdeploy bench --repository DIR`` records it beside its
+measurements, so that ``specdeploy calibrate`` can price each run.
+
+    >>> served = describe(Path("triton_repo/smollm2-medusa"))  # doctest: +SKIP
+    >>> served["method"], served["settings"]["medusa_choices"][:2]  # doctest: +SKIP
+    ('medusa', [[0], [1]])
+
+Read from the repository's ``tensorrt_llm/config.pbtxt`` (decoding_mode, the choices, Lookahead's
+(W, N, G), the reference backend's EAGLE-2 keys) and the engine's ``config.json`` it points at
+(pretrained_config: the geometry, dtype and quantization; build_config: speculative_decoding_mode).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline import trees
+from pipeline.costmodel.step import Drafting
+from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
+from pipeline.speculative import LookaheadConfig, engine_mode_method
+
+
+def _tensorrt_llm_config(repository: Path) -> Path:
+    found = sorted(repository.glob("*tensorrt_llm/config.pbtxt"))
+    found = [p for p in found if p.parent.name.endswith("tensorrt_llm") and "bls" not in p.parent.name]
+    if len(found) != 1:
+        raise InputError(
+            f"{repository}: expected one tensorrt_llm model (a repository `specdeploy engine` packaged), "
+            f"found {len(found)}; give one variant's repository"
+        )
+    return found[0]
+
+
+def describe(repository: Path) -> dict[str, Any]:
+    """The served method, its settings and the engine's shape (JSON-able; see the module)."""
+    from pipeline.runtime.triton.io import parse_parameters
+    from pipeline.triton import pbtxt
+
+    config_path = _tensorrt_llm_config(repository)
+    try:
+        config = pbtxt.load(config_path)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{config_path}: cannot read the model config ({exc})") from None
+    from google.protobuf.json_format import MessageToDict
+
+    params = parse_parameters(MessageToDict(config, preserving_proto_field_name=True), config_path.parent)
+    engine_config = params.engine_dir / "config.json"
+    try:
+        engine = json.loads(engine_config.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{engine_config}: cannot read the engine's config ({exc})") from None
+    pc = engine.get("pretrained_config") or {}
+    build = engine.get("build_config") or {}
+    arch = ModelGeometry.from_trtllm(pc, str(engine_config))
+    quant = pc.get("quantization") or {}
+    mapping = pc.get("mapping") or {}
+    method = engine_mode_method(build.get("speculative_decoding_mode"))
+    settings: dict[str, Any] = {"max_draft_len": int(build.get("max_draft_len") or 0)}
+    if method == "medusa":
+        settings["medusa_choices"] = [list(n) for n in (params.medusa_choices or trees.MC_SIM_7B_63)]
+        settings["medusa_heads"] = int(pc.get("num_medusa_heads") or 0)
+    elif method == "eagle":
+        settings["eagle_choices"] = [list(n) for n in (params.eagle_choices or trees.MC_SIM_7B_63)]
+        settings["eagle_dynamic_tree"] = params.eagle_dynamic_tree
+        settings["eagle_dynamic_tree_max_top_k"] = params.eagle_dynamic_tree_max_top_k
+        settings["num_eagle_layers"] = int(pc.get("num_eagle_layers") or 0)
+    elif method == "lookahead":
+        look = params.lookahead
+        if look is None:
+            raise InputError(f"{config_path}: a Lookahead engine without lookahead_* parameters")
+        settings["lookahead"] = list(look)
+    return {
+        "repository": str(repository.resolve()),
+        "engine_dir": str(params.engine_dir),
+        "method": method,
+        "settings": settings,
+        "arch": arch.to_dict(),
+        "dtype": "fp8" if quant.get("quant_algo") == "FP8" else "bfloat16",
+        "kv_dtype": "fp8" if quant.get("kv_cache_quant_algo") == "FP8" else "bfloat16",
+        "tp": int(mapping.get("tp_size") or 1),
+        "pp": int(mapping.get("pp_size") or 1),
+    }
+
+
+def drafting(served: dict[str, Any]) -> Drafting:
+    """What the cost model charges for the served method (the inverse of :func:`describe`)."""
+    method, settings = served["method"], served["settings"]
+    if method == "none":
+        return Drafting.plain()
+    if method == "lookahead":
+        return Drafting.lookahead(LookaheadConfig(*settings["lookahead"]))
+    if method == "medusa":
+        tree = tuple(tuple(n) for n in settings["medusa_choices"])
+        return Drafting.medusa(tree, settings.get("medusa_heads") or None)
+    if method == "eagle" and settings.get("eagle_dynamic_tree"):
+        top_k = settings.get("eagle_dynamic_tree_max_top_k") or 10
+        layers = settings.get("num_eagle_layers") or 1
+        return Drafting.eagle_dynamic(top_k, layers, settings.get("max_draft_len") or top_k * layers)
+    if method == "eagle":
+        return Drafting.eagle(tuple(tuple(n) for n in settings["eagle_choices"]))
+    raise ValueError(f"the cost model has no method {method!r}")
