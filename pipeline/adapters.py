@@ -66,11 +66,19 @@ class AdapterConfig:
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
 
 
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except (TypeError, OverflowError):  # an integer too large for a float: no scale can use it
+        return False
+
+
 def _number(data: dict[str, Any], key: str, where: Path, *, integer: bool) -> Any:
     value = data.get(key)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value <= 0:  # type: ignore[operator]
-        kind = "a positive integer" if integer else "a positive number"
+    # json reads NaN and Infinity as floats; NaN <= 0 is False, so finiteness is its own test.
+    if isinstance(value, bool) or not ok or not _finite(value) or value <= 0:  # type: ignore[operator]
+        kind = "a positive integer" if integer else "a positive finite number"
         raise InputError(f"{where}: {key} must be {kind}, got {value!r}; re-save the adapter with PEFT")
     return value
 
