@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.errors import InputError
+from pipeline.files import kind_of
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -169,10 +170,19 @@ def base_name_problem(config: AdapterConfig, model_names: list[str], model_dir: 
     )
 
 
+def adapter_folder_problem(folder: Path) -> str:
+    """Why ``folder``, which is not a folder, cannot be an adapter: missing, or a file of some kind."""
+    what = "not found" if not folder.exists() else f"is {kind_of(folder)}, not a folder"
+    return (
+        f"{folder}: adapter folder {what} (model.adapter names a PEFT LoRA folder: adapter_config.json + "
+        "adapter_model.safetensors)"
+    )
+
+
 def check_adapter_folder(folder: Path) -> AdapterConfig:
     """The cheap plan-time check: the folder, its config and a weights file exist and parse."""
     if not folder.is_dir():
-        raise InputError(f"{folder}: adapter folder not found (model.adapter names a PEFT LoRA folder)")
+        raise InputError(adapter_folder_problem(folder))
     config = read_adapter_config(folder)
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise InputError(

@@ -94,3 +94,10 @@ def test_an_adapter_is_read_even_before_the_base_weights_arrive(cli, write_spec,
     edit_config(adapter, r=2)
     rc, errors = validate(cli, write_spec, with_adapter(folder, adapter))
     assert rc == 2 and "model.adapter:" in errors[0] and "rank does not match r=2" in errors[0], errors
+
+
+def test_an_adapter_path_naming_a_file_says_what_it_is(cli, write_spec, model, adapter):  # noqa: F811
+    weights = adapter / "adapter_model.safetensors"
+    rc, errors = validate(cli, write_spec, with_adapter(model, weights))
+    assert rc == 2 and len(errors) == 1, errors
+    assert f".yaml:5:3 model.adapter: {weights}: adapter folder is a regular file, not a folder" in errors[0]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.adapters import WEIGHT_FILES, AdapterConfig, read_adapter_config
+from pipeline.adapters import WEIGHT_FILES, AdapterConfig, adapter_folder_problem, read_adapter_config
 from pipeline.checkpoint.hf_reader import HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorSource
 from pipeline.checkpoint.values import non_finite_row
@@ -122,7 +122,7 @@ def open_adapter(folder: Path) -> Adapter:
     """Read and check an adapter on its own (config, tensor names, ranks); see :func:`check_against_base`."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"{folder}: adapter folder not found (model.adapter names a PEFT LoRA folder)")
+        raise InputError(adapter_folder_problem(folder))
     config = read_adapter_config(folder)
     weights, source = _open_weights(folder)
     parts: dict[str, dict[str, str]] = {}
