@@ -42,8 +42,8 @@ from pipeline.errors import InputError
 PREFIX = "base_model.model."
 EMBEDDING_BASES = ("model.embed_tokens.weight", "lm_head.weight")
 # The largest |update| may be at most this many times the largest |weight| of the tensor it changes.
-# Engines hold weights in bfloat16 at best (8 significant bits): where |dW| > 2**8 * |W|, the rounding
-# of W + dW is larger than W itself, so the merged value has no trace of the base weight left. A
+# Engines hold weights in bfloat16 (the default model.dtype, 8 significant bits): where |dW| > 2**8 * |W|,
+# the rounding error of W + dW exceeds W itself, so the merged value has no trace of the base weight left. A
 # fine-tune's update is a small fraction of its weight (the shipped adapters' largest update is 0.009
 # and 0.018 times its tensor's largest value), so a larger one is a corrupt or foreign adapter.
 MAX_UPDATE_RATIO = 2.0**8
@@ -263,7 +263,7 @@ def _check_change(adapter: Adapter, name: str, tensors: str, change: float, weig
         raise InputError(
             f"{adapter.weights}: {tensors}: the change to {name} reaches {change:.3g}, {ratio:.3g} times the "
             f"base tensor's largest value {base:.3g} (the limit is {MAX_UPDATE_RATIO:g}x: beyond it no trace of "
-            "the base weight survives in bfloat16); the adapter is corrupt or was trained on another model"
+            "the base weight survives bfloat16's rounding); the adapter is corrupt or was trained on another model"
         )
 
 
