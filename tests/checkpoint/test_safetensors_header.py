@@ -170,7 +170,7 @@ def _prod(shape):
     return out
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=headers())
 def test_ours_accepts_exactly_what_the_library_accepts(tmp_path, case):
     header, data_len = case
