@@ -70,7 +70,7 @@ class Adapter:
     source: TensorSource
     updates: dict[str, LoraUpdate]  # by base tensor name
     replacements: dict[str, str]  # base tensor name -> adapter tensor name (full copies)
-    largest_change: tuple[float, str] = (0.0, "")  # max |change| / max |weight| so far, and its base tensor
+    largest_change: tuple[float, str] = (0.0, "")  # max |update| / max |weight| so far, and its base tensor
 
     def where(self, tensor: str) -> str:
         return f"{self.weights}: tensor {tensor}"
@@ -253,11 +253,14 @@ def _peak(t: torch.Tensor) -> float:
     return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
 
 
-def _check_change(adapter: Adapter, name: str, tensors: str, change: float, weight: torch.Tensor) -> None:
-    """Refuse a change (an update's or a saved module's largest value) that leaves nothing of ``weight``."""
+def _check_change(
+    adapter: Adapter, name: str, tensors: str, change: float, weight: torch.Tensor, *, update: bool
+) -> None:
+    """Refuse a change (an update's or a saved module's largest value) that leaves nothing of ``weight``;
+    an update's ratio is recorded in ``adapter.largest_change``."""
     base = _peak(weight)
     ratio = change / base if base > 0 else 0.0  # an all-zero base has no scale to compare with
-    if ratio > adapter.largest_change[0] or math.isnan(ratio):
+    if update and (ratio > adapter.largest_change[0] or math.isnan(ratio)):
         adapter.largest_change = (ratio, name)
     if math.isnan(ratio) or ratio > MAX_UPDATE_RATIO:
         raise InputError(
@@ -291,7 +294,7 @@ def apply_adapter(weight: torch.Tensor, adapter: Adapter, name: str) -> torch.Te
     if name in adapter.replacements:  # modules_to_save, or a saved embedding base under its update
         saved = adapter.replacements[name]
         replacement = adapter.read(saved).to(weight.dtype)
-        _check_change(adapter, name, f"tensor {saved}", _peak(replacement), weight)
+        _check_change(adapter, name, f"tensor {saved}", _peak(replacement), weight, update=False)
         _require_finite_result(adapter, name, f"tensor {saved}", replacement)
         weight = replacement
     update = adapter.updates.get(name)
@@ -302,7 +305,7 @@ def apply_adapter(weight: torch.Tensor, adapter: Adapter, name: str) -> torch.Te
     delta = (b @ a) * update.scale
     if update.kind == "embedding":
         delta = delta.T
-    _check_change(adapter, name, tensors, _peak(delta), weight)
+    _check_change(adapter, name, tensors, _peak(delta), weight, update=True)
     if update.magnitude is None:
         merged = weight.clone()
         merged += delta

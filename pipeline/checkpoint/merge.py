@@ -43,7 +43,7 @@ class MergeSummary:
     replaced_tensors: int
     copied_tensors: int
     total_bytes: int
-    largest_change: tuple[float, str]  # max |change| / max |weight| over every adapter, and its tensor
+    largest_change: tuple[float, str]  # max |update| / max |weight| over every adapter, and its tensor
 
 
 def merge_adapters(
@@ -165,7 +165,7 @@ def _write_provenance(out: Path, adapters: list[Adapter], summary: MergeSummary)
                 "base_model_name_or_path": a.config.base_model_name_or_path,
                 "updated": len(a.updates),
                 "replaced": len(a.replacements),
-                # max |change| / max |weight| of the tensor it changes (refused above MAX_UPDATE_RATIO)
+                # max |update| / max |weight| of the tensor it changes (refused above MAX_UPDATE_RATIO)
                 "largest_change": {"ratio": a.largest_change[0], "tensor": a.largest_change[1]},
             }
             for a in adapters

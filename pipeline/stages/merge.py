@@ -20,7 +20,7 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     ratio, tensor = summary.largest_change
     print(
         f"[{variant.name}] merge: {summary.updated_tensors} tensors updated, {summary.replaced_tensors} replaced, "
-        f"{summary.copied_tensors} copied ({summary.total_bytes / 2**30:.2f} GiB); largest change "
+        f"{summary.copied_tensors} copied ({summary.total_bytes / 2**30:.2f} GiB); largest update "
         f"{ratio:.3g}x its tensor's largest value ({tensor})",
         flush=True,
     )
