@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.errors import InputError
+from pipeline.files import kind_of
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -66,11 +67,19 @@ class AdapterConfig:
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
 
 
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except (TypeError, OverflowError):  # an integer too large for a float: no scale can use it
+        return False
+
+
 def _number(data: dict[str, Any], key: str, where: Path, *, integer: bool) -> Any:
     value = data.get(key)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value <= 0:  # type: ignore[operator]
-        kind = "a positive integer" if integer else "a positive number"
+    # json reads NaN and Infinity as floats; NaN <= 0 is False, so finiteness is its own test.
+    if isinstance(value, bool) or not ok or not _finite(value) or value <= 0:  # type: ignore[operator]
+        kind = "a positive integer" if integer else "a positive finite number"
         raise InputError(f"{where}: {key} must be {kind}, got {value!r}; re-save the adapter with PEFT")
     return value
 
@@ -161,10 +170,19 @@ def base_name_problem(config: AdapterConfig, model_names: list[str], model_dir: 
     )
 
 
+def adapter_folder_problem(folder: Path) -> str:
+    """Why ``folder``, which is not a folder, cannot be an adapter: missing, or a file of some kind."""
+    what = "not found" if not folder.exists() else f"is {kind_of(folder)}, not a folder"
+    return (
+        f"{folder}: adapter folder {what} (model.adapter names a PEFT LoRA folder: adapter_config.json + "
+        "adapter_model.safetensors)"
+    )
+
+
 def check_adapter_folder(folder: Path) -> AdapterConfig:
     """The cheap plan-time check: the folder, its config and a weights file exist and parse."""
     if not folder.is_dir():
-        raise InputError(f"{folder}: adapter folder not found (model.adapter names a PEFT LoRA folder)")
+        raise InputError(adapter_folder_problem(folder))
     config = read_adapter_config(folder)
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise InputError(

@@ -25,6 +25,17 @@ _KINDS = (
 )
 
 
+def kind_of(path: Path) -> str:
+    """What ``path`` is, in words: "a regular file", "a folder", "a FIFO (named pipe)", ..."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((label for test, label in _KINDS if test(mode)), "not a regular file")
+
+
 def require_regular_file(path: Path, what: str, *, name: str | None = None) -> os.stat_result:
     """``stat`` of ``path`` if it is a regular file (following symlinks), else InputError naming it."""
     shown = name or str(path)

@@ -217,15 +217,14 @@ def _spec_repository_problems(spec: Spec, roots: OutputRoots) -> list[str]:
     errors = []
     for variant in spec.variants:
         problems = _Problems(spec, variant.name)
-        if variant.name == spec.name:
+        name = variant.name.casefold()  # folders that differ only by case are one on macOS and Windows
+        if name == spec.name.casefold():
             problems.error(
                 ("name",),
                 f"a variant named like the spec collides with the spec's repository {roots.triton_repo / spec.name}; "
                 "rename the variant or the spec",
             )
-        elif variant.name in RESERVED_MODEL_NAMES or variant.name.endswith(
-            tuple(f"-{name}" for name in RESERVED_MODEL_NAMES)
-        ):
+        elif name in RESERVED_MODEL_NAMES or name.endswith(tuple(f"-{reserved}" for reserved in RESERVED_MODEL_NAMES)):
             problems.error(
                 ("name",),
                 f"'{variant.name}' is a model name of the spec's repository ({', '.join(RESERVED_MODEL_NAMES)}, "

@@ -8,15 +8,19 @@ must also build, so :func:`checked_plan` adds, per variant and located at the sp
   safetensors header (names, shapes, dtypes, offsets), the heads' headers against the base and the
   per-rank plan (:func:`pipeline.checkpoint.convert.check_checkpoint`, which reads no tensor data);
   on the FP8 path the base must be safetensors, which is what the quantizer loads;
+* each LoRA adapter (``model.adapter``) as the merge will read it: its safetensors header, ranks
+  against ``r``/``rank_pattern``, and, with the base's weights here, ``target_modules``, tensor names
+  and shapes against the base's headers (:func:`pipeline.checkpoint.merge.open_checked_adapter`);
 * the tokenizer the package stage copies: present, parseable, and no larger than the vocabulary;
 * on the FP8 path, the calibration file (every line parsed, errors at ``file:line``).
 
 What remains for ``engine`` is in the values: NaN/Inf are refused while the tensors stream
-through convert.
+through convert (and before the merge and the FP8 calibration read them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -51,6 +55,7 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
             read_calibration(variant.quant.calibration_data)  # what the quantize stage reads first
         except InputError as exc:
             problems.append(located(("quantization", "calibration", "data"), str(exc)))
+    problems += _adapter_problems(spec, variant, located)
     if not variant.weights_present or variant.model_dir is None or not _has_weights(variant.model_dir):
         return problems  # planned from a preset or a config.json alone: no checkpoint here to read yet
     model_key: KeyPath = ("model", "builtin") if variant.builtin else ("model", "path")
@@ -64,6 +69,36 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
         check_tokenizer(variant.model_dir, variant.arch.vocab_size)
     except InputError as exc:
         problems.append(located(model_key, str(exc)))
+    return problems
+
+
+def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPath, str], str]) -> list[str]:
+    """The merge's checks of each adapter, against the base's headers when its weights are here."""
+    from pipeline.checkpoint.hf_reader import open_hf_checkpoint
+    from pipeline.checkpoint.merge import open_checked_adapter
+
+    merge = next((stage for stage in variant.stages if stage.name == "merge"), None)
+    if merge is None:
+        return []
+    written = next(v for v in spec.variants if v.name == variant.name).model.adapter
+    base_dir = merge.inputs["model"]
+    base = None
+    if variant.weights_present and _has_weights(base_dir):
+        try:
+            base = open_hf_checkpoint(base_dir)
+        except InputError:
+            pass  # the checkpoint's own problem is reported at model.path; the adapters are read alone
+    problems = []
+    try:
+        for index, folder in enumerate(merge.params["adapters"]):
+            where: KeyPath = ("model", "adapter") if isinstance(written, str) else ("model", "adapter", index)
+            try:
+                open_checked_adapter(Path(folder), base).close()
+            except InputError as exc:
+                problems.append(located(where, str(exc)))
+    finally:
+        if base is not None:
+            base.close()
     return problems
 
 

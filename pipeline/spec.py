@@ -11,7 +11,7 @@ import copy
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -268,8 +268,17 @@ class ServingSpec(_Strict):
     """Triton HTTP port."""
     metrics_port: int = Field(8002, ge=1, le=65535)
     """Triton Prometheus metrics port."""
-    gpu_device_ids: list[int] | None = None
-    """GPUs the ranks run on, one per rank (tp*pp); all visible GPUs in order when unset."""
+    gpu_device_ids: list[Annotated[int, Field(ge=0, le=1023)]] | None = None
+    """GPUs the ranks run on, one per rank (tp*pp), each a different CUDA device ordinal; all visible
+    GPUs in order when unset."""
+
+    @field_validator("gpu_device_ids")
+    @classmethod
+    def _distinct_gpus(cls, value: list[int] | None) -> list[int] | None:
+        repeated = sorted({i for i in value or () if (value or []).count(i) > 1})
+        if repeated:
+            raise ValueError(f"lists GPU {repeated[0]} more than once ({value}); each rank needs a GPU of its own")
+        return value
 
 
 class GpuSpec(_Strict):
@@ -458,7 +467,7 @@ def load_spec(path: Path) -> Spec:
 
     variants: list[VariantSpec] = []
     indices: list[int | None] = []
-    seen_names: dict[str, int | None] = {}
+    seen_names: dict[str, str] = {}  # casefolded -> as written
     for index, overrides in raw_variants:
         if not isinstance(overrides, dict):
             pos = document.position(("variants", index))
@@ -470,11 +479,18 @@ def load_spec(path: Path) -> Spec:
         except ValidationError as exc:
             problems.extend(_format_errors(exc, document, index, VariantSpec))
             continue
-        if variant.name in seen_names:
+        other = seen_names.get(variant.name.casefold())
+        if other is not None:
             pos, shown = locate(document, index, ("name",))
-            problems.append(f"{pos} {shown}: duplicate variant name '{variant.name}'")
+            problems.append(
+                f"{pos} {shown}: duplicate variant name '{variant.name}'"
+                if other == variant.name
+                else f"{pos} {shown}: variant name '{variant.name}' differs from '{other}' only by case; their "
+                "folders (engines/<variant>, triton_repo/<variant>) would be one on a case-insensitive "
+                "filesystem (macOS, Windows shares, some object stores); rename one"
+            )
             continue
-        seen_names[variant.name] = index
+        seen_names[variant.name.casefold()] = variant.name
         variants.append(variant)
         indices.append(index)
     if problems:

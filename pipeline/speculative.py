@@ -11,12 +11,14 @@ spec key paths, every TensorRT-LLM 1.2 rule the combination breaks (as vLLM's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from pipeline import inputs, trees
+from pipeline.errors import InputError
+from pipeline.files import kind_of
 from pipeline.geometry import ModelGeometry
 from pipeline.yaml_source import KeyPath
 
@@ -113,6 +115,30 @@ def eagle_dynamic_tree_size(top_k: int, num_eagle_layers: int) -> int:
     return top_k + top_k * top_k * (num_eagle_layers - 1)
 
 
+_Layout = TypeVar("_Layout")
+_HEADS_FOLDERS = {
+    "medusa": "the Medusa heads (medusa_lm_head.safetensors, or a ModelOpt checkpoint with its config.json)",
+    "eagle": "the EAGLE-1 drafter (config.json and model.safetensors)",
+}
+
+
+def _read_heads(method: str, heads_dir: Path, read: Callable[[Path], _Layout], problems: Problems) -> _Layout | None:
+    """``read(heads_dir)``, or None with the problem reported at ``heads.<method>.path`` (file:line)."""
+    where = ("heads", method, "path")
+    if not heads_dir.is_dir():
+        problems.error(
+            where,
+            f"{heads_dir} is {kind_of(heads_dir)}, not a folder; heads.{method}.path must name the folder "
+            f"holding {_HEADS_FOLDERS[method]}",
+        )
+        return None
+    try:
+        return read(heads_dir)
+    except InputError as exc:
+        problems.error(where, str(exc))
+        return None
+
+
 class Problems(Protocol):
     """Where ``check()`` reports: errors at a spec key path, notes for the plan."""
 
@@ -148,7 +174,9 @@ class MedusaConfig:
         head_spec, settings = variant.heads.medusa, variant.speculative.medusa
         assert head_spec is not None
         if heads_dir.exists():
-            layout = inputs.inspect_medusa(heads_dir)
+            layout = _read_heads("medusa", heads_dir, inputs.inspect_medusa, problems)
+            if layout is None:
+                return None
             num_heads, num_layers = layout.num_heads, layout.num_layers
             if layout.config_num_heads not in (None, num_heads):
                 problems.note(
@@ -213,8 +241,8 @@ class EagleConfig:
     def check(cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems) -> EagleConfig:
         """The EAGLE config of ``variant`` (drafter read from ``heads_dir`` when present)."""
         settings = variant.speculative.eagle
-        if heads_dir.exists():
-            layout = inputs.inspect_eagle(heads_dir)
+        layout = _read_heads("eagle", heads_dir, inputs.inspect_eagle, problems) if heads_dir.exists() else None
+        if layout is not None:
             if not layout.has_fc_bias:
                 problems.note(f"{heads_dir}: no fc.bias (NVIDIA/TensorRT-LLM#2588); the converter writes zeros")
             if layout.hidden_size not in (None, arch.hidden_size):
@@ -228,7 +256,7 @@ class EagleConfig:
                     f"{heads_dir} has {layout.num_layers} drafter layers; "
                     "the TensorRT-LLM EAGLE-1 engine supports exactly one",
                 )
-        else:
+        elif not heads_dir.exists():
             problems.note(f"EAGLE heads not found at {heads_dir}: planned without reading them")
         if arch.architecture != "LlamaForCausalLM":
             problems.error(

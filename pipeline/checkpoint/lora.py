@@ -15,6 +15,10 @@ are named after the base model's modules with the ``base_model.model.`` prefix P
 * ``modules_to_save`` copies (``<module>.weight``) and saved embedding bases
   (``<module>.base_layer.weight``) replace the base tensor; they must have its shape.
 
+Values are checked too, naming the adapter file and tensor: NaN or Inf in any adapter tensor (before
+the merge writes a byte), and an update so large that nothing of the base weight survives it (see
+:data:`MAX_UPDATE_RATIO`).
+
 Refused, with the file and tensor named: bias training (``lora_bias``, any ``.bias`` tensor;
 Llama has no biases to merge them into), ``fan_in_fan_out`` (GPT-2 Conv1D only), PEFT options
 whose merge is not a weight update (layer replication, trainable tokens, aLoRA, ...), and
@@ -23,18 +27,26 @@ adapters that change the tied embedding of a model with ``tie_word_embeddings``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pipeline.adapters import WEIGHT_FILES, AdapterConfig, read_adapter_config
+from pipeline.adapters import WEIGHT_FILES, AdapterConfig, adapter_folder_problem, read_adapter_config
 from pipeline.checkpoint.hf_reader import HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorSource
+from pipeline.checkpoint.values import non_finite_row
 from pipeline.errors import InputError
 
 PREFIX = "base_model.model."
 EMBEDDING_BASES = ("model.embed_tokens.weight", "lm_head.weight")
+# The largest |update| may be at most this many times the largest |weight| of the tensor it changes.
+# Engines hold weights in bfloat16 (the default model.dtype, 8 significant bits): where |dW| > 2**8 * |W|,
+# the rounding error of W + dW exceeds W itself, so the merged value has no trace of the base weight left. A
+# fine-tune's update is a small fraction of its weight (the shipped adapters' largest update is 0.009
+# and 0.018 times its tensor's largest value), so a larger one is a corrupt or foreign adapter.
+MAX_UPDATE_RATIO = 2.0**8
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Adapter:
     source: TensorSource
     updates: dict[str, LoraUpdate]  # by base tensor name
     replacements: dict[str, str]  # base tensor name -> adapter tensor name (full copies)
+    largest_change: tuple[float, str] = (0.0, "")  # max |update| / max |weight| so far, and its base tensor
 
     def where(self, tensor: str) -> str:
         return f"{self.weights}: tensor {tensor}"
@@ -109,7 +122,7 @@ def open_adapter(folder: Path) -> Adapter:
     """Read and check an adapter on its own (config, tensor names, ranks); see :func:`check_against_base`."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"{folder}: adapter folder not found (model.adapter names a PEFT LoRA folder)")
+        raise InputError(adapter_folder_problem(folder))
     config = read_adapter_config(folder)
     weights, source = _open_weights(folder)
     parts: dict[str, dict[str, str]] = {}
@@ -219,25 +232,87 @@ def check_against_base(adapter: Adapter, base: HFCheckpoint) -> None:
             raise InputError(f"{where}: replaces {name} of a model with tied embeddings; not supported")
 
 
+def check_adapter_values(adapter: Adapter) -> None:
+    """NaN or Inf in any tensor of ``adapter`` (lora_A/B, magnitudes, saved modules), with file, tensor and row.
+
+    Adapters are small (r x (in + out) per module), so this reads them all before the merge writes."""
+    for name in adapter.source.names():
+        row = non_finite_row(adapter.source, name)
+        if row is not None:
+            raise InputError(
+                f"{adapter.where(name)} holds NaN or Inf at row {row}; the adapter is corrupt (a diverged "
+                "training run?), retrain it or re-save it from a good checkpoint"
+            )
+
+
+def _peak(t: torch.Tensor) -> float:
+    """max |t| without a temporary the size of ``t`` (NaN when ``t`` holds one)."""
+    if t.numel() == 0:
+        return 0.0
+    low, high = float(t.min()), float(t.max())
+    return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
+
+
+def _check_change(
+    adapter: Adapter, name: str, tensors: str, change: float, weight: torch.Tensor, *, update: bool
+) -> None:
+    """Refuse a change (an update's or a saved module's largest value) that leaves nothing of ``weight``;
+    an update's ratio is recorded in ``adapter.largest_change``."""
+    base = _peak(weight)
+    ratio = change / base if base > 0 else 0.0  # an all-zero base has no scale to compare with
+    if update and (ratio > adapter.largest_change[0] or math.isnan(ratio)):
+        adapter.largest_change = (ratio, name)
+    if math.isnan(ratio) or ratio > MAX_UPDATE_RATIO:
+        raise InputError(
+            f"{adapter.weights}: {tensors}: the change to {name} reaches {change:.3g}, {ratio:.3g} times the "
+            f"base tensor's largest value {base:.3g} (the limit is {MAX_UPDATE_RATIO:g}x: beyond it no trace of "
+            "the base weight survives bfloat16's rounding); the adapter is corrupt or was trained on another model"
+        )
+
+
+def _require_finite_result(adapter: Adapter, name: str, tensors: str, merged: torch.Tensor) -> None:
+    if math.isfinite(float(merged.sum())):
+        return
+    flat = merged.reshape(merged.shape[0], -1) if merged.dim() > 1 else merged.reshape(-1, 1)
+    bad = (~torch.isfinite(flat)).any(dim=1).nonzero()
+    if len(bad):
+        dtype = str(merged.dtype).removeprefix("torch.")
+        raise InputError(
+            f"{adapter.weights}: {tensors}: merged into {name}, it overflows {dtype} at row {int(bad[0, 0])}; "
+            "the adapter is corrupt or was trained on another model"
+        )
+
+
 def apply_adapter(weight: torch.Tensor, adapter: Adapter, name: str) -> torch.Tensor:
     """``weight`` (the base tensor, or the previous adapters' result) with this adapter's change to ``name``.
 
     The arithmetic is PEFT's merge (LoraLayer.merge with adapters upcast to float32, PEFT's default):
-    the update is computed in float32 and added to the weight in the weight's own dtype."""
+    the update is computed in float32 and added to the weight in the weight's own dtype. A change
+    larger than :data:`MAX_UPDATE_RATIO` times the weight, or a result that overflows its dtype, is
+    refused naming the adapter file and tensors (``weight`` must be finite; the adapter's tensors are
+    checked by :func:`check_adapter_values`)."""
     if name in adapter.replacements:  # modules_to_save, or a saved embedding base under its update
-        weight = adapter.read(adapter.replacements[name]).to(weight.dtype)
+        saved = adapter.replacements[name]
+        replacement = adapter.read(saved).to(weight.dtype)
+        _check_change(adapter, name, f"tensor {saved}", _peak(replacement), weight, update=False)
+        _require_finite_result(adapter, name, f"tensor {saved}", replacement)
+        weight = replacement
     update = adapter.updates.get(name)
     if update is None:
         return weight
+    tensors = f"tensors {update.a} / {update.b}"
     a, b = adapter.read(update.a).float(), adapter.read(update.b).float()
     delta = (b @ a) * update.scale
     if update.kind == "embedding":
         delta = delta.T
+    _check_change(adapter, name, tensors, _peak(delta), weight, update=True)
     if update.magnitude is None:
         merged = weight.clone()
         merged += delta
-        return merged
-    magnitude = adapter.read(update.magnitude).float().reshape(-1, 1)
-    combined = weight.float() + delta
-    norm = torch.linalg.norm(combined, dim=1, keepdim=True)
-    return (magnitude / norm * combined).to(weight.dtype)
+    else:
+        magnitude = adapter.read(update.magnitude).float().reshape(-1, 1)
+        combined = weight.float() + delta
+        norm = torch.linalg.norm(combined, dim=1, keepdim=True)
+        merged = (magnitude / norm * combined).to(weight.dtype)
+    _require_finite_result(adapter, name, tensors, merged)
+    return merged

@@ -47,8 +47,11 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
-# A header larger than this is not a model checkpoint but a corrupt length field.
-_MAX_HEADER = 100 * 1024 * 1024
+# A header larger than this is not a model checkpoint but a corrupt length field (the safetensors
+# library's own limit, MAX_HEADER_SIZE).
+_MAX_HEADER = 100_000_000
+# Offsets and dimensions are usize in the reference implementation (huggingface/safetensors).
+_USIZE_LIMIT = 2**64
 
 
 _ITEMSIZE: dict[torch.dtype, int] = {}
@@ -120,6 +123,68 @@ class TensorRef:
         return t.reshape(meta.shape)
 
 
+# -- the header, as strictly as the reference implementation reads it --------------------------------
+# huggingface/safetensors deserializes each entry into {dtype: Dtype, shape: Vec<usize>,
+# data_offsets: (usize, usize)} with serde: a float (``137472.5`` or ``8e0``), a string or a bool is
+# refused where an integer belongs, and ``__metadata__`` must map strings to strings. Duplicate keys,
+# which the library takes silently, are refused here: two readers could pick different tensors.
+
+
+def _parse_header(raw: bytes, where: str) -> dict[str, object]:
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) != len(keys):
+            twice = next(key for key in keys if keys.count(key) > 1)
+            raise InputError(f"{where}: corrupt safetensors header: key {twice!r} appears twice; re-export it")
+        return dict(pairs)
+
+    def no_constant(token: str) -> object:  # NaN, Infinity: not JSON, and never an offset
+        raise ValueError(token)
+
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates, parse_constant=no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        raise InputError(f"{where}: corrupt safetensors header (not valid JSON); re-download or re-export it") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{where}: corrupt safetensors header (not a JSON object); re-export it")
+    return header
+
+
+def _metadata(entry: object, where: str) -> dict[str, str]:
+    if entry is None:
+        return {}
+    if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+        raise InputError(
+            f"{where}: corrupt safetensors header: __metadata__ must map names to strings, got {entry!r:.80}; "
+            "re-export it"
+        )
+    return dict(entry)
+
+
+def _usize(value: object) -> bool:
+    return type(value) is int and 0 <= value < _USIZE_LIMIT  # bool is an int subclass: refused
+
+
+def _entry(name: str, entry: object, where: str) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """(dtype name, shape, (begin, end)) of one tensor entry, or InputError saying which field is wrong."""
+    bad = f"{where}: corrupt safetensors header entry for tensor {name}"
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise InputError(f"{bad}: needs dtype, shape and data_offsets; re-export it")
+    dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype_name, str):
+        raise InputError(f"{bad}: dtype {dtype_name!r} is not a string; re-export it")
+    if dtype_name not in DTYPES:
+        raise InputError(f"{where}: tensor {name} has unsupported dtype {dtype_name}; supported: {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(_usize(d) for d in shape):
+        raise InputError(f"{bad}: shape {shape!r:.80} must be a list of non-negative integers; re-export it")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_usize(x) for x in offsets):
+        raise InputError(
+            f"{bad}: data_offsets {offsets!r:.80} must be two non-negative integers [begin, end]; "
+            "the file is corrupt, re-export it"
+        )
+    return dtype_name, tuple(shape), (offsets[0], offsets[1])
+
+
 class SafetensorsFile:
     """Header parsed and validated eagerly; data read with pread on demand."""
 
@@ -149,39 +214,20 @@ class SafetensorsFile:
                 raw = f.read(n)
         except OSError as exc:
             raise InputError(f"{where}: cannot read safetensors file: {exc.strerror or exc}") from None
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise InputError(
-                f"{where}: corrupt safetensors header (not valid JSON); re-download or re-export it"
-            ) from None
-        if not isinstance(header, dict):
-            raise InputError(f"{where}: corrupt safetensors header (not a JSON object); re-export it")
+        header = _parse_header(raw, where)
         data_start = 8 + n
         tensors: dict[str, TensorMeta] = {}
         spans: list[tuple[int, int, str]] = []
         for name, entry in header.items():
             if name == "__metadata__":
-                if isinstance(entry, dict):
-                    self._metadata = {str(k): str(v) for k, v in entry.items()}
+                self._metadata = _metadata(entry, where)
                 continue
-            try:
-                dtype_name = entry["dtype"]
-                shape = tuple(int(d) for d in entry["shape"])
-                begin, end = (int(x) for x in entry["data_offsets"])
-            except (TypeError, KeyError, ValueError):
-                raise InputError(f"{where}: corrupt safetensors header entry for tensor {name}; re-export it") from None
-            if dtype_name not in DTYPES:
-                raise InputError(
-                    f"{where}: tensor {name} has unsupported dtype {dtype_name}; supported: {', '.join(DTYPES)}"
-                )
-            if any(d < 0 for d in shape):
-                raise InputError(f"{where}: tensor {name} has a negative dimension {list(shape)}; re-export it")
+            dtype_name, shape, (begin, end) = _entry(name, entry, where)
             meta = TensorMeta(name, DTYPES[dtype_name], shape, data_start + begin)
-            if end - begin != meta.nbytes or begin < 0:
+            if end < begin or end - begin != meta.nbytes:
                 raise InputError(
                     f"{where}: tensor {name}: data_offsets [{begin}, {end}] do not match "
-                    f"dtype {dtype_name} shape {list(shape)}; the file is corrupt, re-export it"
+                    f"dtype {dtype_name} shape {list(shape)} ({meta.nbytes} bytes); the file is corrupt, re-export it"
                 )
             tensors[name] = meta
             spans.append((begin, end, name))

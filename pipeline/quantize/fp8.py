@@ -138,6 +138,8 @@ def quantize_fp8(
     samples = calib.read_calibration(calib_file)[:calib_size]
     if out_dir.exists() and any(out_dir.glob("*.safetensors")):
         raise InputError(f"{out_dir}: already holds .safetensors files; give an empty output folder")
+    say(f"checking the values of {hf_dir}")
+    require_finite_weights(hf_dir)
 
     hf_offline()
     try:
@@ -394,6 +396,22 @@ def _amax_stats(amax: dict[str, float]) -> dict[str, AmaxStats]:
         kind = name.rsplit(".", 1)[-1].removesuffix("_quantizer")
         groups.setdefault(kind, []).append(value)
     return {kind: AmaxStats(len(v), min(v), max(v), sum(v) / len(v)) for kind, v in sorted(groups.items())}
+
+
+def require_finite_weights(hf_dir: Path) -> None:
+    """InputError naming file, tensor and row for a NaN or Inf weight, before calibration starts.
+
+    ModelOpt would otherwise stop in the middle of calibration with ``AssertionError: detected nan
+    values in amax`` and no tensor named. Reads every tensor once, a chunk at a time.
+    """
+    from pipeline.checkpoint.hf_reader import open_hf_checkpoint
+    from pipeline.checkpoint.values import require_all_finite
+
+    checkpoint = open_hf_checkpoint(hf_dir)
+    try:
+        require_all_finite(checkpoint.files)
+    finally:
+        checkpoint.close()
 
 
 def _deepcopy(value: Any) -> Any:

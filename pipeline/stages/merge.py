@@ -17,8 +17,10 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     adapters = [Path(path) for path in stage.params["adapters"]]  # in order; each is also a fingerprinted input
     with byte_progress(f"[{variant.name}] merge {len(adapters)} adapter(s)") as progress:
         summary = merge_adapters(stage.inputs["model"], adapters, out, progress=progress)
+    ratio, tensor = summary.largest_change
     print(
         f"[{variant.name}] merge: {summary.updated_tensors} tensors updated, {summary.replaced_tensors} replaced, "
-        f"{summary.copied_tensors} copied ({summary.total_bytes / 2**30:.2f} GiB)",
+        f"{summary.copied_tensors} copied ({summary.total_bytes / 2**30:.2f} GiB); largest update "
+        f"{ratio:.3g}x its tensor's largest value ({tensor})",
         flush=True,
     )

@@ -183,3 +183,122 @@ def test_bad_adapter_fails_the_engine_with_exit_2_and_no_output(write_spec, cli,
     assert rc == 2 and len(errors) == 1 and "lora_A.weight" in errors[0] and "r=2" in errors[0], err
     merged = tmp_path / "engines" / "t" / "merged"
     assert not merged.exists() and not list(merged.parent.glob(".merged.tmp-*"))
+
+
+# -- the values inside the adapter's tensors -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tensor, value, index, row",
+    [
+        (Q0 + ".lora_A.weight", float("nan"), (2, 5), 2),
+        (Q0 + ".lora_B.weight", float("inf"), (40, 1), 40),
+        ("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight", float("-inf"), (0, 3), 0),
+    ],
+)
+def test_non_finite_adapter_tensor_is_refused_before_any_output(setup, tensor, value, index, row):
+    _, folder, merge = setup
+    edit_tensors(folder, lambda t: t[tensor].__setitem__(index, value))
+    message = refused(
+        merge, str(folder / "adapter_model.safetensors"), f"tensor {tensor} holds NaN or Inf at row {row}"
+    )
+    assert "model.safetensors:" not in message.replace(
+        "adapter_model.safetensors:", ""
+    )  # the adapter, not a merged file
+
+
+@pytest.mark.parametrize("alpha", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_lora_alpha_is_refused(setup, alpha):
+    _, folder, merge = setup
+    path = folder / "adapter_config.json"
+    path.write_text(path.read_text().replace('"lora_alpha": 8', f'"lora_alpha": {alpha}'))
+    assert alpha in path.read_text()
+    refused(merge, str(path), "lora_alpha must be a positive finite number")
+
+
+def test_finite_but_absurd_update_is_refused_with_the_numbers(setup, tmp_path):
+    _, folder, merge = setup
+    edit_tensors(folder, lambda t: t[Q0 + ".lora_B.weight"].fill_(3e38))  # the update reaches ~1e38 in float32
+    message = refused(
+        merge,
+        str(folder / "adapter_model.safetensors"),
+        f"tensors {Q0}.lora_A.weight / {Q0}.lora_B.weight",
+        "the change to model.layers.0.self_attn.q_proj.weight reaches",
+        "times the base tensor's largest value",
+        "the limit is 256x",
+    )
+    assert "e+3" in message  # the numbers: an update of order 1e38 against weights below 1
+    assert not any((tmp_path / "out").iterdir())  # refused while merging: the files begun are removed
+
+
+def test_an_update_just_inside_the_limit_merges_and_is_reported(setup, tmp_path):
+    base, folder, merge = setup
+    weights = load_file(folder / "adapter_model.safetensors")
+    summary = merge()
+    ratio, tensor = summary.largest_change
+    assert 0 < ratio < 256 and tensor.endswith(".weight")
+    provenance = json.loads((tmp_path / "out" / "specdeploy_merge.json").read_text())
+    assert provenance["adapters"][0]["largest_change"] == {"ratio": ratio, "tensor": tensor}
+    # Scaled to 200x: large, but the base survives the rounding; merged, and the ratio says so.
+    for name in list(weights):
+        if name.endswith("lora_B.weight"):
+            weights[name] *= 200 / ratio
+    save_file(weights, folder / "adapter_model.safetensors")
+    for path in (tmp_path / "out").iterdir():
+        path.unlink()
+    assert merge().largest_change[0] == pytest.approx(200, rel=1e-3)
+
+
+def test_absurd_modules_to_save_copy_is_refused(setup, tiny_llama, tmp_path):
+    base, _, merge = setup
+    make_adapter(base.model, tmp_path / "saved", target_modules=["q_proj"], modules_to_save=["lm_head"])
+    edit_tensors(tmp_path / "saved", lambda t: t["base_model.model.lm_head.weight"].mul_(1e6))
+    refused(lambda: merge(tmp_path / "saved"), "tensor base_model.model.lm_head.weight", "change to lm_head.weight")
+
+
+def test_update_that_overflows_the_base_dtype_is_refused(tiny_llama, tmp_path):
+    base = tiny_llama()
+    with torch.no_grad():
+        base.model.model.layers[0].self_attn.q_proj.weight[5, 0] = 1000.0
+    base.model.half().save_pretrained(tmp_path / "half")
+    make_adapter(base.model.float(), tmp_path / "ad")
+
+    def one_entry(t):  # an update of 70000 at [5, 0] (scale 8/4 = 2): 70x the weight, 71000 overflows float16
+        t[Q0 + ".lora_A.weight"].zero_()[0, 0] = 1.0
+        t[Q0 + ".lora_B.weight"].zero_()[5, 0] = 35000.0
+
+    edit_tensors(tmp_path / "ad", one_entry)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError) as info:
+        merge_adapters(tmp_path / "half", [tmp_path / "ad"], out)
+    assert str(info.value) == (
+        f"{tmp_path / 'ad' / 'adapter_model.safetensors'}: tensors {Q0}.lora_A.weight / {Q0}.lora_B.weight: "
+        "merged into model.layers.0.self_attn.q_proj.weight, it overflows float16 at row 5; the adapter is "
+        "corrupt or was trained on another model"
+    )
+    assert not any(out.iterdir())
+
+
+def test_non_finite_base_tensor_is_blamed_on_the_base(setup, tmp_path):
+    base, _, merge = setup
+    weights = load_file(base.path / "model.safetensors")
+    weights["model.layers.0.self_attn.q_proj.weight"][7, 1] = float("nan")
+    save_file(weights, base.path / "model.safetensors", metadata={"format": "pt"})
+    refused(merge, str(base.path / "model.safetensors"), "tensor model.layers.0.self_attn.q_proj.weight", "row 7")
+
+
+def test_non_finite_adapter_fails_the_engine_naming_the_adapter_and_leaves_no_merged_folder(write_spec, cli, tmp_path):
+    from transformers import LlamaForCausalLM
+
+    base = build_tiny_llama(tmp_path / "tiny")
+    folder = tmp_path / "adapter"
+    make_adapter(LlamaForCausalLM.from_pretrained(base).eval(), folder)
+    edit_tensors(folder, lambda t: t[Q0 + ".lora_B.weight"].__setitem__((3, 0), float("nan")))
+    spec = write_spec(f"name: t\nmodel: {{path: {base}, adapter: {folder}}}\ntarget: reference\n")
+    rc, _, err = cli("engine", str(spec))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1, err
+    assert f"{folder / 'adapter_model.safetensors'}: tensor {Q0}.lora_B.weight holds NaN or Inf at row 3" in errors[0]
+    merged = tmp_path / "engines" / "t" / "merged"
+    assert not merged.exists() and not list(merged.parent.glob(".merged.tmp-*"))

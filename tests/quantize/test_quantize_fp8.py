@@ -252,3 +252,55 @@ def test_refuses_tensors_the_model_would_drop(tiny_llama_dir, tmp_path):
         match=re.escape("1 tensors (e.g. 'medusa_heads.0.0.linear.weight') are not part of LlamaForCausalLM"),
     ):
         quantize_fp8(src, tmp_path / "o", kv_cache_fp8=False, calib_path=None, calib_size=2, calib_max_len=16)
+
+
+def _poke(folder: Path, name: str, value: float, index: tuple[int, ...]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    weights[name][index] = value
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "name, value, index, row",
+    [
+        ("model.layers.1.mlp.down_proj.weight", float("nan"), (17, 3), 17),
+        ("model.layers.0.self_attn.k_proj.weight", float("inf"), (5, 0), 5),
+        ("model.embed_tokens.weight", float("-inf"), (40, 2), 40),
+    ],
+)
+def test_non_finite_weight_is_refused_before_calibration(tiny_llama_dir, tmp_path, name, value, index, row):
+    src = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, src)
+    _poke(src, name, value, index)
+    said: list[str] = []
+    with pytest.raises(InputError) as info:
+        quantize_fp8(
+            src,
+            tmp_path / "out",
+            kv_cache_fp8=False,
+            calib_path=None,
+            calib_size=4,
+            calib_max_len=16,
+            progress=said.append,
+        )
+    assert str(info.value) == (
+        f"{src / 'model.safetensors'}: tensor {name} holds NaN or Inf at row {row}; "
+        "the weights are corrupt, re-export them"
+    )
+    assert not any("calibrat" in line for line in said), said  # refused before ModelOpt saw the model
+    assert not (tmp_path / "out").exists()
+
+
+def test_non_finite_weight_fails_the_fp8_engine_with_exit_2(tiny_llama_dir, tmp_path, cli, write_spec):
+    src = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, src)
+    _poke(src, "model.layers.0.mlp.up_proj.weight", float("nan"), (3, 4))
+    spec = write_spec(f"name: q\nmodel: {{path: {src}}}\nquantization: {{weights: fp8}}\ntarget: reference\n")
+    rc, _, err = cli("engine", str(spec))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1, err
+    assert "tensor model.layers.0.mlp.up_proj.weight holds NaN or Inf at row 3" in errors[0]
+    quantized = tmp_path / "engines" / "q" / "quantized"
+    assert not quantized.exists() and not list(quantized.parent.glob(".quantized.tmp-*"))
