@@ -175,16 +175,26 @@ from pipeline.stages.runner import run_stage
 
 source, output, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 stage = StagePlan("convert", output, {"model": source}, {"tp": 1})
+
+
+def body(out):
+    if source.is_dir():  # the package stage's copy of the tokenizer
+        from pipeline.triton.repository import copy_tokenizer
+
+        copy_tokenizer(source, out / "preprocessing" / "tokenizer")
+    else:
+        (out / "rank0.safetensors").write_bytes(b"x" * size)
+
+
 try:
-    run_stage(stage, lambda out: (out / "rank0.safetensors").write_bytes(b"x" * size), force=True,
-              on_wait=lambda _: None)
+    run_stage(stage, body, force=True, on_wait=lambda _: None)
     print("ok")
 except SpecdeployError as exc:
     print(exc.exit_code, exc)
 """
 
 
-def _in_mount_namespace(tmp_path: Path, mount: str, size: int) -> str:
+def _in_mount_namespace(tmp_path: Path, mount: str, size: int, source: Path | None = None) -> str:
     import shutil
     import subprocess
     import sys
@@ -194,8 +204,9 @@ def _in_mount_namespace(tmp_path: Path, mount: str, size: int) -> str:
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("unprivileged mount namespaces are not available here")
-    source = tmp_path / "input.txt"
-    source.write_text("weights")
+    if source is None:
+        source = tmp_path / "input.txt"
+        source.write_text("weights")
     (tmp_path / "child.py").write_text(_CHILD)
     root = tmp_path / "mnt"
     root.mkdir(exist_ok=True)
@@ -220,3 +231,14 @@ def test_a_real_read_only_filesystem_is_exit_4(tmp_path):
 def test_a_real_full_disk_is_exit_5(tmp_path):
     line = _in_mount_namespace(tmp_path, "mount -t tmpfs -o size=256k tmpfs ROOT", 4 * 2**20)
     assert line.startswith("5 ") and "full disk" in line
+
+
+def test_a_full_disk_while_packaging_names_the_file_being_written_not_its_source(tmp_path):
+    tokenizer = tmp_path / "model"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_bytes(b"{" + b" " * 2**20 + b"}")  # 1 MiB onto a 256 KiB disk
+    line = _in_mount_namespace(tmp_path, "mount -t tmpfs -o size=256k tmpfs ROOT", 0, source=tokenizer)
+    assert line.startswith("5 ") and "full disk" in line
+    written = line.split()[1]
+    assert "/mnt/v/.checkpoint.tmp-" in written and written.endswith("/preprocessing/tokenizer/tokenizer.json")
+    assert str(tokenizer) not in line.split(" is on a full disk")[0]
