@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from pipeline import adapters, gpus, head_training, presets, resources, trees
-from pipeline.errors import InputError
+from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
@@ -742,8 +743,16 @@ def _with_evaluate(
 
 
 def _inside(root: Path, name: str, problems: _Problems) -> Path:
-    """Defence in depth: the name pattern already forbids '/', but never write outside root."""
+    """Defence in depth: the name pattern already forbids '/', but never write outside root.
+
+    A legal name leads outside only through a symlink ``root/name`` (a filesystem condition, exit 4,
+    naming the link once, before any other check of the variant)."""
     path = (root / name).resolve()
     if root.resolve() not in path.parents:
+        if os.path.islink(root / name):
+            raise HostFilesystemError(
+                f"{root / name} is a symlink to {os.readlink(root / name)}, outside {root}: specdeploy writes only "
+                f"inside its output folders; remove the link, or give the other disk as --engines-dir/--triton-repo"
+            )
         problems.error(("name",), f"variant name '{name}' would write outside {root}")
     return root / name

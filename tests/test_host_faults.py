@@ -242,3 +242,25 @@ def test_a_full_disk_while_packaging_names_the_file_being_written_not_its_source
     written = line.split()[1]
     assert "/mnt/v/.checkpoint.tmp-" in written and written.endswith("/preprocessing/tokenizer/tokenizer.json")
     assert str(tokenizer) not in line.split(" is on a full disk")[0]
+
+
+@pytest.mark.parametrize("root", ["engines", "repo"])
+def test_a_variant_folder_that_is_a_symlink_out_of_its_root_is_one_filesystem_error(
+    tmp_path,
+    model,  # noqa: F811
+    write_spec,
+    capsys,
+    root,
+):
+    from pipeline.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / root).mkdir()
+    (tmp_path / root / "tiny").symlink_to(elsewhere)
+    roots = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "repo")]
+    rc = main([*roots, "engine", str(write_spec(spec_for(model)))])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 4 and len(err) == 1, err
+    assert f"{tmp_path / root / 'tiny'} is a symlink to {elsewhere}" in err[0]
+    assert list(elsewhere.iterdir()) == []
