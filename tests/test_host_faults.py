@@ -65,28 +65,38 @@ def test_engines_dir_that_is_a_regular_file(tmp_path):
     assert info.value.exit_code == 4 and str(root) in one_line(info.value)
 
 
-def test_dangling_output_symlink_is_replaced_and_not_followed(tmp_path):
-    output = tmp_path / "out" / "engine"
-    output.parent.mkdir()
-    output.symlink_to(tmp_path / "vanished")
-    result = run_stage(stage_at(output, tmp_path), body)
-    assert result.status == "ran" and output.is_dir() and not output.is_symlink()
-    assert not (tmp_path / "vanished").exists()
-    assert sorted(p.name for p in output.parent.iterdir()) == [".engine.lock", "engine"]
-
-
-def test_output_that_is_a_regular_file_or_a_symlink_to_a_folder(tmp_path):
+@pytest.mark.parametrize("kind", ["regular file", "dangling symlink", "symlink to a folder"])
+def test_what_specdeploy_did_not_write_where_an_output_goes_is_refused_and_kept(tmp_path, kind):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("user data")
-    for index, make in enumerate((lambda p: p.write_text("stray"), lambda p: p.symlink_to(elsewhere))):
-        output = tmp_path / f"out{index}" / "checkpoint"
-        output.parent.mkdir()
-        make(output)
-        run_stage(stage_at(output, tmp_path), body)
-        assert (output / "rank0.safetensors").read_text() == "data"
-        assert not [p for p in output.parent.iterdir() if ".old-" in p.name or ".tmp-" in p.name]
-    assert (elsewhere / "keep.txt").read_text() == "user data"  # the link was removed, not its target
+    output = tmp_path / "out" / "checkpoint"
+    output.parent.mkdir()
+    if kind == "regular file":
+        output.write_text("stray")
+    else:
+        output.symlink_to(elsewhere if kind == "symlink to a folder" else tmp_path / "vanished")
+    ran = []
+    with pytest.raises(HostFilesystemError) as info:
+        run_stage(stage_at(output, tmp_path), lambda out: ran.append(out))
+    message = one_line(info.value)
+    assert info.value.exit_code == 4 and message.startswith(f"{output} is a ") and "move or remove it" in message
+    assert not ran and os.path.lexists(output) and (elsewhere / "keep.txt").read_text() == "user data"
+    assert output.read_text() == "stray" if kind == "regular file" else output.is_symlink()
+    assert sorted(p.name for p in output.parent.iterdir()) == [".checkpoint.lock", "checkpoint"]
+
+
+def test_cli_engine_with_a_file_where_a_stage_folder_goes(tmp_path, model, write_spec, capsys):  # noqa: F811
+    from pipeline.cli import main
+
+    stray = tmp_path / "engines" / "tiny" / "checkpoint"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("my notes")
+    roots = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "repo")]
+    rc = main([*roots, "engine", str(write_spec(spec_for(model)))])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert rc == 4 and len(err) == 1 and f"{stray} is a regular file" in err[0]
+    assert stray.read_text() == "my notes"
 
 
 def test_full_disk_during_a_stage_keeps_the_previous_output(tmp_path):

@@ -10,8 +10,8 @@
 * Locks: ``.<name>.lock`` (fcntl) beside the output; a second run on the same output waits,
   saying for whom, and fails clearly after ``lock_timeout`` seconds. Whoever holds the lock
   first removes the work folders of killed runs and says how much that freed.
-* Host faults (read-only or full filesystem, permissions, a file where a folder must be)
-  become one-line errors with exit codes 4 and 5 (:func:`pipeline.errors.host_error`).
+* Host faults (read-only or full filesystem, permissions, a file or symlink where the output
+  folder goes: never deleted, :func:`refuse_foreign_output`) become one-line errors with exit codes 4 and 5 (:func:`pipeline.errors.host_error`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import pipeline
 from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
-from pipeline.errors import InputError, host_error
+from pipeline.errors import HostFilesystemError, InputError, host_error
 from pipeline.hashing import HashCache
 from pipeline.plan import StagePlan
 
@@ -119,6 +119,20 @@ def output_lock(output: Path, timeout: float, on_wait: Callable[[str], None]):
     return exclusive_lock(output.parent / f".{output.name}.lock", timeout=timeout, what=str(output), on_wait=on_wait)
 
 
+def refuse_foreign_output(output: Path) -> None:
+    """A stage's output is a folder this runner renamed into place; a regular file, a symlink (dangling or
+    not) or anything else there was put by someone else, and is not ours to delete."""
+    if not os.path.lexists(output) or (output.is_dir() and not output.is_symlink()):
+        return
+    kind = f"a symlink to {os.readlink(output)}" if output.is_symlink() else "a regular file"
+    if not output.is_symlink() and not output.is_file():
+        kind = "not a folder"
+    raise HostFilesystemError(
+        f"{output} is {kind} where the stage's output folder goes; specdeploy deletes only what it wrote: "
+        "move or remove it, or choose another --engines-dir/--triton-repo"
+    )
+
+
 def run_stage(
     stage: StagePlan,
     body: Callable[[Path], None],
@@ -140,6 +154,7 @@ def run_stage(
             recorded = recorded_fingerprint(output)
             if not force and recorded is not None and recorded.get("digest") == wanted["digest"]:
                 return StageResult(stage.name, "skipped", output, time.monotonic() - start)
+            refuse_foreign_output(output)
             tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
             tmp.mkdir()
             try:
