@@ -75,6 +75,9 @@ _ADVICE = {
 }
 
 
+# The filesystem will not let this process write there (a read-only mount, another user's folder).
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
 # Errors of the side that writes: for a two-path call (a copy, a link, a rename) the path they concern
 # is the destination, ``filename2``; a copy onto a full disk names its source as ``filename``.
 _WRITE_SIDE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EEXIST, errno.EXDEV)

@@ -274,3 +274,34 @@ def test_a_variant_folder_that_is_a_symlink_out_of_its_root_is_one_filesystem_er
     assert rc == 4 and len(err) == 1, err
     assert f"{tmp_path / root / 'tiny'} is a symlink to {elsewhere}" in err[0]
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_engine_on_up_to_date_outputs_of_a_read_only_filesystem_is_done(tmp_path, model, write_spec):  # noqa: F811
+    """An artifact mounted read-only (a verification job): nothing needs writing, so no lock either."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("unprivileged mount namespaces are not available here")
+    from pipeline.cli import main
+
+    spec = write_spec(spec_for(model))
+    args = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "repo")]
+    args += ["--cache-dir", str(tmp_path / "cache"), "engine", str(spec)]
+    assert main(args) == 0
+    cli = [sys.executable, "-m", "pipeline.cli", *args]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    read_only = f'mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path} && exec "$@"'
+    again = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", read_only, "sh", *cli], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert again.stdout.count("up to date, skipped") == 3 and "error" not in again.stderr
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    write = subprocess.run(  # the same mount refuses what does need writing: exit 4, as before
+        ["unshare", "-rm", "sh", "-c", read_only, "sh", *cli, "--force"], capture_output=True, text=True, env=env
+    )
+    assert write.returncode == 4 and "read-only filesystem" in write.stderr

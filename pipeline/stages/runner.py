@@ -11,7 +11,9 @@
   saying for whom, and fails clearly after ``lock_timeout`` seconds. Whoever holds the lock
   first removes the work folders of killed runs and says how much that freed.
 * Host faults (read-only or full filesystem, permissions, a file or symlink where the output
-  folder goes: never deleted, :func:`refuse_foreign_output`) become one-line errors with exit codes 4 and 5 (:func:`pipeline.errors.host_error`).
+  folder goes: never deleted, :func:`refuse_foreign_output`) become one-line errors with exit
+  codes 4 and 5 (:func:`pipeline.errors.host_error`). Where the lock cannot be created (a
+  read-only mount), an output that is complete and up to date is still reported as skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 import pipeline
 from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
-from pipeline.errors import HostFilesystemError, InputError, host_error
+from pipeline.errors import UNWRITABLE, HostFilesystemError, InputError, host_error
 from pipeline.hashing import HashCache
 from pipeline.plan import StagePlan
 
@@ -145,8 +147,10 @@ def run_stage(
     """Run ``body(tmp_dir)`` unless the output is up to date, then rename tmp_dir into place."""
     start = time.monotonic()
     output = stage.output
+    locked = False
     try:
         with output_lock(output, lock_timeout, on_wait):
+            locked = True
             removed, freed = remove_dead_leftovers(output.parent, output.name)
             if removed:
                 on_wait(f"{output}: {describe_freed(removed, freed)}")
@@ -165,5 +169,17 @@ def run_stage(
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
     except OSError as exc:
+        # The lock cannot even be created (a read-only mount, another user's folder): nobody writes here
+        # through this mount, and an output that is already complete and up to date needs no lock.
+        if not locked and not force and exc.errno in UNWRITABLE and _up_to_date(stage, hashes):
+            on_wait(f"{output}: up to date; its folder is not writable here ({os.strerror(exc.errno)}), so not locked")
+            return StageResult(stage.name, "skipped", output, time.monotonic() - start)
         raise host_error(exc, f"writing the {stage.name} stage's output {output}") from None
     return StageResult(stage.name, "ran", output, time.monotonic() - start)
+
+
+def _up_to_date(stage: StagePlan, hashes: HashCache | None) -> bool:
+    """Whether the output's recorded fingerprint is the one wanted now (read without the lock: the
+    folder is only ever renamed into place complete, so what is read is one whole output)."""
+    recorded = recorded_fingerprint(stage.output)
+    return recorded is not None and recorded.get("digest") == fingerprint(stage, hashes)["digest"]
