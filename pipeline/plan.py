@@ -21,7 +21,7 @@ from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
-from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
+from pipeline.spec import CPU_HTTP_MAX_REQUEST_BYTES, INT32_MAX, ServingSpec, Spec, VariantSpec
 from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, Method, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
 
@@ -487,6 +487,13 @@ def _check_parallelism(
     ports = [variant.serving.grpc_port, variant.serving.http_port, variant.serving.metrics_port]
     if len(set(ports)) != 3:
         problems.error(("serving",), f"grpc_port, http_port and metrics_port must differ (got {ports})")
+    limit = variant.serving.http_max_request_bytes
+    if variant.target == "reference" and variant.serving.http and limit > CPU_HTTP_MAX_REQUEST_BYTES:
+        problems.error(
+            ("serving", "http_max_request_bytes"),
+            f"{limit} bytes: the reference target's tritonserver 2.51 is reported to crash on HTTP bodies of "
+            f"~4 MB (triton-inference-server/server#5840); at most {CPU_HTTP_MAX_REQUEST_BYTES}",
+        )
 
 
 def _quant_plan(
