@@ -75,12 +75,26 @@ _ADVICE = {
 }
 
 
+# The filesystem will not let this process write there (a read-only mount, another user's folder).
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+# Errors of the side that writes: for a two-path call (a copy, a link, a rename) the path they concern
+# is the destination, ``filename2``; a copy onto a full disk names its source as ``filename``.
+_WRITE_SIDE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EEXIST, errno.EXDEV)
+
+
+def _written_path(exc: OSError) -> str:
+    if exc.filename2 is not None and exc.errno in _WRITE_SIDE:
+        return str(exc.filename2)
+    return str(exc.filename) if exc.filename is not None else "a path"
+
+
 def host_error(exc: OSError, doing: str) -> HostFilesystemError:
     """One-line error for an OSError of the host, naming the path, what was being done and what to do.
 
     ``doing`` completes "while ..." (e.g. ``"writing the convert stage's output"``).
     """
-    path = exc.filename if exc.filename is not None else "a path"
+    path = _written_path(exc)
     what, fix = _ADVICE.get(exc.errno or 0, (f"failed: {exc.strerror or exc}", "check the path and re-run"))
     if exc.errno == errno.ENOENT and exc.filename is not None and os.path.islink(exc.filename):
         what, fix = f"is a dangling symlink (to {os.readlink(exc.filename)})", "fix or remove the link"

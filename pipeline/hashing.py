@@ -51,15 +51,21 @@ class HashCache:
         key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
         if self.path is None:
             return sha256_file(path)
-        with closing(self._connect()) as db:
-            row = db.execute(
-                "SELECT sha256 FROM files WHERE dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?", key
-            ).fetchone()
+        try:
+            with closing(self._connect()) as db:
+                row = db.execute(
+                    "SELECT sha256 FROM files WHERE dev=? AND ino=? AND size=? AND mtime_ns=? AND ctime_ns=?", key
+                ).fetchone()
+        except (OSError, sqlite3.Error):  # a cache that cannot be opened (read-only): hash without it
+            row = None
         if row is not None:
             return row[0]
         digest = sha256_file(path)
-        with closing(self._connect()) as db, db:
-            db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)", (*key, digest))
+        try:
+            with closing(self._connect()) as db, db:
+                db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)", (*key, digest))
+        except (OSError, sqlite3.Error):  # a read-only cache keeps what it has; the digest is still right
+            pass
         return digest
 
     def tree(self, path: Path) -> dict[str, str] | str | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pipeline
 from pipeline.atomic import exclusive_lock
-from pipeline.errors import InputError
+from pipeline.errors import UNWRITABLE, InputError, host_error
 from pipeline.hashing import HashCache, content_files
 from pipeline.plan import Plan, VariantPlan
 
@@ -141,27 +141,60 @@ def write_manifest(
     Triton repository when this run wrote it (or found it up to date)."""
     path = manifest_path(plan, engines_root)
     entries = {v.name: variant_entry(v, states[v.name], hashes) for v in plan.variants if v.name in states}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Two runs of one spec (say --variant a and --variant b) each keep the other's entries.
-    with exclusive_lock(path.parent / f".{path.name}.lock", timeout=600, what=str(path), on_wait=lambda _: None):
-        try:
-            previous = _read(path) if path.exists() else {}
-        except InputError:  # unreadable: this run writes it anew
-            previous = {}
-        variants = dict(previous.get("variants", {})) if previous.get("name") == plan.spec_name else {}
-        spec_repository = (
-            {"path": str(repository), "files": _files(repository, hashes)}
-            if repository is not None
-            else previous.get("repository")
-        )
-        _write(path, plan, variants | entries, hashes, spec_repository)
+    locked = False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Two runs of one spec (say --variant a and --variant b) each keep the other's entries.
+        with exclusive_lock(path.parent / f".{path.name}.lock", timeout=600, what=str(path), on_wait=lambda _: None):
+            locked = True
+            previous, body = _next_manifest(path, plan, entries, hashes, repository)
+            _write(path, body)
+    except OSError as exc:
+        # Not writable here (a read-only artifact): fine when the manifest already says all this.
+        if not locked and exc.errno in UNWRITABLE:
+            previous, body = _next_manifest(path, plan, entries, hashes, repository)
+            if _without_time(previous) == _without_time(body):
+                return path
+        raise host_error(exc, f"writing the release manifest {path}") from None
     return path
 
 
-def _write(
-    path: Path, plan: Plan, variants: dict[str, Any], hashes: HashCache, repository: dict[str, Any] | None
-) -> None:
-    body = {
+def _without_time(body: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as JSON reads it back, less when it was written and whether a complete stage ran
+    then or was found up to date (what its outputs are is all that counts)."""
+    content = {key: value for key, value in json.loads(json.dumps(body)).items() if key != "written"}
+    for variant in content.get("variants", {}).values():
+        for output in variant.get("outputs", {}).values():
+            if output.get("state") in ("ran", "skipped"):
+                output["state"] = "complete"
+    return content
+
+
+def _next_manifest(
+    path: Path, plan: Plan, entries: dict[str, Any], hashes: HashCache, repository: Path | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the manifest on disk, {} when none or unreadable; the one this run writes)."""
+    try:
+        previous = _read(path) if path.exists() else {}
+    except InputError:  # unreadable: this run writes it anew
+        previous = {}
+    variants = dict(previous.get("variants", {})) if previous.get("name") == plan.spec_name else {}
+    spec_repository = (
+        {"path": str(repository), "files": _files(repository, hashes)}
+        if repository is not None
+        else previous.get("repository")
+    )
+    return previous, _body(plan, variants | entries, hashes, spec_repository)
+
+
+def _write(path: Path, body: dict[str, Any]) -> None:
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _body(plan: Plan, variants: dict[str, Any], hashes: HashCache, repository: dict[str, Any] | None) -> dict[str, Any]:
+    return {
         "format": FORMAT,
         "spec": str(plan.spec_file),
         "name": plan.spec_name,
@@ -171,9 +204,6 @@ def _write(
         "variants": variants,
         "repository": repository,  # triton_repo/<spec>/: every variant from one server
     }
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from pipeline import adapters, gpus, head_training, presets, resources, trees
-from pipeline.errors import InputError
+from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
-from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
+from pipeline.spec import CPU_HTTP_MAX_REQUEST_BYTES, INT32_MAX, ServingSpec, Spec, VariantSpec
 from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, Method, SpeculativeConfig, tp_problem
 from pipeline.yaml_source import KeyPath
 
@@ -488,6 +489,13 @@ def _check_parallelism(
     ports = [variant.serving.grpc_port, variant.serving.http_port, variant.serving.metrics_port]
     if len(set(ports)) != 3:
         problems.error(("serving",), f"grpc_port, http_port and metrics_port must differ (got {ports})")
+    limit = variant.serving.http_max_request_bytes
+    if variant.target == "reference" and variant.serving.http and limit > CPU_HTTP_MAX_REQUEST_BYTES:
+        problems.error(
+            ("serving", "http_max_request_bytes"),
+            f"{limit} bytes: the reference target's tritonserver 2.51 is reported to crash on HTTP bodies of "
+            f"~4 MB (triton-inference-server/server#5840); at most {CPU_HTTP_MAX_REQUEST_BYTES}",
+        )
 
 
 def _quant_plan(
@@ -763,8 +771,16 @@ def _with_evaluate(
 
 
 def _inside(root: Path, name: str, problems: _Problems) -> Path:
-    """Defence in depth: the name pattern already forbids '/', but never write outside root."""
+    """Defence in depth: the name pattern already forbids '/', but never write outside root.
+
+    A legal name leads outside only through a symlink ``root/name`` (a filesystem condition, exit 4,
+    naming the link once, before any other check of the variant)."""
     path = (root / name).resolve()
     if root.resolve() not in path.parents:
+        if os.path.islink(root / name):
+            raise HostFilesystemError(
+                f"{root / name} is a symlink to {os.readlink(root / name)}, outside {root}: specdeploy writes only "
+                f"inside its output folders; remove the link, or give the other disk as --engines-dir/--triton-repo"
+            )
         problems.error(("name",), f"variant name '{name}' would write outside {root}")
     return root / name

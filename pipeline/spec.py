@@ -238,6 +238,11 @@ class BuildSpec(_Strict):
     Fewer builds the ranks in turn on fewer GPUs (a distributed build then asks for that many)."""
 
 
+HTTP_DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # 1 MiB: a prompt far longer than any max_input_len
+# tritonserver 2.51 (the CPU reference target's) is reported to crash on HTTP bodies of ~4 MB.
+CPU_HTTP_MAX_REQUEST_BYTES = 4 * (1 << 20) - 1
+
+
 class ServingSpec(_Strict):
     model_name: str = Field("ensemble", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     """Name clients send requests to (the Triton ensemble)."""
@@ -258,10 +263,14 @@ class ServingSpec(_Strict):
     host: str = "127.0.0.1"
     """Address the server binds; 127.0.0.1 unless it must be reached from other hosts."""
     http: bool = False
-    """Triton's HTTP/REST endpoint. Off by default: tritonserver 2.51 dies with SIGSEGV on any HTTP
-    body of ~4 MB sent with ``Expect: 100-continue`` (triton-inference-server/server#5840), so one
-    request could kill the server; it has no body-size limit to set. gRPC (what specdeploy's clients
-    use) takes such requests fine. ``true`` only behind a proxy that bounds request bodies."""
+    """Triton's HTTP/REST endpoint, off by default (gRPC is what specdeploy's clients use). Request
+    bodies are bounded by ``http_max_request_bytes``: on GPUs with Triton's ``--http-max-input-size``;
+    on the CPU reference target, whose tritonserver 2.51 has no such option and is reported to die with
+    SIGSEGV on a body of ~4 MB (triton-inference-server/server#5840), by a Caddy front on ``http_port``
+    that answers 413 before anything reaches Triton."""
+    http_max_request_bytes: int = Field(HTTP_DEFAULT_MAX_REQUEST_BYTES, ge=1, le=INT32_MAX)
+    """Largest HTTP request body accepted, in bytes (with ``http: true``); on the reference target it
+    must stay below 4 MiB."""
     grpc_port: int = Field(8001, ge=1, le=65535)
     """Triton gRPC port."""
     http_port: int = Field(8000, ge=1, le=65535)

@@ -65,28 +65,38 @@ def test_engines_dir_that_is_a_regular_file(tmp_path):
     assert info.value.exit_code == 4 and str(root) in one_line(info.value)
 
 
-def test_dangling_output_symlink_is_replaced_and_not_followed(tmp_path):
-    output = tmp_path / "out" / "engine"
-    output.parent.mkdir()
-    output.symlink_to(tmp_path / "vanished")
-    result = run_stage(stage_at(output, tmp_path), body)
-    assert result.status == "ran" and output.is_dir() and not output.is_symlink()
-    assert not (tmp_path / "vanished").exists()
-    assert sorted(p.name for p in output.parent.iterdir()) == [".engine.lock", "engine"]
-
-
-def test_output_that_is_a_regular_file_or_a_symlink_to_a_folder(tmp_path):
+@pytest.mark.parametrize("kind", ["regular file", "dangling symlink", "symlink to a folder"])
+def test_what_specdeploy_did_not_write_where_an_output_goes_is_refused_and_kept(tmp_path, kind):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("user data")
-    for index, make in enumerate((lambda p: p.write_text("stray"), lambda p: p.symlink_to(elsewhere))):
-        output = tmp_path / f"out{index}" / "checkpoint"
-        output.parent.mkdir()
-        make(output)
-        run_stage(stage_at(output, tmp_path), body)
-        assert (output / "rank0.safetensors").read_text() == "data"
-        assert not [p for p in output.parent.iterdir() if ".old-" in p.name or ".tmp-" in p.name]
-    assert (elsewhere / "keep.txt").read_text() == "user data"  # the link was removed, not its target
+    output = tmp_path / "out" / "checkpoint"
+    output.parent.mkdir()
+    if kind == "regular file":
+        output.write_text("stray")
+    else:
+        output.symlink_to(elsewhere if kind == "symlink to a folder" else tmp_path / "vanished")
+    ran = []
+    with pytest.raises(HostFilesystemError) as info:
+        run_stage(stage_at(output, tmp_path), lambda out: ran.append(out))
+    message = one_line(info.value)
+    assert info.value.exit_code == 4 and message.startswith(f"{output} is a ") and "move or remove it" in message
+    assert not ran and os.path.lexists(output) and (elsewhere / "keep.txt").read_text() == "user data"
+    assert output.read_text() == "stray" if kind == "regular file" else output.is_symlink()
+    assert sorted(p.name for p in output.parent.iterdir()) == [".checkpoint.lock", "checkpoint"]
+
+
+def test_cli_engine_with_a_file_where_a_stage_folder_goes(tmp_path, model, write_spec, capsys):  # noqa: F811
+    from pipeline.cli import main
+
+    stray = tmp_path / "engines" / "tiny" / "checkpoint"
+    stray.parent.mkdir(parents=True)
+    stray.write_text("my notes")
+    roots = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "repo")]
+    rc = main([*roots, "engine", str(write_spec(spec_for(model)))])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert rc == 4 and len(err) == 1 and f"{stray} is a regular file" in err[0]
+    assert stray.read_text() == "my notes"
 
 
 def test_full_disk_during_a_stage_keeps_the_previous_output(tmp_path):
@@ -175,16 +185,26 @@ from pipeline.stages.runner import run_stage
 
 source, output, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 stage = StagePlan("convert", output, {"model": source}, {"tp": 1})
+
+
+def body(out):
+    if source.is_dir():  # the package stage's copy of the tokenizer
+        from pipeline.triton.repository import copy_tokenizer
+
+        copy_tokenizer(source, out / "preprocessing" / "tokenizer")
+    else:
+        (out / "rank0.safetensors").write_bytes(b"x" * size)
+
+
 try:
-    run_stage(stage, lambda out: (out / "rank0.safetensors").write_bytes(b"x" * size), force=True,
-              on_wait=lambda _: None)
+    run_stage(stage, body, force=True, on_wait=lambda _: None)
     print("ok")
 except SpecdeployError as exc:
     print(exc.exit_code, exc)
 """
 
 
-def _in_mount_namespace(tmp_path: Path, mount: str, size: int) -> str:
+def _in_mount_namespace(tmp_path: Path, mount: str, size: int, source: Path | None = None) -> str:
     import shutil
     import subprocess
     import sys
@@ -194,8 +214,9 @@ def _in_mount_namespace(tmp_path: Path, mount: str, size: int) -> str:
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("unprivileged mount namespaces are not available here")
-    source = tmp_path / "input.txt"
-    source.write_text("weights")
+    if source is None:
+        source = tmp_path / "input.txt"
+        source.write_text("weights")
     (tmp_path / "child.py").write_text(_CHILD)
     root = tmp_path / "mnt"
     root.mkdir(exist_ok=True)
@@ -220,3 +241,67 @@ def test_a_real_read_only_filesystem_is_exit_4(tmp_path):
 def test_a_real_full_disk_is_exit_5(tmp_path):
     line = _in_mount_namespace(tmp_path, "mount -t tmpfs -o size=256k tmpfs ROOT", 4 * 2**20)
     assert line.startswith("5 ") and "full disk" in line
+
+
+def test_a_full_disk_while_packaging_names_the_file_being_written_not_its_source(tmp_path):
+    tokenizer = tmp_path / "model"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_bytes(b"{" + b" " * 2**20 + b"}")  # 1 MiB onto a 256 KiB disk
+    line = _in_mount_namespace(tmp_path, "mount -t tmpfs -o size=256k tmpfs ROOT", 0, source=tokenizer)
+    assert line.startswith("5 ") and "full disk" in line
+    written = line.split()[1]
+    assert "/mnt/v/.checkpoint.tmp-" in written and written.endswith("/preprocessing/tokenizer/tokenizer.json")
+    assert str(tokenizer) not in line.split(" is on a full disk")[0]
+
+
+@pytest.mark.parametrize("root", ["engines", "repo"])
+def test_a_variant_folder_that_is_a_symlink_out_of_its_root_is_one_filesystem_error(
+    tmp_path,
+    model,  # noqa: F811
+    write_spec,
+    capsys,
+    root,
+):
+    from pipeline.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / root).mkdir()
+    (tmp_path / root / "tiny").symlink_to(elsewhere)
+    roots = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "repo")]
+    rc = main([*roots, "engine", str(write_spec(spec_for(model)))])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 4 and len(err) == 1, err
+    assert f"{tmp_path / root / 'tiny'} is a symlink to {elsewhere}" in err[0]
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_engine_on_up_to_date_outputs_of_a_read_only_filesystem_is_done(tmp_path, model, write_spec):  # noqa: F811
+    """An artifact mounted read-only (a verification job): nothing needs writing, so no lock either."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("unprivileged mount namespaces are not available here")
+    from pipeline.cli import main
+
+    spec = write_spec(spec_for(model))
+    args = ["--engines-dir", str(tmp_path / "engines"), "--triton-repo", str(tmp_path / "repo")]
+    args += ["--cache-dir", str(tmp_path / "cache"), "engine", str(spec)]
+    assert main(args) == 0
+    cli = [sys.executable, "-m", "pipeline.cli", *args]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    read_only = f'mount --bind {tmp_path} {tmp_path} && mount -o remount,bind,ro {tmp_path} && exec "$@"'
+    again = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", read_only, "sh", *cli], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert again.stdout.count("up to date, skipped") == 3 and "error" not in again.stderr
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    write = subprocess.run(  # the same mount refuses what does need writing: exit 4, as before
+        ["unshare", "-rm", "sh", "-c", read_only, "sh", *cli, "--force"], capture_output=True, text=True, env=env
+    )
+    assert write.returncode == 4 and "read-only filesystem" in write.stderr

@@ -101,6 +101,7 @@ def serve_cpu(
         host=s.host,
         http_port=s.http_port,
         http=s.http,
+        http_max_request_bytes=s.http_max_request_bytes,
         grpc_port=s.grpc_port,
         metrics_port=s.metrics_port,
         ready_timeout=args.ready_timeout,
@@ -114,9 +115,10 @@ def serve_cpu(
     console.print(f"starting tritonserver for {what}, CPU reference backend; log: {server.log_file}", highlight=False)
     try:
         server.start()
+        http = f"http {server.http_url} (bodies up to {s.http_max_request_bytes} bytes)" if s.http else "http off"
         console.print(
             f"[green]ready[/green]: model(s) {', '.join(repr(m) for m in models)} on grpc {server.grpc_url}, "
-            f"{f'http {server.http_url}' if s.http else 'http off (serving.http)'}, "
+            f"{http}, "
             f"metrics {s.host}:{s.metrics_port}. Ctrl-C stops.",
             highlight=False,
         )
@@ -125,7 +127,7 @@ def serve_cpu(
         )
         while server.is_alive():
             time.sleep(0.5)
-        raise StageError(f"tritonserver stopped unexpectedly: {server.failure_reason()} (full log: {server.log_file})")
+        raise StageError(f"{server.death()}; its log: {server.log_file}")
     except KeyboardInterrupt:
         console.print("stopping tritonserver")
         return 0

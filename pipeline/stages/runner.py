@@ -10,8 +10,10 @@
 * Locks: ``.<name>.lock`` (fcntl) beside the output; a second run on the same output waits,
   saying for whom, and fails clearly after ``lock_timeout`` seconds. Whoever holds the lock
   first removes the work folders of killed runs and says how much that freed.
-* Host faults (read-only or full filesystem, permissions, a file where a folder must be)
-  become one-line errors with exit codes 4 and 5 (:func:`pipeline.errors.host_error`).
+* Host faults (read-only or full filesystem, permissions, a file or symlink where the output
+  folder goes: never deleted, :func:`refuse_foreign_output`) become one-line errors with exit
+  codes 4 and 5 (:func:`pipeline.errors.host_error`). Where the lock cannot be created (a
+  read-only mount), an output that is complete and up to date is still reported as skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 import pipeline
 from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
-from pipeline.errors import InputError, host_error
+from pipeline.errors import UNWRITABLE, HostFilesystemError, InputError, host_error
 from pipeline.hashing import HashCache
 from pipeline.plan import StagePlan
 
@@ -119,6 +121,20 @@ def output_lock(output: Path, timeout: float, on_wait: Callable[[str], None]):
     return exclusive_lock(output.parent / f".{output.name}.lock", timeout=timeout, what=str(output), on_wait=on_wait)
 
 
+def refuse_foreign_output(output: Path) -> None:
+    """A stage's output is a folder this runner renamed into place; a regular file, a symlink (dangling or
+    not) or anything else there was put by someone else, and is not ours to delete."""
+    if not os.path.lexists(output) or (output.is_dir() and not output.is_symlink()):
+        return
+    kind = f"a symlink to {os.readlink(output)}" if output.is_symlink() else "a regular file"
+    if not output.is_symlink() and not output.is_file():
+        kind = "not a folder"
+    raise HostFilesystemError(
+        f"{output} is {kind} where the stage's output folder goes; specdeploy deletes only what it wrote: "
+        "move or remove it, or choose another --engines-dir/--triton-repo"
+    )
+
+
 def run_stage(
     stage: StagePlan,
     body: Callable[[Path], None],
@@ -131,8 +147,10 @@ def run_stage(
     """Run ``body(tmp_dir)`` unless the output is up to date, then rename tmp_dir into place."""
     start = time.monotonic()
     output = stage.output
+    locked = False
     try:
         with output_lock(output, lock_timeout, on_wait):
+            locked = True
             removed, freed = remove_dead_leftovers(output.parent, output.name)
             if removed:
                 on_wait(f"{output}: {describe_freed(removed, freed)}")
@@ -140,6 +158,7 @@ def run_stage(
             recorded = recorded_fingerprint(output)
             if not force and recorded is not None and recorded.get("digest") == wanted["digest"]:
                 return StageResult(stage.name, "skipped", output, time.monotonic() - start)
+            refuse_foreign_output(output)
             tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
             tmp.mkdir()
             try:
@@ -150,5 +169,17 @@ def run_stage(
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
     except OSError as exc:
+        # The lock cannot even be created (a read-only mount, another user's folder): nobody writes here
+        # through this mount, and an output that is already complete and up to date needs no lock.
+        if not locked and not force and exc.errno in UNWRITABLE and _up_to_date(stage, hashes):
+            on_wait(f"{output}: up to date; its folder is not writable here ({os.strerror(exc.errno)}), so not locked")
+            return StageResult(stage.name, "skipped", output, time.monotonic() - start)
         raise host_error(exc, f"writing the {stage.name} stage's output {output}") from None
     return StageResult(stage.name, "ran", output, time.monotonic() - start)
+
+
+def _up_to_date(stage: StagePlan, hashes: HashCache | None) -> bool:
+    """Whether the output's recorded fingerprint is the one wanted now (read without the lock: the
+    folder is only ever renamed into place complete, so what is read is one whole output)."""
+    recorded = recorded_fingerprint(stage.output)
+    return recorded is not None and recorded.get("digest") == fingerprint(stage, hashes)["digest"]

@@ -38,6 +38,8 @@ from types import TracebackType
 
 import pipeline
 from pipeline.errors import InputError, StageError
+from pipeline.spec import HTTP_DEFAULT_MAX_REQUEST_BYTES
+from pipeline.triton.http_front import HttpFront, HttpFrontConfig, accepts, free_loopback_port
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,10 @@ class CpuServerConfig:
     cache_dir: Path
     host: str = "127.0.0.1"
     http_port: int = 8000
-    http: bool = False  # serving.http: off by default (a ~4 MB HTTP body crashes tritonserver 2.51)
+    # serving.http: off by default; on, Triton's HTTP port is private and a Caddy front on http_port
+    # refuses bodies over http_max_request_bytes (tritonserver 2.51 has no limit, server#5840).
+    http: bool = False
+    http_max_request_bytes: int = HTTP_DEFAULT_MAX_REQUEST_BYTES
     grpc_port: int = 8001
     metrics_port: int = 8002
     # A Python file installed as the tensorrtllm backend; None means the reference backend.
@@ -172,6 +177,8 @@ class CpuTritonServer:
     def __init__(self, config: CpuServerConfig) -> None:
         self.config = config
         self.process: subprocess.Popen[bytes] | None = None
+        self.front: HttpFront | None = None  # the bounded HTTP front, with serving.http
+        self._http_upstream: int | None = None  # Triton's own HTTP port, on 127.0.0.1 behind the front
         self._workdir: Path | None = None
         self._shm_prefix = f"specdeploy{os.getpid()}x{config.grpc_port}_"
         self.log_file = config.log_file or (
@@ -193,7 +200,11 @@ class CpuTritonServer:
         argv += [
             f"--backend-directory={backend_dir}",
             f"--cache-directory={runtime / 'caches'}",
-            *([f"--http-address={c.host}", f"--http-port={c.http_port}"] if c.http else ["--allow-http=false"]),
+            *(
+                ["--http-address=127.0.0.1", f"--http-port={self._http_upstream or c.http_port}"]
+                if c.http
+                else ["--allow-http=false"]
+            ),
             f"--grpc-address={c.host}",
             f"--grpc-port={c.grpc_port}",
             "--allow-metrics=true",
@@ -240,6 +251,7 @@ class CpuTritonServer:
             check_port_free(c.host, port)
         runtime = prepare_runtime(c.cache_dir)
         backend_dir = self._backend_dir(runtime)
+        self._http_upstream = free_loopback_port() if c.http else None
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "wb") as log:
             # Own session: Ctrl-C in the terminal reaches us, not the server; we stop it in order.
@@ -262,20 +274,37 @@ class CpuTritonServer:
             )
         try:
             self.wait_ready()
+            if c.http:
+                self._start_front()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_front(self) -> None:
+        """Caddy on (host, http_port) before Triton's private HTTP port, once that accepts connections
+        (readiness is asked over gRPC; Triton's HTTP endpoint may open a moment later)."""
+        assert self._http_upstream is not None and self._workdir is not None
+        deadline = time.monotonic() + 30
+        while not accepts("127.0.0.1", self._http_upstream):
+            if not self.is_alive() or time.monotonic() > deadline:
+                raise StageError(
+                    f"tritonserver's HTTP endpoint did not open: {self.death()} (full log: {self.log_file})"
+                )
+            time.sleep(0.1)
+        front = HttpFrontConfig(
+            self.config.host, self.config.http_port, self._http_upstream, self.config.http_max_request_bytes
+        )
+        log = self.log_file.with_name(f"{self.log_file.stem}-http-front.log")
+        self.front = HttpFront(front, self._workdir, log, _EXEC_WITH_PARENT_DEATH_SIGNAL)
+        self.front.start()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.config.ready_timeout
         while True:
             code = self.process.poll() if self.process else -1
             if code is not None:
-                raise StageError(
-                    f"tritonserver exited with code {code} while starting: {self.failure_reason()} "
-                    f"(full log: {self.log_file})"
-                )
+                raise StageError(f"{self.death()} while starting (full log: {self.log_file})")
             if self._ready(self.config.models):
                 return
             if time.monotonic() > deadline:
@@ -300,7 +329,29 @@ class CpuTritonServer:
             return False
 
     def is_alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        """tritonserver runs, and so does its HTTP front when it has one."""
+        triton = self.process is not None and self.process.poll() is None
+        return triton and (self.front is None or self.front.is_alive())
+
+    def death(self) -> str:
+        """What ended the server, for one line: ``tritonserver died (SIGSEGV)`` (Triton 2.51 re-raises a
+        fatal signal after printing its stack, so the exit status names it), ``tritonserver exited with
+        code N: <first error line>``, or the HTTP front's end."""
+        code = self.process.poll() if self.process is not None else None
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"tritonserver died ({name})"
+        if code is not None:
+            fatal = _FATAL_SIGNAL.search(self._log_text())  # what its handler printed, if the status lost it
+            if fatal is not None and int(fatal.group(1)) in _SIGNAL_NAMES:
+                return f"tritonserver died ({_SIGNAL_NAMES[int(fatal.group(1))]})"
+            return f"tritonserver exited with code {code}: {self.failure_reason()}"
+        if self.front is not None and not self.front.is_alive():
+            return f"its HTTP front (Caddy) stopped: {self.front.failure_reason()} (log: {self.front.log_file})"
+        return "tritonserver is running"
 
     def is_ready(self) -> bool:
         return self.is_alive() and self._ready()
@@ -312,6 +363,7 @@ class CpuTritonServer:
         except OSError:
             return "no log"
         errors = [line for line in text if _is_error_line(line)]
+        text = [line for line in text if not _STACK_FRAME.match(line)] or text
         line = errors[0] if errors else (text[-1] if text else "empty log")
         return " ".join(line.split())[:1000]
 
@@ -335,6 +387,9 @@ class CpuTritonServer:
         log shows, for LEAK_TICKS drain ticks in a row, only ensembles in flight and none of the
         models they are made of, nothing is left to drain and the server is ended now.
         """
+        if self.front is not None:  # first, so no request reaches a server that is draining
+            self.front.stop()
+            self.front = None
         process, self.process = self.process, None
         code = None
         if process is not None:
@@ -390,6 +445,9 @@ class CpuTritonServer:
         self.stop()
 
 
+_FATAL_SIGNAL = re.compile(r"^Signal \((\d+)\) received\.$", re.MULTILINE)  # Triton's fatal-signal handler
+_SIGNAL_NAMES = {int(signal.SIGSEGV): "SIGSEGV", int(signal.SIGABRT): "SIGABRT", int(signal.SIGBUS): "SIGBUS"}
+_STACK_FRAME = re.compile(r"^\s*\d+# ")  # a line of the stack trace that follows it
 LEAK_TICKS = 3  # consecutive one-second drain ticks with only ensembles in flight
 _DRAIN_TICK = re.compile(r'"Timeout \d+: Found \d+ model versions that have in-flight inferences"')
 _IN_FLIGHT = re.compile(r'"Model \'([^\']+)\' \(version \d+\) has \d+ in-flight inferences"')

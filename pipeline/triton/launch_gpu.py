@@ -64,8 +64,13 @@ def gpu_launch_argv(
     for rank in range(world_size):
         if rank:
             argv.append(":")
-        # HTTP only with serving.http: a ~4 MB HTTP body can crash tritonserver (server#5840).
-        http = [f"--http-port={serving.http_port}"] if serving.http else ["--allow-http=false"]
+        # HTTP only with serving.http, and then with its body limit: Triton 2.68 (the 26.04 container) has
+        # --http-max-input-size (since 2.59, triton-inference-server/server#8174); 2.51 has none (server#5840).
+        http = (
+            [f"--http-port={serving.http_port}", f"--http-max-input-size={serving.http_max_request_bytes}"]
+            if serving.http
+            else ["--allow-http=false"]
+        )
         argv += [
             "-n",
             "1",

@@ -67,6 +67,16 @@ def test_http_is_off_unless_the_spec_turns_it_on(plan_text):  # triton-inference
         assert not [arg for arg in command if arg.startswith(("--http-port", "--http-address"))]
 
 
+def test_http_bodies_are_bounded_by_tritons_own_limit(plan_text):
+    """The 26.04 container's Triton 2.68 has --http-max-input-size (server#8174, since 2.59)."""
+    default, bounded = (
+        plan_text(PRESET_8B + f"serving: {{http: true{extra}}}\n")[0]
+        for extra in ("", ", http_max_request_bytes: 65536")
+    )
+    assert "--http-max-input-size=1048576" in ranks(gpu_launch_argv(default, REPO, world_size=1))[0]
+    assert "--http-max-input-size=65536" in ranks(gpu_launch_argv(bounded, REPO, world_size=1))[0]
+
+
 def test_world_size_must_be_tp_times_pp(plan_text):
     variant = plan_text(PRESET_8B + "parallel: {tp: 2, pp: 2}\n")[0]
     with pytest.raises(InputError, match=r"world_size 2 does not match the engine's tp\*pp = 2\*2 = 4"):
