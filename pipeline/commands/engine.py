@@ -35,7 +35,7 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     repository = (
         _spec_repository(plan, states, args, console, hashes if args.hash_inputs else None) if code == 0 else None
     )
-    manifest = write_manifest(plan, roots.engines, states, hashes, repository)
+    manifest = write_manifest(plan, roots.engines, states, hashes, repository, cache=roots.cache)
     console.print(f"manifest: {manifest}", highlight=False, markup=False)
     if code == 0:
         _write_deploy(plan, roots.engines, console)
