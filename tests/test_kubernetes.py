@@ -130,8 +130,9 @@ def test_container_args_are_the_serve_command_build_dry_run_prints(cli, tmp_path
     assert printed == [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in deployments]
 
 
-def test_whole_spec_repository_runs_in_one_pod_with_the_deploy_section(write_spec, tmp_path):
-    plan = plan_of(write_spec(DUO), tmp_path)
+def test_whole_spec_repository_runs_in_one_pod_with_the_deploy_section(cli, write_spec, tmp_path):
+    spec = write_spec(DUO)
+    plan = plan_of(spec, tmp_path)
     files = written(plan, tmp_path, whole_spec=True)
     check_valid(files)
     (deployment,) = files["deployment.yaml"]
@@ -152,6 +153,9 @@ def test_whole_spec_repository_runs_in_one_pod_with_the_deploy_section(write_spe
     first = in_pod(plan.variants[0])
     assert container["args"] == gpu_spec_launch_argv(plan, first, Path("/mnt/release/triton_repo/duo"))
     assert container["args"][:3] == ["env", "TRTLLM_ORCHESTRATOR=1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1"]
+    rc, out, _ = cli("build", str(spec), "--dry-run")
+    lines = out.splitlines()
+    assert rc == 0 and shlex.split(lines[lines.index("# serve the whole spec in Kubernetes") + 1]) == container["args"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2  # the placement puts a variant per GPU
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "fleet-models"
     assert files["kustomization.yaml"][0]["namespace"] == "llm"

@@ -41,6 +41,8 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         for variant in variants:
             _print_commands(variant, console)
+        if not wanted:
+            _print_spec_command(plan, console)
         return 0
     return max((_build(variant, args.force, console) for variant in variants), default=0)
 
@@ -61,6 +63,20 @@ def _print_commands(variant, console: Console) -> None:
         lines += [f"# serve in Kubernetes (deploy.mount_path {mount})", display(launch_argv(variant))]
     for line in lines:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_spec_command(plan, console: Console) -> None:
+    """The whole-spec repository's container argv, when the manifests run it (pipeline/kubernetes.py)."""
+    from pipeline.kubernetes import served, spec_launch_argv
+    from pipeline.triton.spec_repository import sharing_problem
+    from pipeline.trtllm.build_command import display
+
+    whole = plan.repository is not None and sharing_problem(plan) is None
+    servers = served(plan, whole)[0] if whole else []
+    if [server.repository for server in servers] == [plan.repository.output.name]:
+        console.print(f"{plan.spec_name}: every variant from one server", markup=False)
+        console.print("# serve the whole spec in Kubernetes", highlight=False, markup=False)
+        console.print(display(spec_launch_argv(plan)), highlight=False, markup=False, soft_wrap=True)
 
 
 def _build(variant, force: bool, console: Console) -> int:
