@@ -27,13 +27,14 @@ from pipeline.triton import pbtxt
 ENGINE_CONFIG = "config.json"  # every engine folder has one (trtllm-build's and the reference build's)
 
 
-def engine_paths(repo: Path) -> dict[Path, str]:
-    """{config.pbtxt of each tensorrt_llm model: its gpt_model_path}."""
+def engine_paths(repo: Path) -> dict[Path, tuple[str, str | None]]:
+    """{config.pbtxt of each tensorrt_llm model: (its gpt_model_path, its reference_engine_path)}."""
     found = {}
     for path in sorted(Path(repo).glob("*/config.pbtxt")):
         config = pbtxt.load(path)
         if config.backend == "tensorrtllm":
-            found[path] = pbtxt.parameters(config).get("gpt_model_path", "")
+            params = pbtxt.parameters(config)
+            found[path] = (params.get("gpt_model_path", ""), params.get("reference_engine_path"))
     return found
 
 
@@ -46,14 +47,20 @@ def local_engine(gpt_model_path: str, engines_dir: Path) -> Path:
 def served_repository(repo: Path, engines_dir: Path, scratch: Path) -> Path:
     """``repo`` when every engine it names is on this host, else a copy under ``scratch`` whose
     engine paths name ``engines_dir``; InputError (exit 2) naming the model when an engine is in
-    neither place."""
+    no place it could be.
+
+    Per tensorrt_llm model, in this order: its ``gpt_model_path`` (the deployment's mount is here),
+    ``engines_dir`` (rewritten into the copy), and for a reference target the engine where the
+    package stage left it relative to the model's folder (the CPU backend looks there itself)."""
     repo = Path(repo)
     moved: dict[Path, Path] = {}
-    for config_path, deployed in engine_paths(repo).items():
+    for config_path, (deployed, packaged) in engine_paths(repo).items():
         if deployed and (Path(deployed) / ENGINE_CONFIG).is_file():
             continue
         local = local_engine(deployed, engines_dir)
         if not (local / ENGINE_CONFIG).is_file():
+            if packaged and (config_path.parent / packaged / ENGINE_CONFIG).is_file():
+                continue
             raise InputError(
                 f"{config_path}: gpt_model_path {deployed} holds no engine on this host, and neither does "
                 f"{local}; give --engines-dir the folder that holds <variant>/engine for this repository"

@@ -79,3 +79,10 @@ def test_reference_backend_finds_an_engine_moved_together_with_its_repository(tm
     as_json = {"parameters": {k: {"string_value": v} for k, v in pbtxt.parameters(config).items()}}
     params = parse_parameters(as_json, model)
     assert params.engine_dir.resolve() == (moved / "engines" / "tiny" / "engine").resolve()
+
+
+def test_a_reference_repository_moved_with_its_engines_needs_no_copy(tmp_path):
+    repo, _ = packaged(tmp_path / "build", TINY_SPEC)
+    shutil.move(tmp_path / "build", tmp_path / "volume")
+    repo = tmp_path / "volume" / "triton_repo" / repo.name
+    assert served_repository(repo, tmp_path / "nowhere", tmp_path / "scratch") == repo
