@@ -1,5 +1,6 @@
 """End to end on CPU: a tiny random Llama through the pipeline's stages (convert, build, package), served
-by a real tritonserver with the REAL reference backend (pipeline/runtime/triton/backend.py).
+by a real tritonserver with the REAL reference backend (pipeline/runtime/triton/backend.py), after both
+output roots moved to another folder (the repository `specdeploy serve --engines-dir` serves).
 
 Greedy decoding is deterministic, so streaming, non-streaming and eight concurrent requests
 (batched in flight by the backend) must all give each prompt the same text.
