@@ -220,6 +220,12 @@ def _spec_repository_problems(spec: Spec, roots: OutputRoots) -> list[str]:
     errors = []
     for variant in spec.variants:
         problems = _Problems(spec, variant.name)
+        if variant.deploy != spec.variants[0].deploy:  # one Deployment serves the whole-spec repository
+            problems.error(
+                ("deploy",),
+                f"differs from variant {spec.variants[0].name}'s; a spec deploys to one namespace and volume "
+                "claim: set deploy: once, at the top of the spec",
+            )
         if variant.name == spec.name:
             problems.error(
                 ("name",),

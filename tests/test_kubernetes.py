@@ -171,9 +171,13 @@ def test_deploy_section_is_checked_where_it_is_written(write_spec, tmp_path):
 
 
 def test_variants_must_share_one_deploy_section(write_spec, tmp_path):
-    plan = plan_of(write_spec(DUO.replace("  - name: chat.b", "  - name: chat.b\n    deploy: {replicas: 1}")), tmp_path)
-    with pytest.raises(InputError, match="deploy: sections differ"):
-        write_deploy(plan, tmp_path / "engines", whole_spec=True)
+    spec = write_spec(DUO.replace("  - name: chat.b", "  - name: chat.b\n    deploy: {replicas: 1}"))
+    with pytest.raises(InputError) as error:  # at plan time, before anything is built
+        plan_of(spec, tmp_path)
+    assert str(error.value) == (
+        f"{spec}:10:5 variants[1].deploy: differs from variant chat_a's; a spec deploys to one namespace and "
+        "volume claim: set deploy: once, at the top of the spec [variant chat.b]"
+    )
 
 
 def test_reference_variants_get_no_deployment(tmp_path):
