@@ -103,8 +103,11 @@ def spec_launch_argv(plan: Plan) -> list[str]:
 def served(plan: Plan, whole_spec: bool) -> tuple[list[Served], list[str]]:
     """What the manifests run (``whole_spec``: the whole-spec repository was written), and notes on
     what they leave out."""
-    notes = [f"{v.name}: target reference (the CPU reference backend) has no GPU deployment" for v in plan.variants]
-    notes = [note for note, v in zip(notes, plan.variants, strict=True) if v.target == "reference"]
+    notes = [
+        f"{v.name}: target reference (the CPU reference backend) has no GPU deployment"
+        for v in plan.variants
+        if v.target == "reference"
+    ]
     gpu_variants = [v for v in plan.variants if v.target == "tensorrt"]
     if whole_spec and plan.repository is not None and len(gpu_variants) == len(plan.variants):
         placement = place_fleet(plan)
