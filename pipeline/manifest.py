@@ -28,7 +28,7 @@ from pipeline.plan import Plan, VariantPlan
 
 MANIFEST_NAME = "manifest.json"
 DONE_STATES = ("ran", "skipped", "gate failed")  # a stage whose output is complete ("gate failed": evaluate)
-FORMAT = 1
+FORMAT = 2  # 2: paths relative to named roots; 1: absolute or cwd-relative paths
 # Distribution names of the tools a release depends on (the first installed name wins).
 TOOLS = {
     "tensorrt_llm": ("tensorrt_llm", "tensorrt-llm"),
@@ -84,25 +84,54 @@ def tool_versions() -> dict[str, str | None]:
 
 
 def _files(path: Path, hashes: HashCache) -> dict[str, str]:
-    """{absolute file path: sha256} of a file or every content file of a folder."""
+    """{file path relative to ``path``: sha256} of every content file of a folder ({its name: sha256}
+    for a file)."""
     path = Path(path)
     if path.is_file():
-        return {str(path): hashes.sha256(path)}
+        return {path.name: hashes.sha256(path)}
     if path.is_dir():
-        return {str(file): hashes.sha256(file) for file in content_files(path)}
+        return {file.relative_to(path).as_posix(): hashes.sha256(file) for file in content_files(path)}
     return {}
 
 
-def variant_entry(variant: VariantPlan, states: dict[str, str], hashes: HashCache) -> dict[str, Any]:
+def _located(path: Path, roots: dict[str, Path]) -> dict[str, str | None]:
+    """``path`` as {"root": the first of ``roots`` that holds it, "path": relative to it}; a path
+    under none of them (an absolute model path the spec names) stays absolute, with root null."""
+    resolved = Path(os.path.abspath(path))
+    for name, root in roots.items():
+        if resolved == root or root in resolved.parents:
+            return {"root": name, "path": resolved.relative_to(root).as_posix() or "."}
+    return {"root": None, "path": str(resolved)}
+
+
+def manifest_roots(plan: Plan, engines_root: Path, cache: Path | None = None) -> dict[str, Path]:
+    """The folders the manifest's paths are relative to, as they are on this host: the outputs'
+    (engines, triton_repo: each variant's package stage writes there), the cache (the embedded
+    model), the spec's folder (model paths are relative to it) and the installed specdeploy (the
+    Triton model sources)."""
+    roots = {
+        "engines": Path(engines_root),
+        "triton_repo": plan.variants[0].stage("package").output.parent if plan.variants else None,
+        "cache": cache,
+        "spec": Path(plan.spec_file).parent,
+        "specdeploy": Path(pipeline.__file__).parent,
+    }
+    return {name: Path(os.path.abspath(root)) for name, root in roots.items() if root is not None}
+
+
+def variant_entry(
+    variant: VariantPlan, states: dict[str, str], hashes: HashCache, roots: dict[str, Path] | None = None
+) -> dict[str, Any]:
+    roots = roots or {}
     produced = {stage.output for stage in variant.stages}
     inputs: dict[str, dict[str, Any]] = {}
     for stage in variant.stages:
         for name, path in stage.inputs.items():
             if path not in produced and name not in inputs:
-                inputs[name] = {"path": str(path), "files": _files(path, hashes)}
+                inputs[name] = _located(path, roots) | {"files": _files(path, hashes)}
     outputs = {
-        stage.name: {
-            "path": str(stage.output),
+        stage.name: _located(stage.output, roots)
+        | {
             "state": states.get(stage.name, "not run"),
             "files": _files(stage.output, hashes) if states.get(stage.name) in DONE_STATES else {},
         }
@@ -135,34 +164,41 @@ def write_manifest(
     states: dict[str, dict[str, str]],
     hashes: HashCache,
     repository: Path | None = None,
+    cache: Path | None = None,
 ) -> Path:
     """Write (atomically) the manifest of the variants in ``states`` ({variant: {stage: state}});
     variants of an earlier run that this one did not touch are kept. ``repository``: the whole-spec
-    Triton repository when this run wrote it (or found it up to date)."""
+    Triton repository when this run wrote it (or found it up to date); ``cache``: the cache folder
+    (embedded models are prepared there).
+
+    Every path is relative to a named root (:func:`manifest_roots`): outputs to ``engines`` or
+    ``triton_repo``, each listed file to its output or input folder, so the release can move."""
     path = manifest_path(plan, engines_root)
-    entries = {v.name: variant_entry(v, states[v.name], hashes) for v in plan.variants if v.name in states}
+    roots = manifest_roots(plan, engines_root, cache)
+    entries = {v.name: variant_entry(v, states[v.name], hashes, roots) for v in plan.variants if v.name in states}
     locked = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Two runs of one spec (say --variant a and --variant b) each keep the other's entries.
         with exclusive_lock(path.parent / f".{path.name}.lock", timeout=600, what=str(path), on_wait=lambda _: None):
             locked = True
-            previous, body = _next_manifest(path, plan, entries, hashes, repository)
+            previous, body = _next_manifest(path, plan, entries, hashes, repository, roots)
             _write(path, body)
     except OSError as exc:
         # Not writable here (a read-only artifact): fine when the manifest already says all this.
         if not locked and exc.errno in UNWRITABLE:
-            previous, body = _next_manifest(path, plan, entries, hashes, repository)
-            if _without_time(previous) == _without_time(body):
+            previous, body = _next_manifest(path, plan, entries, hashes, repository, roots)
+            if _content(previous) == _content(body):
                 return path
         raise host_error(exc, f"writing the release manifest {path}") from None
     return path
 
 
-def _without_time(body: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as JSON reads it back, less when it was written and whether a complete stage ran
-    then or was found up to date (what its outputs are is all that counts)."""
-    content = {key: value for key, value in json.loads(json.dumps(body)).items() if key != "written"}
+def _content(body: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as JSON reads it back, less when and where it was written (the roots' absolute
+    places) and whether a complete stage ran then or was found up to date: what its outputs are is
+    all that counts."""
+    content = {key: value for key, value in json.loads(json.dumps(body)).items() if key not in ("written", "roots")}
     for variant in content.get("variants", {}).values():
         for output in variant.get("outputs", {}).values():
             if output.get("state") in ("ran", "skipped"):
@@ -171,7 +207,12 @@ def _without_time(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _next_manifest(
-    path: Path, plan: Plan, entries: dict[str, Any], hashes: HashCache, repository: Path | None
+    path: Path,
+    plan: Plan,
+    entries: dict[str, Any],
+    hashes: HashCache,
+    repository: Path | None,
+    roots: dict[str, Path],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the manifest on disk, {} when none or unreadable; the one this run writes)."""
     try:
@@ -180,11 +221,11 @@ def _next_manifest(
         previous = {}
     variants = dict(previous.get("variants", {})) if previous.get("name") == plan.spec_name else {}
     spec_repository = (
-        {"path": str(repository), "files": _files(repository, hashes)}
+        _located(repository, roots) | {"files": _files(repository, hashes)}
         if repository is not None
         else previous.get("repository")
     )
-    return previous, _body(plan, variants | entries, hashes, spec_repository)
+    return previous, _body(plan, variants | entries, hashes, spec_repository, roots)
 
 
 def _write(path: Path, body: dict[str, Any]) -> None:
@@ -193,10 +234,18 @@ def _write(path: Path, body: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _body(plan: Plan, variants: dict[str, Any], hashes: HashCache, repository: dict[str, Any] | None) -> dict[str, Any]:
+def _body(
+    plan: Plan,
+    variants: dict[str, Any],
+    hashes: HashCache,
+    repository: dict[str, Any] | None,
+    roots: dict[str, Path],
+) -> dict[str, Any]:
     return {
         "format": FORMAT,
-        "spec": str(plan.spec_file),
+        # Where the roots were on the host that wrote this, for the record; verify does not need them.
+        "roots": {name: str(root) for name, root in roots.items()},
+        "spec": _located(Path(plan.spec_file), roots),
         "name": plan.spec_name,
         "spec_sha256": hashes.sha256(plan.spec_file) if Path(plan.spec_file).is_file() else None,
         "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -220,24 +269,46 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def verify(path: Path, hashes: HashCache | None = None) -> tuple[int, list[str]]:
+def verify(path: Path, hashes: HashCache | None = None, triton_repo: Path | None = None) -> tuple[int, list[str]]:
     """Re-hash every output file the manifest lists: (files checked, problems); the problems
-    name each changed or missing file. Reads the files (no cache) unless ``hashes`` is given."""
+    name each changed or missing file. Reads the files (no cache) unless ``hashes`` is given.
+
+    The engines root is the folder the manifest is in (``<engines>/<spec>/manifest.json``), the
+    Triton repository root ``triton_repo`` (default: where the manifest's writer had it), so a
+    release verifies wherever it was moved. Manifests of format 1 list absolute paths."""
+    path = Path(path)
     data = _read(path)
     hashes = hashes or HashCache(None)
+    recorded = data.get("roots") or {}
+    roots = {
+        "engines": path.parent.parent,
+        "triton_repo": Path(triton_repo) if triton_repo is not None else Path(recorded.get("triton_repo", ".")),
+    }
     checked, problems = 0, []
     listed = [
-        (f"{name} {stage}", output.get("files") or {})
+        (f"{name} {stage}", output)
         for name, variant in sorted(data["variants"].items())
         for stage, output in sorted((variant.get("outputs") or {}).items())
     ]
     if data.get("repository"):
-        listed.append((f"{data.get('name')} repository", data["repository"].get("files") or {}))
-    for what, files in listed:
-        for file, expected in sorted(files.items()):
+        listed.append((f"{data.get('name')} repository", data["repository"]))
+    for what, output in listed:
+        folder = _folder(output, roots)
+        for name, expected in sorted((output.get("files") or {}).items()):
             checked += 1
-            if not os.path.isfile(file):
+            file = folder / name if folder is not None else Path(name)
+            if not file.is_file():
                 problems.append(f"{file}: missing ({what})")
-            elif hashes.sha256(Path(file)) != expected:
+            elif hashes.sha256(file) != expected:
                 problems.append(f"{file}: changed ({what}; sha256 differs from the manifest)")
     return checked, problems
+
+
+def _folder(entry: dict[str, Any], roots: dict[str, Path]) -> Path | None:
+    """The folder an output entry's files are relative to; None for format 1 (absolute file paths)."""
+    if "root" not in entry:
+        return None
+    root = entry["root"]
+    if root not in roots:
+        return Path(entry["path"])
+    return roots[root] / entry["path"]

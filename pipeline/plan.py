@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from pipeline import adapters, gpus, head_training, presets, resources, trees
+from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.memory import MemoryEstimate, estimate_memory
@@ -108,6 +109,7 @@ class VariantPlan:
     # ``speculative`` and ``build`` are then the measured choice's (pipeline/evaluation/apply.py).
     rehearsal: SpeculativeConfig | None = None
     rehearsal_build: BuildConfig | None = None
+    deploy: DeploySpec = DeploySpec()  # the Kubernetes manifests; mount_path roots every packaged engine path
 
     @property
     def world_size(self) -> int:
@@ -137,6 +139,7 @@ class VariantPlan:
             if config is not None and config.tree is not None:
                 data["speculative"][method]["tree"] = trees.to_triton_choices(config.tree)
         data["serving"] = self.serving.model_dump()
+        data["deploy"] = self.deploy.model_dump()
         return data
 
 
@@ -218,6 +221,12 @@ def _spec_repository_problems(spec: Spec, roots: OutputRoots) -> list[str]:
     errors = []
     for variant in spec.variants:
         problems = _Problems(spec, variant.name)
+        if variant.deploy != spec.variants[0].deploy:  # one Deployment serves the whole-spec repository
+            problems.error(
+                ("deploy",),
+                f"differs from variant {spec.variants[0].name}'s; a spec deploys to one namespace and volume "
+                "claim: set deploy: once, at the top of the spec",
+            )
         name = variant.name.casefold()  # folders that differ only by case are one on macOS and Windows
         if name == spec.name.casefold():
             problems.error(
@@ -339,6 +348,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         serve_resources=serve_resources,
         rehearsal=rehearsal,
         rehearsal_build=rehearsal_build,
+        deploy=variant.deploy,
     )
 
 
@@ -691,6 +701,8 @@ def _stages(
             {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS},
             {
                 "serving": variant.serving.model_dump(),
+                # The engines' path in the deployment (gpt_model_path); the rest of deploy: is not packaged.
+                "engines_root": str(variant.deploy.engines_root),
                 "target": variant.target,
                 "speculative": _jsonable(dataclasses.asdict(speculative)),
                 "build": _jsonable(dataclasses.asdict(build)),

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline import gpus, presets, trees
+from pipeline.deploy_spec import DeploySpec
 from pipeline.embedded import EMBEDDED_MODELS
 from pipeline.errors import InputError
 from pipeline.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
@@ -385,6 +386,8 @@ class VariantSpec(_Strict):
     """The evaluate stage: every candidate method measured before the build; unset: no evaluation."""
     release: ReleaseSpec | None = None
     """Gates the evaluated choice must pass to ship; unset: no gates."""
+    deploy: DeploySpec = DeploySpec()
+    """The Kubernetes manifests (namespace, volume claim, image, replicas) written beside the release."""
 
     @field_validator("name")
     @classmethod

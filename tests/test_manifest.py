@@ -44,11 +44,17 @@ def test_engine_writes_the_manifest_and_verify_names_changed_and_missing_files(c
     assert variant["method"] == "lookahead" and variant["method_reason"].startswith("auto: no heads")
     assert variant["plan"]["tp"] == 2 and variant["plan"]["build"]["max_seq_len"] == 128
     weights = model / "model.safetensors"
-    assert variant["inputs"]["model"]["files"][str(weights)] == sha(weights)
-    assert str(model / "tokenizer.json") in variant["inputs"]["tokenizer"]["files"]
+    # Paths relative to named roots: the model to the spec's folder, outputs to the engines root.
+    assert variant["inputs"]["model"]["root"] == "spec" and variant["inputs"]["model"]["path"] == "model"
+    assert variant["inputs"]["model"]["files"]["model.safetensors"] == sha(weights)
+    assert "tokenizer.json" in variant["inputs"]["tokenizer"]["files"]
+    assert variant["inputs"]["models"]["root"] == "specdeploy"  # the Triton model sources
     engine = tmp_path / "engines" / "tiny" / "engine"
-    assert variant["outputs"]["build"]["state"] == "ran"
-    assert variant["outputs"]["build"]["files"][str(engine / "rank1.safetensors")] == sha(engine / "rank1.safetensors")
+    build = variant["outputs"]["build"]
+    assert (build["root"], build["path"], build["state"]) == ("engines", "tiny/engine", "ran")
+    assert build["files"]["rank1.safetensors"] == sha(engine / "rank1.safetensors")
+    assert variant["outputs"]["package"]["root"] == "triton_repo"
+    assert data["spec"] == {"root": "spec", "path": "tiny.yaml"}
     assert all(".specdeploy" not in name for stage in variant["outputs"].values() for name in stage["files"])
 
     rc, out, err = cli("verify", str(manifest))
@@ -121,7 +127,8 @@ def test_runs_of_some_variants_keep_the_others_entries(write_spec, tmp_path):
     write_manifest(plan, tmp_path / "engines", {"b": {}}, HashCache(None))
     variants = json.loads(path.read_text())["variants"]
     assert variants["a"]["outputs"]["convert"] == {
-        "path": str(tmp_path / "engines" / "a" / "checkpoint"),
+        "root": "engines",
+        "path": "a/checkpoint",
         "state": "unavailable",
         "files": {},
     }
@@ -138,9 +145,33 @@ def test_the_spec_repository_is_in_the_manifest_and_verified(cli, tiny_spec, tmp
     assert rc == 0, err
     data = json.loads((tmp_path / "engines" / "tiny" / "manifest.json").read_text())
     repo = tmp_path / "triton_repo" / "tiny"
-    assert data["repository"]["path"] == str(repo)
+    assert (data["repository"]["root"], data["repository"]["path"]) == ("triton_repo", "tiny")
     ensemble = repo / "b" / "config.pbtxt"
-    assert data["repository"]["files"][str(ensemble)] == sha(ensemble)
+    assert data["repository"]["files"]["b/config.pbtxt"] == sha(ensemble)
     ensemble.write_text(ensemble.read_text() + "\n# edited\n")
     rc, _, err = cli("verify", str(tmp_path / "engines" / "tiny" / "manifest.json"))
     assert rc == 1 and err.strip() == f"error: {ensemble}: changed (tiny repository; sha256 differs from the manifest)"
+
+
+def test_a_moved_release_verifies_where_it_is(cli, tiny_spec, tmp_path):
+    """Built here, then the engines and Triton repository roots move (another volume, another host):
+    verify finds the outputs from the manifest's folder and --triton-repo, and nothing else is needed."""
+    spec, _ = tiny_spec
+    assert cli("engine", str(spec))[0] == 0
+    moved = tmp_path / "volume"
+    moved.mkdir()
+    for root in ("engines", "triton_repo"):
+        os.rename(tmp_path / root, moved / root)
+    manifest = moved / "engines" / "tiny" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    located = [data["spec"], data["repository"]] if data["repository"] else [data["spec"]]
+    for variant in data["variants"].values():
+        located += list(variant["inputs"].values()) + list(variant["outputs"].values())
+    assert all(not str(entry["path"]).startswith("/") for entry in located), located
+    assert all(not name.startswith("/") for entry in located for name in entry.get("files") or {})
+    from pipeline.cli import main  # not the cli fixture: its --triton-repo is the old place
+
+    rc = main(["--triton-repo", str(moved / "triton_repo"), "verify", str(manifest)])
+    assert rc == 0
+    (moved / "engines" / "tiny" / "engine" / "config.json").unlink()
+    assert main(["--triton-repo", str(moved / "triton_repo"), "verify", str(manifest)]) == 1

@@ -1,8 +1,9 @@
 """`specdeploy build SPEC [--variant V] [--dry-run]`: the build stage alone.
 
 ``--dry-run`` prints, per variant, the exact trtllm-build argv and the GPU serving
-command, and runs nothing. Without it, only the build stage runs (through the stage
-runner: atomic output, fingerprints, locks); the checkpoint must already exist.
+command (here, and in the Kubernetes deployment's container), and runs nothing. Without it, only
+the build stage runs (through the stage runner: atomic output, fingerprints, locks); the
+checkpoint must already exist.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         for variant in variants:
             _print_commands(variant, console)
+        if not wanted:
+            _print_spec_command(plan, console)
         return 0
     return max((_build(variant, args.force, console) for variant in variants), default=0)
 
 
 def _print_commands(variant, console: Console) -> None:
+    from pipeline.kubernetes import launch_argv
     from pipeline.triton.launch_gpu import gpu_launch_argv
     from pipeline.trtllm.build_command import display, trtllm_build_argv
 
@@ -53,8 +57,26 @@ def _print_commands(variant, console: Console) -> None:
     serve_argv = gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size)
     where = "" if variant.target == "tensorrt" else " (target reference: on a GPU host this is the build)"
     console.print(f"{variant.name}: {variant.method}, tp={variant.tp} pp={variant.pp}{where}", markup=False)
-    for line in (f"# build (in {engine})", display(build_argv), "# serve", display(serve_argv)):
+    lines = [f"# build (in {engine})", display(build_argv), "# serve", display(serve_argv)]
+    if variant.target == "tensorrt":  # the container's argv in engines/<spec>/deploy/deployment.yaml
+        mount = variant.deploy.mount_path
+        lines += [f"# serve in Kubernetes (deploy.mount_path {mount})", display(launch_argv(variant))]
+    for line in lines:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_spec_command(plan, console: Console) -> None:
+    """The whole-spec repository's container argv, when the manifests run it (pipeline/kubernetes.py)."""
+    from pipeline.kubernetes import served, spec_launch_argv
+    from pipeline.triton.spec_repository import sharing_problem
+    from pipeline.trtllm.build_command import display
+
+    whole = plan.repository is not None and sharing_problem(plan) is None
+    servers = served(plan, whole)[0] if whole else []
+    if [server.repository for server in servers] == [plan.repository.output.name]:
+        console.print(f"{plan.spec_name}: every variant from one server", markup=False)
+        console.print("# serve the whole spec in Kubernetes", highlight=False, markup=False)
+        console.print(display(spec_launch_argv(plan)), highlight=False, markup=False, soft_wrap=True)
 
 
 def _build(variant, force: bool, console: Console) -> int:

@@ -1,5 +1,6 @@
 """`specdeploy engine [SPEC] [--variant V] [--force] [--ray [ADDRESS]] [--hash-inputs]`: run the stages
-quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json).
+quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json) and,
+when every variant is done, the Kubernetes manifests (engines/<spec>/deploy/, :mod:`pipeline.kubernetes`).
 
 Without ``--ray`` the variants run one after another here. Exit 0 when every variant is done;
 otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
@@ -34,9 +35,24 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     repository = (
         _spec_repository(plan, states, args, console, hashes if args.hash_inputs else None) if code == 0 else None
     )
-    manifest = write_manifest(plan, roots.engines, states, hashes, repository)
+    manifest = write_manifest(plan, roots.engines, states, hashes, repository, cache=roots.cache)
     console.print(f"manifest: {manifest}", highlight=False, markup=False)
+    if code == 0:
+        _write_deploy(plan, roots.engines, console)
     return code
+
+
+def _write_deploy(plan, engines_root: Path, console: Console) -> None:
+    """engines/<spec>/deploy/: the Kubernetes manifests of what the plan serves (pipeline/kubernetes.py)."""
+    from pipeline.kubernetes import write_deploy
+    from pipeline.triton.spec_repository import sharing_problem
+
+    whole_spec = plan.repository is not None and sharing_problem(plan) is None
+    folder, notes = write_deploy(plan, engines_root, whole_spec)
+    for note in notes:
+        console.print(f"deploy: {note}", highlight=False, markup=False)
+    if folder is not None:
+        console.print(f"deploy: {folder} (kubectl apply -k {folder})", highlight=False, markup=False)
 
 
 def say_choices(plan, console: Console) -> None:

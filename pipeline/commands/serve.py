@@ -55,7 +55,8 @@ def with_overrides(variant: VariantPlan, args: argparse.Namespace) -> VariantPla
 
 
 def package_dir(default: Path, what: str, rebuild: str, args: argparse.Namespace, console: Console) -> Path:
-    """The repository to serve (``--repo`` or ``default``), validated; ``rebuild`` is the engine command."""
+    """The repository to serve (``--repo`` or ``default``), validated, with its engines found on this
+    host under ``--engines-dir`` (:mod:`pipeline.triton.relocate`); ``rebuild`` is the engine command."""
     from pipeline.triton.repository import stale_models, validate_repository
 
     repo = Path(args.repo) if getattr(args, "repo", None) else default
@@ -69,7 +70,17 @@ def package_dir(default: Path, what: str, rebuild: str, args: argparse.Namespace
             f"re-package with `{rebuild} --force`",
             highlight=False,
         )
-    return repo
+    from pipeline.triton.relocate import served_repository
+
+    served = served_repository(repo, Path(args.engines_dir), Path(args.cache_dir) / "serving")
+    if served != repo:
+        console.print(
+            f"{repo}: its engines are not where it names them (deploy.mount_path); serving {served}, "
+            f"a copy naming the engines under {args.engines_dir}",
+            highlight=False,
+            markup=False,
+        )
+    return served
 
 
 def variant_package_dir(variant: VariantPlan, args: argparse.Namespace, console: Console) -> Path:

@@ -1,7 +1,8 @@
 """`specdeploy verify MANIFEST`: re-hash every output a release manifest lists.
 
 Exit 0 when every file is there with its recorded sha256; else 1, one line per changed or
-missing file (CI-friendly: nothing else on stderr).
+missing file (CI-friendly: nothing else on stderr). Outputs are found relative to the manifest's
+own folder (the engines root) and ``--triton-repo``, so a moved release verifies where it is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Console
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from pipeline.manifest import verify
 
-    checked, problems = verify(Path(args.manifest))
+    checked, problems = verify(Path(args.manifest), triton_repo=Path(args.triton_repo))
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:

@@ -9,7 +9,8 @@ So every key we emit must be in :data:`TENSORRT_LLM_PARAMETER_KEYS`, the keys th
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from pathlib import Path, PurePosixPath
 
 from pipeline import trees
 from pipeline.errors import StageError
@@ -79,14 +80,35 @@ def gpu_device_ids(variant: VariantPlan) -> list[int]:
     return list(ids) if ids is not None else list(range(variant.world_size))
 
 
-def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str, str]:
+def deployed_engine_path(variant: VariantPlan, engine_dir: Path) -> PurePosixPath:
+    """``gpt_model_path``: the engine where the deployment mounts the engines root (deploy.mount_path).
+
+    The engines root holds ``<variant>/engine`` (the plan's layout), so the path keeps the engine
+    folder's last two parts: ``/models/engines/base/engine`` for ``engines/base/engine``. Absolute:
+    the C++ backend reads it as given (a relative one resolves against the server's working
+    directory); ``specdeploy serve`` elsewhere rewrites it against ``--engines-dir``
+    (:mod:`pipeline.triton.relocate`).
+    """
+    engine_dir = Path(engine_dir)
+    return variant.deploy.engines_root / engine_dir.parent.name / engine_dir.name
+
+
+def packaged_engine_path(engine_dir: Path, repository: Path) -> str:
+    """``reference_engine_path``: the engine relative to a model folder of ``repository`` (all sit one
+    level down), where the CPU reference backend looks when ``gpt_model_path`` holds no engine. It
+    holds wherever the engines and Triton repository roots move together."""
+    model_folder = Path(repository).resolve() / "model"
+    return os.path.relpath(Path(engine_dir).resolve(), model_folder)
+
+
+def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: Path) -> dict[str, str]:
+    """The tensorrt_llm model's parameters for ``engine_dir``, packaged into ``repository``."""
     spec = variant.speculative
     params = {
         "max_beam_width": str(variant.build.max_beam_width),
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "gpt_model_type": "inflight_fused_batching",
-        # Absolute: the C++ backend resolves it against the server's working directory.
-        "gpt_model_path": str(Path(engine_dir).resolve()),
+        "gpt_model_path": str(deployed_engine_path(variant, engine_dir)),
         "batch_scheduler_policy": variant.serving.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": repr(float(variant.serving.kv_cache_free_gpu_mem_fraction)),
         "enable_kv_cache_reuse": _bool(variant.serving.enable_kv_cache_reuse),
@@ -96,6 +118,8 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
         "gpu_device_ids": ",".join(str(i) for i in gpu_device_ids(variant)),
         "decoding_mode": METHODS[spec.method].triton_decoding_mode,
     }
+    if variant.target == "reference":  # the GPU backend has no use for it
+        params["reference_engine_path"] = packaged_engine_path(engine_dir, repository)
     if spec.medusa is not None:
         params["medusa_choices"] = trees.to_triton_choices(spec.medusa.tree)
     if spec.eagle is not None and spec.eagle.tree is not None:  # a dynamic tree has no choices to send
@@ -114,7 +138,12 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path) -> dict[str,
 
 # Parameters only the CPU reference backend reads; the C++ backend ignores keys it does not know.
 REFERENCE_PARAMETER_KEYS = frozenset(
-    {"reference_eagle_use_dynamic_tree", "reference_eagle_dynamic_tree_max_top_k", "reference_num_threads"}
+    {
+        "reference_eagle_use_dynamic_tree",
+        "reference_eagle_dynamic_tree_max_top_k",
+        "reference_num_threads",
+        "reference_engine_path",
+    }
 )
 
 

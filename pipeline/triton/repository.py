@@ -13,7 +13,10 @@ The tokenizer is copied into each Python model's folder and referenced as ``toke
 relative to it: Triton treats every folder at the repository root as a model (a root-level
 ``tokenizer/`` fails the whole server), and a relative path survives moving the repository,
 including the runner's rename from its temp folder. The second copy is a hard link when the
-filesystem allows. Only the engine is referenced by absolute path; it is far too big to copy.
+filesystem allows. The engine is far too big to copy: ``gpt_model_path`` names it where the
+deployment mounts it (``deploy.mount_path``, what NVIDIA's backend reads) and ``reference_engine_path``
+relative to the model's folder (what the CPU reference backend falls back to); nothing names the
+build machine's absolute paths, so the repository can move (:mod:`pipeline.triton.relocate`).
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ TOKENIZER_FILES = (
 )
 
 
-def settings_from_plan(variant: VariantPlan, engine_dir: Path) -> RepositorySettings:
+def settings_from_plan(variant: VariantPlan, engine_dir: Path, repository: Path) -> RepositorySettings:
+    """The configs' settings for ``engine_dir``, packaged into ``repository``."""
     serving, build, look = variant.serving, variant.build, variant.speculative.lookahead
     if serving.model_name in (PREPROCESSING, TENSORRT_LLM, POSTPROCESSING, BLS):
         raise InputError(
@@ -87,7 +91,7 @@ def settings_from_plan(variant: VariantPlan, engine_dir: Path) -> RepositorySett
         max_queue_delay_microseconds=serving.max_queue_delay_microseconds,
         preprocessing_parameters=pre,
         postprocessing_parameters={"tokenizer_dir": TOKENIZER_SUBDIR, "skip_special_tokens": "true"},
-        tensorrt_llm_parameters=tensorrt_llm_parameters(variant, engine_dir),
+        tensorrt_llm_parameters=tensorrt_llm_parameters(variant, engine_dir, repository),
     )
 
 
@@ -179,7 +183,7 @@ def emit_repository(
     files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
     _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
     tokenizer = out / PREPROCESSING / TOKENIZER_SUBDIR
-    settings = with_chat_template(settings_from_plan(variant, engine_dir), tokenizer, source=tokenizer_dir)
+    settings = with_chat_template(settings_from_plan(variant, engine_dir, out), tokenizer, source=tokenizer_dir)
     configs = all_configs(settings)
     write_models(configs, settings.names, out)
     manifest = {
@@ -187,7 +191,9 @@ def emit_repository(
         "method": variant.method,
         "target": variant.target,
         "ensemble": settings.ensemble_name,
-        "engine_dir": str(Path(engine_dir).resolve()),
+        # Where the deployment has the engines (gpt_model_path is under it); see pipeline/triton/relocate.py.
+        "engines_root": str(variant.deploy.engines_root),
+        "engine_dir": settings.tensorrt_llm_parameters["gpt_model_path"],
         "tp": variant.tp,
         "pp": variant.pp,
         "world_size": variant.world_size,

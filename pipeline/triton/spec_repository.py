@@ -85,7 +85,7 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
         engine_dir = variant.stage("build").output
         check_engine(variant, engine_dir)
         tokenizer = packaged / PREPROCESSING / TOKENIZER_SUBDIR
-        settings = with_chat_template(settings_from_plan(variant, engine_dir), tokenizer)
+        settings = with_chat_template(settings_from_plan(variant, engine_dir, out), tokenizer)
         if variant.name in limits:
             instance = limits[variant.name]
             params = settings.tensorrt_llm_parameters | {

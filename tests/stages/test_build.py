@@ -187,7 +187,9 @@ def test_cli_build_dry_run_prints_commands_and_runs_nothing(cli, tmp_path):
     assert rc == 0
     assert "trtllm-build --checkpoint_dir" in out and "--max_draft_len 55" in out and "--workers 2" in out
     assert "mpirun --allow-run-as-root -n 1 /opt/tritonserver/bin/tritonserver" in out
-    assert out.count("shm-region-prefix-name=prefix") == 2 and "support-ft" not in out
+    # Two ranks, in the serve command here and in the Kubernetes deployment's.
+    assert out.count("shm-region-prefix-name=prefix") == 4 and "support-ft" not in out
+    assert "# serve in Kubernetes (deploy.mount_path /models)" in out
     assert not (tmp_path / "engines").exists()
 
 

@@ -44,12 +44,16 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     assert set(configs) == {ensemble_name, *MODELS}
     llm, ensemble = configs["tensorrt_llm"], configs[ensemble_name]
     params = _params(llm)
-    assert set(params) <= TENSORRT_LLM_PARAMETER_KEYS
+    reference_only = {"reference_engine_path"} if variant.target == "reference" else set()
+    assert set(params) - reference_only <= TENSORRT_LLM_PARAMETER_KEYS
     assert llm.backend == "tensorrtllm"
     assert llm.max_batch_size == variant.build.max_batch_size == ensemble.max_batch_size
     assert llm.model_transaction_policy.decoupled is variant.serving.decoupled
     assert params["gpt_model_type"] == "inflight_fused_batching"
-    assert params["gpt_model_path"] == str(engine.resolve())
+    # Where the deployment mounts the engines (deploy.mount_path), never the build machine's path.
+    assert params["gpt_model_path"] == f"{variant.deploy.mount_path}/engines/{engine.parent.name}/{engine.name}"
+    if variant.target == "reference":  # and where the CPU backend finds it relative to the model's folder
+        assert (repo / "tensorrt_llm" / params["reference_engine_path"]).resolve() == engine.resolve()
     assert params["max_beam_width"] == "1"
     assert params["decoding_mode"] == METHODS[variant.method].triton_decoding_mode
     assert params["batch_scheduler_policy"] == variant.serving.batch_scheduler_policy

@@ -1,5 +1,6 @@
 """End to end on CPU: a tiny random Llama through the pipeline's stages (convert, build, package), served
-by a real tritonserver with the REAL reference backend (pipeline/runtime/triton/backend.py).
+by a real tritonserver with the REAL reference backend (pipeline/runtime/triton/backend.py), after both
+output roots moved to another folder (the repository `specdeploy serve --engines-dir` serves).
 
 Greedy decoding is deterministic, so streaming, non-streaming and eight concurrent requests
 (batched in flight by the backend) must all give each prompt the same text.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +20,7 @@ from triton_fixtures import build_with_stages, plan_spec, serve_repository, tiny
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
 from pipeline.triton.launch_cpu import reference_backend_available
+from pipeline.triton.relocate import served_repository
 
 pytestmark = [
     pytest.mark.tritonserver,
@@ -55,7 +58,15 @@ def server(tmp_path_factory):
     tiny_llama(folder / "model")
     (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     variant = plan_spec(folder / "spec.yaml", folder).variants[0]
-    repo = build_with_stages(variant)
+    built = build_with_stages(variant)
+    # Built here, served from elsewhere: both output roots move, as to another machine's volume,
+    # and the server gets the repository `specdeploy serve --engines-dir` gives it.
+    moved = folder / "elsewhere"
+    moved.mkdir()
+    for root in ("engines", "triton_repo"):
+        shutil.move(folder / root, moved / root)
+    assert not built.exists()
+    repo = served_repository(moved / "triton_repo" / built.name, moved / "engines", folder / "serving")
     running = serve_repository(repo, folder / "tritonserver.log")
     try:
         yield running
@@ -106,4 +117,27 @@ def test_cancelled_request_stops_and_the_server_stays_healthy(server):
 def test_repository_manifest_names_the_engine(server):
     repo = Path(server.config.repositories[0])
     manifest = json.loads((repo / "specdeploy-repository.json").read_text())
-    assert (Path(manifest["engine_dir"]) / "config.json").is_file()
+    # Where the deployment mounts it (deploy.mount_path), not where it was built.
+    assert manifest["engine_dir"] == "/models/engines/tiny-ref/engine"
+    assert manifest["engines_root"] == "/models/engines"
+
+
+def test_the_moved_repository_serves_from_its_new_place(server):
+    served = Path(server.config.repositories[0])
+    moved = served.parent.parent / "elsewhere"
+    config = (served / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert str(moved / "engines" / "tiny-ref" / "engine") in config
+    assert str(moved.parent / "engines") not in config and str(moved.parent / "triton_repo") not in config
+    assert _ask(server, PROMPTS[3], max_tokens=4).strip()
+
+
+def test_grpc_health_answers_serving_with_http_off(server):
+    """What the Kubernetes probes ask (grpc.health.v1.Health/Check, service ""): tritonserver answers on
+    its gRPC port, with HTTP off."""
+    import grpc
+
+    assert not server.config.http
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None)
+        reply = check(b"", timeout=30)  # an empty HealthCheckRequest: the server as a whole
+    assert reply == b"\x08\x01"  # HealthCheckResponse{status: SERVING (1)}

@@ -80,7 +80,7 @@ def test_every_variant_gets_its_own_models_and_shares_identical_ones(tmp_path):
     # Each tensorrt_llm model is its variant's: its own engine and speculative parameters.
     for variant in plan.variants:
         llm = _params(configs[f"{variant.name}-tensorrt_llm"])
-        assert llm["gpt_model_path"] == str(variant.stage("build").output.resolve())
+        assert llm["gpt_model_path"] == f"/models/engines/{variant.name}/engine"  # under deploy.mount_path
         look = variant.speculative.lookahead
         assert llm.get("lookahead_window_size") == (str(look.window) if look else None)
         bls = _params(configs[f"{variant.name}-tensorrt_llm_bls"])

@@ -94,6 +94,11 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
     engine_dir = Path(values["gpt_model_path"])
     if not engine_dir.is_absolute() and model_dir is not None:
         engine_dir = model_dir / engine_dir
+    packaged = values.get("reference_engine_path")
+    if packaged and model_dir is not None and not (engine_dir / "config.json").is_file():
+        # gpt_model_path names the engine where a deployment mounts it; off that mount, the engine
+        # is where the package stage left it relative to this model's folder.
+        engine_dir = model_dir / packaged
     mode = values.get("decoding_mode")
     look = [integer(k, None) for k in LOOKAHEAD_TRITON_KEYS]
     if mode == "lookahead" and None in look:

@@ -1,0 +1,302 @@
+"""Kubernetes manifests that run a packaged repository in NVIDIA's Triton TensorRT-LLM container.
+
+``specdeploy engine`` writes them into ``engines/<spec>/deploy/`` (:func:`write_deploy`), beside the
+release manifest, once every variant is packaged; ``kubectl apply -k engines/<spec>/deploy/`` applies:
+
+* ``deployment.yaml``: one Deployment per served repository (the whole-spec repository when the
+  spec has one, else each variant's of target ``tensorrt``), ``deploy.replicas`` pods, each one
+  whole server: ``nvidia.com/gpu`` = its GPUs (tp x pp, or every GPU the fleet placement uses),
+  node affinity on GPU feature discovery's ``nvidia.com/gpu.product`` for the plan's GPU type,
+  a memory request of the plan's serve resources, ``/dev/shm`` a 2 GiB in-memory emptyDir (the
+  README's ``docker run --shm-size=2g``), the claim ``deploy.volume_claim`` mounted read-only at
+  ``deploy.mount_path`` (``engines/`` and ``triton_repo/`` under it), and startup, readiness and
+  liveness probes over gRPC health (``grpc.health.v1``, which tritonserver serves on its gRPC port;
+  Kubernetes' native gRPC probes are GA since 1.27), so HTTP stays off;
+* ``service.yaml``: a ClusterIP Service with the gRPC and metrics ports;
+* ``podmonitor.yaml``: a prometheus-operator PodMonitor scraping ``/metrics``;
+* ``kustomization.yaml``: the three, in ``deploy.namespace``.
+
+The container runs exactly :mod:`pipeline.triton.launch_gpu`'s argv (what ``specdeploy build
+--dry-run`` prints as the Kubernetes serve command, :func:`launch_argv`), bound to all of the pod's
+addresses, as ``args``: the image's own entrypoint (NVIDIA's, which sets up CUDA forward
+compatibility) runs it. A server whose ranks span several pods (one MPI world over nodes, a
+StatefulSet) is out of scope: every rank runs in one pod. Nothing here talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.atomic import remove_path, replace_folder
+from pipeline.deploy_spec import DeploySpec
+from pipeline.errors import InputError
+from pipeline.fleet.placement import place_fleet
+from pipeline.plan import Plan, VariantPlan
+from pipeline.triton.launch_gpu import gpu_launch_argv, gpu_spec_launch_argv
+
+DEPLOY_FOLDER = "deploy"  # engines/<spec>/deploy/
+POD_ADDRESS = "0.0.0.0"  # in a pod the server must answer on the pod's IP, not only on loopback
+SHM_SIZE = "2Gi"  # the README's docker run --shm-size=2g
+FILES = ("deployment.yaml", "service.yaml", "podmonitor.yaml")
+# GPU feature discovery labels nodes with the NVML product name, spaces as dashes
+# (NVIDIA/k8s-device-plugin, gpu-feature-discovery: nvidia.com/gpu.product); one GPU type can
+# report several names (SXM and PCIe boards, driver spellings). Check yours with
+# `kubectl get nodes -L nvidia.com/gpu.product`.
+GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
+    "a10g": ("NVIDIA-A10G",),
+    "a100-40gb": ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"),
+    "a100-80gb": ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"),
+    "l4": ("NVIDIA-L4",),
+    "l40s": ("NVIDIA-L40S",),
+    "rtx-4090": ("NVIDIA-GeForce-RTX-4090",),
+    "rtx-6000-ada": ("NVIDIA-RTX-6000-Ada-Generation",),
+    "h100-pcie-80gb": ("NVIDIA-H100-PCIe",),
+    "h100-sxm-80gb": ("NVIDIA-H100-80GB-HBM3",),
+    "h100-nvl-94gb": ("NVIDIA-H100-NVL",),
+    "h200-141gb": ("NVIDIA-H200",),
+    "gh200-96gb": ("NVIDIA-GH200-480GB",),
+    "b200-180gb": ("NVIDIA-B200",),
+}
+STARTUP_SECONDS = 30 * 60  # loading a 70B engine's ranks can take many minutes
+PROBE_PERIOD_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Served:
+    """One server the manifests run: its object name, the variant whose serving settings it takes."""
+
+    name: str
+    variant: VariantPlan
+    repository: str  # the repository's folder name under triton_repo/
+    argv: list[str]
+    gpus: int
+    memory_gib: float
+
+
+def in_pod(variant: VariantPlan) -> VariantPlan:
+    """The variant as it serves in a pod: on every address (Service traffic arrives on the pod IP)."""
+    return dataclasses.replace(variant, serving=variant.serving.model_copy(update={"host": POD_ADDRESS}))
+
+
+def launch_argv(variant: VariantPlan) -> list[str]:
+    """The serving argv of one variant's repository in the deployment (``build --dry-run`` prints it)."""
+    repo = Path(variant.deploy.triton_repo_root) / variant.stage("package").output.name
+    return gpu_launch_argv(in_pod(variant), repo, world_size=variant.world_size)
+
+
+def spec_launch_argv(plan: Plan) -> list[str]:
+    """The serving argv of the whole-spec repository in the deployment (orchestrator mode)."""
+    assert plan.repository is not None
+    first = plan.variants[0]
+    repo = Path(first.deploy.triton_repo_root) / plan.repository.output.name
+    return gpu_spec_launch_argv(plan, in_pod(first), repo)
+
+
+def served(plan: Plan, whole_spec: bool) -> tuple[list[Served], list[str]]:
+    """What the manifests run (``whole_spec``: the whole-spec repository was written), and notes on
+    what they leave out."""
+    notes = [
+        f"{v.name}: target reference (the CPU reference backend) has no GPU deployment"
+        for v in plan.variants
+        if v.target == "reference"
+    ]
+    gpu_variants = [v for v in plan.variants if v.target == "tensorrt"]
+    if whole_spec and plan.repository is not None and len(gpu_variants) == len(plan.variants):
+        placement = place_fleet(plan)
+        assert placement is not None, "a spec of tensorrt variants is placed"
+        gpus = 1 + max(gpu for instance in placement.instances for gpu in instance.gpus)
+        memory = sum(v.serve_resources.host_memory_gib for v in plan.variants if v.serve_resources)
+        repository = plan.repository.output.name
+        return [Served(plan.spec_name, plan.variants[0], repository, spec_launch_argv(plan), gpus, memory)], notes
+    servers = []
+    for variant in gpu_variants:
+        memory = variant.serve_resources.host_memory_gib if variant.serve_resources else 0.0
+        repository = variant.stage("package").output.name
+        servers.append(Served(variant.name, variant, repository, launch_argv(variant), variant.world_size, memory))
+    return servers, notes
+
+
+def object_name(name: str) -> str:
+    """A spec or variant name as a Kubernetes object name and label value (RFC 1123 label)."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-")
+    return label or "specdeploy"
+
+
+def _labels(server: Served, spec_name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "specdeploy",
+        "app.kubernetes.io/instance": object_name(server.name),
+        "app.kubernetes.io/part-of": object_name(spec_name),
+    }
+
+
+def _selector(server: Served) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "specdeploy", "app.kubernetes.io/instance": object_name(server.name)}
+
+
+def _probe(port: int, **timing: int) -> dict[str, Any]:
+    return {"grpc": {"port": port}, "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5, **timing}
+
+
+def _affinity(variant: VariantPlan) -> dict[str, Any] | None:
+    if variant.gpu is None:
+        return None
+    products = list(GPU_PRODUCTS[variant.gpu.name])
+    term = {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": products}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def deployment(server: Served, spec_name: str) -> dict[str, Any]:
+    deploy, serving = server.variant.deploy, server.variant.serving
+    ports = [
+        {"name": "grpc", "containerPort": serving.grpc_port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"},
+    ] + ([{"name": "http", "containerPort": serving.http_port, "protocol": "TCP"}] if serving.http else [])
+    container = {
+        "name": "tritonserver",
+        "image": deploy.image,
+        "args": server.argv,
+        "ports": ports,
+        "resources": {
+            "requests": {"memory": f"{math.ceil(server.memory_gib * 1024)}Mi", "nvidia.com/gpu": server.gpus},
+            "limits": {"nvidia.com/gpu": server.gpus},
+        },
+        "volumeMounts": [
+            {"name": "models", "mountPath": deploy.mount_path, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "startupProbe": _probe(serving.grpc_port, failureThreshold=STARTUP_SECONDS // PROBE_PERIOD_SECONDS),
+        "readinessProbe": _probe(serving.grpc_port, failureThreshold=3),
+        "livenessProbe": _probe(serving.grpc_port, failureThreshold=6),
+    }
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [
+            {"name": "models", "persistentVolumeClaim": {"claimName": deploy.volume_claim, "readOnly": True}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+        ],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        # Triton drains in-flight requests on SIGTERM for up to its exit timeout (30 s).
+        "terminationGracePeriodSeconds": 60,
+    }
+    affinity = _affinity(server.variant)
+    if affinity is not None:
+        pod["affinity"] = affinity
+    labels = _labels(server, spec_name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": object_name(server.name), "namespace": deploy.namespace, "labels": labels},
+        "spec": {
+            "replicas": deploy.replicas,
+            "selector": {"matchLabels": _selector(server)},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def service(server: Served, spec_name: str) -> dict[str, Any]:
+    serving = server.variant.serving
+    ports = [
+        {"name": "grpc", "port": serving.grpc_port, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+        {"name": "metrics", "port": serving.metrics_port, "targetPort": "metrics", "protocol": "TCP"},
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": object_name(server.name),
+            "namespace": server.variant.deploy.namespace,
+            "labels": _labels(server, spec_name),
+        },
+        "spec": {"type": "ClusterIP", "selector": _selector(server), "ports": ports},
+    }
+
+
+def pod_monitor(server: Served, spec_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": object_name(server.name),
+            "namespace": server.variant.deploy.namespace,
+            "labels": _labels(server, spec_name),
+        },
+        "spec": {
+            "selector": {"matchLabels": _selector(server)},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def kustomization(deploy: DeploySpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": deploy.namespace,
+        "resources": list(FILES),
+    }
+
+
+def manifests(plan: Plan, whole_spec: bool) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """{file name: its documents} and the notes of :func:`served`; empty when nothing runs on GPUs."""
+    deploys = {v.deploy for v in plan.variants}
+    if len(deploys) > 1:
+        raise InputError(
+            f"{plan.spec_file}: the variants' deploy: sections differ; a spec deploys to one namespace and "
+            "volume claim (set deploy: once, at the top of the spec)"
+        )
+    servers, notes = served(plan, whole_spec)
+    names = [object_name(s.name) for s in servers]
+    if len(set(names)) != len(names):
+        raise InputError(f"{plan.spec_file}: variants {', '.join(names)} map to the same Kubernetes object names")
+    if not servers:
+        return {}, notes
+    files = {
+        "deployment.yaml": [deployment(s, plan.spec_name) for s in servers],
+        "service.yaml": [service(s, plan.spec_name) for s in servers],
+        "podmonitor.yaml": [pod_monitor(s, plan.spec_name) for s in servers],
+        "kustomization.yaml": [kustomization(plan.variants[0].deploy)],
+    }
+    return files, notes
+
+
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML: a dict used twice (the labels) is written twice, not as an anchor and alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(documents: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def write_deploy(plan: Plan, engines_root: Path, whole_spec: bool) -> tuple[Path | None, list[str]]:
+    """Write ``<engines_root>/<spec>/deploy/`` atomically (a temp folder renamed into place); its
+    path (None when no variant runs on GPUs) and the notes."""
+    files, notes = manifests(plan, whole_spec)
+    target = Path(engines_root) / plan.spec_name / DEPLOY_FOLDER
+    if not files:
+        return None, notes
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{DEPLOY_FOLDER}.tmp-{os.getpid()}"
+    if os.path.lexists(tmp):
+        remove_path(tmp)
+    tmp.mkdir()
+    try:
+        for name, documents in files.items():
+            (tmp / name).write_text(to_yaml(documents))
+        replace_folder(tmp, target)
+    except BaseException:
+        remove_path(tmp)
+        raise
+    return target, notes

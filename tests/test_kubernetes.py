@@ -1,0 +1,223 @@
+"""The Kubernetes manifests (pipeline/kubernetes.py) against the Kubernetes 1.30 API schema.
+
+Deployment and Service are checked with kubernetes-validate (the API's OpenAPI schemas, shipped in
+the package, strict: unknown fields are errors). The PodMonitor is a prometheus-operator CRD that
+kubernetes-validate does not know, and kustomization.yaml is not an API object: both are checked
+field by field here, against what the Deployment they select declares.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from pipeline.errors import InputError
+from pipeline.kubernetes import DEPLOY_FOLDER, FILES, in_pod, write_deploy
+from pipeline.plan import OutputRoots, Plan, make_plan
+from pipeline.spec import load_spec
+from pipeline.triton.launch_gpu import gpu_spec_launch_argv
+from tests.conftest import REPO
+
+KUBERNETES = "1.30"  # the oldest release kubernetes-validate ships with gRPC probes GA (1.27+)
+SPECS = REPO / "specs"
+DUO = """\
+name: duo
+model: {path: /nonexistent/llama-1b, preset: llama-3.2-1b}
+gpu: {type: h100-sxm-80gb, count: 2}
+build: {max_batch_size: 8, max_input_len: 512, max_seq_len: 1024, max_num_tokens: 4096}
+deploy: {namespace: llm, volume_claim: fleet-models, image: registry.example/triton:26.04, replicas: 3,
+         mount_path: /mnt/release}
+variants:
+  - name: chat_a
+  - name: chat.b
+"""
+
+
+def plan_of(spec: Path, tmp_path: Path) -> Plan:
+    return make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache"))
+
+
+def written(plan: Plan, tmp_path: Path, whole_spec: bool) -> dict[str, list[dict]]:
+    folder, notes = write_deploy(plan, tmp_path / "engines", whole_spec)
+    assert folder == tmp_path / "engines" / plan.spec_name / DEPLOY_FOLDER and not notes
+    assert sorted(p.name for p in folder.iterdir()) == sorted((*FILES, "kustomization.yaml"))
+    return {p.name: list(yaml.safe_load_all(p.read_text())) for p in folder.iterdir()}
+
+
+def check_valid(files: dict[str, list[dict]]) -> None:
+    """Every object valid for KUBERNETES; the PodMonitors and the kustomization checked by hand."""
+    for name in ("deployment.yaml", "service.yaml"):
+        for document in files[name]:
+            assert kubernetes_validate.validate(document, KUBERNETES, strict=True) == KUBERNETES
+    (kustomization,) = files["kustomization.yaml"]
+    assert kustomization == {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": files["deployment.yaml"][0]["metadata"]["namespace"],
+        "resources": list(FILES),
+    }
+    for deployment, service, monitor in zip(*(files[name] for name in FILES), strict=True):
+        pod = deployment["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert service["spec"]["selector"].items() <= labels.items()
+        (container,) = pod["spec"]["containers"]
+        port_names = {port["name"] for port in container["ports"]}
+        assert {port["targetPort"] for port in service["spec"]["ports"]} <= port_names
+        # PodMonitor (monitoring.coreos.com/v1): the fields its CRD requires and what they select.
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
+        assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+        assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+        assert set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint == {"port": "metrics", "path": "/metrics", "interval": "15s"}
+        assert "metrics" in port_names
+
+
+def test_one_variant_deployment_has_the_plans_gpus_memory_probes_and_volume(tmp_path):
+    plan = plan_of(SPECS / "llama70b-eagle.yaml", tmp_path)
+    (variant,) = plan.variants
+    files = written(plan, tmp_path, whole_spec=False)
+    check_valid(files)
+    (deployment,) = files["deployment.yaml"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["metadata"]["namespace"] == "default" and deployment["spec"]["replicas"] == 1
+    resources = container["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == variant.world_size == 4
+    assert variant.serve_resources is not None
+    assert resources["requests"]["memory"] == f"{math.ceil(variant.serve_resources.host_memory_gib * 1024)}Mi"
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}
+    ]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}  # docker run --shm-size=2g
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "specdeploy-models", "readOnly": True}
+    mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
+    assert mounts["dshm"]["mountPath"] == "/dev/shm" and mounts["models"]["mountPath"] == "/models"
+    grpc = variant.serving.grpc_port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # gRPC health: HTTP stays off
+        assert container[probe]["grpc"] == {"port": grpc}
+    assert "--allow-http=false" in container["args"] and "--grpc-address=0.0.0.0" in container["args"]
+    assert f"--model-repository=/models/triton_repo/{variant.name}" in container["args"]
+    assert container["args"].count("-n") == 4  # one tritonserver per rank, all in this pod
+    (service,) = files["service.yaml"]
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "grpc": grpc,
+        "metrics": variant.serving.metrics_port,
+    }
+
+
+def test_container_args_are_the_serve_command_build_dry_run_prints(cli, tmp_path):
+    spec = SPECS / "llama8b-fleet.yaml"  # four variants that cannot share GPUs: one Deployment each
+    plan = plan_of(spec, tmp_path)
+    files = written(plan, tmp_path, whole_spec=False)
+    check_valid(files)
+    rc, out, _ = cli("build", str(spec), "--dry-run")
+    assert rc == 0
+    lines = out.splitlines()
+    printed = [shlex.split(lines[i + 1]) for i, line in enumerate(lines) if line.startswith("# serve in Kubernetes")]
+    deployments = files["deployment.yaml"]
+    assert [d["metadata"]["name"] for d in deployments] == [v.name for v in plan.variants]
+    assert printed == [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in deployments]
+
+
+def test_whole_spec_repository_runs_in_one_pod_with_the_deploy_section(cli, write_spec, tmp_path):
+    spec = write_spec(DUO)
+    plan = plan_of(spec, tmp_path)
+    files = written(plan, tmp_path, whole_spec=True)
+    check_valid(files)
+    (deployment,) = files["deployment.yaml"]
+    assert deployment["metadata"] == {
+        "name": "duo",
+        "namespace": "llm",
+        "labels": {
+            "app.kubernetes.io/name": "specdeploy",
+            "app.kubernetes.io/instance": "duo",
+            "app.kubernetes.io/part-of": "duo",
+        },
+    }
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example/triton:26.04"
+    # The launcher's own argv for the whole-spec repository, under the deployment's mount path.
+    first = in_pod(plan.variants[0])
+    assert container["args"] == gpu_spec_launch_argv(plan, first, Path("/mnt/release/triton_repo/duo"))
+    assert container["args"][:3] == ["env", "TRTLLM_ORCHESTRATOR=1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1"]
+    rc, out, _ = cli("build", str(spec), "--dry-run")
+    lines = out.splitlines()
+    assert rc == 0 and shlex.split(lines[lines.index("# serve the whole spec in Kubernetes") + 1]) == container["args"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2  # the placement puts a variant per GPU
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "fleet-models"
+    assert files["kustomization.yaml"][0]["namespace"] == "llm"
+
+
+def test_deploy_section_is_checked_where_it_is_written(write_spec, tmp_path):
+    bad = DUO.replace("namespace: llm", "namespace: Prod_NS").replace("mount_path: /mnt/release", "mount_path: mnt")
+    with pytest.raises(InputError) as error:
+        load_spec(write_spec(bad))
+    lines = str(error.value).splitlines()
+    assert any(":5:" in line and "deploy.namespace" in line for line in lines), lines
+    assert any("deploy.mount_path" in line and "absolute" in line for line in lines), lines
+
+
+def test_variants_must_share_one_deploy_section(write_spec, tmp_path):
+    spec = write_spec(DUO.replace("  - name: chat.b", "  - name: chat.b\n    deploy: {replicas: 1}"))
+    with pytest.raises(InputError) as error:  # at plan time, before anything is built
+        plan_of(spec, tmp_path)
+    assert str(error.value) == (
+        f"{spec}:10:5 variants[1].deploy: differs from variant chat_a's; a spec deploys to one namespace and "
+        "volume claim: set deploy: once, at the top of the spec [variant chat.b]"
+    )
+
+
+def test_reference_variants_get_no_deployment(tmp_path):
+    plan = plan_of(SPECS / "smollm2-lookahead.yaml", tmp_path)
+    folder, notes = write_deploy(plan, tmp_path / "engines", whole_spec=False)
+    assert folder is None and not (tmp_path / "engines").exists()
+    assert notes == ["smollm2-lookahead: target reference (the CPU reference backend) has no GPU deployment"]
+
+
+def test_a_second_write_replaces_the_folder_whole(write_spec, tmp_path):
+    write_deploy(plan_of(write_spec(DUO), tmp_path), tmp_path / "engines", whole_spec=True)
+    (tmp_path / "engines" / "duo" / DEPLOY_FOLDER / "stale.yaml").write_text("kind: Old\n")
+    plan = plan_of(write_spec(DUO.replace("replicas: 3", "replicas: 5")), tmp_path)
+    files = written(plan, tmp_path, whole_spec=True)  # also: only the four files are there
+    assert files["deployment.yaml"][0]["spec"]["replicas"] == 5
+    assert [p.name for p in (tmp_path / "engines" / "duo").iterdir() if p.name.startswith(".")] == []
+
+
+def test_engine_writes_deploy_beside_the_release_manifest(cli, write_spec, tmp_path, monkeypatch):
+    """`specdeploy engine` on a tensorrt spec (the stand-in trtllm-build of tests/standins.py)."""
+    from tests.quantize.conftest import build_tiny_llama
+    from tests.standins import fake_tensorrt_llm
+
+    bin_dir, site = fake_tensorrt_llm(tmp_path / "standin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.syspath_prepend(str(site))
+    model = build_tiny_llama(tmp_path / "model")
+    spec = write_spec(
+        f"name: tiny-gpu\nmodel: {{path: {model}, dtype: float32}}\nspeculative: {{method: lookahead}}\n"
+        "build: {max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}\n"
+        "gpu: {type: l4, count: 1}\n"
+    )
+    rc, out, err = cli("engine", str(spec))
+    assert rc == 0, out + err
+    folder = tmp_path / "engines" / "tiny-gpu" / DEPLOY_FOLDER
+    assert f"deploy: {folder} (kubectl apply -k {folder})" in out
+    files = {p.name: list(yaml.safe_load_all(p.read_text())) for p in folder.iterdir()}
+    check_valid(files)
+    args = files["deployment.yaml"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--model-repository=/models/triton_repo/tiny-gpu" in args
+    config = (tmp_path / "triton_repo" / "tiny-gpu" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert '"/models/engines/tiny-gpu/engine"' in config and str(tmp_path) not in config
