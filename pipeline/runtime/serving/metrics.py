@@ -113,6 +113,7 @@ class BackendMetrics:
         self.requests: Any = None
         self.batch: Any = None
         self.step_ms: Any = None
+        self.in_flight: Any = None
         self.drafts: Any = None
         self.draft_tokens: Any = None
         self.accepted_tokens: Any = None
@@ -136,6 +137,11 @@ class BackendMetrics:
         self.requests = make("specdeploy_reference_requests_total", "Requests finished (any reason)", family.COUNTER)
         self.batch = make("specdeploy_reference_batch_size", "Requests in the last forward step", family.GAUGE)
         self.step_ms = make("specdeploy_reference_step_milliseconds", "Duration of the last forward step", family.GAUGE)
+        self.in_flight = make(
+            "specdeploy_reference_requests_in_flight",
+            "Sequences queued or generating (a cancelled or abandoned one leaves at the next step)",
+            family.GAUGE,
+        )
         prefix = "specdeploy_reference_spec_decode"
         self.drafts = make(
             f"{prefix}_num_drafts_total",
@@ -169,6 +175,10 @@ class BackendMetrics:
             for metric, count in zip(self.per_position, spec.accepted_per_position):
                 if count:
                     metric.increment(count)
+
+    def on_active(self, count: int) -> None:
+        if self.in_flight is not None:
+            self.in_flight.set(count)
 
     def on_finished(self) -> None:
         if self.requests is not None:

@@ -62,6 +62,7 @@ class Scheduler:
         limits: Limits | None = None,
         on_step: Callable[[StepStats], None] | None = None,
         cancel_check_period_s: float = 0.1,
+        on_active: Callable[[int], None] | None = None,
     ):
         self.engine = engine
         # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
@@ -69,6 +70,9 @@ class Scheduler:
         self.method = method or PlainDecoding()
         self.limits = limits or engine.config.limits
         self.on_step = on_step
+        # Told the number of requests queued or running whenever a request joins or a step ends
+        # (the in-flight gauge: it drops as soon as a cancelled request is dropped).
+        self.on_active = on_active
         self._keys = itertools.count()
         self._lock = threading.Condition()
         self._waiting: deque[_Entry] = deque()
@@ -95,6 +99,7 @@ class Scheduler:
         with self._lock:
             self._waiting.append(entry)
             self._lock.notify()
+        self._report_active()
 
     def submit_prefilled(self, request: GenerationRequest, sink: Sink, cache: KVCache, rows: StepRows) -> None:
         """Queue a request whose prompt is already in ``cache``: ``rows`` are that prefill's output (the
@@ -142,6 +147,7 @@ class Scheduler:
         self._drop_cancelled()
         batch = self._pack()
         if not batch:
+            self._report_active()
             return False
         flat = self.engine.forward([item for _, items, _ in batch for item in items])
         generated = 0
@@ -168,6 +174,7 @@ class Scheduler:
                     stats.observe(accepted.draft_tokens, accepted.accepted_draft_tokens)
             generated += self._emit(entry, accepted)
         self._running = [e for e in self._running if not e.finished]
+        self._report_active()
         if self.on_step is not None:
             fed = sum(len(item.token_ids) for _, items, _ in batch for item in items)
             prefill = sum(len(items[0].token_ids) for _, items, chunk in batch if chunk)
@@ -220,6 +227,10 @@ class Scheduler:
                 self._fail_running(f"reference engine step failed: {type(exc).__name__}: {exc}")
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _report_active(self) -> None:
+        if self.on_active is not None:
+            self.on_active(self.active)
 
     def _problem(self, request: GenerationRequest) -> str | None:
         limits, n = self.limits, len(request.input_ids)

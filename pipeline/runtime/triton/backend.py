@@ -89,6 +89,7 @@ class TritonPythonModel:
             on_step=self.metrics.on_step,
             limits=replace(limits, max_beam_width=self.params.max_beam_width),
             cancel_check_period_s=self.params.cancellation_check_period_ms / 1000,
+            on_active=self.metrics.on_active,
         )
         self.scheduler.start()
         _log(
