@@ -34,6 +34,7 @@ from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput, ends_with_stop_word
 from pipeline.runtime.serving.beam_search import BeamSearch
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
+from pipeline.runtime.serving.request_limits import request_problem
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ class Scheduler:
             return beam
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
-        return self.method.problem(request)
+        return request_problem(request, vocab, limits.max_seq_len) or self.method.problem(request)
 
     def _beam_problem(self, request: GenerationRequest) -> str | None:
         """beam_width > 1: TensorRT-LLM's refusals (the decoding layer's for speculative methods, the

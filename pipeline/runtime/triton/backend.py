@@ -111,7 +111,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         get = _getter(request)
         try:
-            parsed = parse_parts(get, request.request_id(), self.params)
+            parsed = parse_parts(get, request.request_id(), self.params, self.scheduler.limits.max_batch_size)
         except SpecdeployError as exc:
             sender.send(_error(str(exc)), flags=final)
             return
