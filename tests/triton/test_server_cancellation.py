@@ -49,14 +49,15 @@ variants:
   - name: second
     build: {{max_seq_len: 8001}}
 """
-# A client that opens streams, waits for each one's first token, says so and waits to be killed.
+# A client that opens streams, waits for their first tokens, (with "cancel") cancels them through the
+# gRPC stream (stop_stream(cancel_requests=True)), says so and waits to be killed.
 KILLED_CLIENT = textwrap.dedent(
     """
     import json, queue, sys, time
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    url, model, count, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    url, model, count, tokens, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     arrived = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: arrived.put((result, error)))
@@ -87,6 +88,8 @@ KILLED_CLIENT = textwrap.dedent(
         result, error = arrived.get(timeout=120)
         assert error is None, error
         started += 1
+    if how == "cancel":  # cancel the requests and close the stream, then stay alive
+        client.stop_stream(cancel_requests=True)
     print("generating", flush=True)
     time.sleep(600)
     """
@@ -142,21 +145,22 @@ ENSEMBLE_LEAKS = pytest.mark.xfail(
 
 
 @pytest.mark.parametrize(
-    "model",
+    ("model", "how"),
     [
-        pytest.param("ensemble", marks=ENSEMBLE_LEAKS),
-        "tensorrt_llm_bls",
-        "tensorrt_llm",
-        pytest.param("second", marks=ENSEMBLE_LEAKS),
-        "second-tensorrt_llm_bls",
-        "second-tensorrt_llm",
+        pytest.param("ensemble", "kill", marks=ENSEMBLE_LEAKS),
+        ("tensorrt_llm_bls", "kill"),
+        ("tensorrt_llm_bls", "cancel"),
+        ("tensorrt_llm", "kill"),
+        pytest.param("second", "kill", marks=ENSEMBLE_LEAKS),
+        ("second-tensorrt_llm_bls", "kill"),
+        ("second-tensorrt_llm", "kill"),
     ],
 )
-def test_a_killed_client_frees_the_server(server, model, tmp_path):
+def test_a_vanished_client_frees_the_server(server, model, how):
     ask = {"tensorrt_llm": "ensemble", "second-tensorrt_llm": "second"}.get(model, model)  # text in, text out
     solo = min(short_request_seconds(server, ask) for _ in range(3))
     client = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CLIENT, server.grpc_url, model, str(SLOTS + 1), str(LONG)],
+        [sys.executable, "-c", KILLED_CLIENT, server.grpc_url, model, str(SLOTS + 1), str(LONG), how],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -175,6 +179,6 @@ def test_a_killed_client_frees_the_server(server, model, tmp_path):
         freed = time.monotonic() - killed
         after = next_request.result()
     assert in_flight(server)[engine] == 0, json.dumps(in_flight(server))
-    print(f"{model}: solo {solo:.2f} s, freed {freed:.2f} s after the kill, next request {after:.2f} s")
+    print(f"{model} ({how}): solo {solo:.2f} s, freed {freed:.2f} s after the kill, next request {after:.2f} s")
     assert freed < 2 * solo, f"{model}: the server still generated for the killed client {freed:.1f} s later"
     assert after < 3 * solo, f"{model}: {after:.2f} s after the killed client, {solo:.2f} s alone"

@@ -16,8 +16,8 @@ A client that cancels or goes away stops the generation within ``cancellation_ch
 or not) and then cancels the inner request, with the response iterator's ``cancel()`` where the
 Python backend has it (Triton 25.05 and later) and always with TensorRT-LLM's own cancel message,
 a ``stop`` request with the inner request's id (Triton 2.51 has no ``cancel()``; both backends
-honour ``stop``). The inner request gets an id of its own, so a ``stop`` never reaches another
-client's request of the same id.
+honour ``stop``). The inner request carries the client's id, so a client's own ``stop`` to
+``tensorrt_llm`` reaches it too; a request without one gets a unique id, since ``stop`` needs one.
 
 What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
 draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
@@ -109,7 +109,7 @@ class TritonPythonModel:
             # NVIDIA's BLS (lib/triton_decoder.py) never forwards num_return_sequences: with beam search
             # every beam comes back, one text_output per beam, whatever num_return_sequences says.
             tensors.pop("num_return_sequences", None)
-        inner_id = f"{request.request_id() or 'bls'}-{uuid.uuid4().hex}"
+        inner_id = request.request_id() or f"bls-{uuid.uuid4().hex}"
         inference = _request(llm, tensors, inner_id)
         with _Watch(cancelled, self.cancel_period_s) as watch:
             replies = self._start(inference, watch, llm["model"], inner_id)
