@@ -14,10 +14,11 @@ passed on, so all beam_width beams come back (NVIDIA's decoder does not forward 
 A client that cancels or goes away stops the generation within ``cancellation_check_period_ms``
 (100 ms): a watcher polls the request's cancellation while ``tensorrt_llm`` generates (streaming
 or not) and then cancels the inner request, with the response iterator's ``cancel()`` where the
-Python backend has it (Triton 25.05 and later) and always with TensorRT-LLM's own cancel message,
-a ``stop`` request with the inner request's id (Triton 2.51 has no ``cancel()``; both backends
-honour ``stop``). The inner request carries the client's id, so a client's own ``stop`` to
-``tensorrt_llm`` reaches it too; a request without one gets a unique id, since ``stop`` needs one.
+Python backend has it (triton-inference-server/python_backend#398, 2025) and always with
+TensorRT-LLM's own cancel message, a ``stop`` request with the inner request's id (Triton 2.51
+has no ``cancel()``; both backends honour ``stop``). The inner request carries the client's id,
+so a client's own ``stop`` to ``tensorrt_llm`` reaches it too; a request without one gets a
+unique id, since ``stop`` needs one.
 
 What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
 draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
@@ -128,7 +129,7 @@ class TritonPythonModel:
         replies = inference.exec(decoupled=True)
 
         def cancel() -> None:
-            cancel_iterator = getattr(replies, "cancel", None)  # Triton >= 25.05
+            cancel_iterator = getattr(replies, "cancel", None)  # python_backend#398; not in Triton 2.51
             if cancel_iterator is not None:
                 cancel_iterator()
             _stop(model, inner_id, decoupled=True)
