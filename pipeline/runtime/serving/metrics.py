@@ -25,6 +25,10 @@ Prometheus (through Triton's custom-metrics API, served on the metrics port next
 * acceptance at position k = rate(..._num_accepted_tokens_per_pos_total{position="k"}[1m])
   / rate(..._num_drafts_total[1m])
 
+and one gauge, ``specdeploy_reference_requests_in_flight``: the sequences queued or generating,
+updated on every submit and at the end of every step (a request whose client went away leaves it
+at the step that drops it, within ``cancellation_check_period_ms``).
+
 The MetricFamily objects are kept on this object for the model's lifetime: once one is garbage
 collected every later ``increment`` raises "the corresponding 'MetricFamily' has been deleted"
 (seen with tritonserver 2.51 from nvidia-pytriton 0.7). Outside Triton (tests, benchmarks)
