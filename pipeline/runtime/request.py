@@ -106,6 +106,7 @@ class GenerationRequest:
     end_id: int | None = None
     stop_words: tuple[tuple[int, ...], ...] = ()
     sampling: SamplingParams = SamplingParams()
+    pad_id: int | None = None  # only checked (the reference backend pads nothing with it)
     streaming: bool = False
     exclude_input_in_output: bool = False
     return_perf_metrics: bool = False

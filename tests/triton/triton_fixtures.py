@@ -120,7 +120,7 @@ def fake_engine(variant: VariantPlan, folder: Path | None = None) -> Path:
     return folder
 
 
-def tiny_llama(folder: Path) -> Path:
+def tiny_llama(folder: Path, max_position_embeddings: int = 256) -> Path:
     """Random weights, scaled so greedy decoding has no near-ties; the vocabulary is the tokenizer's."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -133,7 +133,7 @@ def tiny_llama(folder: Path) -> Path:
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
-        max_position_embeddings=256,
+        max_position_embeddings=max_position_embeddings,
         initializer_range=0.15,
         tie_word_embeddings=False,
         eos_token_id=2,
@@ -183,20 +183,19 @@ def serve_repository(
     repo: Path, log_file: Path, models: tuple[str, ...] = ("ensemble",), ready_timeout: float = 240, **options: Any
 ) -> CpuTritonServer:
     """A real tritonserver serving ``repo`` with the reference backend (or ``backend_model=``), on
-    free ports; ready when ``models`` are."""
+    free ports; ready when ``models`` are (``repositories=`` serves several folders instead)."""
     from tests.conftest import REPO
 
     def config(http: int, grpc: int, metrics: int) -> CpuServerConfig:
+        settings: dict[str, Any] = {"repositories": (repo,), "cache_dir": REPO / ".cache", **options}
         return CpuServerConfig(
-            repositories=(repo,),
-            cache_dir=REPO / ".cache",
             http_port=http,
             grpc_port=grpc,
             metrics_port=metrics,
             ready_timeout=ready_timeout,
             models=models,
             log_file=log_file,
-            **options,
+            **settings,
         )
 
     return start_server(config)

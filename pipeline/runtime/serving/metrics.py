@@ -25,6 +25,10 @@ Prometheus (through Triton's custom-metrics API, served on the metrics port next
 * acceptance at position k = rate(..._num_accepted_tokens_per_pos_total{position="k"}[1m])
   / rate(..._num_drafts_total[1m])
 
+and one gauge, ``specdeploy_reference_requests_in_flight``: the sequences queued or generating,
+updated on every submit and at the end of every step (a request whose client went away leaves it
+at the step that drops it, within ``cancellation_check_period_ms``).
+
 The MetricFamily objects are kept on this object for the model's lifetime: once one is garbage
 collected every later ``increment`` raises "the corresponding 'MetricFamily' has been deleted"
 (seen with tritonserver 2.51 from nvidia-pytriton 0.7). Outside Triton (tests, benchmarks)
@@ -113,6 +117,7 @@ class BackendMetrics:
         self.requests: Any = None
         self.batch: Any = None
         self.step_ms: Any = None
+        self.in_flight: Any = None
         self.drafts: Any = None
         self.draft_tokens: Any = None
         self.accepted_tokens: Any = None
@@ -136,6 +141,11 @@ class BackendMetrics:
         self.requests = make("specdeploy_reference_requests_total", "Requests finished (any reason)", family.COUNTER)
         self.batch = make("specdeploy_reference_batch_size", "Requests in the last forward step", family.GAUGE)
         self.step_ms = make("specdeploy_reference_step_milliseconds", "Duration of the last forward step", family.GAUGE)
+        self.in_flight = make(
+            "specdeploy_reference_requests_in_flight",
+            "Sequences queued or generating (a cancelled or abandoned one leaves at the next step)",
+            family.GAUGE,
+        )
         prefix = "specdeploy_reference_spec_decode"
         self.drafts = make(
             f"{prefix}_num_drafts_total",
@@ -169,6 +179,10 @@ class BackendMetrics:
             for metric, count in zip(self.per_position, spec.accepted_per_position):
                 if count:
                     metric.increment(count)
+
+    def on_active(self, count: int) -> None:
+        if self.in_flight is not None:
+            self.in_flight.set(count)
 
     def on_finished(self) -> None:
         if self.requests is not None:

@@ -34,6 +34,7 @@ from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput, ends_with_stop_word
 from pipeline.runtime.serving.beam_search import BeamSearch
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
+from pipeline.runtime.serving.request_limits import request_problem
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Scheduler:
         limits: Limits | None = None,
         on_step: Callable[[StepStats], None] | None = None,
         cancel_check_period_s: float = 0.1,
+        on_active: Callable[[int], None] | None = None,
     ):
         self.engine = engine
         # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
@@ -69,6 +71,9 @@ class Scheduler:
         self.method = method or PlainDecoding()
         self.limits = limits or engine.config.limits
         self.on_step = on_step
+        # Told the number of requests queued or running whenever a request joins or a step ends
+        # (the in-flight gauge: it drops as soon as a cancelled request is dropped).
+        self.on_active = on_active
         self._keys = itertools.count()
         self._lock = threading.Condition()
         self._waiting: deque[_Entry] = deque()
@@ -95,6 +100,7 @@ class Scheduler:
         with self._lock:
             self._waiting.append(entry)
             self._lock.notify()
+        self._report_active()
 
     def submit_prefilled(self, request: GenerationRequest, sink: Sink, cache: KVCache, rows: StepRows) -> None:
         """Queue a request whose prompt is already in ``cache``: ``rows`` are that prefill's output (the
@@ -142,6 +148,7 @@ class Scheduler:
         self._drop_cancelled()
         batch = self._pack()
         if not batch:
+            self._report_active()
             return False
         flat = self.engine.forward([item for _, items, _ in batch for item in items])
         generated = 0
@@ -168,6 +175,7 @@ class Scheduler:
                     stats.observe(accepted.draft_tokens, accepted.accepted_draft_tokens)
             generated += self._emit(entry, accepted)
         self._running = [e for e in self._running if not e.finished]
+        self._report_active()
         if self.on_step is not None:
             fed = sum(len(item.token_ids) for _, items, _ in batch for item in items)
             prefill = sum(len(items[0].token_ids) for _, items, chunk in batch if chunk)
@@ -221,6 +229,10 @@ class Scheduler:
 
     # -- internals --------------------------------------------------------------------------------
 
+    def _report_active(self) -> None:
+        if self.on_active is not None:
+            self.on_active(self.active)
+
     def _problem(self, request: GenerationRequest) -> str | None:
         limits, n = self.limits, len(request.input_ids)
         vocab = self.engine.config.model.vocab_size
@@ -249,7 +261,7 @@ class Scheduler:
             return beam
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
-        return self.method.problem(request)
+        return request_problem(request, vocab, limits.max_seq_len) or self.method.problem(request)
 
     def _beam_problem(self, request: GenerationRequest) -> str | None:
         """beam_width > 1: TensorRT-LLM's refusals (the decoding layer's for speculative methods, the

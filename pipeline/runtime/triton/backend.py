@@ -89,6 +89,7 @@ class TritonPythonModel:
             on_step=self.metrics.on_step,
             limits=replace(limits, max_beam_width=self.params.max_beam_width),
             cancel_check_period_s=self.params.cancellation_check_period_ms / 1000,
+            on_active=self.metrics.on_active,
         )
         self.scheduler.start()
         _log(
@@ -110,7 +111,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         get = _getter(request)
         try:
-            parsed = parse_parts(get, request.request_id(), self.params)
+            parsed = parse_parts(get, request.request_id(), self.params, self.scheduler.limits.max_batch_size)
         except SpecdeployError as exc:
             sender.send(_error(str(exc)), flags=final)
             return

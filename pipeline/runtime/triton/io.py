@@ -202,11 +202,13 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
     if streaming and not params.decoupled:
         raise InputError("Streaming is only supported if model is deployed using decoupled mode.")
     end_id = _scalar(get, "end_id", None)
+    pad_id = _scalar(get, "pad_id", None)
     return GenerationRequest(
         request_id=request_id,
         input_ids=tuple(int(t) for t in ids[:length]),
         max_new_tokens=int(output_len),
         end_id=None if end_id is None else int(end_id),
+        pad_id=None if pad_id is None else int(pad_id),
         stop_words=parse_words_list(stop_words.reshape(2, -1)) if stop_words is not None and stop_words.size else (),
         sampling=SamplingParams(
             temperature=float(_scalar(get, "temperature", 1.0)),
@@ -244,8 +246,14 @@ class Part:
     sequence_index: int = 0
 
 
-def parse_parts(get: GetInput, request_id: str, params: BackendParams) -> list[Part] | StopRequest:
-    """The request's sequences (rows x num_return_sequences); InputError for one it cannot serve."""
+def parse_parts(
+    get: GetInput, request_id: str, params: BackendParams, max_sequences: int | None = None
+) -> list[Part] | StopRequest:
+    """The request's sequences (rows x num_return_sequences); InputError for one it cannot serve.
+
+    ``max_sequences`` (the engine's max_batch_size): without beam search each returned sequence is a
+    request of the in-flight batch, and TensorRT-LLM would queue the ones beyond it behind each other,
+    holding the server for all of them; more than the engine can run at once is refused."""
     if _scalar(get, "stop", False):
         return StopRequest(request_id)
     ids = get("input_ids")
@@ -270,6 +278,11 @@ def parse_parts(get: GetInput, request_id: str, params: BackendParams) -> list[P
         if count > 1 and not params.decoupled:
             raise InputError(
                 "num_return_sequences > 1 needs the decoupled transaction policy: each sequence is its own response"
+            )
+        if max_sequences is not None and rows * count > max_sequences:
+            raise InputError(
+                f"num_return_sequences={count} asks for {rows * count} sequences at once, more than the engine's "
+                f"max_batch_size {max_sequences}; ask for at most {max(max_sequences // rows, 1)}"
             )
         # Sequence i samples from seed + i: the sequences differ unless decoding is greedy.
         parts.extend(

@@ -124,7 +124,12 @@ class TritonPythonModel:
         prompts = [_text(item) for item in queries.reshape(batch, -1)[:, 0]]
         output_len = _input(request, "REQUEST_OUTPUT_LEN").reshape(batch, -1)[:, :1].astype(np.int32)
         if (output_len < 1).any():
-            raise RequestError(f"max_tokens must be >= 1 (got {int(output_len.min())})")
+            # A JSON integer sent over HTTP arrives cut to its low 32 bits (tritonserver casts it to
+            # the declared INT32 before any model runs): 2**40 arrives as 0.
+            raise RequestError(
+                f"max_tokens must be >= 1 (got {int(output_len.min())}; over HTTP, tritonserver keeps only the "
+                "low 32 bits of a JSON integer, so a value of 2**31 or more arrives changed)"
+            )
         ids = [self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens) for text in prompts]
         for row in ids:
             if not row:

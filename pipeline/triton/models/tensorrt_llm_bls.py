@@ -11,6 +11,15 @@ Beam search (``beam_width`` > 1) as NVIDIA's: every response carries one ``text_
 (and the beams' ``cum_log_probs`` / ``output_log_probs`` / logits), and ``num_return_sequences`` is not
 passed on, so all beam_width beams come back (NVIDIA's decoder does not forward it either).
 
+A client that cancels or goes away stops the generation within ``cancellation_check_period_ms``
+(100 ms): a watcher polls the request's cancellation while ``tensorrt_llm`` generates (streaming
+or not) and then cancels the inner request, with the response iterator's ``cancel()`` where the
+Python backend has it (triton-inference-server/python_backend#398, 2025) and always with
+TensorRT-LLM's own cancel message, a ``stop`` request with the inner request's id (Triton 2.51
+has no ``cancel()``; both backends honour ``stop``). The inner request carries the client's id,
+so a client's own ``stop`` to ``tensorrt_llm`` reaches it too; a request without one gets a
+unique id, since ``stop`` needs one.
+
 What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
 draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
 multimodal inputs. Both get a one-line error instead of an answer that ignores them.
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -46,6 +56,7 @@ class TritonPythonModel:
                 "tensorrt_llm_bls: specdeploy_steps must be preprocessing, tensorrt_llm_model_name, postprocessing"
             )
         self.outputs = [output["name"] for output in config.get("output", [])]
+        self.cancel_period_s = int(parameter(config, "cancellation_check_period_ms", "100") or 100) / 1000
         self.threads: list[threading.Thread] = []
 
     def execute(self, requests: list) -> list | None:
@@ -64,10 +75,13 @@ class TritonPythonModel:
     # -- one request --------------------------------------------------------------------------------------
 
     def _single(self, request):
+        cancelled = getattr(request, "is_cancelled", lambda: False)
         try:
-            responses = list(self._run(request))
+            responses = list(self._run(request, cancelled=cancelled))
         except RequestError as exc:
             return _error(str(exc))
+        if not responses and cancelled():
+            return _error("the request was cancelled")
         if len(responses) != 1:
             return _error(f"tensorrt_llm sent {len(responses)} responses to a non-decoupled request")
         return responses[0]
@@ -96,24 +110,44 @@ class TritonPythonModel:
             # NVIDIA's BLS (lib/triton_decoder.py) never forwards num_return_sequences: with beam search
             # every beam comes back, one text_output per beam, whatever num_return_sequences says.
             tensors.pop("num_return_sequences", None)
-        inference = _request(llm, tensors, request.request_id())
-        replies = inference.exec(decoupled=True) if self.decoupled else [inference.exec()]
-        for reply in replies:
-            if cancelled():
-                cancel = getattr(replies, "cancel", None)
-                if cancel is not None:
-                    cancel()
-                return
-            if reply.has_error():
-                raise RequestError(reply.error().message())
-            produced = {tensor.name(): tensor.as_numpy() for tensor in reply.output_tensors()}
-            if not produced:  # the empty final response of a decoupled model
-                continue
-            step = {llm["outputs"][name]: value for name, value in produced.items() if name in llm["outputs"]}
-            step.update(_call(post, {**tensors, **step}))
-            yield pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, step[name]) for name in self.outputs if name in step]
-            )
+        inner_id = request.request_id() or f"bls-{uuid.uuid4().hex}"
+        inference = _request(llm, tensors, inner_id)
+        with _Watch(cancelled, self.cancel_period_s) as watch:
+            replies = self._start(inference, watch, llm["model"], inner_id)
+            for reply in replies:
+                if watch.fired:
+                    continue  # drain: the backend ends the cancelled request with a final response
+                response = self._reply(reply, llm, post, tensors)
+                if response is not None:
+                    yield response
+
+    def _start(self, inference, watch: _Watch, model: str, inner_id: str):
+        """Run the ``tensorrt_llm`` request; once the client is gone, cancel it there."""
+        if not self.decoupled:
+            watch.start(lambda: _stop(model, inner_id, decoupled=False))
+            return [inference.exec()]
+        replies = inference.exec(decoupled=True)
+
+        def cancel() -> None:
+            cancel_iterator = getattr(replies, "cancel", None)  # python_backend#398; not in Triton 2.51
+            if cancel_iterator is not None:
+                cancel_iterator()
+            _stop(model, inner_id, decoupled=True)
+
+        watch.start(cancel)
+        return replies
+
+    def _reply(self, reply, llm: dict, post: dict, tensors: dict):
+        if reply.has_error():
+            raise RequestError(reply.error().message())
+        produced = {tensor.name(): tensor.as_numpy() for tensor in reply.output_tensors()}
+        if not produced:  # the empty final response of a decoupled model
+            return None
+        step = {llm["outputs"][name]: value for name, value in produced.items() if name in llm["outputs"]}
+        step.update(_call(post, {**tensors, **step}))
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(name, step[name]) for name in self.outputs if name in step]
+        )
 
     @staticmethod
     def _refuse(tensors: dict) -> None:
@@ -126,6 +160,57 @@ class TritonPythonModel:
                 "num_draft_tokens: draft-target speculative decoding needs a draft model "
                 "(tensorrt_llm_draft_model_name), and this repository has none"
             )
+
+
+class _Watch:
+    """Polls ``cancelled`` every ``period_s`` from a thread of its own (the request's thread is
+    blocked reading ``tensorrt_llm``'s responses) and runs ``on_cancel`` once when it turns true."""
+
+    def __init__(self, cancelled, period_s: float) -> None:
+        self.cancelled, self.period_s = cancelled, period_s
+        self.fired = False
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_cancel) -> None:
+        def watch() -> None:
+            while not self._done.wait(self.period_s):
+                try:
+                    gone = bool(self.cancelled())
+                except Exception:  # noqa: BLE001 - a request whose state cannot be read is gone
+                    gone = True
+                if gone:
+                    self.fired = True
+                    try:
+                        on_cancel()
+                    except Exception as exc:  # noqa: BLE001 - log and let the request run out
+                        pb_utils.Logger.log_warn(f"tensorrt_llm_bls: cancelling the request failed: {exc}")
+                    return
+
+        self._thread = threading.Thread(target=watch, name="bls-cancel-watch", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> _Watch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
+
+def _stop(model: str, request_id: str, decoupled: bool) -> None:
+    """TensorRT-LLM's cancel message: ``stop=true`` with the id of the request to cancel (and the
+    required inputs, empty, as NVIDIA's inflight_batcher_llm_client sends them)."""
+    inputs = [
+        pb_utils.Tensor("input_ids", np.zeros((1, 0), dtype=np.int32)),
+        pb_utils.Tensor("input_lengths", np.zeros((1, 1), dtype=np.int32)),
+        pb_utils.Tensor("request_output_len", np.zeros((1, 1), dtype=np.int32)),
+        pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool)),
+    ]
+    stop = pb_utils.InferenceRequest(model_name=model, inputs=inputs, request_id=request_id, requested_output_names=[])
+    replies = stop.exec(decoupled=True) if decoupled else [stop.exec()]
+    for reply in replies:
+        if reply.has_error():
+            raise RuntimeError(reply.error().message())
 
 
 def _batched(array: np.ndarray) -> np.ndarray:

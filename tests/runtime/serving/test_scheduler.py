@@ -205,3 +205,37 @@ def test_perf_metrics_for_plain_decoding(engine):
     m = got.final("m").metrics
     assert (m.total_draft_tokens, m.total_accepted_draft_tokens, m.acceptance_rate, m.forward_steps) == (0, 0, 0.0, 5)
     assert m.arrival_time_ns <= m.first_scheduled_time_ns <= m.first_token_time_ns <= m.last_token_time_ns
+
+
+def test_in_flight_count_follows_submissions_and_cancellations(engine):
+    """The backend's in-flight gauge: told on every submit and at the end of every step, so a request
+    the client abandoned leaves it at the step that drops it."""
+    counts: list[int] = []
+    sched, got = Scheduler(engine, cancel_check_period_s=0.0, on_active=counts.append), Collector()
+    gone = threading.Event()
+    sched.submit(req("abandoned", PROMPTS[0], 50, streaming=True), got.sink("abandoned"), gone.is_set)
+    sched.submit(req("short", PROMPTS[1], 2), got.sink("short"))
+    assert counts == [1, 2]
+    sched.step()
+    sched.step()  # "short" is done: prefill, then its second token
+    assert counts[-1] == 1
+    gone.set()
+    sched.step()
+    assert counts[-1] == 0 and got.final("abandoned").reason is FinishReason.CANCELLED
+
+
+def test_values_outside_the_vocabulary_are_refused(engine):
+    vocab, longest = engine.config.model.vocab_size, engine.config.limits.max_seq_len
+    got, _ = run(
+        engine,
+        [
+            req("end", PROMPTS[0], end_id=vocab),
+            req("pad", PROMPTS[0], pad_id=-1),
+            req("stop", PROMPTS[0], stop_words=((1,) * (longest + 1),)),
+            req("no-end", PROMPTS[0], end_id=-1),
+        ],
+    )
+    assert got.final("end").error == f"end_id {vocab} is not within acceptable range [-1, {vocab}) (the vocabulary)"
+    assert got.final("pad").error == f"pad_id -1 is outside the vocabulary [0, {vocab})"
+    assert got.final("stop").error.startswith(f"stop_words_list: word 0 has {longest + 1} tokens")
+    assert got.final("no-end").reason is FinishReason.LENGTH

@@ -107,6 +107,42 @@ def test_batch_and_num_return_sequences_split_into_tagged_sequences(backend, eng
     assert all(int(r.tensors["kv_cache_reused_blocks"][0, 0]) == 0 for r in responses)
 
 
+def test_values_beyond_the_engine_are_refused_naming_what_the_client_sent(backend, engine):
+    """num_return_sequences beyond max_batch_size would hold the server for all of them, queued;
+    end_id outside [-1, vocab) is TensorRT-LLM's own refusal; pad_id and stop words outside the
+    vocabulary or longer than max_seq_len are mistakes. Each gets one line; -1 stays "no end id"."""
+    limits, vocab = engine.config.limits, engine.config.model.vocab_size
+    long_word = np.array([[[3] * 5000, [5000] + [-1] * 4999]], np.int32)  # [batch, 2, L]: one 5000-token word
+    cases = {
+        "many": (
+            {"num_return_sequences": np.array([1000], np.int32)},
+            f"num_return_sequences=1000 asks for 1000 sequences at once, more than the engine's max_batch_size "
+            f"{limits.max_batch_size}; ask for at most {limits.max_batch_size}",
+        ),
+        "end-big": (
+            {"end_id": np.array([10**6], np.int32)},
+            f"end_id 1000000 is not within acceptable range [-1, {vocab}) (the vocabulary)",
+        ),
+        "end-neg": ({"end_id": np.array([-3], np.int32)}, f"end_id -3 is not within acceptable range [-1, {vocab})"),
+        "pad": ({"pad_id": np.array([10**7], np.int32)}, f"pad_id 10000000 is outside the vocabulary [0, {vocab})"),
+        "stop": (
+            {"stop_words_list": long_word},
+            f"stop_words_list: word 0 has 5000 tokens, more than the engine's max_seq_len {limits.max_seq_len}",
+        ),
+        "bad": (
+            {"bad_words_list": np.array([[[4, vocab + 7], [2, -1]]], np.int32)},
+            f"bad_words_list: word 0 has token id {vocab + 7}, outside the vocabulary [0, {vocab})",
+        ),
+    }
+    requests = {name: FakeRequest(name, **inputs(PROMPTS[0], 3, **extra)) for name, (extra, _) in cases.items()}
+    no_end = FakeRequest("no-end", **inputs(PROMPTS[0], 3, end_id=np.array([-1], np.int32)))
+    backend.execute([*requests.values(), no_end])
+    for name, (_, message) in cases.items():
+        (response,) = requests[name].sender.responses()
+        assert response.error.startswith(message), (name, response.error)
+    assert no_end.sender.responses()[-1].tensors["output_ids"].shape == (1, 1, 3)
+
+
 def test_generation_logits_and_log_probs_come_with_their_tokens(backend, engine):
     import torch
 
