@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.client.load import load_prompts, run_load, summarize, write_report
+from pipeline.console import Table
 
 
 def _ms(value: float | None) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+
+from pipeline.console import Table
 
 STATUS_STYLE = {
     "ok": "[green]ok[/green]",

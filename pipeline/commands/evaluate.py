@@ -12,7 +12,9 @@ import functools
 import sys
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+
+from pipeline.console import Table
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -103,7 +105,7 @@ def summary_table(evaluation: dict) -> Table:
     batches = evaluation["settings"]["batch_sizes"]
     gpu = evaluation["gpu"]
     table = Table(
-        title=f"{evaluation['variant']}: {evaluation['prompts']['count']} prompts, predicted on "
+        title=f"{escape(evaluation['variant'])}: {evaluation['prompts']['count']} prompts, predicted on "
         f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}",
         title_justify="left",
     )
@@ -125,7 +127,7 @@ def summary_table(evaluation: dict) -> Table:
             else (f"{ident['identical']}/{ident['prompts']}" + ("" if ident["lossless"] else " NOT LOSSLESS"))
         )
         table.add_row(
-            c["name"],
+            escape(c["name"]),  # "eagle[cpu_small_10_depth_3]" is not a style
             f"{c['mean_acceptance_length']:.2f}",
             f"{c['rows_per_step']:.1f}",
             f"{c['cpu_step_cost']:.2f}",

@@ -12,9 +12,9 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline import gpus, presets, trees
+from pipeline.console import Table
 from pipeline.errors import InputError
 from pipeline.speculative import LookaheadConfig, lookahead_problem
 

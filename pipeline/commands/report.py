@@ -11,7 +11,8 @@ import argparse
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+
+from pipeline.console import Table
 
 
 def register(commands: argparse._SubParsersAction) -> None:

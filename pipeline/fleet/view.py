@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rich.table import Table
 from rich.text import Text
 
+from pipeline.console import Table
 from pipeline.fleet.graph import FleetGraph
 from pipeline.fleet.task import BLOCKED, FAILED, GATED, RAN, SKIPPED, UNAVAILABLE, TaskReport
 
