@@ -9,11 +9,11 @@ The formulas and GPU figures are in pipeline/costmodel/ (step.py, hardware.py).
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
 
 from pipeline import gpus, presets, trees
+from pipeline.commands.common import add_json_flag, print_json
 from pipeline.console import Table
 from pipeline.errors import InputError
 from pipeline.speculative import LookaheadConfig, lookahead_problem
@@ -44,7 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32], help="batch sizes (requests in flight)")
     parser.add_argument("--context-len", type=int, default=1024, help="cached tokens per request")
-    parser.add_argument("--json", action="store_true", help='{"speedup": {"1": ...}, "step_cost": {...}}')
+    add_json_flag(parser, '{"speedup": {"<batch>": x}, "step_cost": {"<batch>": {...}}, "rows_per_step"}')
     parser.set_defaults(handler=cmd_predict)
 
 
@@ -102,15 +102,12 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "speedup": {str(p.batch): p.speedup for p in rows},
-                    "step_cost": {str(p.batch): p.to_dict() for p in rows},
-                    "rows_per_step": drafting.rows,
-                },
-                indent=2,
-            )
+        print_json(
+            {
+                "speedup": {str(p.batch): p.speedup for p in rows},
+                "step_cost": {str(p.batch): p.to_dict() for p in rows},
+                "rows_per_step": drafting.rows,
+            }
         )
         return 0
     table = Table(

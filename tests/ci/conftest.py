@@ -31,3 +31,36 @@ def evaluated(tmp_path) -> Path:
     shutil.copyfile(RECORDED, folder / "evaluation.json")
     (folder / "report.md").write_text("# Evaluation\n")
     return folder
+
+
+def rechosen(evaluation: dict, **release) -> dict:
+    """The evaluation with other release gates, its choice made again by the real rule (choose)."""
+    from pipeline.evaluation.choose import Gates, choose
+
+    gates = {**evaluation["release"], **release}
+    batch = evaluation["settings"]["batch_sizes"][0]
+    choice = choose(evaluation["candidates"], batch, evaluation["gpu"]["type"], Gates.from_dict(gates))
+    return {**evaluation, "release": gates, "choice": choice.to_dict()}
+
+
+def run_record(evaluation_dir: Path, *, exit_code: int = 3, gate_failed: str | None = None):
+    """An engine run of the rehearsal spec on a host without TensorRT-LLM: convert and evaluate ran
+    (or evaluate failed its gate), build could not run here, package was not run."""
+    from pipeline.ci.records import RunRecord, StageRecord, VariantRecord
+
+    if gate_failed:
+        stages = (
+            StageRecord("evaluate", "gate failed", 144.8, gate_failed),
+            StageRecord("convert", "not run", None, "evaluate stopped the variant"),
+            StageRecord("build", "not run", None, "evaluate stopped the variant"),
+            StageRecord("package", "not run", None, "evaluate stopped the variant"),
+        )
+    else:
+        stages = (
+            StageRecord("evaluate", "ran", 144.8),
+            StageRecord("convert", "skipped", 0.2),
+            StageRecord("build", "unavailable", None, "trtllm-build is not installed on this host"),
+            StageRecord("package", "not run", None, "build stopped the variant"),
+        )
+    variant = VariantRecord(VARIANT, "eagle", stages, exit_code, evaluation_dir)
+    return RunRecord("engine", VARIANT, str(SPEC), (variant,), exit_code, evaluation_dir.parent / "manifest.json")
