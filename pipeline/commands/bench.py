@@ -8,12 +8,14 @@ speculative acceptance, and writes bench.json and bench.png into --out.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 from rich.console import Console
 
 from pipeline.client.load import load_prompts, run_load, summarize, write_report
+from pipeline.commands.common import add_json_flag, print_json
 from pipeline.console import Table
 
 
@@ -71,6 +73,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     )
     print_summary(summary, console)
     console.print(f"wrote {path} and {path.with_suffix('.png')}", highlight=False)
+    if args.json:  # what bench.json holds
+        print_json(json.loads(path.read_text()))
     return 0 if summary["completed"] else 1
 
 
@@ -85,4 +89,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--time-limit", type=float, default=600.0, help="stop sending after this many seconds")
     bench.add_argument("--out", help="folder for bench.json and bench.png (default bench/out/<time>)")
     add_sampling_arguments(bench)
+    add_json_flag(
+        bench,
+        'what bench.json holds: {"concurrency", "requests", "completed", "failed", "tokens_per_second", '
+        '"ttft_ms": {"p50", "p90", "p99", "mean"}, "itl_ms", "latency_ms", "acceptance", "errors", ...}',
+    )
     bench.set_defaults(handler=cmd_bench, max_tokens=64)

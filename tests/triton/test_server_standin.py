@@ -351,11 +351,14 @@ def test_bench_command_writes_json_and_plot(server, tmp_path, capsys):
             server.grpc_url,
             "--out",
             str(out),
+            "--json",
         ]
     )
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.err  # --json: the table goes to stderr, stdout is bench.json's document
     assert rc == 0, text
     report = json.loads((out / "bench.json").read_text())
+    assert json.loads(captured.out) == report
     assert report["completed"] == 8 and report["failed"] == 0 and report["concurrency"] == 4
     assert report["output_tokens"] == 8 * 9 and report["tokens_per_second"] > 0
     assert set(report["ttft_ms"]) == {"p50", "p90", "p99", "mean"} and report["itl_ms"]["p50"] > 0
