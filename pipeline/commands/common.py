@@ -1,4 +1,5 @@
-"""What several commands share: the spec argument, the output roots and loading a plan.
+"""What several commands share: the spec argument, the output roots, loading a plan, and the outputs
+for CI (``--json``, ``--junit-xml``, GitHub's step summary).
 
 A SPEC argument is a path; when no file is there and it is a bare file name (``NAME.yaml``,
 or ``NAME``), it names a spec of the project's ``specs/`` folder, so ``specdeploy engine
