@@ -113,6 +113,9 @@ def test_gitlab_ci_matches_gitlabs_schema_and_has_the_release_jobs():
     assert "engines/*/manifest.json" in pipeline["build"]["artifacts"]["paths"]
 
 
-def test_a_wrong_option_in_an_example_is_caught():
+def test_the_command_line_check_takes_the_ci_options_and_catches_a_wrong_one():
+    assert assert_calls_parse(
+        ['for s in a b; do specdeploy evaluate "$s" --junit-xml r/e.xml --json > e.json; done']
+    ) == [["specdeploy", "evaluate", "$s", "--junit-xml", "r/e.xml", "--json"]]
     with pytest.raises(pytest.fail.Exception, match="no such command line: specdeploy evaluate x --junitxml"):
         assert_calls_parse(["specdeploy evaluate x --junitxml reports/j.xml > out.json"])  # pytest's spelling

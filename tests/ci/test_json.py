@@ -98,14 +98,6 @@ def test_validate_json(cli):
     assert len(body["variants"]) > 1
 
 
-def test_doctor_json(cli):
-    rc, out, _ = cli("doctor", "llama70b-eagle.yaml", "--json")
-    body = json.loads(out)
-    assert set(body) == {"host", "checks", "variants", "ok"}
-    assert all(set(c) >= {"name", "status", "detail"} for c in body["checks"])
-    assert rc == (0 if body["ok"] else 3) and body["variants"][0]["variant"] == "llama70b-eagle"
-
-
 def test_build_dry_run_json(cli):
     rc, out, err = cli("build", "llama70b-eagle.yaml", "--dry-run", "--json")
     assert rc == 0, err
