@@ -63,7 +63,7 @@ class Board:
 
     def table(self, title: str) -> Table:
         table = Table(title=title, title_justify="left")
-        table.add_column("variant", no_wrap=True)
+        table.add_column("variant")
         for column in self.graph.columns:
             table.add_column(column)
         now = time.monotonic()

@@ -59,3 +59,22 @@ def test_plan_and_report_through_a_pipe_show_the_measured_choice_in_full(cli, ev
     rc, out, err = cli("report", str(SPEC))
     assert rc == 0 and "…" not in out, err
     assert f"│ {chosen} │" in out and f"{chosen}: predicted 1.51x on l40s at batch 1 │" in out
+
+
+def test_the_fleet_progress_table_wraps_a_long_variant_name(write_spec, tmp_path):
+    # The `engine --ray` table of variants x stages: a variant column that never wrapped cropped the name and
+    # squeezed the stage columns to nothing at a narrow width.
+    from pipeline.fleet.graph import build_graph
+    from pipeline.fleet.view import Board
+    from pipeline.plan import OutputRoots, make_plan
+    from pipeline.spec import load_spec
+
+    name = "code-lookahead-with-a-long-name"
+    spec = write_spec(f"name: fleet\nmodel: {{builtin: smollm2-135m-instruct}}\nvariants:\n  - name: {name}\n")
+    roots = OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
+    board = Board(build_graph(make_plan(load_spec(spec), roots)))
+    out = io.StringIO()
+    make_console(file=out, environ={"COLUMNS": "40"}).print(board.table("fleet"))
+    rows = [line.split("│")[1:-1] for line in out.getvalue().splitlines() if line.startswith("│")]
+    assert "".join(row[0].strip() for row in rows) == name
+    assert "".join(row[1].strip() for row in rows) == "waiting"  # the stage columns keep their text too
