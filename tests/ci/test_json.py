@@ -103,3 +103,9 @@ def test_build_dry_run_json(cli):
     assert rc == 0, err
     (variant,) = json.loads(out)["variants"]
     assert set(variant) == {"name", "trtllm_build", "gpu_launch"} and variant["trtllm_build"][0] == "trtllm-build"
+
+
+def test_prepare_model_json(cli, smollm2_dir):
+    rc, out, err = cli("prepare-model", "--json")
+    assert rc == 0, err
+    assert json.loads(out) == {"model_dir": str(smollm2_dir)}
