@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -98,3 +99,18 @@ def report_run(run, args: argparse.Namespace) -> None:
     append_step_summary(run)
     if args.json:
         print_json(run.to_json())
+
+
+def report_error(command: str, args: argparse.Namespace, error: Exception) -> None:
+    """For a run that stopped with ``error`` before it had a result: the one-case JUnit file (--junit-xml),
+    so CI still shows a failed check. A JUnit file that cannot be written is said on stderr; the run's own
+    error stays the one the CLI reports (and exits with)."""
+    if getattr(args, "junit_xml", None) is None:
+        return
+    from pipeline.ci.junit import write_error_junit
+    from pipeline.errors import SpecdeployError
+
+    try:
+        write_error_junit(command, args.spec, str(error), args.junit_xml)
+    except SpecdeployError as exc:
+        print(f"error: {exc}", file=sys.stderr)

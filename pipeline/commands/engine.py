@@ -26,6 +26,7 @@ from pipeline.commands.common import (
     add_variant_filter,
     load_plan,
     output_roots,
+    report_error,
     report_run,
 )
 from pipeline.errors import InputError, SpecdeployError
@@ -36,10 +37,7 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     try:
         return _engine(args, console)
     except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error
-        if args.junit_xml is not None:
-            from pipeline.ci.junit import write_error_junit
-
-            write_error_junit("engine", args.spec, str(exc), args.junit_xml)
+        report_error("engine", args, exc)
         raise
 
 

@@ -53,15 +53,13 @@ def with_default_evaluation(spec):
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.commands.common import report_error
     from pipeline.errors import SpecdeployError
 
     try:
         return _evaluate(args, console)
     except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error
-        if args.junit_xml is not None:
-            from pipeline.ci.junit import write_error_junit
-
-            write_error_junit("evaluate", args.spec, str(exc), args.junit_xml)
+        report_error("evaluate", args, exc)
         raise
 
 

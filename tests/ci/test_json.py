@@ -64,6 +64,10 @@ def test_engine_that_stops_with_an_error_still_writes_its_junit(cli, write_spec,
     xmlschema.validate(str(tmp_path / "engine.xml"), str(SCHEMA))
     (case,) = [c for suite in JUnitXml.fromfile(str(tmp_path / "engine.xml")) for c in suite]
     assert isinstance(case.result[0], Error) and "tq" in case.result[0].message
+    # A JUnit path that cannot be written is said, and the run's own error still decides the exit code.
+    (tmp_path / "file").write_text("")
+    rc, _, err = cli("engine", str(spec), "--junit-xml", str(tmp_path / "file" / "engine.xml"))
+    assert rc == 2 and "writing the JUnit XML report" in err and "tq" in err.splitlines()[-1]
 
 
 def test_report_json(cli, evaluated):
