@@ -17,6 +17,7 @@ On a miss, ``on_fail: fallback`` takes the next best candidate that passes, down
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,10 @@ def gate_checks(record: dict, gates: Gates, batch: int) -> list[GateCheck]:
                 None if ok else f"min_speedup {gates.min_speedup}: predicted {speedup:.2f}x at batch {batch}",
             )
         )
+    if plain:  # what serving without speculation gives: no gate applies to it
+        checks = [
+            dataclasses.replace(c, measured=f"{c.measured} (plain decoding passes by definition)") for c in checks
+        ]
     return checks
 
 

@@ -43,3 +43,12 @@ def test_a_failed_gate_is_marked_and_the_summary_is_appended(evaluated, recorded
     assert "a release gate failed (exit 6)" in text
     assert "- min_acceptance_length: **FAILED**, measured 2.36, threshold 3.0" in text
     assert "stopped at evaluate (gate failed): eagle2(top_k 10) misses release gate min_acceptance_length 3.0" in text
+
+
+def test_a_fall_back_to_plain_decoding_says_the_gates_do_not_apply(evaluated, recorded, tmp_path):
+    evaluation = rechosen(recorded, min_acceptance_length=3.0)  # on_fail: fallback, and no candidate reaches 3
+    assert evaluation["choice"]["candidate"] == "plain"
+    (evaluated / "evaluation.json").write_text(json.dumps(evaluation))
+    text = step_summary(run_record(evaluated), base=tmp_path)
+    assert "- min_acceptance_length: pass, measured 1.00 (plain decoding passes by definition), threshold 3.0" in text
+    assert "eagle2(top_k 10) misses release gate min_acceptance_length 3.0: measured 2.36; fell back to plain" in text
