@@ -91,11 +91,10 @@ def add_ci_options(parser: argparse.ArgumentParser) -> None:
 def report_run(run, args: argparse.Namespace) -> None:
     """The CI outputs of a finished run: the JUnit file (--junit-xml), GitHub's step summary (when
     $GITHUB_STEP_SUMMARY is set) and the JSON document (--json)."""
-    from pipeline.ci.junit import write_junit
     from pipeline.ci.summary import append_step_summary
 
-    if args.junit_xml is not None:
-        write_junit(run, args.junit_xml)
+    if args.junit_xml is not None:  # junitparser only then: containers that install specdeploy --no-deps work
+        junit_module().write_junit(run, args.junit_xml)
     append_step_summary(run)
     if args.json:
         print_json(run.to_json())
@@ -107,10 +106,18 @@ def report_error(command: str, args: argparse.Namespace, error: Exception) -> No
     error stays the one the CLI reports (and exits with)."""
     if getattr(args, "junit_xml", None) is None:
         return
-    from pipeline.ci.junit import write_error_junit
     from pipeline.errors import SpecdeployError
 
     try:
-        write_error_junit(command, args.spec, str(error), args.junit_xml)
+        junit_module().write_error_junit(command, args.spec, str(error), args.junit_xml)
     except SpecdeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
+
+
+def junit_module():
+    """pipeline.ci.junit; InputError (exit 2) saying what to install when junitparser is missing."""
+    try:
+        from pipeline.ci import junit
+    except ImportError:
+        raise InputError("--junit-xml needs junitparser: pip install 'junitparser==5.0.3'") from None
+    return junit

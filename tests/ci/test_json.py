@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import xmlschema
 from junitparser import Error, JUnitXml, Skipped
 
+import pipeline.ci
 from tests.ci.conftest import SPEC, VARIANT
 from tests.conftest import REPO
 
@@ -113,3 +115,15 @@ def test_prepare_model_json(cli, smollm2_dir):
     rc, out, err = cli("prepare-model", "--json")
     assert rc == 0, err
     assert json.loads(out) == {"model_dir": str(smollm2_dir)}
+
+
+def test_engine_without_junitparser_installed(cli, write_spec, tmp_path, monkeypatch):
+    # Containers install specdeploy --no-deps: the run needs junitparser only for --junit-xml, and says so.
+    monkeypatch.setitem(sys.modules, "junitparser", None)
+    monkeypatch.delitem(sys.modules, "pipeline.ci.junit", raising=False)
+    monkeypatch.delattr(pipeline.ci, "junit", raising=False)  # as if never imported
+    spec = write_spec("name: big\nmodel: {path: /nonexistent/llama, preset: llama-3.1-8b}\n")
+    rc, out, err = cli("engine", str(spec), "--json")
+    assert rc == 3 and json.loads(out)["exit_code"] == 3, err
+    rc, out, err = cli("engine", str(spec), "--junit-xml", str(tmp_path / "j.xml"))
+    assert rc == 2 and err.splitlines()[-1] == "error: --junit-xml needs junitparser: pip install 'junitparser==5.0.3'"
