@@ -10,8 +10,6 @@ import argparse
 import os
 import sys
 
-from rich.console import Console
-
 from pipeline import __version__
 from pipeline.commands import (
     bench,
@@ -32,6 +30,7 @@ from pipeline.commands import (
     validate,
     verify,
 )
+from pipeline.console import make_console
 from pipeline.errors import SpecdeployError
 
 EXIT_CODES = """exit codes:
@@ -97,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console(soft_wrap=True)
+    # --json: stdout carries the JSON document alone, so the progress lines and tables go to stderr.
+    console = make_console(stderr=bool(getattr(args, "json", False)))
     try:
         return args.handler(args, console)
     except SpecdeployError as exc:

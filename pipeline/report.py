@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from pipeline.console import Table
 from pipeline.plan import Plan, VariantPlan
 from pipeline.resources import StageResources
 
@@ -44,8 +45,9 @@ def _measured_choice(variant: VariantPlan) -> list[tuple[str, str]]:
     if not stage or not result:
         return []
     choice = result["choice"]
-    failed = f"  [red]release gate failed[/red]: {choice['failed']}" if choice.get("failed") else ""
-    rows = [("measured choice", f"{choice['candidate']}: {choice['reason']}{failed}")]
+    # Candidate names are not markup: "eagle[cpu_small_10_depth_3]" would vanish as a style tag.
+    failed = f"  [red]release gate failed[/red]: {escape(choice['failed'])}" if choice.get("failed") else ""
+    rows = [("measured choice", f"{escape(choice['candidate'])}: {escape(choice['reason'])}{failed}")]
     if (recorded_fingerprint(stage.output) or {}).get("digest") != fingerprint(stage)["digest"]:
         rows.append(
             (
@@ -64,7 +66,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         table = Table(title=f"variant {variant.name}", show_header=False, title_justify="left")
         table.add_column("key", style="cyan")
         table.add_column("value")
-        table.add_row("method", f"{_speculative_line(variant)}  ({variant.speculative.reason})")
+        table.add_row("method", f"{_speculative_line(variant)}  ({escape(variant.speculative.reason)})")
         for key, value in _measured_choice(variant):
             table.add_row(key, value)
         table.add_row("model", f"{variant.arch.name}  ({variant.model_dir or 'preset only'})")
@@ -91,7 +93,7 @@ def print_plan(plan: Plan, console: Console) -> None:
             table.add_row(f"stage {stage.name}", f"{stage.output}  {_needs(stage.resources)}")
         table.add_row("serve", _needs(variant.serve_resources))
         for note in variant.notes:
-            table.add_row("note", note)
+            table.add_row("note", escape(note))
         console.print(table)
     if plan.repository is not None:
         from pipeline.triton.spec_repository import sharing_problem

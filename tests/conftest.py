@@ -14,6 +14,12 @@ from pipeline.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def no_github_step_summary(monkeypatch):
+    """Tests run inside GitHub Actions must not append their runs to the job's real step summary."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
 @pytest.fixture
 def write_spec(tmp_path):
     def write(text: str, name: str = "spec.yaml") -> Path:

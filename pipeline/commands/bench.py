@@ -10,13 +10,15 @@ its settings, the engine's shape, dtypes and parallelism, which `specdeploy cali
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline.client.load import load_prompts, run_load, summarize, write_report
+from pipeline.commands.common import add_json_flag, print_json
+from pipeline.console import Table
 
 
 def _ms(value: float | None) -> str:
@@ -79,6 +81,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     )
     print_summary(summary, console)
     console.print(f"wrote {path} and {path.with_suffix('.png')}", highlight=False)
+    if args.json:  # what bench.json holds
+        print_json(json.loads(path.read_text()))
     return 0 if summary["completed"] else 1
 
 
@@ -96,4 +100,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--repository", help="the Triton model repository the server loaded: recorded for `specdeploy calibrate`"
     )
     add_sampling_arguments(bench)
+    add_json_flag(
+        bench,
+        'what bench.json holds: {"concurrency", "requests", "completed", "failed", "tokens_per_second", '
+        '"ttft_ms": {"p50", "p90", "p99", "mean"}, "itl_ms", "latency_ms", "acceptance", "errors", ...}',
+    )
     bench.set_defaults(handler=cmd_bench, max_tokens=64)

@@ -12,7 +12,7 @@ import argparse
 
 from rich.console import Console
 
-from pipeline.commands.common import add_spec_argument, add_variant_filter
+from pipeline.commands.common import add_json_flag, add_spec_argument, add_variant_filter, print_json
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -22,6 +22,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_variant_filter(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the trtllm-build and serving commands only")
     parser.add_argument("--force", action="store_true", help="rebuild even if the engine is up to date")
+    add_json_flag(
+        parser,
+        '{"variants": [{"name", "trtllm_build": [argv], "gpu_launch": [argv]}]} with --dry-run, else '
+        '{"variants": [{"name", "state": "ran|skipped|unavailable", "seconds", "message", "exit_code"}]}',
+    )
     parser.set_defaults(handler=cmd_build)
 
 
@@ -38,29 +43,48 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
             f"(variants: {', '.join(v.name for v in plan.variants)})"
         )
     variants = [variant for variant in plan.variants if not wanted or variant.name in wanted]
+    if args.dry_run and args.json:
+        print_json({"variants": [{"name": v.name, **_commands(v)} for v in variants]})
+        return 0
     if args.dry_run:
         for variant in variants:
             _print_commands(variant, console)
         if not wanted:
             _print_spec_command(plan, console)
         return 0
-    return max((_build(variant, args.force, console) for variant in variants), default=0)
+    built = [_build(variant, args.force, console) for variant in variants]
+    if args.json:
+        print_json({"variants": built})
+    return max((b["exit_code"] for b in built), default=0)
+
+
+def _commands(variant) -> dict[str, list[str]]:
+    from pipeline.kubernetes import launch_argv
+    from pipeline.triton.launch_gpu import gpu_launch_argv
+    from pipeline.trtllm.build_command import trtllm_build_argv
+
+    checkpoint, engine = variant.stage("convert").output, variant.stage("build").output
+    commands = {
+        "trtllm_build": trtllm_build_argv(variant, checkpoint, engine, visible_gpus=None),
+        "gpu_launch": gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size),
+    }
+    if variant.target == "tensorrt":  # the container's argv in engines/<spec>/deploy/deployment.yaml
+        commands["kubernetes_launch"] = launch_argv(variant)
+    return commands
 
 
 def _print_commands(variant, console: Console) -> None:
-    from pipeline.kubernetes import launch_argv
-    from pipeline.triton.launch_gpu import gpu_launch_argv
-    from pipeline.trtllm.build_command import display, trtllm_build_argv
+    from pipeline.trtllm.build_command import display
 
-    checkpoint, engine = variant.stage("convert").output, variant.stage("build").output
-    build_argv = trtllm_build_argv(variant, checkpoint, engine, visible_gpus=None)
-    serve_argv = gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size)
+    engine = variant.stage("build").output
+    commands = _commands(variant)
+    build_argv, serve_argv = commands["trtllm_build"], commands["gpu_launch"]
     where = "" if variant.target == "tensorrt" else " (target reference: on a GPU host this is the build)"
     console.print(f"{variant.name}: {variant.method}, tp={variant.tp} pp={variant.pp}{where}", markup=False)
     lines = [f"# build (in {engine})", display(build_argv), "# serve", display(serve_argv)]
     if variant.target == "tensorrt":  # the container's argv in engines/<spec>/deploy/deployment.yaml
         mount = variant.deploy.mount_path
-        lines += [f"# serve in Kubernetes (deploy.mount_path {mount})", display(launch_argv(variant))]
+        lines += [f"# serve in Kubernetes (deploy.mount_path {mount})", display(commands["kubernetes_launch"])]
     for line in lines:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
@@ -79,7 +103,8 @@ def _print_spec_command(plan, console: Console) -> None:
         console.print(display(spec_launch_argv(plan)), highlight=False, markup=False, soft_wrap=True)
 
 
-def _build(variant, force: bool, console: Console) -> int:
+def _build(variant, force: bool, console: Console) -> dict:
+    """Runs the build stage; its state for --json (``exit_code`` 3: it cannot run on this host)."""
     from pipeline.errors import StageUnavailable
     from pipeline.stages import build
     from pipeline.stages.execute import require_inputs
@@ -94,9 +119,15 @@ def _build(variant, force: bool, console: Console) -> int:
         result = run_stage(stage, lambda out: build.run(variant, stage, out), force=force, on_wait=say)
     except StageUnavailable as exc:
         say(f"[{variant.name}] build: {exc}")
-        return exc.exit_code
+        return {
+            "name": variant.name,
+            "state": "unavailable",
+            "seconds": None,
+            "message": str(exc),
+            "exit_code": exc.exit_code,
+        }
     say(
         f"[{variant.name}] build: {'up to date, skipped' if result.status == 'skipped' else 'done'}"
         f" ({result.seconds:.1f} s)"
     )
-    return 0
+    return {"name": variant.name, "state": result.status, "seconds": result.seconds, "message": None, "exit_code": 0}

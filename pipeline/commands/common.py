@@ -1,4 +1,5 @@
-"""What several commands share: the spec argument, the output roots and loading a plan.
+"""What several commands share: the spec argument, the output roots, loading a plan, and the outputs
+for CI (``--json``, ``--junit-xml``, GitHub's step summary).
 
 A SPEC argument is a path; when no file is there and it is a bare file name (``NAME.yaml``,
 or ``NAME``), it names a spec of the project's ``specs/`` folder, so ``specdeploy engine
@@ -8,6 +9,8 @@ llama70b-eagle.yaml`` (and ``make engine SPEC=llama70b-eagle.yaml``) work from a
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -64,3 +67,61 @@ def load_plan(args: argparse.Namespace, *, resolve: bool = False) -> Plan:
     ``resolve``: the spec file as an absolute path, so that its relative paths resolve absolute."""
     path = spec_path(args.spec)
     return checked_plan(load_spec(path.resolve() if resolve else path), output_roots(args))
+
+
+def add_json_flag(parser: argparse.ArgumentParser, shape: str) -> None:
+    """``--json``: the command's result as one JSON document on stdout (``shape`` says what it holds);
+    progress lines and tables go to stderr then, so stdout parses as it is."""
+    parser.add_argument("--json", action="store_true", help=f"print the result as JSON on stdout: {shape}")
+
+
+def print_json(data: object) -> None:
+    """The one way a command prints its ``--json`` result."""
+    print(json.dumps(data, indent=2))
+
+
+def add_ci_options(parser: argparse.ArgumentParser) -> None:
+    """``--junit-xml PATH`` (engine, evaluate); the step summary needs no option ($GITHUB_STEP_SUMMARY)."""
+    parser.add_argument(
+        "--junit-xml",
+        metavar="PATH",
+        type=Path,
+        help="also write the run as JUnit XML: each variant's stages and release gates as test cases "
+        "(a failed gate is a failure with the measured value and threshold; a stage this host cannot run "
+        "is skipped with the reason), for GitHub, GitLab and Jenkins to show as checks",
+    )
+
+
+def report_run(run, args: argparse.Namespace) -> None:
+    """The CI outputs of a finished run: the JUnit file (--junit-xml), GitHub's step summary (when
+    $GITHUB_STEP_SUMMARY is set) and the JSON document (--json)."""
+    from pipeline.ci.summary import append_step_summary
+
+    if args.junit_xml is not None:  # junitparser only then: containers that install specdeploy --no-deps work
+        junit_module().write_junit(run, args.junit_xml)
+    append_step_summary(run)
+    if args.json:
+        print_json(run.to_json())
+
+
+def report_error(command: str, args: argparse.Namespace, error: Exception) -> None:
+    """For a run that stopped with ``error`` before it had a result: the one-case JUnit file (--junit-xml),
+    so CI still shows a failed check. A JUnit file that cannot be written is said on stderr; the run's own
+    error stays the one the CLI reports (and exits with)."""
+    if getattr(args, "junit_xml", None) is None:
+        return
+    from pipeline.errors import SpecdeployError
+
+    try:
+        junit_module().write_error_junit(command, args.spec, str(error), args.junit_xml)
+    except SpecdeployError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+
+
+def junit_module():
+    """pipeline.ci.junit; InputError (exit 2) saying what to install when junitparser is missing."""
+    try:
+        from pipeline.ci import junit
+    except ImportError:
+        raise InputError("--junit-xml needs junitparser: pip install 'junitparser==5.0.3'") from None
+    return junit

@@ -5,12 +5,13 @@ is given), 3 when some variant cannot be built here."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+
+from pipeline.commands.common import add_json_flag, print_json
+from pipeline.console import Table
 
 STATUS_STYLE = {
     "ok": "[green]ok[/green]",
@@ -24,7 +25,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     parser = commands.add_parser("doctor", help="check this host for building and serving the engines")
     parser.add_argument("spec", nargs="?", help="also say whether each variant of this spec can build here")
-    parser.add_argument("--json", action="store_true", help="machine-readable report")
+    add_json_flag(parser, '{"host": {...}, "checks": [{"name", "status", "detail"}], "variants": [...], "ok"}')
     parser.set_defaults(handler=cmd_doctor)
 
 
@@ -38,7 +39,7 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
     verdicts = [assess_variant(variant, report) for variant in plan.variants] if plan else []
     result = to_json(report, checks, verdicts)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result)
     else:
         table = Table(title="host", title_justify="left")
         table.add_column("check")

@@ -1,6 +1,7 @@
-"""`specdeploy engine [SPEC] [--variant V] [--force] [--ray [ADDRESS]] [--hash-inputs]`: run the stages
-quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json) and,
+"""`specdeploy engine [SPEC] [--variant V] [--force] [--ray [ADDRESS]] [--hash-inputs] [--junit-xml PATH] [--json]`:
+run the stages quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json) and,
 when every variant is done, the Kubernetes manifests (engines/<spec>/deploy/, :mod:`pipeline.kubernetes`).
+``--junit-xml``, ``--json`` and ``$GITHUB_STEP_SUMMARY``: the run for CI (:mod:`pipeline.ci`).
 
 Without ``--ray`` the variants run one after another here. Exit 0 when every variant is done;
 otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
@@ -18,20 +19,39 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipeline.commands.common import add_spec_argument, add_variant_filter, load_plan, output_roots
-from pipeline.errors import InputError
+from pipeline.ci.records import NOT_RUN, UNAVAILABLE, StageRecord, VariantRecord, variant_record
+from pipeline.commands.common import (
+    add_ci_options,
+    add_json_flag,
+    add_spec_argument,
+    add_variant_filter,
+    load_plan,
+    output_roots,
+    report_error,
+    report_run,
+)
+from pipeline.errors import InputError, SpecdeployError
 from pipeline.hashing import HashCache
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
+    try:
+        return _engine(args, console)
+    except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error
+        report_error("engine", args, exc)
+        raise
+
+
+def _engine(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.ci.records import RunRecord
     from pipeline.manifest import write_manifest
 
     roots = output_roots(args)
     hashes = HashCache(roots.cache)
     if args.ray is not None:
-        plan, states, code = _engine_on_ray(args, console, hashes if args.hash_inputs else None)
+        plan, states, code, records = _engine_on_ray(args, console, hashes if args.hash_inputs else None)
     else:
-        plan, states, code = _engine_here(args, console, hashes if args.hash_inputs else None)
+        plan, states, code, records = _engine_here(args, console, hashes if args.hash_inputs else None)
     repository = (
         _spec_repository(plan, states, args, console, hashes if args.hash_inputs else None) if code == 0 else None
     )
@@ -39,6 +59,8 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
     console.print(f"manifest: {manifest}", highlight=False, markup=False)
     if code == 0:
         _write_deploy(plan, roots.engines, console)
+    run = RunRecord("engine", plan.spec_name, str(plan.spec_file), tuple(records), code, manifest, repository)
+    report_run(run, args)
     return code
 
 
@@ -117,11 +139,46 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
     unavailable = [o for o in outcomes if o.stopped_at and o.exit_code != RELEASE_EXIT_CODE]
     if unavailable:
         console.print(f"[yellow]{len(unavailable)} variant(s) stopped at a stage this host cannot run yet[/yellow]")
+    records = [_outcome_record(plan, o) for o in outcomes]
     codes = [outcome.exit_code for outcome in outcomes if outcome.stopped_at]
     if codes:
-        return plan, states, max(codes)
+        return plan, states, max(codes), records
     console.print(f"[green]done[/green]: {len(outcomes)} variant(s)")
-    return plan, states, 0
+    return plan, states, 0, records
+
+
+def _outcome_record(plan, outcome) -> VariantRecord:
+    """The CI record of a variant run here: its stages' results, and the stage that stopped it."""
+    from pipeline.evaluation.result import GATE_FAILED, RELEASE_EXIT_CODE
+
+    done = [StageRecord(r.name, r.status, r.seconds) for r in outcome.results]
+    stopped = None
+    if outcome.stopped_at:
+        state = GATE_FAILED if outcome.exit_code == RELEASE_EXIT_CODE else UNAVAILABLE
+        stopped = StageRecord(outcome.stopped_at, state, None, outcome.reason or "")
+    variant = next(v for v in plan.variants if v.name == outcome.variant)
+    return variant_record(variant, done, stopped_by=stopped, exit_code=outcome.exit_code)
+
+
+def _fleet_records(plan, graph, results) -> list[VariantRecord]:
+    """The CI records of the variants a Ray run handled: each stage task's state, seconds and message."""
+    from pipeline.fleet.task import BLOCKED
+
+    records = []
+    for name in graph.variants:
+        done, code = [], 0
+        for r in results:
+            for column in r.graph.columns:
+                key = r.graph.cells.get((name, column))
+                if key is None or key not in r.reports:
+                    continue
+                report = r.reports[key]
+                state = NOT_RUN if report.state == BLOCKED else report.state
+                done.append(StageRecord(column, state, report.seconds or None, report.message))
+                code = max(code, report.exit_code if not report.ok and report.state != BLOCKED else 0)
+        variant = next(v for v in plan.variants if v.name == name)
+        records.append(variant_record(variant, done, exit_code=code))
+    return records
 
 
 def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache | None):
@@ -183,7 +240,7 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
         f"{'[green]done[/green]' if code == 0 else '[yellow]stopped[/yellow]'}: {done} of "
         f"{len(graph.variants)} variant(s) complete"
     )
-    return plan, states, code
+    return plan, states, code, _fleet_records(plan, graph, results)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -217,5 +274,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--hash-inputs",
         action="store_true",
         help="fingerprint stage inputs by content (sha256, cached) instead of size and mtime",
+    )
+    add_ci_options(engine)
+    add_json_flag(
+        engine,
+        '{"command", "spec", "spec_file", "exit_code", "manifest", "repository", "variants": [{"name", "method", '
+        '"exit_code", "stopped_at", "stages": [{"stage", "state", "seconds", "message"}], "evaluation"}]}',
     )
     engine.set_defaults(handler=cmd_engine)

@@ -1,4 +1,5 @@
-"""`specdeploy evaluate SPEC [--variant V] [--force]`: the evaluate stage alone (and the stages before it).
+"""`specdeploy evaluate SPEC [--variant V] [--force] [--junit-xml PATH] [--json]`: the evaluate stage alone
+(and the stages before it).
 
 Works on any spec: a variant without an ``evaluation:`` section is evaluated with the defaults
 (the repository's held-out chat and code prompts, 32 prompts x 64 tokens). Prints one line per
@@ -12,11 +13,13 @@ import functools
 import sys
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+
+from pipeline.console import Table
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    from pipeline.commands.common import add_spec_argument, add_variant_filter
+    from pipeline.commands.common import add_ci_options, add_json_flag, add_spec_argument, add_variant_filter
 
     parser = commands.add_parser(
         "evaluate",
@@ -27,6 +30,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_spec_argument(parser, required=True)
     add_variant_filter(parser)
     parser.add_argument("--force", action="store_true", help="re-run even if the evaluation is up to date")
+    add_ci_options(parser)
+    add_json_flag(
+        parser,
+        '{"command", "spec", "spec_file", "exit_code", "variants": [{"name", "method", "exit_code", "stopped_at", '
+        '"stages": [{"stage", "state", "seconds", "message"}], "evaluation": {"chosen", "reason", "release_failed", '
+        '"gates", "candidates": [...], "reports": [...], ...}}]}',
+    )
     parser.set_defaults(handler=cmd_evaluate)
 
 
@@ -43,9 +53,21 @@ def with_default_evaluation(spec):
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.commands.common import output_roots, spec_path
+    from pipeline.commands.common import report_error
+    from pipeline.errors import SpecdeployError
+
+    try:
+        return _evaluate(args, console)
+    except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error
+        report_error("evaluate", args, exc)
+        raise
+
+
+def _evaluate(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.ci.records import UNAVAILABLE, RunRecord, StageRecord, variant_record
+    from pipeline.commands.common import output_roots, report_run, spec_path
     from pipeline.errors import InputError, StageUnavailable
-    from pipeline.evaluation.result import RELEASE_EXIT_CODE, read_result
+    from pipeline.evaluation.result import GATE_FAILED, RELEASE_EXIT_CODE, read_result
     from pipeline.plan import make_plan
     from pipeline.spec import load_spec
     from pipeline.stages.execute import stage_body
@@ -60,7 +82,7 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             f"{', '.join(v.name for v in plan.variants)})"
         )
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
-    code, failures = 0, []
+    code, failures, records = 0, [], []
     for variant in plan.variants:
         if only and variant.name not in only:
             continue
@@ -69,6 +91,9 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
 
             prepare_embedded_model(variant.model_dir.parent)
         names = [stage.name for stage in variant.stages]
+        done: list[StageRecord] = []
+        stopped: StageRecord | None = None
+        variant_code = 0
         for stage in variant.stages[: names.index("evaluate") + 1]:
             body = stage_body(stage.name)
             try:
@@ -80,9 +105,11 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
                 )
             except StageUnavailable as exc:
                 say(f"[{variant.name}] {stage.name}: {exc}")
+                stopped, variant_code = StageRecord(stage.name, UNAVAILABLE, None, str(exc)), exc.exit_code
                 code = max(code, exc.exit_code)
                 break
             say(f"[{variant.name}] {stage.name}: {result.status} ({result.seconds:.1f} s)")
+            done.append(StageRecord(stage.name, result.status, result.seconds))
         else:
             evaluation = read_result(variant.stage("evaluate").output)
             assert evaluation is not None  # the stage just wrote it (or found it up to date)
@@ -94,9 +121,14 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
             )
             if evaluation["choice"].get("failed"):
                 failures.append(f"{variant.name}: release gate failed: {evaluation['choice']['failed']}")
+                stopped = StageRecord("evaluate", GATE_FAILED, None, evaluation["choice"]["failed"])
+                variant_code = RELEASE_EXIT_CODE
+        records.append(variant_record(variant, done, stopped_by=stopped, exit_code=variant_code, last="evaluate"))
     for failure in failures:  # after every variant, so a release pipeline sees them all at once
         print(f"error: {failure}", file=sys.stderr)
-    return max(code, RELEASE_EXIT_CODE if failures else 0)
+    code = max(code, RELEASE_EXIT_CODE if failures else 0)
+    report_run(RunRecord("evaluate", plan.spec_name, str(plan.spec_file), tuple(records), code), args)
+    return code
 
 
 def summary_table(evaluation: dict) -> Table:
@@ -105,10 +137,12 @@ def summary_table(evaluation: dict) -> Table:
     batches = evaluation["settings"]["batch_sizes"]
     gpu = evaluation["gpu"]
     table = Table(
-        title=f"{evaluation['variant']}: {evaluation['prompts']['count']} prompts, predicted on "
-        f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}, {gpu.get('runtime', 'trtllm')} profile: "
-        "point (interval of the method's held-out error)",
+        title=f"{escape(evaluation['variant'])}: {evaluation['prompts']['count']} prompts, predicted on "
+        f"{gpu['type']}{' (assumed)' if gpu['assumed'] else ''}",
         title_justify="left",
+        # short lines: a console that is not a terminal soft-wraps, so a long caption would be one long line
+        caption=f"GPU bN: {gpu.get('runtime', 'trtllm')} profile, point (interval)",
+        caption_justify="left",
     )
     for column in (
         "candidate",
@@ -128,7 +162,7 @@ def summary_table(evaluation: dict) -> Table:
             else (f"{ident['identical']}/{ident['prompts']}" + ("" if ident["lossless"] else " NOT LOSSLESS"))
         )
         table.add_row(
-            c["name"],
+            escape(c["name"]),  # "eagle[cpu_small_10_depth_3]" is not a style
             f"{c['mean_acceptance_length']:.2f}",
             f"{c['rows_per_step']:.1f}",
             f"{c['cpu_step_cost']:.2f}",

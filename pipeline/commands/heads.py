@@ -24,6 +24,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from pipeline.commands.common import add_json_flag, print_json
+
 
 def _base_dir(args: argparse.Namespace) -> Path:
     if args.model:
@@ -96,6 +98,9 @@ def cmd_expand_heads(args: argparse.Namespace, console) -> int:
     from pipeline.heads.expand import expand_medusa
 
     out = expand_medusa(Path(args.heads), _base_dir(args), Path(args.out), dtype=args.dtype)
+    if args.json:
+        print_json({"heads_dir": str(out)})
+        return 0
     console.print(f"FasterDecoding Medusa heads written to {out}", highlight=False)
     return 0
 
@@ -135,4 +140,5 @@ def register(commands: argparse._SubParsersAction) -> None:
         choices=("float32", "float16", "bfloat16"),
         help="cast all tensors (default: keep stored dtypes, exact)",
     )
+    add_json_flag(expand, '{"heads_dir": "<the FasterDecoding folder written>"}')
     expand.set_defaults(handler=cmd_expand_heads)

@@ -10,14 +10,14 @@ import json
 
 from rich.console import Console
 
-from pipeline.commands.common import add_spec_argument, load_plan
+from pipeline.commands.common import add_json_flag, add_spec_argument, load_plan, print_json
 from pipeline.plan import Plan
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     plan = load_plan(args)
     if args.json:
-        print(json.dumps(plan_with_commands(plan), indent=2))
+        print_json(plan_with_commands(plan))
         return 0
     from pipeline.report import print_plan
 
@@ -45,5 +45,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     plan = commands.add_parser("plan", help="resolve each variant into method, build config and stages")
     add_spec_argument(plan)
-    plan.add_argument("--json", action="store_true", help="machine-readable plan")
+    add_json_flag(
+        plan,
+        'the plan: {"spec", "name", "repository", "variants": [{"name", "speculative", "build", "stages", ..., '
+        '"commands": {"trtllm_build", "gpu_launch"}}]}',
+    )
     plan.set_defaults(handler=cmd_plan)

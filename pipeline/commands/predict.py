@@ -12,12 +12,12 @@ pipeline/costmodel/ (step.py, hardware.py, profile.py).
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
-from rich.table import Table
 
 from pipeline import gpus, presets, trees
+from pipeline.commands.common import add_json_flag, print_json
+from pipeline.console import Table
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES, calibration
 from pipeline.errors import InputError
 from pipeline.speculative import LookaheadConfig, lookahead_problem
@@ -55,8 +55,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the runtime profile: trtllm (TensorRT-LLM engines, what specdeploy deploys) or pytorch-eager "
         "(the papers' and Spec-Bench's reference code, evaluation.device cuda)",
     )
-    parser.add_argument(
-        "--json", action="store_true", help='{"speedup": {"1": ...}, "interval": {"1": ...}, "step_cost": {...}}'
+    add_json_flag(
+        parser,
+        '{"runtime", "speedup": {"<batch>": x}, "interval": {"<batch>": {...}}, "error_band": {...}, '
+        '"step_cost": {"<batch>": {...}}, "rows_per_step"}',
     )
     parser.set_defaults(handler=cmd_predict)
 
@@ -127,23 +129,20 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     band = calibrated.band(drafting.method)
     intervals = {p.batch: band.interval(p.speedup) for p in rows}
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "runtime": args.runtime,
-                    "speedup": {str(p.batch): p.speedup for p in rows},
-                    "interval": {str(b): i.to_dict() for b, i in intervals.items()},
-                    "error_band": {
-                        "low_error": band.low_error,
-                        "high_error": band.high_error,
-                        "residuals": band.residuals,
-                        "borrowed_from": band.borrowed_from,
-                    },
-                    "step_cost": {str(p.batch): p.to_dict() for p in rows},
-                    "rows_per_step": drafting.rows,
+        print_json(
+            {
+                "runtime": args.runtime,
+                "speedup": {str(p.batch): p.speedup for p in rows},
+                "interval": {str(b): i.to_dict() for b, i in intervals.items()},
+                "error_band": {
+                    "low_error": band.low_error,
+                    "high_error": band.high_error,
+                    "residuals": band.residuals,
+                    "borrowed_from": band.borrowed_from,
                 },
-                indent=2,
-            )
+                "step_cost": {str(p.batch): p.to_dict() for p in rows},
+                "rows_per_step": drafting.rows,
+            }
         )
         return 0
     table = Table(

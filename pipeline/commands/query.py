@@ -16,6 +16,7 @@ from rich.console import Console
 
 from pipeline.client import GenerationRequest, GenerationResult, Piece, TritonClient
 from pipeline.client.chat import ChatTemplate
+from pipeline.commands.common import add_json_flag, print_json
 
 
 def chat_template(args: argparse.Namespace, client: TritonClient) -> ChatTemplate | None:
@@ -67,6 +68,8 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
     from pipeline.errors import InputError
 
     def show(piece: Piece) -> None:
+        if args.json:  # the answer comes whole, in the document
+            return
         sys.stdout.write(piece.text)
         sys.stdout.flush()
 
@@ -85,6 +88,20 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
                 )
             # Default: without a chat template there is nothing to format with; the text goes as it is.
         result = client.generate(request_from_args(args, prompt, perf=args.perf), on_piece=show)
+    if args.json:
+        print_json(
+            {
+                "model": args.model,
+                "prompt": prompt,
+                "text": result.text,
+                "tokens": result.tokens,
+                "seconds": result.total_seconds,
+                "first_token_seconds": result.first_token_seconds,
+                "mean_acceptance_length": result.mean_acceptance_length,
+                "perf": result.perf,
+            }
+        )
+        return 0
     sys.stdout.write("\n")
     if args.perf:
         print("\n".join(perf_lines(result)))
@@ -128,4 +145,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     query.add_argument("--system", help="system message for --chat")
     query.add_argument("--repo", help="take the chat template from this repository on disk instead of the server")
+    add_json_flag(
+        query,
+        'the answer, once complete: {"model", "prompt" (as sent, chat template applied), "text", "tokens", '
+        '"seconds", "first_token_seconds", "mean_acceptance_length", "perf": {...} (with --perf)}',
+    )
     query.set_defaults(handler=cmd_query)

@@ -13,11 +13,17 @@ from pathlib import Path
 
 from rich.console import Console
 
+from pipeline.commands.common import add_json_flag
+
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from pipeline.manifest import verify
 
     checked, problems = verify(Path(args.manifest), triton_repo=Path(args.triton_repo))
+    if args.json:
+        from pipeline.commands.common import print_json
+
+        print_json({"manifest": args.manifest, "checked": checked, "ok": not problems, "problems": problems})
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
@@ -31,4 +37,5 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     verify = commands.add_parser("verify", help="re-hash the outputs a release manifest lists")
     verify.add_argument("manifest", help="engines/<spec>/manifest.json")
+    add_json_flag(verify, '{"manifest", "checked", "ok", "problems": ["<file>: changed|missing (...)"]}')
     verify.set_defaults(handler=cmd_verify)

@@ -23,6 +23,7 @@ On a miss, ``on_fail: fallback`` takes the next best candidate that passes, down
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -102,26 +103,75 @@ class Choice:
         }
 
 
+@dataclass(frozen=True)
+class GateCheck:
+    """One release gate judged on one candidate: what it asks, what was measured, and the miss line."""
+
+    gate: str  # lossless | max_batch_for_speculation | min_acceptance_length | min_speedup
+    threshold: str
+    measured: str
+    passed: bool
+    miss: str | None = None  # the one line a failure is reported with (None when passed)
+
+
+def gate_checks(record: dict, gates: Gates, batch: int) -> list[GateCheck]:
+    """Every gate that applies to this candidate at the expected concurrency, in the order they are judged:
+    losslessness always, then each gate the spec sets. Plain decoding passes them all by definition."""
+    plain = record["method"] == "none"
+    al, speedup = record["mean_acceptance_length"], interval(record, batch)[gates.speedup_bound]
+    lossless = bool(record["identity"]["lossless"])
+    checks = [
+        GateCheck(
+            "lossless",
+            "outputs equal plain decoding's (near-tie rule)",
+            "lossless" if lossless else "differs from plain decoding",
+            plain or lossless,
+            None if plain or lossless else "lossless: its outputs differ from plain decoding beyond the near-tie rule",
+        )
+    ]
+    if gates.max_batch_for_speculation is not None:
+        limit = gates.max_batch_for_speculation
+        ok = plain or batch <= limit
+        miss = f"max_batch_for_speculation {limit}: the expected concurrency is {batch}"
+        checks.append(
+            GateCheck(
+                "max_batch_for_speculation", str(limit), f"expected concurrency {batch}", ok, None if ok else miss
+            )
+        )
+    if gates.min_acceptance_length is not None:
+        ok = plain or al >= gates.min_acceptance_length
+        checks.append(
+            GateCheck(
+                "min_acceptance_length",
+                str(gates.min_acceptance_length),
+                f"{al:.2f}",
+                ok,
+                None if ok else f"min_acceptance_length {gates.min_acceptance_length}: measured {al:.2f}",
+            )
+        )
+    if gates.min_speedup is not None:
+        ok = plain or speedup >= gates.min_speedup
+        bounds = interval(record, batch)
+        if gates.speedup_bound == "point" or bounds["low"] == bounds["high"] == bounds["point"]:  # no interval
+            measured = f"{speedup:.2f}x at batch {batch}"
+            miss = f"min_speedup {gates.min_speedup}: predicted {speedup:.2f}x at batch {batch}"
+        else:
+            measured = f"lower bound {speedup:.2f}x of {interval_text(record, batch)} at batch {batch}"
+            miss = (
+                f"min_speedup {gates.min_speedup}: predicted {interval_text(record, batch)} at batch {batch}, "
+                f"lower bound {speedup:.2f}x"
+            )
+        checks.append(GateCheck("min_speedup", str(gates.min_speedup), measured, ok, None if ok else miss))
+    if plain:  # what serving without speculation gives: no gate applies to it
+        checks = [
+            dataclasses.replace(c, measured=f"{c.measured} (plain decoding passes by definition)") for c in checks
+        ]
+    return checks
+
+
 def gate_miss(record: dict, gates: Gates, batch: int) -> str | None:
     """Which gate this candidate misses at the expected concurrency (None: it passes)."""
-    if record["method"] == "none":
-        return None
-    al, predicted = record["mean_acceptance_length"], interval(record, batch)
-    speedup = predicted[gates.speedup_bound]
-    if not record["identity"]["lossless"]:
-        return "lossless: its outputs differ from plain decoding beyond the near-tie rule"
-    if gates.max_batch_for_speculation is not None and batch > gates.max_batch_for_speculation:
-        return f"max_batch_for_speculation {gates.max_batch_for_speculation}: the expected concurrency is {batch}"
-    if gates.min_acceptance_length is not None and al < gates.min_acceptance_length:
-        return f"min_acceptance_length {gates.min_acceptance_length}: measured {al:.2f}"
-    if gates.min_speedup is not None and speedup < gates.min_speedup:
-        if gates.speedup_bound == "point":
-            return f"min_speedup {gates.min_speedup}: predicted {speedup:.2f}x at batch {batch}"
-        return (
-            f"min_speedup {gates.min_speedup}: predicted {interval_text(record, batch)} at batch {batch}, "
-            f"lower bound {speedup:.2f}x"
-        )
-    return None
+    return next((check.miss for check in gate_checks(record, gates, batch) if not check.passed), None)
 
 
 def choose(

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.live import Live
 
 import pipeline
+from pipeline.console import make_console
 from pipeline.errors import InputError, StageError
 from pipeline.fleet import storage
 from pipeline.fleet.graph import GIB, FleetGraph, FleetTask, TaskRequest
@@ -142,7 +143,7 @@ def run_fleet(
 ) -> FleetResult:
     """Run every task of ``graph`` on Ray; ``roots`` are the output folders every node must see."""
     ray = require_ray()
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     owned = connect(address)
     try:
         check_storage(ray, graph, roots)

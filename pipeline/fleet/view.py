@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rich.table import Table
 from rich.text import Text
 
+from pipeline.console import Table
 from pipeline.fleet.graph import FleetGraph
 from pipeline.fleet.task import BLOCKED, FAILED, GATED, RAN, SKIPPED, UNAVAILABLE, TaskReport
 
@@ -63,7 +63,7 @@ class Board:
 
     def table(self, title: str) -> Table:
         table = Table(title=title, title_justify="left")
-        table.add_column("variant", no_wrap=True)
+        table.add_column("variant")
         for column in self.graph.columns:
             table.add_column(column)
         now = time.monotonic()

@@ -105,6 +105,15 @@ def test_best_chooses_and_a_failed_gate_exits_6(cli, spec, tmp_path):
     assert "min_acceptance_length 50.0: measured" in err
     result = json.loads((tmp_path / "engines" / "tiny" / "evaluation" / "evaluation.json").read_text())
     assert result["method_requested"] == "best" and result["choice"]["failed"]
+    # For CI: the same verdict as JSON on stdout and as a failed JUnit check with the measured value.
+    rc, out, err = cli("evaluate", str(path), "--json", "--junit-xml", str(tmp_path / "evaluate.xml"))
+    assert rc == RELEASE_EXIT_CODE and "evaluate: skipped" in err, err
+    (variant,) = json.loads(out)["variants"]
+    assert variant["stopped_at"] == "evaluate" and variant["exit_code"] == RELEASE_EXIT_CODE
+    assert [s["stage"] for s in variant["stages"]] == ["evaluate"]  # method best: first; not the stages after it
+    assert variant["evaluation"]["release_failed"] == result["choice"]["failed"]
+    junit = (tmp_path / "evaluate.xml").read_text()
+    assert '<failure message="min_acceptance_length 50.0: measured' in junit and "threshold 50.0" in junit
     rc, out, err = cli("engine", str(path))  # the build does not run for a variant that failed its gate
     assert rc == RELEASE_EXIT_CODE and err.startswith("error: tiny: release gate failed: ") and err.count("\n") == 1
     assert "misses release gate min_acceptance_length 50.0: measured" in err

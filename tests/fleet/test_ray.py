@@ -220,8 +220,16 @@ def test_release_gates_and_method_best_on_ray(cluster, cli, tiny, tmp_path):
         f"  - name: chosen\n    speculative: {{method: best}}\n    {evaluation}\n"
         "    release: {min_acceptance_length: 50, on_fail: fallback}\n"
     )
-    rc, out, err = cli("engine", str(spec), "--ray")
+    rc, out, err = cli("engine", str(spec), "--ray", "--junit-xml", str(tmp_path / "ray.xml"))
     assert rc == 6, out + err
+    # The CI checks of the same run: the gated variant's failed gate, and its stages not run after it.
+    from junitparser import Failure, JUnitXml, Skipped
+
+    cases = {(c.classname, c.name): c for suite in JUnitXml.fromfile(str(tmp_path / "ray.xml")) for c in suite}
+    (failure,) = cases[("gates.gated.release", "release gate min_acceptance_length")].result
+    assert isinstance(failure, Failure) and failure.message.startswith("min_acceptance_length 50.0: measured")
+    assert isinstance(cases[("gates.gated.stages", "build")].result[0], Skipped)
+    assert cases[("gates.built.stages", "build")].is_passed and cases[("gates.built.stages", "build")].time > 0
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith("error: gated: release gate failed: lookahead(")
     assert "misses release gate min_acceptance_length 50.0: measured" in lines[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def test_train_heads_on_cuda_never_falls_back_to_the_cpu(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-def test_expand_heads_command(tmp_path, tiny_base):
+def test_expand_heads_command(tmp_path, tiny_base, capsys):
     torch.manual_seed(0)
     export_medusa(
         MedusaResBlocks(HIDDEN, 2),
@@ -65,3 +66,7 @@ def test_expand_heads_command(tmp_path, tiny_base):
     )
     assert args.handler(args, Console(file=open("/dev/null", "w"))) == 0
     assert inputs.inspect_medusa(tmp_path / "out").num_heads == 2
+    args = parser().parse_args(["expand-heads", str(tmp_path / "shipped"), "--out", str(tmp_path / "again"),
+                                "--model", str(tiny_base), "--json"])  # fmt: skip
+    assert args.handler(args, Console(file=open("/dev/null", "w"))) == 0
+    assert json.loads(capsys.readouterr().out) == {"heads_dir": str(tmp_path / "again")}

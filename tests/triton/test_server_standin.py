@@ -287,6 +287,11 @@ def test_query_command_streams_text_and_acceptance(server, capsys):
     assert "acceptance rate 0.33" in out and "mean acceptance length 2.00" in out
     rc = main(["query", PROMPT, "--url", server.grpc_url, "--max-tokens", "3", "--no-stream"])
     assert rc == 0 and capsys.readouterr().out.startswith(expected(PROMPT, 3))
+    rc = main(["query", PROMPT, "--url", server.grpc_url, "--max-tokens", "5", "--perf", "--json"])  # a smoke check
+    answer = json.loads(capsys.readouterr().out)
+    assert rc == 0 and answer["text"] == expected(PROMPT, 5) and answer["tokens"] == 5
+    assert answer["mean_acceptance_length"] == pytest.approx(2.0) and answer["perf"]["total_draft_tokens"] > 0
+    assert {"model", "prompt", "seconds", "first_token_seconds"} <= set(answer)
 
 
 def test_query_takes_the_chat_template_from_the_server_in_any_directory(server, capsys, tmp_path, monkeypatch):
@@ -351,11 +356,14 @@ def test_bench_command_writes_json_and_plot(server, tmp_path, capsys):
             server.grpc_url,
             "--out",
             str(out),
+            "--json",
         ]
     )
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.err  # --json: the table goes to stderr, stdout is bench.json's document
     assert rc == 0, text
     report = json.loads((out / "bench.json").read_text())
+    assert json.loads(captured.out) == report
     assert report["completed"] == 8 and report["failed"] == 0 and report["concurrency"] == 4
     assert report["output_tokens"] == 8 * 9 and report["tokens_per_second"] > 0
     assert set(report["ttft_ms"]) == {"p50", "p90", "p99", "mean"} and report["itl_ms"]["p50"] > 0
