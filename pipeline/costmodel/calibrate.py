@@ -17,6 +17,14 @@ What the data can determine is checked first, each refusal one :class:`Calibrati
 Then the constants are taken greedily in order (the served methods' own terms, the draft rows' GEMMs,
 host work a step, a layer) as long as each adds a dimension the observations resolve; the others keep
 the shipped profile's values.
+
+The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way with two
+differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
+every run, plain decoding's too, is one observed step time (concurrency x acceptance length /
+tokens/s) and the residuals are relative errors of tokens/s. And it starts from no constants at all
+(``CPU_BASE``: a constant the runs do not determine costs nothing), taking the weight streaming a
+layer before the host work a step: both are fixed per step for the target, but only the first
+prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.costmodel import fit, served
-from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.hardware import CPU, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
 from pipeline.costmodel.step import Deployment
 from pipeline.geometry import ModelGeometry
@@ -39,6 +47,8 @@ from pipeline.geometry import ModelGeometry
 FORMAT = "specdeploy-calibration/1"
 METHOD_TERMS = {"lookahead": ("lookahead_row_s",), "medusa": ("tree_row_s",), "eagle": ("level_s", "tree_row_s")}
 SHARED_TERMS = ("row_compute", "host_step_s", "host_layer_s")
+CPU_SHARED_TERMS = ("row_compute", "host_layer_s", "host_step_s")
+CPU_BASE = RuntimeProfile("reference", row_compute=0.0, host_step_s=0.0, level_s=0.0)
 
 
 class CalibrationError(ValueError):
@@ -98,7 +108,8 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
     plain = {r.concurrency: r for r in runs if r.served["method"] == "none"}
     found = []
     for r in runs:
-        if r.served["method"] == "none" or r.concurrency not in plain:
+        absolute = gpu == CPU  # every run a measured step time (see the module docstring)
+        if r.concurrency not in plain or (r.served["method"] == "none" and not absolute):
             continue
         s = r.served
         deployment = Deployment(
@@ -115,9 +126,10 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
                 r.tokens_per_second / plain[r.concurrency].tokens_per_second,
                 r.concurrency,
                 f"{s['method']} at concurrency {r.concurrency}",
+                r.concurrency * r.acceptance_length / r.tokens_per_second if absolute else None,
             )
         )
-    if len({o.batch for o in found}) < 2:
+    if len({o.batch for o in found if o.method != "none"}) < 2:
         raise CalibrationError(
             "no speculative run has a plain-decoding run at two concurrencies: bench plain decoding at the "
             "speculative runs' concurrencies"
@@ -125,9 +137,9 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
     return found
 
 
-def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile) -> list[str]:
+def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, shared=SHARED_TERMS) -> list[str]:
     """The constants the observations resolve, greedily in the module's order."""
-    order = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())] + list(SHARED_TERMS)
+    order = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())] + list(shared)
     chosen: list[str] = []
     rank = 0
     for name in dict.fromkeys(order):
@@ -143,8 +155,8 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile) -> 
 def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> dict[str, Any]:
     """The calibration file's content (see :func:`write`)."""
     found = observations(runs, gpu, context_len)
-    base = calibration(runtime).profile
-    names = choose_constants(found, base)
+    base = CPU_BASE if gpu == CPU else calibration(runtime).profile
+    names = choose_constants(found, base, CPU_SHARED_TERMS if gpu == CPU else SHARED_TERMS)
     if not names:
         raise CalibrationError("the runs determine no constant of the cost model")
     profile = fit.fit(found, base, names)
@@ -158,14 +170,16 @@ def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> 
         residuals, how = fit.relative_errors(found, profile), "in-sample (no more observations than constants)"
     by_method: dict[str, list[float]] = {}
     for o, e in zip(found, residuals):
-        by_method.setdefault(o.method, []).append(e)
+        if o.method != "none":  # plain decoding's speedup is 1 by definition (its tokens/s residuals are listed)
+            by_method.setdefault(o.method, []).append(e)
     bands = {m: fit.band(e) for m, e in sorted(by_method.items())}
     shipped = calibration(runtime)
     for method, band in shipped.bands.items():  # methods not benched keep the shipped bands, said so
         bands.setdefault(method, dataclasses.replace(band, borrowed_from=band.borrowed_from or runtime))
     source = (
-        f"calibrated on {len(found)} speedups of {len(runs)} bench runs on {gpu} "
+        f"calibrated on {len(found)} {'step times' if gpu == CPU else 'speedups'} of {len(runs)} bench runs on {gpu} "
         f"({', '.join(sorted(by_method))}); fitted {', '.join(names)}; bands: {how} residuals"
+        + (" of tokens/s" if gpu == CPU else "")
     )
     return {
         "format": FORMAT,
