@@ -24,7 +24,10 @@ every run, plain decoding's too, is one observed step time (concurrency x accept
 tokens/s) and the residuals are relative errors of tokens/s. And it starts from no constants at all
 (``CPU_BASE``: a constant the runs do not determine costs nothing), taking the weight streaming a
 layer before the host work a step: both are fixed per step for the target, but only the first
-prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero.
+prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. The reference
+backend's Lookahead feeds its window's W(N - 1) rows, the root and only the n-grams its pool holds,
+not (W + G)(N - 1) rows every step: a run's rows are taken from its own draft counts
+(:func:`drafting`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import numpy as np
 from pipeline.costmodel import fit, served
 from pipeline.costmodel.hardware import CPU, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
-from pipeline.costmodel.step import Deployment
+from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.geometry import ModelGeometry
 
 FORMAT = "specdeploy-calibration/1"
@@ -62,6 +65,8 @@ class Run:
     concurrency: int
     tokens_per_second: float
     acceptance_length: float
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 def read_run(folder: Path) -> Run:
@@ -80,7 +85,23 @@ def read_run(folder: Path) -> Run:
     al = (body.get("acceptance") or {}).get("mean_acceptance_length")
     if body["server"]["method"] != "none" and not al:
         raise CalibrationError(f"{path}: a {body['server']['method']} run without an acceptance length")
-    return Run(path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0))
+    acceptance = body.get("acceptance") or {}
+    return Run(
+        path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0),
+        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0),
+    )  # fmt: skip
+
+
+def drafting(run: Run, gpu: str) -> Drafting:
+    """What the cost model charges for ``run``: on the CPU device, Lookahead's rows as the run fed them
+    (W(N - 1) window rows + the root + its draft tokens a step; steps = accepted / (AL - 1))."""
+    found = served.drafting(run.served)
+    if gpu != CPU or found.method != "lookahead" or run.acceptance_length <= 1 or not run.accepted_draft_tokens:
+        return found
+    w, n, _ = run.served["settings"]["lookahead"]
+    steps = run.accepted_draft_tokens / (run.acceptance_length - 1)
+    fed = w * (n - 1) + 1 + run.draft_tokens / steps
+    return dataclasses.replace(found, rows=max(1, min(found.rows, round(fed))))
 
 
 def _model_key(s: dict[str, Any]) -> tuple:
@@ -115,14 +136,14 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
         deployment = Deployment(
             ModelGeometry(**s["arch"]), gpu_perf(gpu), s["dtype"], s["kv_dtype"], s["tp"], s["pp"], context_len
         )
-        drafting = served.drafting(s)
+        charged = drafting(r, gpu)
         found.append(
             fit.Observation(
                 f"{r.path}",
                 s["method"],
                 deployment,
-                drafting,
-                min(max(r.acceptance_length, 1.0), drafting.rows),
+                charged,
+                min(max(r.acceptance_length, 1.0), charged.rows),
                 r.tokens_per_second / plain[r.concurrency].tokens_per_second,
                 r.concurrency,
                 f"{s['method']} at concurrency {r.concurrency}",

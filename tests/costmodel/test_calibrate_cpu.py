@@ -119,3 +119,15 @@ def test_calibrate_cli_takes_the_cpu_device(cli, tmp_path):
     assert json.loads(out.read_text())["gpu"] == "cpu" and "host_layer_s" in stdout
     rc, _, err = cli("calibrate", "--gpu", "cpu", *paths[:1], *paths[3:4])
     assert rc == 2 and err.count("\n") == 1, err
+
+
+def test_cpu_lookahead_is_charged_the_rows_its_run_fed(tmp_path):
+    """The reference backend feeds Lookahead's window (W(N - 1) = 8 rows), the root and the n-grams its
+    pool held: 50 accepted at AL 1.25 is 200 steps, 400 draft tokens 2 a step, so 11 rows, not 16."""
+    path = bench_run(tmp_path / "la", "lookahead", 1)
+    body = json.loads((path / "bench.json").read_text())
+    body["acceptance"] |= {"mean_acceptance_length": 1.25, "draft_tokens": 400, "accepted_draft_tokens": 50}
+    (path / "bench.json").write_text(json.dumps(body))
+    run = calibrate.read_run(path)
+    assert calibrate.drafting(run, "cpu").rows == 11
+    assert calibrate.drafting(run, "h100-sxm-80gb").rows == 16  # other devices: the configured rows
