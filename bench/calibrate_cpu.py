@@ -12,7 +12,10 @@ the runs of the fitted methods at the fitted concurrencies alone, and prints for
 tokens/s the calibration predicts (at the run's measured acceptance length, as a rehearsal would
 give it) beside the measured tokens/s, and their ratio; the target is within 10% for the held-out
 methods and concurrency. Not a test: the machine's load moves every figure (the load average is
-printed before and after).
+printed before and after). So the round trip runs twice: on the wall-clock tokens/s ``bench``
+measured, and on tokens per CPU-second of the server's processes (tritonserver and its backend
+stubs, from /proc, around each run), which takes out how much of the shared cores each run got.
+``--reuse`` keeps runs already measured (to refit without benching again).
 """
 
 from __future__ import annotations
