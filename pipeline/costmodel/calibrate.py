@@ -22,8 +22,11 @@ The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way
 differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
 every run, plain decoding's too, is one observed step time (concurrency x acceptance length /
 tokens/s) and the residuals are relative errors of tokens/s. And it starts from no constants at all
-(``CPU_BASE``: a constant the runs do not determine costs nothing), taking the weight streaming a
-layer before the host work a step: both are fixed per step for the target, but only the first
+(``CPU_BASE``: a constant the runs do not determine costs nothing), taking the physical terms first
+(a row's FLOPs, a request's host work, the weight streaming a layer, the host work a step) and the
+methods' own terms after them: on the CPU a draft row costs what any row costs, so a method's row
+term is what is left once those are fitted (usually nothing the runs resolve). The weight streaming
+comes before the host work a step: both are fixed per step for the target, but only the first
 prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. The reference
 backend's Lookahead feeds its window's W(N - 1) rows, the root and only the n-grams its pool holds,
 not (W + G)(N - 1) rows every step: a run's rows are taken from its own draft counts
@@ -50,7 +53,7 @@ from pipeline.geometry import ModelGeometry
 FORMAT = "specdeploy-calibration/1"
 METHOD_TERMS = {"lookahead": ("lookahead_row_s",), "medusa": ("tree_row_s",), "eagle": ("level_s", "tree_row_s")}
 SHARED_TERMS = ("row_compute", "host_step_s", "host_layer_s")
-CPU_SHARED_TERMS = ("row_compute", "host_layer_s", "host_step_s")
+CPU_SHARED_TERMS = ("row_compute", "request_s", "host_layer_s", "host_step_s")
 CPU_BASE = RuntimeProfile("reference", row_compute=0.0, host_step_s=0.0, level_s=0.0)
 
 
@@ -158,9 +161,10 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
     return found
 
 
-def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, shared=SHARED_TERMS) -> list[str]:
+def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu: bool = False) -> list[str]:
     """The constants the observations resolve, greedily in the module's order."""
-    order = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())] + list(shared)
+    methods = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())]
+    order = [*CPU_SHARED_TERMS, *methods] if cpu else [*methods, *SHARED_TERMS]
     chosen: list[str] = []
     rank = 0
     for name in dict.fromkeys(order):
@@ -177,7 +181,7 @@ def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> 
     """The calibration file's content (see :func:`write`)."""
     found = observations(runs, gpu, context_len)
     base = CPU_BASE if gpu == CPU else calibration(runtime).profile
-    names = choose_constants(found, base, CPU_SHARED_TERMS if gpu == CPU else SHARED_TERMS)
+    names = choose_constants(found, base, cpu=gpu == CPU)
     if not names:
         raise CalibrationError("the runs determine no constant of the cost model")
     profile = fit.fit(found, base, names)

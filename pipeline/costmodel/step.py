@@ -44,6 +44,7 @@ same constants with CPU meanings (``specdeploy calibrate --gpu cpu`` fits them o
 * ``host_layer_s`` per decoder layer's worth of weights a pass reads (the target's layers and
   lm_head; a Medusa heads pass; an EAGLE drafter level's fc, layer and lm_head);
 * ``row_compute`` seconds per TFLOP of the pass's GEMMs and attention, all rows of all requests;
+* ``request_s`` per request a step (its sequence's attention, sampling and streamed response);
 * ``host_step_s`` per step; ``level_s``, ``tree_row_s`` and ``lookahead_row_s`` as on a GPU.
 
 Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/presets.py).
@@ -198,6 +199,8 @@ def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> St
     flops = 2 * (decoder * batch * rows + lm_head * batch * logit_rows)
     cost.add("GEMMs and attention", cpu_pass_s(d, 0.0, flops + _attention_flops(d, batch, rows, arch.num_layers)))
     cost.add("step overhead", k.host_step_s)
+    if k.request_s:
+        cost.add("per-request work", k.request_s * batch)
     return cost
 
 
