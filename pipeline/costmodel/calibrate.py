@@ -108,7 +108,10 @@ def drafting(run: Run, gpu: str) -> Drafting:
 
 
 def _model_key(s: dict[str, Any]) -> tuple:
-    return (json.dumps(s["arch"], sort_keys=True), s["dtype"], s["kv_dtype"], s["tp"], s["pp"])
+    """The model and engine shape, whatever the method: a Medusa or EAGLE engine's architecture
+    (MedusaForCausalLM, EagleForCausalLM) wraps the same target as the plain engine's."""
+    arch = {k: v for k, v in s["arch"].items() if k != "architecture"}
+    return (json.dumps(arch, sort_keys=True), s["dtype"], s["kv_dtype"], s["tp"], s["pp"])
 
 
 def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Observation]:

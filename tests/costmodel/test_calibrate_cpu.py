@@ -40,7 +40,9 @@ AL = {"none": 1.0, "lookahead": 1.6, "medusa": 2.0, "eagle": 2.4}
 
 
 def server(method: str) -> dict:
-    return {**SERVED[method], "arch": ARCH.to_dict(), "dtype": "bfloat16", "kv_dtype": "bfloat16", "tp": 1, "pp": 1}
+    # A Medusa engine names its own architecture (as TensorRT-LLM's checkpoints do): the same model.
+    arch = ARCH.to_dict() | ({"architecture": "MedusaForCausalLM"} if method == "medusa" else {})
+    return {**SERVED[method], "arch": arch, "dtype": "bfloat16", "kv_dtype": "bfloat16", "tp": 1, "pp": 1}
 
 
 def measured_tps(method: str, concurrency: int) -> float:
