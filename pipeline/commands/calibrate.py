@@ -24,7 +24,12 @@ from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("calibrate", help="fit the cost model on `specdeploy bench --repository` runs")
     parser.add_argument("runs", nargs="+", help="bench output folders (or bench.json files)")
-    parser.add_argument("--gpu", required=True, choices=sorted(gpus.GPU_TYPES), help="the GPU type the runs ran on")
+    parser.add_argument(
+        "--gpu",
+        required=True,
+        choices=[*sorted(gpus.GPU_TYPES), "cpu"],
+        help="the GPU type the runs ran on (cpu: the CPU reference backend, priced by its own step model)",
+    )
     parser.add_argument("--runtime", default=DEFAULT_RUNTIME, choices=RUNTIMES, help="the profile to start from")
     parser.add_argument("--context-len", type=int, default=512, help="mean cached tokens per request in the runs")
     parser.add_argument("--out", default="calibration.json", help="the calibration file to write")

@@ -17,6 +17,20 @@ What the data can determine is checked first, each refusal one :class:`Calibrati
 Then the constants are taken greedily in order (the served methods' own terms, the draft rows' GEMMs,
 host work a step, a layer) as long as each adds a dimension the observations resolve; the others keep
 the shipped profile's values.
+
+The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way with two
+differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
+every run, plain decoding's too, is one observed step time (concurrency x acceptance length /
+tokens/s) and the residuals are relative errors of tokens/s. And it starts from no constants at all
+(``CPU_BASE``: a constant the runs do not determine costs nothing), taking the physical terms first
+(a row's FLOPs, a request's host work, the weight streaming a layer, the host work a step) and the
+methods' own terms after them: on the CPU a draft row costs what any row costs, so a method's row
+term is what is left once those are fitted (usually nothing the runs resolve). The weight streaming
+comes before the host work a step: both are fixed per step for the target, but only the first
+prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. The reference
+backend's Lookahead feeds its window's W(N - 1) rows, the root and only the n-grams its pool holds,
+not (W + G)(N - 1) rows every step: a run's rows are taken from its own draft counts
+(:func:`drafting`).
 """
 
 from __future__ import annotations
@@ -31,14 +45,16 @@ from typing import Any
 import numpy as np
 
 from pipeline.costmodel import fit, served
-from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.hardware import CPU, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
-from pipeline.costmodel.step import Deployment
+from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.geometry import ModelGeometry
 
 FORMAT = "specdeploy-calibration/1"
 METHOD_TERMS = {"lookahead": ("lookahead_row_s",), "medusa": ("tree_row_s",), "eagle": ("level_s", "tree_row_s")}
 SHARED_TERMS = ("row_compute", "host_step_s", "host_layer_s")
+CPU_SHARED_TERMS = ("row_compute", "request_s", "host_layer_s", "host_step_s")
+CPU_BASE = RuntimeProfile("reference", row_compute=0.0, host_step_s=0.0, level_s=0.0)
 
 
 class CalibrationError(ValueError):
@@ -52,6 +68,8 @@ class Run:
     concurrency: int
     tokens_per_second: float
     acceptance_length: float
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 def read_run(folder: Path) -> Run:
@@ -70,11 +88,30 @@ def read_run(folder: Path) -> Run:
     al = (body.get("acceptance") or {}).get("mean_acceptance_length")
     if body["server"]["method"] != "none" and not al:
         raise CalibrationError(f"{path}: a {body['server']['method']} run without an acceptance length")
-    return Run(path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0))
+    acceptance = body.get("acceptance") or {}
+    return Run(
+        path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0),
+        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0),
+    )  # fmt: skip
+
+
+def drafting(run: Run, gpu: str) -> Drafting:
+    """What the cost model charges for ``run``: on the CPU device, Lookahead's rows as the run fed them
+    (W(N - 1) window rows + the root + its draft tokens a step; steps = accepted / (AL - 1))."""
+    found = served.drafting(run.served)
+    if gpu != CPU or found.method != "lookahead" or run.acceptance_length <= 1 or not run.accepted_draft_tokens:
+        return found
+    w, n, _ = run.served["settings"]["lookahead"]
+    steps = run.accepted_draft_tokens / (run.acceptance_length - 1)
+    fed = w * (n - 1) + 1 + run.draft_tokens / steps
+    return dataclasses.replace(found, rows=max(1, min(found.rows, round(fed))))
 
 
 def _model_key(s: dict[str, Any]) -> tuple:
-    return (json.dumps(s["arch"], sort_keys=True), s["dtype"], s["kv_dtype"], s["tp"], s["pp"])
+    """The model and engine shape, whatever the method: a Medusa or EAGLE engine's architecture
+    (MedusaForCausalLM, EagleForCausalLM) wraps the same target as the plain engine's."""
+    arch = {k: v for k, v in s["arch"].items() if k != "architecture"}
+    return (json.dumps(arch, sort_keys=True), s["dtype"], s["kv_dtype"], s["tp"], s["pp"])
 
 
 def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Observation]:
@@ -98,26 +135,28 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
     plain = {r.concurrency: r for r in runs if r.served["method"] == "none"}
     found = []
     for r in runs:
-        if r.served["method"] == "none" or r.concurrency not in plain:
+        absolute = gpu == CPU  # every run a measured step time (see the module docstring)
+        if r.concurrency not in plain or (r.served["method"] == "none" and not absolute):
             continue
         s = r.served
         deployment = Deployment(
             ModelGeometry(**s["arch"]), gpu_perf(gpu), s["dtype"], s["kv_dtype"], s["tp"], s["pp"], context_len
         )
-        drafting = served.drafting(s)
+        charged = drafting(r, gpu)
         found.append(
             fit.Observation(
                 f"{r.path}",
                 s["method"],
                 deployment,
-                drafting,
-                min(max(r.acceptance_length, 1.0), drafting.rows),
+                charged,
+                min(max(r.acceptance_length, 1.0), charged.rows),
                 r.tokens_per_second / plain[r.concurrency].tokens_per_second,
                 r.concurrency,
                 f"{s['method']} at concurrency {r.concurrency}",
+                r.concurrency * r.acceptance_length / r.tokens_per_second if absolute else None,
             )
         )
-    if len({o.batch for o in found}) < 2:
+    if len({o.batch for o in found if o.method != "none"}) < 2:
         raise CalibrationError(
             "no speculative run has a plain-decoding run at two concurrencies: bench plain decoding at the "
             "speculative runs' concurrencies"
@@ -125,9 +164,10 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
     return found
 
 
-def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile) -> list[str]:
+def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu: bool = False) -> list[str]:
     """The constants the observations resolve, greedily in the module's order."""
-    order = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())] + list(SHARED_TERMS)
+    methods = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())]
+    order = [*CPU_SHARED_TERMS, *methods] if cpu else [*methods, *SHARED_TERMS]
     chosen: list[str] = []
     rank = 0
     for name in dict.fromkeys(order):
@@ -143,8 +183,8 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile) -> 
 def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> dict[str, Any]:
     """The calibration file's content (see :func:`write`)."""
     found = observations(runs, gpu, context_len)
-    base = calibration(runtime).profile
-    names = choose_constants(found, base)
+    base = CPU_BASE if gpu == CPU else calibration(runtime).profile
+    names = choose_constants(found, base, cpu=gpu == CPU)
     if not names:
         raise CalibrationError("the runs determine no constant of the cost model")
     profile = fit.fit(found, base, names)
@@ -158,14 +198,16 @@ def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> 
         residuals, how = fit.relative_errors(found, profile), "in-sample (no more observations than constants)"
     by_method: dict[str, list[float]] = {}
     for o, e in zip(found, residuals):
-        by_method.setdefault(o.method, []).append(e)
+        if o.method != "none":  # plain decoding's speedup is 1 by definition (its tokens/s residuals are listed)
+            by_method.setdefault(o.method, []).append(e)
     bands = {m: fit.band(e) for m, e in sorted(by_method.items())}
     shipped = calibration(runtime)
     for method, band in shipped.bands.items():  # methods not benched keep the shipped bands, said so
         bands.setdefault(method, dataclasses.replace(band, borrowed_from=band.borrowed_from or runtime))
     source = (
-        f"calibrated on {len(found)} speedups of {len(runs)} bench runs on {gpu} "
+        f"calibrated on {len(found)} {'step times' if gpu == CPU else 'speedups'} of {len(runs)} bench runs on {gpu} "
         f"({', '.join(sorted(by_method))}); fitted {', '.join(names)}; bands: {how} residuals"
+        + (" of tokens/s" if gpu == CPU else "")
     )
     return {
         "format": FORMAT,

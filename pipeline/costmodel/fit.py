@@ -41,6 +41,10 @@ class Observation:
     speedup: float  # measured or published, over plain decoding at ``batch``
     batch: int = 1
     label: str = ""  # for tables: model, GPU, settings
+    # Measured seconds of one step of the method at ``batch`` (batch x acceptance length / tokens/s),
+    # where the step model prices absolute times (the CPU device): then the equation is the step
+    # time itself and the residual the relative error of tokens/s.
+    step_s: float | None = None
 
 
 class FitError(ValueError):
@@ -61,13 +65,14 @@ def design(
     zero = base.with_constants(dict.fromkeys(names, 0.0))
     rows, targets = [], []
     for obs in observations:
-        r = obs.acceptance_length / obs.speedup
         p0, m0 = _times(obs, zero)
-        row = []
-        for name in names:
-            p1, m1 = _times(obs, zero.with_constants({name: 1.0}))
-            row.append((m1 - m0) - r * (p1 - p0))
-        rows.append(row)
+        ones = [_times(obs, zero.with_constants({name: 1.0})) for name in names]
+        if obs.step_s is not None:  # sum_k c_k f_k,method = measured step - t0,method
+            rows.append([m1 - m0 for _, m1 in ones])
+            targets.append(obs.step_s - m0)
+            continue
+        r = obs.acceptance_length / obs.speedup
+        rows.append([(m1 - m0) - r * (p1 - p0) for p1, m1 in ones])
         targets.append(r * p0 - m0)
     return np.array(rows), np.array(targets)
 
@@ -101,16 +106,20 @@ def fit(observations: Sequence[Observation], base: RuntimeProfile, only: Sequenc
     a, y = design(observations, base, names)
     profile = base
     for _ in range(3):
-        weights = np.array([1.0 / _times(obs, profile)[1] for obs in observations])
+        weights = np.array([1.0 / (obs.step_s or _times(obs, profile)[1]) for obs in observations])
         x = nnls(a * weights[:, None], y * weights)
         profile = base.with_constants(dict(zip(names, (float(v) for v in x))))
     return profile
 
 
 def relative_errors(observations: Sequence[Observation], profile: RuntimeProfile) -> list[float]:
-    """predicted / observed - 1 of each observation, with the cost model's own predict()."""
+    """predicted / observed - 1 of each observation's speedup, with the cost model's own predict(); of
+    its tokens/s where the observation is a measured step (``step_s``)."""
     out = []
     for obs in observations:
+        if obs.step_s is not None:
+            out.append(obs.step_s / _times(obs, profile)[1] - 1)
+            continue
         d = dataclasses.replace(obs.deployment, profile=profile)
         (p,) = predict(d, obs.drafting, obs.acceptance_length, [obs.batch])
         out.append(p.speedup / obs.speedup - 1)

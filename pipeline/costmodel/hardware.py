@@ -59,6 +59,7 @@ class GpuPerf:
     fp8_tflops: float | None  # None: no FP8 tensor cores
     link_gbps: float  # GPU-to-GPU bandwidth per direction, GB/s
     nvlink: bool
+    kind: str = "gpu"  # "cpu": the reference backend's device, priced by step.py's CPU step model
 
     def peak_flops(self, dtype: str) -> float:
         """FLOP/s of the tensor cores for this weight dtype (fp8 falls back to bf16 where absent)."""
@@ -93,7 +94,17 @@ GPU_PERF: dict[str, GpuPerf] = {
 }
 
 
+# The CPU the reference backend runs on: no datasheet, so a nominal 1 TFLOP/s "peak" (the CPU step
+# model's ``row_compute`` is then seconds per TFLOP of a pass's GEMMs) and no bandwidth figure (its
+# weight streaming is the fitted ``host_layer_s``). Only `specdeploy calibrate --gpu cpu` uses it.
+CPU = "cpu"
+CPU_DEVICE = GpuPerf(CPU, 0.0, 1.0, None, 0.0, False, kind="cpu")
+
+
 def gpu_perf(name: str) -> GpuPerf:
-    """The figures of a ``pipeline.gpus`` type; ValueError for a name it does not know."""
+    """The figures of a ``pipeline.gpus`` type (or the CPU device, ``cpu``); ValueError for a name it
+    does not know."""
+    if name == CPU:
+        return CPU_DEVICE
     gpus.gpu_type(name)  # the same unknown-name message as the planner's
     return GPU_PERF[name]

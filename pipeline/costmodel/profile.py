@@ -18,7 +18,10 @@ top of it are the constants of a :class:`RuntimeProfile`:
 * ``tree_row_s``: per verified tree row of Medusa and EAGLE, building the tree-attention mask and the
   positions, and the acceptance walk over the tree (Medusa, Cai et al. 2024, section 2.1.2);
 * ``lookahead_row_s``: per Lookahead row, the (W + G)(N - 1) rows under its custom mask beyond what the
-  roofline charges and the n-gram pool's per-step lookups and updates (Fu et al. 2024, section 3).
+  roofline charges and the n-gram pool's per-step lookups and updates (Fu et al. 2024, section 3);
+* ``request_s``: per request in a step, the host work each sequence costs whatever its rows (the CPU
+  reference backend's per-sequence attention, sampling and streamed response; the GPU step model
+  does not use it).
 
 ``trtllm`` (TensorRT-LLM 1.2 engines, what specdeploy deploys): no published TensorRT-LLM result gives
 an acceptance length, so nothing could be fitted on it. Its host side keeps the model's documented
@@ -48,7 +51,7 @@ Runtime = Literal["trtllm", "pytorch-eager"]
 RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 DEFAULT_RUNTIME: Runtime = "trtllm"
 PROFILES_FILE = Path(__file__).with_name("profiles.json")
-FITTED = ("row_compute", "host_step_s", "host_layer_s", "level_s", "tree_row_s", "lookahead_row_s")
+FITTED = ("row_compute", "host_step_s", "host_layer_s", "level_s", "tree_row_s", "lookahead_row_s", "request_s")
 KERNEL_SIDE = ("row_compute", "tree_row_s", "lookahead_row_s")  # GPU work, not host launches
 LOW_PERCENTILE, HIGH_PERCENTILE = 10.0, 90.0
 
@@ -66,6 +69,7 @@ class RuntimeProfile:
     level_s: float = 0.03e-3
     tree_row_s: float = 0.0
     lookahead_row_s: float = 0.0
+    request_s: float = 0.0
 
     def with_constants(self, values: dict[str, float]) -> RuntimeProfile:
         unknown = set(values) - set(FITTED)

@@ -37,6 +37,16 @@ tree-attention mask and acceptance work of Medusa and EAGLE (``tree_row_s`` per 
 per-level drafter launches (``level_s + host_layer_s`` per level), Lookahead's custom-mask rows and
 n-gram pool work (``lookahead_row_s`` per draft row), the runtime's host work per step and per layer.
 
+The CPU device (``hardware.CPU_DEVICE``, the reference backend) is no roofline machine: a pass
+streams its weights and then pays for its rows' FLOPs, one after the other. Its step, linear in the
+same constants with CPU meanings (``specdeploy calibrate --gpu cpu`` fits them on bench runs):
+
+* ``host_layer_s`` per decoder layer's worth of weights a pass reads (the target's layers and
+  lm_head; a Medusa heads pass; an EAGLE drafter level's fc, layer and lm_head);
+* ``row_compute`` seconds per TFLOP of the pass's GEMMs and attention, all rows of all requests;
+* ``request_s`` per request a step (its sequence's attention, sampling and streamed response);
+* ``host_step_s`` per step; ``level_s``, ``tree_row_s`` and ``lookahead_row_s`` as on a GPU.
+
 Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/presets.py).
 """
 
@@ -169,10 +179,60 @@ def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
     return roofline_s(d.gpu, kv_bytes, flops, "bfloat16", d.constants())
 
 
+def cpu_pass_s(d: Deployment, params: float, flops: float) -> float:
+    """One pass of the CPU device: streaming ``params`` weights, then ``flops`` of work."""
+    k = d.constants()
+    return k.host_layer_s * params / d.arch.decoder_layer_params() + k.row_compute * flops / d.gpu.peak_flops("fp32")
+
+
+def _attention_flops(d: Deployment, batch: int, rows: int, layers: int) -> float:
+    arch = d.arch
+    return 4 * batch * rows * d.context_len * (arch.num_heads / d.tp) * arch.head_dim * layers
+
+
+def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> StepCost:
+    """The CPU device's target pass (see the module docstring)."""
+    arch, cost, k = d.arch, StepCost(), d.constants()
+    decoder = arch.num_layers * arch.decoder_layer_params()
+    lm_head = arch.vocab_size * arch.hidden_size
+    cost.add("weight streaming", cpu_pass_s(d, decoder + lm_head, 0.0))
+    flops = 2 * (decoder * batch * rows + lm_head * batch * logit_rows)
+    cost.add("GEMMs and attention", cpu_pass_s(d, 0.0, flops + _attention_flops(d, batch, rows, arch.num_layers)))
+    cost.add("step overhead", k.host_step_s)
+    if k.request_s:
+        cost.add("per-request work", k.request_s * batch)
+    return cost
+
+
+def cpu_method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
+    """The CPU device's method step: Medusa's ResBlocks and one lm_head pass over its heads' rows (the
+    reference backend's heads share the base lm_head), EAGLE's fc + layer + lm_head per level."""
+    arch, k = d.arch, d.constants()
+    plain = drafting.method == "none"
+    cost = cpu_target_step(d, batch, drafting.rows, 1 if plain else drafting.rows)
+    h, lm_head = arch.hidden_size, arch.vocab_size * arch.hidden_size
+    drafts = batch * (drafting.rows - 1)
+    if drafting.method == "medusa":
+        params = drafting.medusa_heads * h * h + lm_head
+        cost.add("medusa heads", cpu_pass_s(d, params, 2 * batch * drafting.medusa_heads * (h * h + lm_head)))
+    elif drafting.method == "eagle":
+        params = arch.decoder_layer_params() + 2 * h * h + lm_head
+        for rows in drafting.eagle_level_rows:
+            flops = 2 * batch * rows * params + _attention_flops(d, batch, rows, 1)
+            cost.add("eagle drafter", cpu_pass_s(d, params, flops) + k.level_s)
+    if drafting.method in ("medusa", "eagle") and k.tree_row_s:
+        cost.add("tree mask and acceptance", k.tree_row_s * drafts)
+    if drafting.method == "lookahead" and k.lookahead_row_s:
+        cost.add("lookahead mask and n-gram pool", k.lookahead_row_s * drafts)
+    return cost
+
+
 def target_step(d: Deployment, batch: int, rows: int, logit_rows: int | None = None) -> StepCost:
     """The target model's forward over ``rows`` new tokens per request (logits for ``logit_rows``)."""
     arch, gpu, cost = d.arch, d.gpu, StepCost()
     logit_rows = rows if logit_rows is None else logit_rows
+    if gpu.kind == "cpu":
+        return cpu_target_step(d, batch, rows, logit_rows)
     decoder = arch.num_layers * arch.decoder_layer_params()
     lm_head = arch.vocab_size * arch.hidden_size
     weight_bytes = (decoder * DTYPE_BYTES[d.dtype] + lm_head * ACTIVATION_BYTES) / d.tp
@@ -220,6 +280,8 @@ def eagle_level_s(d: Deployment, batch: int, rows: int) -> float:
 
 def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     """One step of ``drafting``'s method: the verification pass plus the method's own work."""
+    if d.gpu.kind == "cpu":
+        return cpu_method_step(d, drafting, batch)
     plain = drafting.method == "none"
     cost = target_step(d, batch, drafting.rows, logit_rows=1 if plain else drafting.rows)
     k = d.constants()

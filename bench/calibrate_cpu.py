@@ -1,0 +1,227 @@
+"""Calibration round trip on the CPU reference backend: bench, calibrate, predict what was held out.
+
+    .venv/bin/python bench/calibrate_cpu.py [--fit none,lookahead] [--held-out medusa,eagle]
+        [--fit-concurrency 1,4] [--held-out-concurrency 2] [--requests 4] [--max-tokens 64]
+
+Builds the shipped SmolLM2 specs through the pipeline (specs/smollm2-{lookahead,medusa,eagle}.yaml,
+and the Lookahead spec with ``speculative.method: none`` for plain decoding; under
+bench/out/calibrate-cpu, up-to-date stages are skipped), serves each variant's repository with the
+real tritonserver and the reference backend on free ports, and runs ``specdeploy bench
+--repository`` for every method at every concurrency. Then ``specdeploy calibrate --gpu cpu`` on
+the runs of the fitted methods at the fitted concurrencies alone, and prints for every run the
+tokens/s the calibration predicts (at the run's measured acceptance length, as a rehearsal would
+give it) beside the measured tokens/s, and their ratio; the target is within 10% for the held-out
+methods and concurrency. Not a test: the machine's load moves every figure (the load average is
+printed before and after). So the round trip runs twice: on the wall-clock tokens/s ``bench``
+measured, and on tokens per CPU-second of the server's processes (tritonserver and its backend
+stubs, from /proc, around each run), which takes out how much of the shared cores each run got.
+``--reuse`` keeps runs already measured (to refit without benching again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline.cli import main as cli
+from pipeline.client import GenerationRequest, TritonClient
+from pipeline.costmodel import calibrate
+from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.step import Deployment, method_step
+from pipeline.geometry import ModelGeometry
+from pipeline.plan import OutputRoots, VariantPlan, make_plan
+from pipeline.spec import load_spec
+from pipeline.stages.execute import execute_plan
+from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
+
+OUT = REPO / "bench" / "out" / "calibrate-cpu"
+TARGET = 0.10
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a bicycle stays upright while moving.",
+    "List five tips for writing clear technical documentation.",
+    "Describe the water cycle to a ten year old.",
+    "What are the main differences between a list and a tuple in Python?",
+    "Give a recipe for a simple vegetable soup.",
+    "Why is the sky blue? Answer in a few sentences.",
+    "Write a Python function that reverses a linked list.",
+]
+SPECS = {"none": "smollm2-lookahead.yaml", "lookahead": "smollm2-lookahead.yaml"}
+SPECS |= {"medusa": "smollm2-medusa.yaml", "eagle": "smollm2-eagle.yaml"}
+
+
+def spec_copy(method: str) -> Path:
+    """The shipped spec with absolute head paths; plain decoding: the Lookahead spec without speculation."""
+    text = (REPO / "specs" / SPECS[method]).read_text().replace("path: ../heads/", f"path: {REPO}/heads/")
+    if method == "none":
+        text = text.replace("name: smollm2-lookahead", "name: smollm2-plain")
+        head, _, rest = text.partition("speculative:\n")
+        tail = rest.split("build:", 1)[1]
+        text = f"{head}speculative:\n  method: none\nbuild:{tail}"
+    path = OUT / "specs" / f"smollm2-{'plain' if method == 'none' else method}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def build(method: str) -> VariantPlan:
+    """`specdeploy engine SPEC` in-process; the package output is the repository to serve."""
+    cache = Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
+    plan = make_plan(load_spec(spec_copy(method)), OutputRoots(OUT / "engines", OUT / "triton_repo", cache))
+    variant = plan.variants[0]
+    (outcome,) = execute_plan(plan, only={variant.name}, say=lambda text: print(f"  {text}", flush=True))
+    if outcome.stopped_at:
+        raise SystemExit(f"{variant.name} stopped at {outcome.stopped_at}: {outcome.reason}")
+    return variant
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live descendant (tritonserver and its backend
+    stubs), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
+def bench_variant(variant: VariantPlan, concurrencies: list[int], args: argparse.Namespace) -> dict[int, Path]:
+    """One `specdeploy bench --repository` run per concurrency against a fresh server of ``variant``."""
+    from tests.servers import free_ports
+
+    repo = variant.stage("package").output
+    http, grpc, metrics = free_ports(3)
+    cache = Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
+    config = CpuServerConfig(
+        repositories=(repo,), cache_dir=cache, http_port=http, grpc_port=grpc, metrics_port=metrics,
+        models=(variant.serving.model_name,),
+    )  # fmt: skip
+    prompts = OUT / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    runs = {}
+    with CpuTritonServer(config) as server:
+        with TritonClient(server.grpc_url, variant.serving.model_name) as client:  # warm-up (first-call costs)
+            client.generate(GenerationRequest(PROMPTS[0], max_tokens=8))
+        for c in concurrencies:
+            out = OUT / "runs" / f"{variant.method}-c{c}"
+            cpu_before = tree_cpu_seconds(server.process.pid)
+            code = cli(
+                ["bench", "--url", server.grpc_url, "--model", variant.serving.model_name, "--prompts", str(prompts),
+                 "--concurrency", str(c), "--requests", str(max(args.requests, 2 * c)), "--max-tokens",
+                 str(args.max_tokens), "--repository", str(repo), "--out", str(out)]
+            )  # fmt: skip
+            if code:
+                raise SystemExit(f"bench {variant.name} at concurrency {c} failed ({code})")
+            cpu = tree_cpu_seconds(server.process.pid) - cpu_before
+            (out / "server_cpu.json").write_text(json.dumps({"server_cpu_seconds": cpu}))
+            runs[c] = out
+    return runs
+
+
+def predicted_tps(content: dict, run: calibrate.Run) -> float:
+    """tokens/s the calibration predicts for ``run``: concurrency x its acceptance length / one step."""
+    from pipeline.costmodel.profile import Calibration
+
+    profile = Calibration.from_dict(content["calibration"]).profile
+    s = run.served
+    d = Deployment(ModelGeometry(**s["arch"]), gpu_perf("cpu"), context_len=content["context_len"], profile=profile)
+    step = method_step(d, calibrate.drafting(run, "cpu"), run.concurrency).total_s
+    return run.concurrency * run.acceptance_length / step
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", default="none,lookahead", help="methods the calibration sees")
+    parser.add_argument("--held-out", default="medusa,eagle", help="methods it predicts")
+    parser.add_argument("--fit-concurrency", default="1,4")
+    parser.add_argument("--held-out-concurrency", default="2")
+    parser.add_argument("--requests", type=int, default=4, help="requests per run (at least twice the concurrency)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--context-len", type=int, default=64, help="mean cached tokens per request")
+    parser.add_argument("--reuse", action="store_true", help="keep the runs already under bench/out/calibrate-cpu")
+    args = parser.parse_args()
+    fit_methods, held_methods = args.fit.split(","), args.held_out.split(",")
+    fit_c = [int(c) for c in args.fit_concurrency.split(",")]
+    held_c = [int(c) for c in args.held_out_concurrency.split(",")]
+    print(f"load average before: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} CPUs", flush=True)
+    runs: dict[tuple[str, int], Path] = {}
+    concurrencies = sorted(set(fit_c + held_c))
+    for method in fit_methods + held_methods:
+        done = {c: OUT / "runs" / f"{method}-c{c}" for c in concurrencies}
+        if args.reuse and all((path / "bench.json").exists() for path in done.values()):
+            runs |= {(method, c): path for c, path in done.items()}
+            continue
+        print(f"building and benching {method}", flush=True)
+        for c, path in bench_variant(build(method), concurrencies, args).items():
+            runs[method, c] = path
+    print(f"load average after: {os.getloadavg()[0]:.1f} (1 min)")
+    worst = round_trip(runs, "wall-clock tokens/s", fit_methods, fit_c, held_methods, held_c, args.context_len)
+    per_cpu = {key: cpu_time_run(path) for key, path in runs.items() if (path / "server_cpu.json").exists()}
+    if len(per_cpu) == len(runs):
+        round_trip(per_cpu, "tokens per server CPU-second", fit_methods, fit_c, held_methods, held_c, args.context_len)
+    return 0 if worst <= TARGET else 1
+
+
+def cpu_time_run(path: Path) -> Path:
+    """A copy of the run whose tokens/s is per CPU-second of the server's processes: what the run
+    gives with the CPU time it got, whatever else the machine was running."""
+    body = json.loads((path / "bench.json").read_text())
+    cpu = json.loads((path / "server_cpu.json").read_text())["server_cpu_seconds"]
+    body["tokens_per_second"] = body["output_tokens"] / cpu
+    copy = OUT / "runs-per-cpu-second" / path.name
+    copy.mkdir(parents=True, exist_ok=True)
+    (copy / "bench.json").write_text(json.dumps(body))
+    return copy
+
+
+def round_trip(runs: dict[tuple[str, int], Path], rate: str, fit_methods: list[str], fit_c: list[int],
+               held_methods: list[str], held_c: list[int], context_len: int) -> float:  # fmt: skip
+    """Calibrate on the fitted runs alone, print every run's predicted vs measured ``rate``; the
+    largest held-out error."""
+    fitted = [runs[m, c] for m in fit_methods for c in fit_c]
+    cal = fitted[0].parent.parent / f"calibration-{fitted[0].parent.name}.json"
+    print(f"\n== {rate}: calibrate on {', '.join(fit_methods)} at concurrency {', '.join(map(str, fit_c))}")
+    code = cli(["calibrate", "--gpu", "cpu", "--context-len", str(context_len), "--out", str(cal)]
+               + [str(p) for p in fitted])  # fmt: skip
+    if code:
+        raise SystemExit(code)
+    content = json.loads(cal.read_text())
+    print(f"{'method':10s} {'conc':>4s} {'AL':>5s} {'measured':>9s} {'predicted':>10s} {'ratio':>6s}  role")
+    worst = 0.0
+    for (method, c), path in sorted(runs.items()):
+        run = calibrate.read_run(path)
+        predicted = predicted_tps(content, run)
+        ratio = predicted / run.tokens_per_second
+        held = method in held_methods or c in held_c
+        if held:
+            worst = max(worst, abs(ratio - 1))
+        print(
+            f"{method:10s} {c:4d} {run.acceptance_length:5.2f} {run.tokens_per_second:9.2f} {predicted:10.2f} "
+            f"{ratio:6.2f}  {'held out' if held else 'fitted'}"
+        )
+    verdict = "meets" if worst <= TARGET else "misses"
+    print(f"{rate}: largest held-out error {worst:.0%} ({verdict} the {TARGET:.0%} target)")
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

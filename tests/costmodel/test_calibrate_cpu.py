@@ -1,0 +1,136 @@
+"""`specdeploy calibrate --gpu cpu`: bench runs of a CPU reference backend with known step constants
+calibrate back to them, predict a held-out method (EAGLE) and concurrency exactly, and data that
+cannot determine the constants is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import presets, trees
+from pipeline.costmodel import calibrate, served
+from pipeline.costmodel.hardware import CPU_DEVICE, gpu_perf
+from pipeline.costmodel.profile import RuntimeProfile
+from pipeline.costmodel.step import Deployment, method_step
+
+ARCH = presets.preset("smollm2-135m-instruct")
+CONTEXT = 64
+# What the user's CPU "is": seconds per TFLOP, host work a request, weight streaming a layer, host
+# work a step. The Medusa heads' pass streams weights without being a step: that tells the two fixed
+# costs apart (plain decoding and Lookahead alone cannot). No method row terms: on the CPU a draft
+# row is a row (its per-row term is collinear with the FLOPs and per-request terms).
+TRUE = RuntimeProfile(
+    "reference", row_compute=25.0, host_step_s=4e-3, host_layer_s=1.5e-3, level_s=0.0, request_s=20e-3
+)  # fmt: skip
+SERVED = {
+    "none": {"method": "none", "settings": {}},
+    "lookahead": {"method": "lookahead", "settings": {"lookahead": [4, 3, 4], "max_draft_len": 15}},
+    "medusa": {
+        "method": "medusa",
+        "settings": {"medusa_choices": [list(n) for n in trees.TREE_PRESETS["smollm2_medusa_10"]], "medusa_heads": 3},
+    },
+    "eagle": {
+        "method": "eagle",
+        "settings": {"eagle_choices": [list(n) for n in trees.TREE_PRESETS["cpu_small_10_depth_3"]]},
+    },
+}
+AL = {"none": 1.0, "lookahead": 1.6, "medusa": 2.0, "eagle": 2.4}
+
+
+def server(method: str) -> dict:
+    # A Medusa engine names its own architecture (as TensorRT-LLM's checkpoints do): the same model.
+    arch = ARCH.to_dict() | ({"architecture": "MedusaForCausalLM"} if method == "medusa" else {})
+    return {**SERVED[method], "arch": arch, "dtype": "bfloat16", "kv_dtype": "bfloat16", "tp": 1, "pp": 1}
+
+
+def measured_tps(method: str, concurrency: int) -> float:
+    """tokens/s a CPU with the TRUE constants gives: concurrency x AL / step time."""
+    d = Deployment(ARCH, CPU_DEVICE, context_len=CONTEXT, profile=TRUE)
+    return concurrency * AL[method] / method_step(d, served.drafting(server(method)), concurrency).total_s
+
+
+def bench_run(folder: Path, method: str, concurrency: int, scale: float = 1.0) -> Path:
+    folder.mkdir(parents=True)
+    body = {
+        "concurrency": concurrency,
+        "completed": 8,
+        "tokens_per_second": measured_tps(method, concurrency) * scale,
+        "acceptance": {"mean_acceptance_length": None if method == "none" else AL[method]},
+        "server": server(method),
+    }
+    (folder / "bench.json").write_text(json.dumps(body))
+    return folder
+
+
+def runs(tmp_path: Path, methods=("none", "lookahead", "medusa"), concurrencies=(1, 4)) -> list[calibrate.Run]:
+    paths = [bench_run(tmp_path / f"{m}-{c}", m, c) for m in methods for c in concurrencies]
+    return [calibrate.read_run(p) for p in paths]
+
+
+def test_cpu_runs_calibrate_back_to_their_constants_and_predict_what_was_held_out(tmp_path):
+    content = calibrate.calibrate(runs(tmp_path, concurrencies=(1, 2, 4)), "cpu", "trtllm", CONTEXT)
+    # Lookahead's row term is resolved here (Medusa's heads break its collinearity) and fits to zero.
+    assert content["fitted"] == ["row_compute", "request_s", "host_layer_s", "host_step_s", "lookahead_row_s"]
+    profile = content["calibration"]["profile"]
+    for name in content["fitted"]:
+        assert profile[name] == pytest.approx(getattr(TRUE, name), rel=1e-6, abs=1e-9), name
+    assert [o["method"] for o in content["observations"]].count("none") == 3  # plain's step times are data too
+    assert max(abs(o["residual"]) for o in content["observations"]) < 1e-6  # leave-one-out, exact data
+    assert "step times" in content["calibration"]["source"] and "of tokens/s" in content["calibration"]["source"]
+    path = tmp_path / "cal.json"
+    calibrate.write(content, path)
+    loaded = calibrate.load(path, "cpu")
+    assert set(loaded.bands) >= {"lookahead", "medusa"} and "none" not in loaded.bands
+    # Held out: EAGLE (its drafter levels priced by the fitted weight streaming and FLOPs) and
+    # concurrency 8, as tokens/s.
+    d = Deployment(ARCH, gpu_perf("cpu"), context_len=CONTEXT, profile=loaded.profile)
+    for method in ("none", "lookahead", "medusa", "eagle"):
+        step = method_step(d, served.drafting(server(method)), 8).total_s
+        assert 8 * AL[method] / step == pytest.approx(measured_tps(method, 8), rel=1e-6), method
+
+
+def test_noisy_cpu_runs_show_their_noise_in_the_leave_one_out_residuals(tmp_path):
+    found = runs(tmp_path, concurrencies=(1, 2, 4))
+    noisy = [run if i % 3 else calibrate.Run(run.path, run.served, run.concurrency, run.tokens_per_second * 1.08,
+             run.acceptance_length) for i, run in enumerate(found)]  # fmt: skip
+    content = calibrate.calibrate(noisy, "cpu", "trtllm", CONTEXT)
+    assert "leave-one-out" in content["calibration"]["source"]
+    assert 0.01 < max(abs(o["residual"]) for o in content["observations"]) < 0.3
+
+
+def test_cpu_refusals(tmp_path):
+    def refused(found, match):
+        with pytest.raises(calibrate.CalibrationError, match=match):
+            calibrate.calibrate(found, "cpu", "trtllm", CONTEXT)
+
+    refused(runs(tmp_path / "a", concurrencies=(4,)), "every run is at concurrency 4: one concurrency cannot")
+    refused(runs(tmp_path / "b", methods=("none",)), "the runs serve none only")
+    refused(runs(tmp_path / "c", methods=("lookahead",)), "the runs serve lookahead only")
+    mixed = runs(tmp_path / "d", methods=("none",), concurrencies=(1, 4)) + runs(
+        tmp_path / "e", methods=("lookahead",), concurrencies=(2,)
+    )
+    refused(mixed, "no speculative run has a plain-decoding run at two concurrencies")
+
+
+def test_calibrate_cli_takes_the_cpu_device(cli, tmp_path):
+    paths = [str(r.path.parent) for r in runs(tmp_path)]
+    out = tmp_path / "cal.json"
+    rc, stdout, err = cli("calibrate", "--gpu", "cpu", "--context-len", str(CONTEXT), *paths, "--out", str(out))
+    assert rc == 0, err
+    assert json.loads(out.read_text())["gpu"] == "cpu" and "host_layer_s" in stdout
+    rc, _, err = cli("calibrate", "--gpu", "cpu", *paths[:1], *paths[3:4])
+    assert rc == 2 and err.count("\n") == 1, err
+
+
+def test_cpu_lookahead_is_charged_the_rows_its_run_fed(tmp_path):
+    """The reference backend feeds Lookahead's window (W(N - 1) = 8 rows), the root and the n-grams its
+    pool held: 50 accepted at AL 1.25 is 200 steps, 400 draft tokens 2 a step, so 11 rows, not 16."""
+    path = bench_run(tmp_path / "la", "lookahead", 1)
+    body = json.loads((path / "bench.json").read_text())
+    body["acceptance"] |= {"mean_acceptance_length": 1.25, "draft_tokens": 400, "accepted_draft_tokens": 50}
+    (path / "bench.json").write_text(json.dumps(body))
+    run = calibrate.read_run(path)
+    assert calibrate.drafting(run, "cpu").rows == 11
+    assert calibrate.drafting(run, "h100-sxm-80gb").rows == 16  # other devices: the configured rows
