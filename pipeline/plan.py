@@ -17,6 +17,7 @@ from typing import Any, cast
 from pipeline import adapters, gpus, head_training, presets, resources, trees
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
+from pipeline.lora.group import LoraGroupPlan, check_shared_variant, plan_groups
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
@@ -147,13 +148,29 @@ class Plan:
     # triton_repo/<spec>/: every variant in one Triton repository, after all variants' package
     # stages (pipeline.triton.spec_repository); None for a spec with one variant.
     repository: StagePlan | None = None
+    # LoRA fine-tunes served as adapters of one engine per base (pipeline.lora.group).
+    lora_groups: tuple[LoraGroupPlan, ...] = ()
+
+    def lora_of(self, variant: VariantPlan) -> dict[str, Any] | None:
+        """How a LoRA fine-tune is served: shared (its group and task id) or merged; None without adapter."""
+        for group in self.lora_groups:
+            for member in group.members:
+                if member.variant == variant.name:
+                    return {"mode": "shared", "group": group.name, "lora_task_id": member.task_id}
+        return {"mode": "merged"} if variant.stages and any(s.name == "merge" for s in variant.stages) else None
 
     def to_json(self) -> str:
+        variants = []
+        for variant in self.variants:
+            data = variant.to_dict()
+            data["lora"] = self.lora_of(variant)
+            variants.append(data)
         body = {
             "spec": str(self.spec_file),
             "name": self.spec_name,
-            "variants": [variant.to_dict() for variant in self.variants],
+            "variants": variants,
             "repository": None if self.repository is None else str(self.repository.output),
+            "lora_groups": [group.to_dict() for group in self.lora_groups],
         }
         return json.dumps(body, indent=2)
 
@@ -203,9 +220,12 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
             plans.append(plan)
     if len(spec.variants) > 1:
         errors.extend(_spec_repository_problems(spec, roots))
+    group_problems: dict[str, _Problems] = {}
+    groups = plan_groups(spec, plans, lambda name: group_problems.setdefault(name, _Problems(spec, name)))
+    errors.extend(e for p in group_problems.values() for e in p.errors)
     if errors:
         raise InputError("\n".join(errors))
-    return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans))
+    return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans), tuple(groups))
 
 
 # Model names of the whole-spec repository that a variant's ensemble (named after it) must not take.
@@ -252,6 +272,7 @@ def _spec_repository(spec: Spec, roots: OutputRoots, variants: list[VariantPlan]
 
 
 def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems) -> VariantPlan | None:
+    variant = check_shared_variant(spec, variant, problems)
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
     if arch is None:
         return None

@@ -270,6 +270,10 @@ class ServingSpec(_Strict):
     """Triton Prometheus metrics port."""
     gpu_device_ids: list[int] | None = None
     """GPUs the ranks run on, one per rank (tp*pp); all visible GPUs in order when unset."""
+    lora: Literal["shared", "merged", "auto"] = "auto"
+    """A LoRA fine-tune (model.adapter): shared serves it as an adapter of its base's one LoRA engine
+    (plain decoding: TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode); merged
+    merges it into an engine of its own; auto is merged for now."""
 
 
 class GpuSpec(_Strict):

@@ -4,11 +4,8 @@ merge_and_unload, converted and served alone); TensorRT-LLM's LoRA cache semanti
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
-import torch
 
 from pipeline.errors import InputError
 from pipeline.lora.convert import convert_adapter
@@ -16,6 +13,7 @@ from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.model.lora import LoraCache, LoraWeights
 from pipeline.runtime.request import GenerationRequest, LoraRequest
 from pipeline.runtime.serving.scheduler import Scheduler
+from tests.lora.helpers import make_adapter
 from tests.runtime.fixtures import make_hf_model, write_engine
 
 peft = pytest.importorskip("peft")
@@ -36,19 +34,6 @@ LORA_BUILD = {
 }
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4], [40, 41, 42, 43, 44, 45, 46, 47], [8, 8, 8], [20, 30, 40, 50, 60]]
 NEW_TOKENS = 12
-
-
-def make_adapter(model, folder, seed, **config):
-    """A random PEFT adapter with B large enough to change the greedy text."""
-    torch.manual_seed(seed)
-    options = {"lora_alpha": 8, "init_lora_weights": False, **config}
-    peft_model = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**options)).eval()
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.3)
-    peft_model.save_pretrained(folder)
-    return peft_model
 
 
 @pytest.fixture(scope="module")

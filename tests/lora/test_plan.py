@@ -1,0 +1,190 @@
+"""Planning LoRA groups: serving.lora shared/merged/auto, the group's rank, modules, task ids and cache,
+and the refusals (speculative modes TensorRT-LLM 1.2.1 does not combine with LoRA, adapters the
+LoRA plugin cannot apply)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.errors import InputError
+from pipeline.lora.group import task_id
+from pipeline.lora.memory import adapter_bytes
+from pipeline.plan import OutputRoots, make_plan
+from pipeline.spec import load_spec
+from tests.lora.helpers import make_adapter
+from tests.runtime.fixtures import make_hf_model
+
+peft = pytest.importorskip("peft")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("lora-plan")
+    hf = make_hf_model(root / "hf")
+    model = LlamaForCausalLM.from_pretrained(hf).eval()
+    make_adapter(model, root / "qv4", 1, r=4, target_modules=["q_proj", "v_proj"])
+    make_adapter(model, root / "mlp8", 2, r=8, target_modules=["gate_proj", "up_proj", "down_proj"])
+    make_adapter(model, root / "pattern", 3, r=2, rank_pattern={"o_proj": 6}, target_modules=["o_proj", "k_proj"])
+    make_adapter(model, root / "dora", 4, r=2, use_dora=True, target_modules=["q_proj"])
+    make_adapter(model, root / "embed", 5, r=2, target_modules=["q_proj", "embed_tokens"])
+    return root
+
+
+def plan_of(write_spec, tmp_path, root, variants: str, base: str = ""):
+    spec = write_spec(
+        f"""
+        name: fleet
+        model: {{path: {root / "hf"}, dtype: float32}}
+        build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+        target: reference
+        {base}
+        variants:
+          - name: base
+        """
+        + variants
+    )
+    return make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
+
+
+SHARED = """
+          - name: qv
+            model: {adapter: ADAPTERS/qv4}
+            serving: {lora: shared}
+          - name: mlp
+            model: {adapter: ADAPTERS/mlp8}
+            serving: {lora: shared}
+          - name: pattern
+            model: {adapter: ADAPTERS/pattern}
+            serving: {lora: shared}
+          - name: own
+            model: {adapter: ADAPTERS/qv4}
+            serving: {lora: merged}
+"""
+
+
+def test_shared_fine_tunes_form_one_group(tiny, write_spec, tmp_path):
+    plan = plan_of(write_spec, tmp_path, tiny, SHARED.replace("ADAPTERS", str(tiny)))
+    (group,) = plan.lora_groups
+    assert group.name == "base-lora" and group.base_variant == "base"
+    assert [(m.variant, m.task_id, m.rank) for m in group.members] == [
+        ("qv", task_id("qv"), 4),
+        ("mlp", task_id("mlp"), 8),
+        ("pattern", task_id("pattern"), 6),  # rank_pattern raises o_proj's rank above r
+    ]
+    assert len({m.task_id for m in group.members}) == 3 and all(0 < m.task_id < 2**31 for m in group.members)
+    assert group.max_lora_rank == 8
+    # The union of the adapters' modules, in TensorRT-LLM's id order.
+    assert group.target_modules == (
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_dense",
+        "mlp_h_to_4h",
+        "mlp_4h_to_h",
+        "mlp_gate",
+    )
+    by_name = {v.name: v for v in plan.variants}
+    # A shared fine-tune decodes plainly (method auto resolves to none); a merged one keeps Lookahead.
+    assert by_name["qv"].method == "none" and by_name["own"].method == "lookahead"
+    arch = by_name["qv"].arch
+    assert group.members[0].bytes_per_gpu == adapter_bytes(arch, 4, ["attn_q", "attn_v"], 4)
+    assert group.cache.gpu_bytes == 3 * adapter_bytes(arch, 8, group.target_modules, 4)  # 3 adapters < batch 4
+    assert group.cache.max_adapter_size == 8
+    body = json.loads(plan.to_json())
+    lora = {v["name"]: v["lora"] for v in body["variants"]}
+    assert lora["qv"] == {"mode": "shared", "group": "base-lora", "lora_task_id": task_id("qv")}
+    assert lora["own"] == {"mode": "merged"} and lora["base"] is None
+    assert body["lora_groups"][0]["max_lora_rank"] == 8
+    assert "3 fine-tune(s) on one engine" in group.describe()
+
+
+def test_auto_is_merged_for_now_and_says_so(tiny, write_spec, tmp_path):
+    plan = plan_of(
+        write_spec,
+        tmp_path,
+        tiny,
+        f"""
+          - name: qv
+            model: {{adapter: {tiny / "qv4"}}}
+""",
+    )
+    assert plan.lora_groups == ()
+    qv = plan.variants[1]
+    assert json.loads(plan.to_json())["variants"][1]["lora"] == {"mode": "merged"}
+    assert any("serving.lora auto: merged" in note and "not implemented yet" in note for note in qv.notes)
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "lookahead"])
+def test_shared_refuses_speculative_modes(tiny, write_spec, tmp_path, method):
+    with pytest.raises(InputError) as err:
+        plan_of(
+            write_spec,
+            tmp_path,
+            tiny,
+            f"""
+          - name: qv
+            model: {{adapter: {tiny / "qv4"}}}
+            serving: {{lora: shared}}
+            speculative: {{method: {method}}}
+""",
+        )
+    message = str(err.value)
+    assert f"speculative.method: {method} with serving.lora shared" in message
+    assert "engine flow has no test, example or document combining the LoRA plugin" in message
+    assert "[variant qv]" in message
+
+
+@pytest.mark.parametrize(
+    ("adapter", "expected"),
+    [
+        ("dora", "DoRA (use_dora) cannot be applied by TensorRT-LLM's LoRA plugin"),
+        ("embed", "target module(s) ['embed_tokens'] are not LoRA plugin modules"),
+    ],
+)
+def test_shared_refuses_adapters_the_plugin_cannot_apply(tiny, write_spec, tmp_path, adapter, expected):
+    with pytest.raises(InputError) as err:
+        plan_of(
+            write_spec,
+            tmp_path,
+            tiny,
+            f"""
+          - name: ft
+            model: {{adapter: {tiny / adapter}}}
+            serving: {{lora: shared}}
+""",
+        )
+    message = str(err.value)
+    assert "model.adapter: " in message and f"{tiny / adapter / 'adapter_config.json'}: {expected}" in message
+
+
+def test_shared_refuses_rank_over_the_engines_maximum(tiny, write_spec, tmp_path):
+    with pytest.raises(InputError, match=r"rank 8 is over the engine's max_lora_rank 4"):
+        plan_of(
+            write_spec,
+            tmp_path,
+            tiny,
+            f"""
+          - name: mlp
+            model: {{adapter: {tiny / "mlp8"}}}
+            serving: {{lora: shared}}
+            build: {{extra_flags: {{max_lora_rank: 4}}}}
+""",
+        )
+
+
+def test_shared_refuses_an_adapter_list(tiny, write_spec, tmp_path):
+    with pytest.raises(InputError, match=r"serving\.lora: shared needs exactly one model\.adapter"):
+        plan_of(
+            write_spec,
+            tmp_path,
+            tiny,
+            f"""
+          - name: two
+            model: {{adapter: [{tiny / "qv4"}, {tiny / "mlp8"}]}}
+            serving: {{lora: shared}}
+""",
+        )
