@@ -17,7 +17,8 @@ from typing import Any, cast
 from pipeline import adapters, gpus, head_training, presets, resources, trees
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
-from pipeline.lora.group import LoraGroupPlan, check_shared_variant, plan_groups
+from pipeline.lora.group import LoraBuild, LoraGroupPlan, check_shared_variant, plan_groups
+from pipeline.lora.rules import speculative_refusal
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
@@ -72,6 +73,7 @@ class BuildConfig:
     tokens_per_block: int = 32
     extra_flags: dict[str, Any] = field(default_factory=dict)
     workers: int | None = None  # build.workers: ranks built at once (None: all of them)
+    lora: LoraBuild | None = None  # the LoRA plugin: this engine serves a LoRA group (pipeline.lora.group)
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,12 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
     group_problems: dict[str, _Problems] = {}
     groups = plan_groups(spec, plans, lambda name: group_problems.setdefault(name, _Problems(spec, name)))
     errors.extend(e for p in group_problems.values() for e in p.errors)
+    for group in groups:  # the base variant's engine becomes the group's: the LoRA plugin and the adapters
+        base = next(v for v in spec.variants if v.name == group.base_variant)
+        problems = _Problems(spec, base.name)
+        replanned = _plan_variant(spec, base, roots, problems, group)
+        errors.extend(problems.errors)
+        plans = [replanned if p.name == base.name and replanned is not None else p for p in plans]
     if errors:
         raise InputError("\n".join(errors))
     return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans), tuple(groups))
@@ -271,8 +279,15 @@ def _spec_repository(spec: Spec, roots: OutputRoots, variants: list[VariantPlan]
     )
 
 
-def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems) -> VariantPlan | None:
+def _plan_variant(
+    spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems, lora: LoraGroupPlan | None = None
+) -> VariantPlan | None:
+    """``lora``: this variant's engine serves that LoRA group (built with the LoRA plugin, its
+    adapters converted by a lora stage, its LoRA cache in the memory estimate)."""
     variant = check_shared_variant(spec, variant, problems)
+    if lora is not None and variant.speculative.method == "auto":
+        problems.note(f"the engine of LoRA group {lora.name}: speculative.method auto resolves to none")
+        variant = variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
     if arch is None:
         return None
@@ -298,6 +313,14 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     gpu = gpus.gpu_type(variant.gpu.type) if variant.gpu else None
     quant = _quant_plan(spec, variant, model_dir, weights_present, speculative, gpu, problems)
     build = _build_config(variant, arch, speculative, quant, gpu, problems)
+    if lora is not None:
+        if speculative.method != "none":
+            problems.error(
+                ("speculative", "method"),
+                f"{speculative.method} on LoRA group {lora.name}'s engine: {speculative_refusal(speculative.method)}",
+            )
+        flags = {k: v for k, v in build.extra_flags.items() if k.lstrip("-") != "max_lora_rank"}
+        build = dataclasses.replace(build, lora=lora.build(variant.model.dtype), extra_flags=flags)
     memory = estimate_memory(
         arch,
         tp=tp,
@@ -311,6 +334,8 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         max_num_tokens=build.engine_max_num_tokens,
         gpu_gib=gpu.memory_gib if gpu else None,
     )
+    if lora is not None:  # the LoRA cache's GPU part comes on top of the engine
+        memory = dataclasses.replace(memory, overhead_gib=memory.overhead_gib + lora.cache.gpu_gib)
     largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
     if variant.target == "tensorrt" and memory.fits is False and gpu is not None:
         problems.error(
@@ -328,7 +353,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
-    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge, training)
+    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge, training, lora)
     rehearsal_build = None
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
@@ -643,6 +668,7 @@ def _stages(
     problems: _Problems,
     merge: adapters.MergeTarget | None = None,
     training: head_training.HeadsTraining | None = None,
+    lora: LoraGroupPlan | None = None,
 ) -> tuple[StagePlan, ...]:
     variant_root = _inside(roots.engines, variant.name, problems)
     stages: list[StagePlan] = []
@@ -695,17 +721,26 @@ def _stages(
         )
     )
     tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
+    package_inputs = {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS}
+    lora_params: dict[str, Any] = {}
+    if lora is not None:  # the group's adapters in the runtime's format, one folder per task id
+        adapters_dir = variant_root / "lora"
+        tasks = {str(m.task_id): m.adapter for m in lora.members}
+        stages.append(StagePlan("lora", adapters_dir, tasks, {"dtype": variant.model.dtype}))
+        package_inputs["lora"] = adapters_dir
+        lora_params = {"lora": lora.triton_parameters(adapters_dir)}
     stages.append(
         StagePlan(
             "package",
             _inside(roots.triton_repo, variant.name, problems),
-            {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS},
+            package_inputs,
             {
                 "serving": variant.serving.model_dump(),
                 "target": variant.target,
                 "speculative": _jsonable(dataclasses.asdict(speculative)),
                 "build": _jsonable(dataclasses.asdict(build)),
-            },
+            }
+            | lora_params,
         )
     )
     return tuple(stages)

@@ -86,6 +86,16 @@ def hf_modules(config: AdapterConfig, num_layers: int) -> set[str]:
 
 
 @dataclass(frozen=True)
+class LoraBuild:
+    """The LoRA plugin settings of a group's engine (trtllm-build --lora_plugin/--max_lora_rank/
+    --lora_target_modules; build_config.plugin_config.lora_plugin and build_config.lora_config)."""
+
+    plugin_dtype: str  # the engine's dtype
+    max_rank: int
+    target_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LoraMember:
     variant: str
     task_id: int
@@ -112,6 +122,18 @@ class LoraGroupPlan:
     @property
     def shared_gib(self) -> float:
         return self.engine_gib + self.cache.gpu_gib
+
+    def build(self, dtype: str) -> LoraBuild:
+        return LoraBuild(dtype, self.max_lora_rank, self.target_modules)
+
+    def triton_parameters(self, prefetch_dir: Path) -> dict[str, str]:
+        """The tensorrt_llm model's LoRA cache parameters (TensorRT-LLM's PeftCacheConfig)."""
+        return {
+            "lora_cache_optimal_adapter_size": str(self.cache.optimal_adapter_size),
+            "lora_cache_max_adapter_size": str(self.cache.max_adapter_size),
+            "lora_cache_host_memory_bytes": str(self.cache.host_bytes),
+            "lora_prefetch_dir": str(Path(prefetch_dir).resolve()),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -187,6 +209,13 @@ def plan_groups(
     result = []
     for key, members in groups.items():
         base = next((v.name for v in spec.variants if not v.model.adapters and base_key(v) == key), None)
+        if base is None:
+            problems_for(members[0].name).error(
+                ("serving", "lora"),
+                "shared needs the group's engine: a variant without model.adapter on the same base, dtype, "
+                "quantization, parallel, build, target and gpu (e.g. `- name: base`); add one",
+            )
+            continue
         result.append(_plan_group(spec, by_name, base, members, problems_for))
     return [g for g in result if g is not None]
 

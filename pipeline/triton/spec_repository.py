@@ -86,6 +86,9 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
         check_engine(variant, engine_dir)
         tokenizer = packaged / PREPROCESSING / TOKENIZER_SUBDIR
         settings = with_chat_template(settings_from_plan(variant, engine_dir), tokenizer)
+        lora = variant.stage("package").params.get("lora")  # a LoRA group's engine: its cache parameters
+        if lora:
+            settings = replace(settings, tensorrt_llm_parameters=settings.tensorrt_llm_parameters | lora)
         if variant.name in limits:
             instance = limits[variant.name]
             params = settings.tensorrt_llm_parameters | {

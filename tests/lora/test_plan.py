@@ -34,14 +34,13 @@ def tiny(tmp_path_factory):
     return root
 
 
-def plan_of(write_spec, tmp_path, root, variants: str, base: str = ""):
+def plan_of(write_spec, tmp_path, root, variants: str, build: str = ""):
     spec = write_spec(
         f"""
         name: fleet
         model: {{path: {root / "hf"}, dtype: float32}}
-        build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+        build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256{build}}}
         target: reference
-        {base}
         variants:
           - name: base
         """
@@ -171,8 +170,8 @@ def test_shared_refuses_rank_over_the_engines_maximum(tiny, write_spec, tmp_path
           - name: mlp
             model: {{adapter: {tiny / "mlp8"}}}
             serving: {{lora: shared}}
-            build: {{extra_flags: {{max_lora_rank: 4}}}}
 """,
+            build=", extra_flags: {max_lora_rank: 4}",
         )
 
 
@@ -186,5 +185,61 @@ def test_shared_refuses_an_adapter_list(tiny, write_spec, tmp_path):
           - name: two
             model: {{adapter: [{tiny / "qv4"}, {tiny / "mlp8"}]}}
             serving: {{lora: shared}}
+""",
+        )
+
+
+def test_group_engine_gets_the_lora_plugin_a_lora_stage_and_cache_parameters(tiny, write_spec, tmp_path):
+    from pipeline.trtllm.build_command import trtllm_build_argv
+    from pipeline.trtllm.engine_config import predict_engine_config
+    from pipeline.trtllm.flags import argv_problems
+
+    plan = plan_of(write_spec, tmp_path, tiny, SHARED.replace("ADAPTERS", str(tiny)))
+    base = plan.variants[0]
+    (group,) = plan.lora_groups
+    assert [s.name for s in base.stages] == ["convert", "build", "lora", "package"]
+    lora = base.stage("lora")
+    assert lora.inputs == {str(m.task_id): m.adapter for m in group.members}
+    assert base.stage("package").inputs["lora"] == lora.output
+    assert base.stage("package").params["lora"] == {
+        "lora_cache_optimal_adapter_size": str(group.cache.optimal_adapter_size),
+        "lora_cache_max_adapter_size": "8",
+        "lora_cache_host_memory_bytes": str(group.cache.host_bytes),
+        "lora_prefetch_dir": str(lora.output.resolve()),
+    }
+    argv = trtllm_build_argv(base, tmp_path / "ckpt", tmp_path / "eng", visible_gpus=None)
+    modules = list(group.target_modules)
+    at = argv.index("--lora_plugin")
+    assert argv[at : at + 5 + len(modules)] == [
+        "--lora_plugin",
+        "float32",
+        "--max_lora_rank",
+        "8",
+        "--lora_target_modules",
+        *modules,
+    ]
+    assert argv_problems(argv) == []
+    config = predict_engine_config(base, {"architecture": "LlamaForCausalLM", "mapping": {}}, output_dir=tmp_path)
+    assert config["build_config"]["plugin_config"]["lora_plugin"] == "float32"
+    assert config["build_config"]["lora_config"]["max_lora_rank"] == 8
+    assert config["build_config"]["lora_config"]["lora_target_modules"] == modules
+    # The group's engine decodes plainly; its memory estimate carries the LoRA cache.
+    assert base.method == "none"
+    assert base.memory.total_gib == pytest.approx(group.engine_gib + group.cache.gpu_gib, abs=1e-6)
+
+
+def test_shared_needs_a_base_variant_for_the_groups_engine(tiny, write_spec, tmp_path):
+    with pytest.raises(
+        InputError, match=r"serving\.lora: shared needs the group's engine: a variant without model\.adapter"
+    ):
+        plan_of(
+            write_spec,
+            tmp_path,
+            tiny,
+            f"""
+          - name: qv
+            model: {{adapter: {tiny / "qv4"}}}
+            serving: {{lora: shared}}
+            build: {{max_batch_size: 2}}
 """,
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from pipeline.lora.rules import (
     MODULE_IDS,
     MODULE_NAMES,
     PEFT_CACHE_FULL,
+    PREFETCH_FILES,
     REQUEST_CHECKS,
     UNKNOWN_TASK,
     module_dims,
@@ -186,6 +188,36 @@ class LoraCache:
         slot = self._slots.get(task_id)
         if slot is not None and slot.in_flight > 0:
             slot.in_flight -= 1
+
+
+def prefetch(
+    cache: LoraCache, folder: Path, model: ModelGeometry, settings: LoraSettings
+) -> tuple[list[int], list[str]]:
+    """Load ``<folder>/<task id>/model.lora_{weights,config}.npy`` into the cache, as TensorRT-LLM's
+    ``lora_prefetch_dir`` does (``PeftCacheManager::prefetchLoraWeights``): folders whose names are
+    not all digits are skipped with a warning; a missing folder is no error. Returns (task ids, warnings).
+    Files are read with ``allow_pickle=False``."""
+    loaded: list[int] = []
+    warnings: list[str] = []
+    if not folder.is_dir():
+        return loaded, [f"lora_prefetch_dir {folder} not found; no LoRA weights prefetched"]
+    for entry in sorted(folder.iterdir()):
+        if not entry.is_dir():
+            continue
+        if not entry.name.isdigit():
+            warnings.append(f"lora task name {entry.name} is invalid, skipping to load lora weight from this folder.")
+            continue
+        try:
+            weights = np.load(entry / PREFETCH_FILES[0], allow_pickle=False)
+            config = np.load(entry / PREFETCH_FILES[1], allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{entry}: cannot read the LoRA weights ({exc}); convert the adapter again") from None
+        try:
+            cache.put(LoraWeights.parse(int(entry.name), weights, config, model, settings))
+        except InputError as exc:
+            raise InputError(f"{entry}: {exc}") from None
+        loaded.append(int(entry.name))
+    return loaded, warnings
 
 
 class LoraStep:
