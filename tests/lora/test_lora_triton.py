@@ -29,7 +29,7 @@ from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest as RuntimeRequest
 from pipeline.runtime.spec_decode.base import PlainDecoding
 from pipeline.spec import load_spec
-from pipeline.stages.execute import execute_plan
+from pipeline.stages.execute import execute_plan, execute_spec_repository
 from pipeline.triton.launch_cpu import reference_backend_available
 from tests.conftest import embedded_cache_dir
 from tests.runtime.drive import decode
@@ -68,6 +68,7 @@ def plan(tmp_path_factory) -> Plan:
     )
     outcomes = execute_plan(plan, say=lambda _: None)
     assert all(o.stopped_at is None and o.exit_code == 0 for o in outcomes), outcomes
+    assert execute_spec_repository(plan, {o.variant for o in outcomes}, say=lambda _: None) is not None
     return plan
 
 
@@ -97,9 +98,13 @@ def tokenizer_of(plan):
 def server(plan, tmp_path_factory):
     from tests.triton.triton_fixtures import serve_repository
 
-    repo = plan.variants[0].stage("package").output  # the group's engine: the base variant's repository
+    assert plan.repository is not None
+    repo = plan.repository.output  # every variant by its own name; one tensorrt_llm model for the group
     running = serve_repository(
-        repo, tmp_path_factory.mktemp("logs") / "server.log", models=("ensemble", "tensorrt_llm"), ready_timeout=300
+        repo,
+        tmp_path_factory.mktemp("logs") / "server.log",
+        models=("base", "code", "json", "base-tensorrt_llm"),
+        ready_timeout=300,
     )
     try:
         yield running
@@ -112,14 +117,14 @@ def task_of(plan, name: str) -> int:
     return next(m.task_id for m in group.members if m.variant == name)
 
 
-def ask(url: str, prompt: str, task: int | None) -> str:
+def ask(url: str, prompt: str, task: int | None, model: str = "base") -> str:
     extra = []
     if task is not None:
         tensor = grpcclient.InferInput("lora_task_id", [1, 1], "UINT64")
         tensor.set_data_from_numpy(np.array([[task]], np.uint64))
         extra.append(tensor)
     try:
-        with TritonClient(url) as client:
+        with TritonClient(url, model) as client:
             return client.generate_raw(
                 build_inputs(GenerationRequest(prompt, max_tokens=TOKENS)) + extra, timeout=300
             ).text
@@ -128,17 +133,31 @@ def ask(url: str, prompt: str, task: int | None) -> str:
 
 
 def test_base_and_fine_tunes_in_flight_together_equal_their_merged_engines(plan, expected, server):
+    """Each fine-tune by its own model name (its preprocessing sets its task id) and through the base's
+    ensemble with its lora_task_id, all in flight together on the group's one engine."""
     tokenizer = tokenizer_of(plan)
-    jobs = [(name, prompt) for prompt in PROMPTS for name in ("base", "code", "json")]
+    jobs = [
+        (name, prompt, how)
+        for prompt in PROMPTS
+        for name, how in [
+            ("base", "name"),
+            ("code", "name"),
+            ("json", "name"),
+            ("code", "task id"),
+            ("json", "task id"),
+        ]
+    ]
     with ThreadPoolExecutor(len(jobs)) as pool:
-        futures = {
-            job: pool.submit(ask, server.grpc_url, job[1], None if job[0] == "base" else task_of(plan, job[0]))
-            for job in jobs
-        }
+        futures = {}
+        for job in jobs:
+            name, prompt, how = job
+            model, task = (name, None) if how == "name" else ("base", task_of(plan, name))
+            futures[job] = pool.submit(ask, server.grpc_url, prompt, task, model)
         answers = {job: future.result() for job, future in futures.items()}
-    for job, text in answers.items():
-        want = tokenizer.decode(expected[job], skip_special_tokens=True)
-        assert text.strip() == want.strip(), job
+    for (name, prompt, how), text in answers.items():
+        want = tokenizer.decode(expected[name, prompt], skip_special_tokens=True)
+        assert text.strip() == want.strip(), (name, prompt, how)
+    answers = {(name, prompt): text for (name, prompt, _), text in answers.items()}
     assert any(answers["code", p] != answers["base", p] for p in PROMPTS)  # the adapter changes the text
     (group,) = plan.lora_groups
     assert group.base_variant == "base" and {m.variant for m in group.members} == {"code", "json"}
@@ -166,6 +185,8 @@ def test_nvidia_inflight_client_with_task_id_and_lora_path(plan, expected, serve
             "--request-output-len",
             str(TOKENS),
             "--streaming",
+            "--model-name",
+            "base-tensorrt_llm",
             *flags,
             cwd=tmp_path,
         )
