@@ -141,6 +141,9 @@ def write_manifest(
     Triton repository when this run wrote it (or found it up to date)."""
     path = manifest_path(plan, engines_root)
     entries = {v.name: variant_entry(v, states[v.name], hashes) for v in plan.variants if v.name in states}
+    for v in plan.variants:  # how each LoRA fine-tune is served: shared (group, lora_task_id) or merged
+        if v.name in entries:
+            entries[v.name]["lora"] = plan.lora_of(v)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Two runs of one spec (say --variant a and --variant b) each keep the other's entries.
     with exclusive_lock(path.parent / f".{path.name}.lock", timeout=600, what=str(path), on_wait=lambda _: None):

@@ -231,9 +231,30 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
         replanned = _plan_variant(spec, base, roots, problems, group)
         errors.extend(problems.errors)
         plans = [replanned if p.name == base.name and replanned is not None else p for p in plans]
+        if replanned is not None:
+            members = {m.variant: m.task_id for m in group.members}
+            plans = [_shared_member(p, replanned, members[p.name], roots) if p.name in members else p for p in plans]
     if errors:
         raise InputError("\n".join(errors))
     return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans), tuple(groups))
+
+
+def _shared_member(member: VariantPlan, engine: VariantPlan, task_id: int, roots: OutputRoots) -> VariantPlan:
+    """A shared LoRA fine-tune served by its group's engine: the engine's stages (the same outputs and
+    fingerprints, so they run once) and a package stage of its own whose preprocessing sets its task id."""
+    package = engine.stage("package")
+    own = StagePlan(
+        "package",
+        roots.triton_repo / member.name,
+        dict(package.inputs),
+        package.params | {"lora_task_id": task_id},
+        package.resources,
+    )
+    stages = tuple(s for s in engine.stages if s.name != "package") + (own,)
+    keep = ("name", "notes", "serving")
+    return dataclasses.replace(
+        engine, stages=stages, **{k: getattr(member, k) for k in keep}, rehearsal=None, rehearsal_build=None
+    )
 
 
 # Model names of the whole-spec repository that a variant's ensemble (named after it) must not take.

@@ -177,10 +177,12 @@ def emit_repository(
     tokenizer_dir: Path,
     check_engine_config: bool = True,
     tensorrt_llm_extra: dict[str, str] | None = None,
+    lora_task_id: int | None = None,
 ) -> dict[str, pbtxt.ModelConfig]:
     """Write the repository into ``out`` (an empty or new folder) and return the configs written.
 
-    ``tensorrt_llm_extra``: more tensorrt_llm parameters (a LoRA group's ``lora_*``), checked like the rest."""
+    ``tensorrt_llm_extra``: more tensorrt_llm parameters (a LoRA group's ``lora_*``), checked like the rest;
+    ``lora_task_id``: a shared LoRA fine-tune's repository, whose preprocessing sets that task id."""
     out = Path(out)
     if check_engine_config:
         check_engine(variant, engine_dir)
@@ -192,6 +194,9 @@ def emit_repository(
         extra = settings.tensorrt_llm_parameters | tensorrt_llm_extra
         check_parameter_keys(extra)
         settings = replace(settings, tensorrt_llm_parameters=extra)
+    if lora_task_id is not None:
+        pre = settings.preprocessing_parameters | {"lora_task_id": str(lora_task_id)}
+        settings = replace(settings, lora_task_id=lora_task_id, preprocessing_parameters=pre)
     configs = all_configs(settings)
     write_models(configs, settings.names, out)
     manifest = {

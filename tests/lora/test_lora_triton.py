@@ -59,25 +59,47 @@ variants:
 """
 
 
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> Plan:
-    root = tmp_path_factory.mktemp("lora-group")
-    (root / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
+MERGED = f"""
+name: merged
+model: {{builtin: smollm2-135m-instruct, dtype: float32}}
+build: {{max_batch_size: 8, max_input_len: 128, max_seq_len: 256, max_num_tokens: 512}}
+target: reference
+variants:
+  - name: code
+    model: {{adapter: {REPO / "adapters" / "smollm2-code"}}}
+    serving: {{lora: merged}}
+  - name: json
+    model: {{adapter: {REPO / "adapters" / "smollm2-json"}}}
+    serving: {{lora: merged}}
+"""
+
+
+def built(root: Path, text: str) -> Plan:
+    root.mkdir(parents=True)
+    (root / "spec.yaml").write_text(textwrap.dedent(text).lstrip())
     plan = make_plan(
         load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir())
     )
     outcomes = execute_plan(plan, say=lambda _: None)
     assert all(o.stopped_at is None and o.exit_code == 0 for o in outcomes), outcomes
-    assert execute_spec_repository(plan, {o.variant for o in outcomes}, say=lambda _: None) is not None
     return plan
 
 
 @pytest.fixture(scope="module")
-def expected(plan) -> dict[tuple[str, str], list[int]]:
-    """(variant, prompt) -> greedy ids of the variant's own engine (merged for the fine-tunes), no Triton."""
-    tokenizer = tokenizer_of(plan)
+def plan(tmp_path_factory) -> Plan:
+    plan = built(tmp_path_factory.mktemp("lora-group") / "shared", SPEC)
+    assert execute_spec_repository(plan, {v.name for v in plan.variants}, say=lambda _: None) is not None
+    return plan
+
+
+@pytest.fixture(scope="module")
+def expected(plan, tmp_path_factory) -> dict[tuple[str, str], list[int]]:
+    """(variant, prompt) -> greedy ids without Triton: each fine-tune's merged engine, and the base on the
+    group's engine without an adapter."""
+    merged = built(tmp_path_factory.mktemp("lora-merged") / "merged", MERGED)
+    tokenizer = tokenizer_of(merged)
     out = {}
-    for variant in plan.variants:
+    for variant in (plan.variants[0], *merged.variants):
         engine = Engine.load(variant.stage("build").output)
         requests = [
             RuntimeRequest(
@@ -161,6 +183,10 @@ def test_base_and_fine_tunes_in_flight_together_equal_their_merged_engines(plan,
     assert any(answers["code", p] != answers["base", p] for p in PROMPTS)  # the adapter changes the text
     (group,) = plan.lora_groups
     assert group.base_variant == "base" and {m.variant for m in group.members} == {"code", "json"}
+    # One engine: the fine-tunes' plans are the group engine's stages (no merge) and a package of their own.
+    engines = {v.name: v.stage("build").output for v in plan.variants}
+    assert engines["code"] == engines["json"] == engines["base"]
+    assert not any(s.name == "merge" for v in plan.variants for s in v.stages)
 
 
 def test_unknown_task_id_gets_tensorrt_llms_error(server):

@@ -87,6 +87,14 @@ def test_shared_fine_tunes_form_one_group(tiny, write_spec, tmp_path):
         "mlp_gate",
     )
     by_name = {v.name: v for v in plan.variants}
+    # A shared fine-tune is served by the group's engine: its stages, then a package of its own.
+    qv = by_name["qv"]
+    assert [s.name for s in qv.stages] == ["convert", "build", "lora", "package"]
+    assert qv.stage("build") == by_name["base"].stage("build") and qv.stage("package").params[
+        "lora_task_id"
+    ] == task_id("qv")
+    assert qv.stage("package").output == tmp_path / "repo" / "qv"
+    assert [s.name for s in by_name["own"].stages] == ["merge", "convert", "build", "package"]
     # A shared fine-tune decodes plainly (method auto resolves to none); a merged one keeps Lookahead.
     assert by_name["qv"].method == "none" and by_name["own"].method == "lookahead"
     arch = by_name["qv"].arch
@@ -243,3 +251,14 @@ def test_shared_needs_a_base_variant_for_the_groups_engine(tiny, write_spec, tmp
             build: {{max_batch_size: 2}}
 """,
         )
+
+
+def test_the_manifest_records_how_each_fine_tune_is_served(tiny, write_spec, tmp_path):
+    from pipeline.hashing import HashCache
+    from pipeline.manifest import write_manifest
+
+    plan = plan_of(write_spec, tmp_path, tiny, SHARED.replace("ADAPTERS", str(tiny)))
+    path = write_manifest(plan, tmp_path / "engines", {v.name: {} for v in plan.variants}, HashCache(None))
+    variants = json.loads(path.read_text())["variants"]
+    assert variants["qv"]["lora"] == {"mode": "shared", "group": "base-lora", "lora_task_id": task_id("qv")}
+    assert variants["own"]["lora"] == {"mode": "merged"} and variants["base"]["lora"] is None
