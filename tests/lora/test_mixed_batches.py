@@ -4,6 +4,8 @@ merge_and_unload, converted and served alone); TensorRT-LLM's LoRA cache semanti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -175,3 +177,39 @@ def test_converted_layout_is_hf_lora_converts(tmp_path):
     np.testing.assert_array_equal(row[: a.numel()], a.flatten().numpy())
     np.testing.assert_allclose(row[a.numel() : a.numel() + b.numel()], (b * 2.0).flatten().numpy(), rtol=1e-6)
     assert lora.weights.shape == (1, 4, 4 * 64 + 4 * 128)  # gate_proj's row is the longest; v_proj's is padded
+
+
+def test_prefetch_dir_loads_task_folders_like_tensorrt_llm(fleet, tmp_path):
+    """<dir>/<task id>/model.lora_{weights,config}.npy; folders not named by digits are skipped with
+    TensorRT-LLM's warning; the prefetched adapters answer requests that send the id alone."""
+    from pipeline.runtime.model.lora import prefetch
+
+    shared, _, runtime, merged = fleet
+    runtime[11].save(tmp_path / "11")
+    runtime[12].save(tmp_path / "code-ft")
+    cache = LoraCache(capacity_bytes=1 << 30)
+    loaded, warnings = prefetch(cache, tmp_path, shared.config.model, shared.lora)
+    assert loaded == [11] and 11 in cache
+    assert warnings == ["lora task name code-ft is invalid, skipping to load lora weight from this folder."]
+    got = run(Scheduler(shared, lora_cache=cache), [request("a", PROMPTS[0], LoraRequest(11))])
+    assert got == {"a": alone(merged[11], PROMPTS[0])}
+
+
+def test_triton_inputs_become_lora_requests():
+    from pipeline.runtime.triton.io import BackendParams, parse_request
+
+    base = {"input_ids": np.array([[1, 2, 3]], np.int32), "request_output_len": np.array([[4]], np.int32)}
+    weights, config = np.ones((1, 2, 8), np.float16), np.array([[[1, 0, 1], [3, 0, 1]]], np.int32)
+
+    def parse(**tensors):
+        values = {**base, **tensors}
+        return parse_request(values.get, "r", BackendParams(engine_dir=Path(".")))
+
+    assert parse().lora is None
+    assert parse(lora_task_id=np.array([[7]], np.uint64)).lora.task_id == 7
+    sent = parse(lora_task_id=np.array([[7]], np.uint64), lora_weights=weights[0], lora_config=config).lora
+    assert sent.weights.shape == (1, 2, 8) and sent.config.shape == (1, 2, 3)  # batch of one restored
+    with pytest.raises(InputError, match="lora_weights/lora_config without lora_task_id: lora_task_id must be set"):
+        parse(lora_weights=weights, lora_config=config)
+    with pytest.raises(InputError, match="must have both lora_weights and lora_keys"):
+        parse(lora_task_id=np.array([[7]], np.uint64), lora_weights=weights)
