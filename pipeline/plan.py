@@ -747,7 +747,8 @@ def _stages(
     if lora is not None:  # the group's adapters in the runtime's format, one folder per task id
         adapters_dir = variant_root / "lora"
         tasks = {str(m.task_id): m.adapter for m in lora.members}
-        stages.append(StagePlan("lora", adapters_dir, tasks, {"dtype": variant.model.dtype}))
+        base = {"model": model_dir if model_dir is not None else Path("<weights missing>")}
+        stages.append(StagePlan("lora", adapters_dir, base | tasks, {"dtype": variant.model.dtype}))
         package_inputs["lora"] = adapters_dir
         lora_params = {"lora": lora.triton_parameters(adapters_dir)}
     stages.append(

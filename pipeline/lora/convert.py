@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.checkpoint.lora import Adapter, open_adapter
+from pipeline.checkpoint.hf_reader import open_hf_checkpoint
+from pipeline.checkpoint.lora import Adapter, check_against_base, open_adapter
 from pipeline.errors import InputError
 from pipeline.lora.rules import HF_TO_TRTLLM, MODULE_IDS, PREFETCH_FILES
 
@@ -63,10 +64,15 @@ def _module(adapter: Adapter, name: str) -> tuple[int, str]:
     return int(match.group(1)), HF_TO_TRTLLM[match.group(3)]
 
 
-def convert_adapter(folder: Path, dtype: str = "float32") -> RuntimeLora:
-    """Read a PEFT folder and return it in the runtime format, in ``dtype`` (float32 or float16)."""
+def convert_adapter(folder: Path, dtype: str = "float32", base: Path | None = None) -> RuntimeLora:
+    """Read a PEFT folder and return it in the runtime format, in ``dtype`` (float32 or float16).
+
+    ``base``: the base model's HF folder; every update must land on a base tensor of its shape (the
+    merge's checks: a wrong base shape, a module the base lacks, with the file and tensor named)."""
     adapter = open_adapter(folder)
     try:
+        if base is not None:
+            check_against_base(adapter, open_hf_checkpoint(base))
         return _convert(adapter, dtype)
     finally:
         adapter.close()

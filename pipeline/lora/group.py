@@ -159,6 +159,8 @@ def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
         if variant.serving.lora == "auto" and variant.model.adapters:
             problems.note(AUTO_NOTE)
         return variant
+    if not variant.model.adapters:  # a base: shared set for the whole fleet at the top of the spec
+        return variant
     if len(variant.model.adapters) != 1:
         problems.error(
             ("serving", "lora"),

@@ -19,8 +19,9 @@ NPY_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "float16"}
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     dtype = NPY_DTYPE[stage.params["dtype"]]
-    for task_id, adapter in sorted(stage.inputs.items()):
-        lora = convert_adapter(Path(adapter), dtype)
+    base = Path(stage.inputs["model"])  # each adapter is checked against the base's tensor shapes
+    for task_id, adapter in sorted((k, v) for k, v in stage.inputs.items() if k != "model"):
+        lora = convert_adapter(Path(adapter), dtype, base)
         lora.save(out / task_id)
         print(
             f"[{variant.name}] lora: task {task_id} <- {adapter} ({lora.config.shape[1]} modules x layers)", flush=True

@@ -207,7 +207,7 @@ def test_group_engine_gets_the_lora_plugin_a_lora_stage_and_cache_parameters(tin
     (group,) = plan.lora_groups
     assert [s.name for s in base.stages] == ["convert", "build", "lora", "package"]
     lora = base.stage("lora")
-    assert lora.inputs == {str(m.task_id): m.adapter for m in group.members}
+    assert lora.inputs == {"model": tiny / "hf"} | {str(m.task_id): m.adapter for m in group.members}
     assert base.stage("package").inputs["lora"] == lora.output
     assert base.stage("package").params["lora"] == {
         "lora_cache_optimal_adapter_size": str(group.cache.optimal_adapter_size),
@@ -262,3 +262,50 @@ def test_the_manifest_records_how_each_fine_tune_is_served(tiny, write_spec, tmp
     variants = json.loads(path.read_text())["variants"]
     assert variants["qv"]["lora"] == {"mode": "shared", "group": "base-lora", "lora_task_id": task_id("qv")}
     assert variants["own"]["lora"] == {"mode": "merged"} and variants["base"]["lora"] is None
+
+
+def test_shared_at_the_top_of_the_spec_leaves_the_base_alone(tiny, write_spec, tmp_path):
+    spec = write_spec(f"""
+        name: fleet
+        model: {{path: {tiny / "hf"}, dtype: float32}}
+        build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+        serving: {{lora: shared}}
+        target: reference
+        variants:
+          - name: base
+          - name: qv
+            model: {{adapter: {tiny / "qv4"}}}
+        """)
+    plan = make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
+    (group,) = plan.lora_groups
+    assert group.base_variant == "base" and [m.variant for m in group.members] == ["qv"]
+
+
+def test_lora_stage_refuses_an_adapter_of_another_base_shape(tiny, write_spec, tmp_path):
+    """The group's adapters get the merge's checks against the base: file and tensor named, nothing written."""
+    from transformers import LlamaForCausalLM
+
+    from pipeline.stages.lora import run
+
+    other = LlamaForCausalLM.from_pretrained(
+        make_hf_model(tmp_path / "wide", hidden_size=96, num_attention_heads=4)
+    ).eval()
+    make_adapter(other, tmp_path / "wide-adapter", 9, r=2, target_modules=["q_proj"])
+    config = tmp_path / "wide-adapter" / "adapter_config.json"  # unnamed base: only the shapes can tell
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"base_model_name_or_path": None}))
+    plan = plan_of(
+        write_spec,
+        tmp_path,
+        tiny,
+        f"""
+          - name: wide
+            model: {{adapter: {tmp_path / "wide-adapter"}}}
+            serving: {{lora: shared}}
+""",
+    )
+    base = plan.variants[0]
+    with pytest.raises(
+        InputError, match=r"adapter_model\.safetensors: tensor .*q_proj\.lora_A\.weight: the update has shape"
+    ):
+        run(base, base.stage("lora"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
