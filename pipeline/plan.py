@@ -305,6 +305,7 @@ def _plan_variant(
 ) -> VariantPlan | None:
     """``lora``: this variant's engine serves that LoRA group (built with the LoRA plugin, its
     adapters converted by a lora stage, its LoRA cache in the memory estimate)."""
+    requested = variant.speculative.method
     variant = check_shared_variant(spec, variant, problems)
     if lora is not None and variant.speculative.method == "auto":
         problems.note(f"the engine of LoRA group {lora.name}: speculative.method auto resolves to none")
@@ -316,6 +317,9 @@ def _plan_variant(
     speculative, heads_dir = _choose_method(spec, variant, arch, problems, trained_dir)
     if speculative is None:
         return None
+    if requested == "auto" and variant.speculative.method == "none":  # a LoRA engine's rule, not the spec's
+        reason = "auto: none on a LoRA engine (TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode)"
+        speculative = dataclasses.replace(speculative, reason=reason)
     training = head_training.plan_training(spec, variant, speculative.method, trained_dir.parent, problems)
     if training is not None:  # convert and evaluate read the trained heads
         heads_dir = training.output
