@@ -309,3 +309,17 @@ def test_lora_stage_refuses_an_adapter_of_another_base_shape(tiny, write_spec, t
     ):
         run(base, base.stage("lora"), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_ray_graph_builds_the_group_engine_once(tiny, write_spec, tmp_path):
+    """engine --ray: the group engine's stages are one task each, owned by the base and every shared
+    fine-tune; each fine-tune's own package waits for them."""
+    from pipeline.fleet.graph import build_graph
+
+    plan = plan_of(write_spec, tmp_path, tiny, SHARED.replace("ADAPTERS", str(tiny)))
+    graph = build_graph(plan)
+    build = graph.tasks[graph.cells[("base", "build")]]
+    assert build.owners == ("base", "qv", "mlp", "pattern")
+    assert graph.cells[("qv", "lora")] == graph.cells[("base", "lora")]
+    assert graph.cells[("qv", "package")] != graph.cells[("base", "package")]
+    assert graph.tasks[graph.cells[("qv", "package")]].deps == (graph.cells[("base", "lora")],)
