@@ -344,7 +344,8 @@ def _plan_variant(
                 ("speculative", "method"),
                 f"{speculative.method} on LoRA group {lora.name}'s engine: {speculative_refusal(speculative.method)}",
             )
-        flags = {k: v for k, v in build.extra_flags.items() if k.lstrip("-") != "max_lora_rank"}
+        # The group sets these (max_lora_rank from extra_flags was already taken as the group's maximum).
+        flags = {k: v for k, v in build.extra_flags.items() if k.lstrip("-") not in ("max_lora_rank", "lora_plugin")}
         build = dataclasses.replace(build, lora=lora.build(variant.model.dtype), extra_flags=flags)
     memory = estimate_memory(
         arch,
