@@ -176,6 +176,9 @@ def write_manifest(
     path = manifest_path(plan, engines_root)
     roots = manifest_roots(plan, engines_root, cache)
     entries = {v.name: variant_entry(v, states[v.name], hashes, roots) for v in plan.variants if v.name in states}
+    for v in plan.variants:  # how each LoRA fine-tune is served: shared (group, lora_task_id) or merged
+        if v.name in entries:
+            entries[v.name]["lora"] = plan.lora_of(v)
     locked = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

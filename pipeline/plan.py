@@ -19,6 +19,8 @@ from pipeline import adapters, gpus, head_training, presets, resources, trees
 from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
+from pipeline.lora.group import LoraBuild, LoraGroupPlan, check_shared_variant, plan_groups
+from pipeline.lora.rules import speculative_refusal
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
@@ -73,6 +75,7 @@ class BuildConfig:
     tokens_per_block: int = 32
     extra_flags: dict[str, Any] = field(default_factory=dict)
     workers: int | None = None  # build.workers: ranks built at once (None: all of them)
+    lora: LoraBuild | None = None  # the LoRA plugin: this engine serves a LoRA group (pipeline.lora.group)
 
 
 @dataclass(frozen=True)
@@ -151,13 +154,29 @@ class Plan:
     # triton_repo/<spec>/: every variant in one Triton repository, after all variants' package
     # stages (pipeline.triton.spec_repository); None for a spec with one variant.
     repository: StagePlan | None = None
+    # LoRA fine-tunes served as adapters of one engine per base (pipeline.lora.group).
+    lora_groups: tuple[LoraGroupPlan, ...] = ()
+
+    def lora_of(self, variant: VariantPlan) -> dict[str, Any] | None:
+        """How a LoRA fine-tune is served: shared (its group and task id) or merged; None without adapter."""
+        for group in self.lora_groups:
+            for member in group.members:
+                if member.variant == variant.name:
+                    return {"mode": "shared", "group": group.name, "lora_task_id": member.task_id}
+        return {"mode": "merged"} if variant.stages and any(s.name == "merge" for s in variant.stages) else None
 
     def to_json(self) -> str:
+        variants = []
+        for variant in self.variants:
+            data = variant.to_dict()
+            data["lora"] = self.lora_of(variant)
+            variants.append(data)
         body = {
             "spec": str(self.spec_file),
             "name": self.spec_name,
-            "variants": [variant.to_dict() for variant in self.variants],
+            "variants": variants,
             "repository": None if self.repository is None else str(self.repository.output),
+            "lora_groups": [group.to_dict() for group in self.lora_groups],
         }
         return json.dumps(body, indent=2)
 
@@ -207,9 +226,39 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
             plans.append(plan)
     if len(spec.variants) > 1:
         errors.extend(_spec_repository_problems(spec, roots))
+    group_problems: dict[str, _Problems] = {}
+    groups = plan_groups(spec, plans, lambda name: group_problems.setdefault(name, _Problems(spec, name)))
+    errors.extend(e for p in group_problems.values() for e in p.errors)
+    for group in groups:  # the base variant's engine becomes the group's: the LoRA plugin and the adapters
+        base = next(v for v in spec.variants if v.name == group.base_variant)
+        problems = _Problems(spec, base.name)
+        replanned = _plan_variant(spec, base, roots, problems, group)
+        errors.extend(problems.errors)
+        plans = [replanned if p.name == base.name and replanned is not None else p for p in plans]
+        if replanned is not None:
+            members = {m.variant: m.task_id for m in group.members}
+            plans = [_shared_member(p, replanned, members[p.name], roots) if p.name in members else p for p in plans]
     if errors:
         raise InputError("\n".join(errors))
-    return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans))
+    return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans), tuple(groups))
+
+
+def _shared_member(member: VariantPlan, engine: VariantPlan, task_id: int, roots: OutputRoots) -> VariantPlan:
+    """A shared LoRA fine-tune served by its group's engine: the engine's stages (the same outputs and
+    fingerprints, so they run once) and a package stage of its own whose preprocessing sets its task id."""
+    package = engine.stage("package")
+    own = StagePlan(
+        "package",
+        roots.triton_repo / member.name,
+        dict(package.inputs),
+        package.params | {"lora_task_id": task_id},
+        package.resources,
+    )
+    stages = tuple(s for s in engine.stages if s.name != "package") + (own,)
+    keep = ("name", "notes", "serving")
+    return dataclasses.replace(
+        engine, stages=stages, **{k: getattr(member, k) for k in keep}, rehearsal=None, rehearsal_build=None
+    )
 
 
 # Model names of the whole-spec repository that a variant's ensemble (named after it) must not take.
@@ -260,7 +309,16 @@ def _spec_repository(spec: Spec, roots: OutputRoots, variants: list[VariantPlan]
     )
 
 
-def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems) -> VariantPlan | None:
+def _plan_variant(
+    spec: Spec, variant: VariantSpec, roots: OutputRoots, problems: _Problems, lora: LoraGroupPlan | None = None
+) -> VariantPlan | None:
+    """``lora``: this variant's engine serves that LoRA group (built with the LoRA plugin, its
+    adapters converted by a lora stage, its LoRA cache in the memory estimate)."""
+    requested = variant.speculative.method
+    variant = check_shared_variant(spec, variant, problems)
+    if lora is not None and variant.speculative.method == "auto":
+        problems.note(f"the engine of LoRA group {lora.name}: speculative.method auto resolves to none")
+        variant = variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
     if arch is None:
         return None
@@ -268,6 +326,9 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     speculative, heads_dir = _choose_method(spec, variant, arch, problems, trained_dir)
     if speculative is None:
         return None
+    if requested == "auto" and variant.speculative.method == "none":  # a LoRA engine's rule, not the spec's
+        reason = "auto: none on a LoRA engine (TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode)"
+        speculative = dataclasses.replace(speculative, reason=reason)
     training = head_training.plan_training(spec, variant, speculative.method, trained_dir.parent, problems)
     if training is not None:  # convert and evaluate read the trained heads
         heads_dir = training.output
@@ -286,6 +347,15 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
     gpu = gpus.gpu_type(variant.gpu.type) if variant.gpu else None
     quant = _quant_plan(spec, variant, model_dir, weights_present, speculative, gpu, problems)
     build = _build_config(variant, arch, speculative, quant, gpu, problems)
+    if lora is not None:
+        if speculative.method != "none":
+            problems.error(
+                ("speculative", "method"),
+                f"{speculative.method} on LoRA group {lora.name}'s engine: {speculative_refusal(speculative.method)}",
+            )
+        # The group sets these (max_lora_rank from extra_flags was already taken as the group's maximum).
+        flags = {k: v for k, v in build.extra_flags.items() if k.lstrip("-") not in ("max_lora_rank", "lora_plugin")}
+        build = dataclasses.replace(build, lora=lora.build(variant.model.dtype), extra_flags=flags)
     memory = estimate_memory(
         arch,
         tp=tp,
@@ -299,6 +369,8 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         max_num_tokens=build.engine_max_num_tokens,
         gpu_gib=gpu.memory_gib if gpu else None,
     )
+    if lora is not None:  # the LoRA cache's GPU part comes on top of the engine
+        memory = dataclasses.replace(memory, overhead_gib=memory.overhead_gib + lora.cache.gpu_gib)
     largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
     if variant.target == "tensorrt" and memory.fits is False and gpu is not None:
         problems.error(
@@ -316,7 +388,7 @@ def _plan_variant(spec: Spec, variant: VariantSpec, roots: OutputRoots, problems
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
-    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge, training)
+    stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge, training, lora)
     rehearsal_build = None
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
@@ -642,6 +714,7 @@ def _stages(
     problems: _Problems,
     merge: adapters.MergeTarget | None = None,
     training: head_training.HeadsTraining | None = None,
+    lora: LoraGroupPlan | None = None,
 ) -> tuple[StagePlan, ...]:
     variant_root = _inside(roots.engines, variant.name, problems)
     stages: list[StagePlan] = []
@@ -694,11 +767,20 @@ def _stages(
         )
     )
     tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
+    package_inputs = {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS}
+    lora_params: dict[str, Any] = {}
+    if lora is not None:  # the group's adapters in the runtime's format, one folder per task id
+        adapters_dir = variant_root / "lora"
+        tasks = {str(m.task_id): m.adapter for m in lora.members}
+        base = {"model": model_dir if model_dir is not None else Path("<weights missing>")}
+        stages.append(StagePlan("lora", adapters_dir, base | tasks, {"dtype": variant.model.dtype}))
+        package_inputs["lora"] = adapters_dir
+        lora_params = {"lora": lora.triton_parameters(adapters_dir)}
     stages.append(
         StagePlan(
             "package",
             _inside(roots.triton_repo, variant.name, problems),
-            {"engine": engine, "tokenizer": tokenizer, "models": TRITON_PYTHON_MODELS},
+            package_inputs,
             {
                 "serving": variant.serving.model_dump(),
                 # The engines' path in the deployment (gpt_model_path); the rest of deploy: is not packaged.
@@ -706,7 +788,8 @@ def _stages(
                 "target": variant.target,
                 "speculative": _jsonable(dataclasses.asdict(speculative)),
                 "build": _jsonable(dataclasses.asdict(build)),
-            },
+            }
+            | lora_params,
         )
     )
     return tuple(stages)

@@ -89,12 +89,21 @@ def print_plan(plan: Plan, console: Console) -> None:
             variant.memory.fits
         ]
         table.add_row("memory", f"{variant.memory.describe()}  {fits}")
+        lora = plan.lora_of(variant)
+        if lora is not None:
+            shared = lora["mode"] == "shared"
+            table.add_row(
+                "LoRA",
+                f"shared: adapter of {lora['group']}, lora_task_id {lora['lora_task_id']}" if shared else "merged",
+            )
         for stage in variant.stages:
             table.add_row(f"stage {stage.name}", f"{stage.output}  {_needs(stage.resources)}")
         table.add_row("serve", _needs(variant.serve_resources))
         for note in variant.notes:
             table.add_row("note", escape(note))
         console.print(table)
+    for group in plan.lora_groups:
+        console.print(group.describe(), highlight=False)
     if plan.repository is not None:
         from pipeline.triton.spec_repository import sharing_problem
 

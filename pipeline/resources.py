@@ -201,6 +201,11 @@ def merge_resources(s: Sizing) -> StageResources:
     )
 
 
+def lora_resources(s: Sizing) -> StageResources:
+    """Adapter conversion: one adapter's tensors at a time, in float32 (small next to the base)."""
+    return StageResources(0, 0.0, CONVERT_HOST_BASE_GIB, 1.0, "the group's adapters, one at a time")
+
+
 def train_heads_resources(s: Sizing) -> StageResources:
     """Heads training: the target in float32 for its forward passes, the features of the training tokens
     (float16) and the heads with their optimizer state; on the CPU (device: cuda adds one GPU)."""
@@ -274,6 +279,7 @@ def evaluate_resources(s: Sizing) -> StageResources:
 
 STAGE_ESTIMATES = {
     "merge": merge_resources,
+    "lora": lora_resources,
     "train-heads": train_heads_resources,
     "quantize": quantize_resources,
     "convert": convert_resources,

@@ -290,6 +290,11 @@ class ServingSpec(_Strict):
             raise ValueError(f"lists GPU {repeated[0]} more than once ({value}); each rank needs a GPU of its own")
         return value
 
+    lora: Literal["shared", "merged", "auto"] = "auto"
+    """A LoRA fine-tune (model.adapter): shared serves it as an adapter of its base's one LoRA engine
+    (plain decoding: TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode); merged
+    merges it into an engine of its own; auto is merged for now."""
+
 
 class GpuSpec(_Strict):
     type: str

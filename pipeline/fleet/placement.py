@@ -95,7 +95,8 @@ def _need(variant: VariantPlan) -> _Need:
 def place_fleet(plan: Plan) -> FleetPlacement | None:
     """The placement of the plan's tensorrt variants on one server (None when there are none);
     InputError when they cannot share its GPUs."""
-    variants = [v for v in plan.variants if v.target == "tensorrt"]
+    shared = {m.variant for g in plan.lora_groups for m in g.members}  # served by their group's engine
+    variants = [v for v in plan.variants if v.target == "tensorrt" and v.name not in shared]
     if not variants:
         return None
     gpu, count = _server_gpus(variants)

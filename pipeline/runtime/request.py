@@ -98,6 +98,17 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.regularized()[0] == 1
 
 
+@dataclass(frozen=True, eq=False)
+class LoraRequest:
+    """A request's LoRA inputs (Triton's lora_task_id, lora_weights, lora_config): the first request of
+    a task id may carry the adapter (weights [1, rows, width], config [1, rows, 3] int32), later ones
+    the id alone (TensorRT-LLM's LoRA cache semantics)."""
+
+    task_id: int
+    weights: np.ndarray | None = None
+    config: np.ndarray | None = None
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
@@ -119,6 +130,7 @@ class GenerationRequest:
     # Beam search: how many of the best beams the response carries (num_return_sequences, at most
     # beam_width: TensorRT-LLM's SamplingConfig::getNumReturnBeams); None: all beam_width of them.
     num_return_beams: int | None = None
+    lora: LoraRequest | None = None  # the fine-tune to run through (None: the base model)
 
 
 class FinishReason(str, Enum):

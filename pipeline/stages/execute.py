@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline.errors import StageUnavailable
 from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
-from pipeline.stages import build, convert, evaluate, merge, package, quantize, train_heads
+from pipeline.stages import build, convert, evaluate, lora, merge, package, quantize, train_heads
 from pipeline.stages.runner import StageResult, run_stage
 from pipeline.triton.spec_repository import sharing_problem
 
@@ -27,6 +27,7 @@ StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 
 STAGE_BODIES: dict[str, StageBody] = {
     "merge": merge.run,
+    "lora": lora.run,
     "train-heads": train_heads.run,
     "quantize": quantize.run,
     "convert": convert.run,

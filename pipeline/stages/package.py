@@ -19,7 +19,14 @@ from pipeline.triton.spec_repository import emit_spec_repository
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
-    emit_repository(variant, out, engine_dir=stage.inputs["engine"], tokenizer_dir=stage.inputs["tokenizer"])
+    emit_repository(
+        variant,
+        out,
+        engine_dir=stage.inputs["engine"],
+        tokenizer_dir=stage.inputs["tokenizer"],
+        tensorrt_llm_extra=stage.params.get("lora"),  # a LoRA group's engine: its cache and prefetched adapters
+        lora_task_id=stage.params.get("lora_task_id"),  # a shared fine-tune: its preprocessing sets its task id
+    )
 
 
 def run_spec(plan: Plan, out: Path) -> None:

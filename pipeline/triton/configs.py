@@ -63,6 +63,8 @@ class RepositorySettings:
     bls_instances: int = 1
     bls_parameters: dict[str, str] = field(default_factory=dict)
     names: ModelNames = ModelNames()
+    # A shared LoRA fine-tune's ensemble: the task id its preprocessing sets (pipeline.lora.group).
+    lora_task_id: int | None = None
 
 
 def model_input(tensor: Tensor) -> mc.ModelInput:
@@ -86,7 +88,7 @@ def model_output(tensor: Tensor) -> mc.ModelOutput:
 def _declare(config: mc.ModelConfig, model: str, settings: RepositorySettings) -> None:
     """The contract's tensors of ``model``, then specdeploy's extensions."""
     inputs, outputs = contract.CONTRACT[model]
-    extra_inputs, extra_outputs = contract.extensions(model, settings.lookahead)
+    extra_inputs, extra_outputs = contract.extensions(model, settings.lookahead, settings.lora_task_id is not None)
     config.input.extend(model_input(t) for t in inputs + extra_inputs)
     config.output.extend(model_output(t) for t in outputs + extra_outputs)
 
@@ -139,6 +141,10 @@ def ensemble_steps(settings: RepositorySettings) -> list[tuple[str, dict[str, st
             pre_in[inner] = outer
             pre_out[f"OUT_{inner}"] = f"_OUT_{inner}"
             llm_in[outer] = f"_OUT_{inner}"
+    if settings.lora_task_id is not None:  # a shared LoRA fine-tune: preprocessing sets its task id
+        pre_in["LORA_TASK_ID"] = "lora_task_id"
+        pre_out["OUT_LORA_TASK_ID"] = "_OUT_LORA_TASK_ID"
+        llm_in["lora_task_id"] = "_OUT_LORA_TASK_ID"
     post_out = {**contract.POSTPROCESSING_STEP_OUTPUTS, "OUTPUT_TOKEN_COUNT": "text_output_tokens"}
     names = settings.names
     return [

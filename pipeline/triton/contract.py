@@ -393,6 +393,7 @@ class Extension:
     inputs: tuple[Tensor, ...] = ()
     outputs: tuple[Tensor, ...] = ()
     lookahead_only: bool = False
+    lora_only: bool = False  # a shared LoRA fine-tune's models (pipeline.lora.group)
 
 
 EXTENSIONS: dict[str, tuple[Extension, ...]] = {
@@ -411,6 +412,11 @@ EXTENSIONS: dict[str, tuple[Extension, ...]] = {
             outputs=tuple(_out(f"OUT_{name.upper()}", "INT32") for name in LOOKAHEAD_CLIENT_INPUTS),
             lookahead_only=True,
         ),
+        # A shared LoRA fine-tune's own model name: its preprocessing sets the request's lora_task_id
+        # (the fine-tune's, unless the client sent one) for the group's tensorrt_llm model.
+        Extension(
+            inputs=(_in("LORA_TASK_ID", "UINT64"),), outputs=(_out("OUT_LORA_TASK_ID", "UINT64"),), lora_only=True
+        ),
     ),
     "tensorrt_llm_bls": (Extension(outputs=(_out("text_output_tokens", "INT32", (-1,)),)),),
 }
@@ -424,9 +430,9 @@ CONTRACT: dict[str, tuple[tuple[Tensor, ...], tuple[Tensor, ...]]] = {
 }
 
 
-def extensions(model: str, lookahead: bool) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+def extensions(model: str, lookahead: bool, lora: bool = False) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """The extra (inputs, outputs) specdeploy declares on ``model`` (the contract's key)."""
-    chosen = [e for e in EXTENSIONS.get(model, ()) if lookahead or not e.lookahead_only]
+    chosen = [e for e in EXTENSIONS.get(model, ()) if (lookahead or not e.lookahead_only) and (lora or not e.lora_only)]
     return (tuple(t for e in chosen for t in e.inputs), tuple(t for e in chosen for t in e.outputs))
 
 

@@ -174,9 +174,19 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def emit_repository(
-    variant: VariantPlan, out: Path, *, engine_dir: Path, tokenizer_dir: Path, check_engine_config: bool = True
+    variant: VariantPlan,
+    out: Path,
+    *,
+    engine_dir: Path,
+    tokenizer_dir: Path,
+    check_engine_config: bool = True,
+    tensorrt_llm_extra: dict[str, str] | None = None,
+    lora_task_id: int | None = None,
 ) -> dict[str, pbtxt.ModelConfig]:
-    """Write the repository into ``out`` (an empty or new folder) and return the configs written."""
+    """Write the repository into ``out`` (an empty or new folder) and return the configs written.
+
+    ``tensorrt_llm_extra``: more tensorrt_llm parameters (a LoRA group's ``lora_*``), checked like the rest;
+    ``lora_task_id``: a shared LoRA fine-tune's repository, whose preprocessing sets that task id."""
     out = Path(out)
     if check_engine_config:
         check_engine(variant, engine_dir)
@@ -184,6 +194,13 @@ def emit_repository(
     _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
     tokenizer = out / PREPROCESSING / TOKENIZER_SUBDIR
     settings = with_chat_template(settings_from_plan(variant, engine_dir, out), tokenizer, source=tokenizer_dir)
+    if tensorrt_llm_extra:
+        extra = settings.tensorrt_llm_parameters | tensorrt_llm_extra
+        check_parameter_keys(extra)
+        settings = replace(settings, tensorrt_llm_parameters=extra)
+    if lora_task_id is not None:
+        pre = settings.preprocessing_parameters | {"lora_task_id": str(lora_task_id)}
+        settings = replace(settings, lora_task_id=lora_task_id, preprocessing_parameters=pre)
     configs = all_configs(settings)
     write_models(configs, settings.names, out)
     manifest = {

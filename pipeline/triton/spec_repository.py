@@ -86,6 +86,9 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
         check_engine(variant, engine_dir)
         tokenizer = packaged / PREPROCESSING / TOKENIZER_SUBDIR
         settings = with_chat_template(settings_from_plan(variant, engine_dir, out), tokenizer)
+        lora = variant.stage("package").params.get("lora")  # a LoRA group's engine: its cache parameters
+        if lora:
+            settings = replace(settings, tensorrt_llm_parameters=settings.tensorrt_llm_parameters | lora)
         if variant.name in limits:
             instance = limits[variant.name]
             params = settings.tensorrt_llm_parameters | {
@@ -94,6 +97,13 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
             }
             settings = replace(settings, tensorrt_llm_parameters=params)
         members.append(_Member(variant, replace(settings, ensemble_name=variant.name), tokenizer))
+    shared = {m.variant: (g.base_variant, m.task_id) for g in plan.lora_groups for m in g.members}
+    for index, member in enumerate(members):  # a shared LoRA fine-tune: its preprocessing sets its task id
+        if member.variant.name in shared:
+            task = shared[member.variant.name][1]
+            pre_params = member.settings.preprocessing_parameters | {"lora_task_id": str(task)}
+            settings = replace(member.settings, lora_task_id=task, preprocessing_parameters=pre_params)
+            members[index] = replace(member, settings=settings)
     pre = _shared_names(members, PREPROCESSING, preprocessing_config)
     post = _shared_names(members, POSTPROCESSING, postprocessing_config)
     written: dict[str, pbtxt.ModelConfig] = {}
@@ -101,8 +111,12 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
     for member in members:
         name = member.variant.name
         names = composing_names(name, pre[name], post[name])
+        if name in shared:  # served by its LoRA group's engine: no tensorrt_llm model of its own
+            names = replace(names, tensorrt_llm=f"{shared[name][0]}-tensorrt_llm")
         settings = replace(member.settings, names=names)
         configs = all_configs(settings)
+        if name in shared:
+            configs.pop(names.tensorrt_llm)
         clash = sorted(model for model in configs if model in written and model not in (pre[name], post[name]))
         if clash:
             raise InputError(
@@ -116,6 +130,8 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
             copy_tokenizer(member.tokenizer, out / model / TOKENIZER_SUBDIR)
         written.update(new)
         entries.append(_entry(member, settings, names))
+        if name in shared:
+            entries[-1]["lora_task_id"] = shared[name][1]
     manifest = {"spec": plan.spec_name, "variants": entries}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     validate_repository(out)

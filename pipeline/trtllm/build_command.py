@@ -33,6 +33,7 @@ _PLAN_SOURCE = {
     "use_fp8_context_fmha": "quantization.weights and gpu.type",
     "workers": "parallel.tp * parallel.pp",
     "gemm_plugin": "quantization.weights and build.max_batch_size",
+    "lora_plugin": "serving.lora: shared (the LoRA group's engine)",
 }
 # Switches that only make sense with FP8 weights (TensorRT-LLM would fail or silently ignore them).
 _FP8_ONLY = {"gemm_swiglu_plugin": "fp8", "low_latency_gemm_plugin": "fp8", "low_latency_gemm_swiglu_plugin": "fp8"}
@@ -91,6 +92,9 @@ def trtllm_build_argv(
         # Always explicit: 0 would make trtllm-build read the checkpoint's value, and Lookahead
         # checkpoints have none (tensorrtllm_backend#473: "maximum number of draft tokens (0)").
         argv += ["--speculative_decoding_mode", b.speculative_decoding_mode, "--max_draft_len", str(b.max_draft_len)]
+    if b.lora is not None:  # a LoRA group's engine: the adapters come at run time (lora_prefetch_dir)
+        argv += ["--lora_plugin", b.lora.plugin_dtype, "--max_lora_rank", str(b.lora.max_rank)]
+        argv += ["--lora_target_modules", *b.lora.target_modules]
     argv += ["--workers", str(workers(variant.build.workers or variant.world_size, visible_gpus))]
     # trtllm-build's default timing cache path is relative, i.e. it lands in the CWD.
     argv += ["--output_timing_cache", str(output_dir / TIMING_CACHE)]

@@ -121,6 +121,9 @@ def predict_engine_config(
         "lora_config": dict(_LORA_DEFAULTS),
         "plugin_config": plugins,
     }
+    if b.lora is not None:  # trtllm-build --lora_plugin/--max_lora_rank/--lora_target_modules
+        plugins["lora_plugin"] = b.lora.plugin_dtype
+        build["lora_config"] |= {"max_lora_rank": b.lora.max_rank, "lora_target_modules": list(b.lora.target_modules)}
     config = {"version": TRTLLM_VERSION, "pretrained_config": pretrained, "build_config": build}
     for key in sorted(b.extra_flags):  # already validated by the argv builder
         entry = load_flags()["--" + key.lstrip("-")]

@@ -113,12 +113,16 @@ def argv_problems(argv: list[str]) -> list[str]:
         if index + 1 >= len(argv):
             problems.append(f"{token}: missing its value")
             break
-        raw = argv[index + 1]
-        value: Any = raw
-        if entry.type == "int":
-            value = int(raw) if raw.isdigit() else raw
-        problem = entry.value_problem(value)
-        if problem:
-            problems.append(f"{token} {raw}: must be {problem}")
-        index += 2
+        end = index + 2
+        if entry.nargs == "+":  # one or more values, up to the next flag
+            while end < len(argv) and not argv[end].startswith("--"):
+                end += 1
+        for raw in argv[index + 1 : end]:
+            value: Any = raw
+            if entry.type == "int":
+                value = int(raw) if raw.isdigit() else raw
+            problem = entry.value_problem(value)
+            if problem:
+                problems.append(f"{token} {raw}: must be {problem}")
+        index = end
     return problems

@@ -70,6 +70,8 @@ SERVED = ("ensemble", "tensorrt_llm", "tensorrt_llm_bls")
 REFUSED = {
     ("tensorrt_llm", "draft_input_ids"): np.array([5, 6], np.int32),
     ("tensorrt_llm", "prompt_embedding_table"): np.ones((2, 64), np.float16),
+    # LoRA: these engines have no LoRA plugin (tests/lora serves one that has)
+    ("tensorrt_llm", "lora_task_id"): np.array([[3]], np.uint64),
     ("tensorrt_llm", "lora_weights"): np.ones((1, 8), np.float16),
     ("tensorrt_llm", "lora_config"): np.ones((1, 3), np.int32),
     ("tensorrt_llm", "encoder_input_features"): np.ones((2, 4), np.float16),

@@ -18,12 +18,19 @@ from pipeline.trtllm.flags import argv_problems, load_flags
 CKPT, ENGINE = Path("/ckpt"), Path("/engine")
 
 
-def argv_dict(argv: list[str]) -> dict[str, str | bool]:
-    """flag -> value (True for switches); argv_problems already proved the pairing is sound."""
+def argv_dict(argv: list[str]) -> dict[str, str | bool | list[str]]:
+    """flag -> value (True for switches, a list for nargs="+" flags such as --lora_target_modules);
+    argv_problems already proved the pairing is sound."""
     flags, result, index = load_flags(), {}, 1
     while index < len(argv):
-        if flags[argv[index]].type == "store_true":
+        flag = flags[argv[index]]
+        if flag.type == "store_true":
             result[argv[index]], index = True, index + 1
+        elif flag.nargs == "+":
+            end = index + 1
+            while end < len(argv) and not argv[end].startswith("--"):
+                end += 1
+            result[argv[index]], index = argv[index + 1 : end], end
         else:
             result[argv[index]], index = argv[index + 1], index + 2
     return result
@@ -42,6 +49,9 @@ def assert_argv_follows_plan(variant, visible_gpus=None):
     assert args["--use_fp8_context_fmha"] == ("enable" if b.use_fp8_context_fmha else "disable")
     assert args["--output_timing_cache"] == str(ENGINE / "model.cache")
     assert int(args["--workers"]) == workers(variant.world_size, visible_gpus) <= variant.world_size
+    if b.lora is not None:  # a LoRA group's engine
+        assert args["--lora_plugin"] == b.lora.plugin_dtype and int(args["--max_lora_rank"]) == b.lora.max_rank
+        assert args["--lora_target_modules"] == list(b.lora.target_modules)
     if variant.method == "none":
         assert "--speculative_decoding_mode" not in args and "--max_draft_len" not in args
     else:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import InputError
+from pipeline.lora.rules import MODULE_IDS
 from pipeline.runtime.model.config import EngineConfig, load_engine_config
 from pipeline.runtime.model.gemm import Gemm
 from pipeline.runtime.model.kv_cache import KVCache
@@ -41,6 +42,7 @@ from pipeline.runtime.model.layers import (
     rope_tables,
     rotate,
 )
+from pipeline.runtime.model.lora import LoraSettings, LoraStep, LoraWeights
 from pipeline.runtime.model.weights import RankWeights
 
 
@@ -67,6 +69,7 @@ class StepInput:
     positions: list[int] | None = None
     mask: torch.Tensor | None = None
     all_hidden: bool = False
+    lora: LoraWeights | None = None  # the request's adapter (lora_task_id); None: the base model
 
 
 @dataclass(frozen=True)
@@ -90,15 +93,49 @@ def decoder_layer(
     spans: Sequence[Span],
     masks: Sequence[torch.Tensor | None],
     layer: int,
+    lora: LoraStep | None = None,
 ) -> torch.Tensor:
     """One decoder layer over the tp shards (the engine's and the EAGLE drafter's): residual +
     all-reduced attention, residual + all-reduced MLP. ``h`` [T, H] is every request's new rows;
-    a shard without input_layernorm (EAGLE's first drafter layer) feeds attention ``h`` itself."""
+    a shard without input_layernorm (EAGLE's first drafter layer) feeds attention ``h`` itself.
+    ``lora``: the step's adapters, added unmerged to each projection (tp 1 only)."""
     norm = shards[0].input_layernorm
     x = h if norm is None else rms_norm(h, norm, geo.eps)
-    h = h + all_reduce([attention(w, x, rope, geo, caches, spans, masks, t, layer) for t, w in enumerate(shards)])
+    h = h + all_reduce([attention(w, x, rope, geo, caches, spans, masks, t, layer, lora) for t, w in enumerate(shards)])
     x = rms_norm(h, shards[0].post_layernorm, geo.eps)
+    if lora is not None:
+        return h + _lora_mlp(shards[0], x, lora, layer)
     return h + all_reduce([mlp(w, x) for w in shards])
+
+
+# TensorRT-LLM's LoRA module id of each projection.
+_QKV, _Q, _K, _V = (MODULE_IDS[m] for m in ("attn_qkv", "attn_q", "attn_k", "attn_v"))
+_DENSE, _H_TO_4H, _4H_TO_H, _GATE = (MODULE_IDS[m] for m in ("attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate"))
+
+
+def _plus(y: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    return y if delta is None else y + delta
+
+
+def _lora_mlp(w: LayerShard, x: torch.Tensor, lora: LoraStep, layer: int) -> torch.Tensor:
+    """The gated MLP with each row's adapter: fc is mlp_h_to_4h (HF gate_proj), gate is mlp_gate
+    (HF up_proj), proj is mlp_4h_to_h (HF down_proj)."""
+    fc, gate = w.fc(x), w.gate(x)
+    fc = _plus(fc, lora.delta(layer, _H_TO_4H, x, fc.shape[1]))
+    gate = _plus(gate, lora.delta(layer, _GATE, x, gate.shape[1]))
+    inner = F.silu(fc) * gate
+    out = w.proj(inner)
+    return _plus(out, lora.delta(layer, _4H_TO_H, inner, out.shape[1]))
+
+
+def _lora_qkv(qkv: torch.Tensor, x: torch.Tensor, geo: Geometry, lora: LoraStep, layer: int) -> torch.Tensor:
+    q, kv = geo.heads * geo.head_size, geo.kv_heads * geo.head_size
+    qkv = _plus(qkv, lora.delta(layer, _QKV, x, q + 2 * kv))
+    parts = [
+        _plus(part, lora.delta(layer, module, x, part.shape[1]))
+        for part, module in zip(qkv.split([q, kv, kv], dim=-1), (_Q, _K, _V))
+    ]
+    return torch.cat(parts, dim=-1)
 
 
 def attention(
@@ -111,6 +148,7 @@ def attention(
     masks: Sequence[torch.Tensor | None],
     tp_rank: int,
     layer: int,
+    lora: LoraStep | None = None,
 ) -> torch.Tensor:
     """One rank's attention partial sum over a batch of requests (the engine's and the EAGLE
     drafter's): q/k/v and the output projection run once over every request's new rows; attention
@@ -121,7 +159,8 @@ def attention(
     [n_i, cache_i + n_i], additive float or bool.
     """
     T, d = x.shape[0], geo.head_size
-    q, k, v = w.qkv(x).split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
+    qkv = w.qkv(x) if lora is None else _lora_qkv(w.qkv(x), x, geo, lora, layer)
+    q, k, v = qkv.split([geo.heads * d, geo.kv_heads * d, geo.kv_heads * d], dim=-1)
     q = rotate(q.view(T, geo.heads, d).transpose(0, 1), *rope)  # [heads, T, d]
     k = rotate(k.view(T, geo.kv_heads, d).transpose(0, 1), *rope)  # [kv_heads, T, d]
     v = v.view(T, geo.kv_heads, d).transpose(0, 1)
@@ -132,7 +171,9 @@ def attention(
         keys, values = cache.write(tp_rank, layer, k[:, a:b], v[:, a:b])
         out = F.scaled_dot_product_attention(q[None, :, a:b], keys[None], values[None], attn_mask=mask, enable_gqa=True)
         ctx[a:b] = out[0].transpose(0, 1)
-    return w.dense(ctx.view(T, geo.heads * d))
+    flat = ctx.view(T, geo.heads * d)
+    out = w.dense(flat)
+    return out if lora is None else _plus(out, lora.delta(layer, _DENSE, flat, out.shape[1]))
 
 
 class Engine:
@@ -162,6 +203,14 @@ class Engine:
             for shard in rank.layers.values():
                 self.prepare_linears(shard)
         self.layer_ids = [sorted(self.stage(p)[0].layers) for p in range(self.pp)]
+        self.lora = LoraSettings.from_build_config(
+            config.raw["build_config"], f"{config.folder / 'config.json'} build_config"
+        )
+        if self.lora is not None and self.tp > 1:
+            raise InputError(
+                f"{config.folder}: the reference backend applies LoRA with tp 1 only (this engine has tp {self.tp}); "
+                "build the LoRA group with parallel.tp: 1 for the CPU reference"
+            )
         if sum(len(ids) for ids in self.layer_ids) != shape.num_layers:
             raise InputError(
                 f"{config.folder}: rank files hold {sum(len(i) for i in self.layer_ids)} decoder "
@@ -246,11 +295,15 @@ class Engine:
         rope = rope_tables(torch.cat(positions), self.inv_freq)
         masks = [_mask(item, len(item.token_ids), item.cache.length + len(item.token_ids)) for item in items]
         caches = [item.cache for item in items]
+        lora = LoraStep([item.lora for item in items], spans) if any(item.lora for item in items) else None
+        if lora is not None and self.lora is None:
+            raise InputError("a request carries a LoRA adapter, but the engine was built without the LoRA plugin")
         h = self.embedding[ids]
         for pp_rank, layer_ids in enumerate(self.layer_ids):
             stage = self.stage(pp_rank)
             for layer in layer_ids:
-                h = decoder_layer([r.layers[layer] for r in stage], h, rope, self.geo, caches, spans, masks, layer)
+                shards = [r.layers[layer] for r in stage]
+                h = decoder_layer(shards, h, rope, self.geo, caches, spans, masks, layer, lora)
         for item in items:
             item.cache.advance(len(item.token_ids))
         return self._logits(h, items, spans)

@@ -28,10 +28,13 @@ from typing import cast
 import numpy as np
 import torch
 
+from pipeline.errors import InputError
+from pipeline.lora.rules import HOST_CACHE_DEFAULT_BYTES, REQUEST_CHECKS, speculative_refusal
 from pipeline.runtime.model.config import Limits
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
-from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput, ends_with_stop_word
+from pipeline.runtime.model.lora import LoraCache, LoraWeights
+from pipeline.runtime.request import FinishReason, GenerationRequest, LoraRequest, StepOutput, ends_with_stop_word
 from pipeline.runtime.serving.beam_search import BeamSearch
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics, StepStats
 from pipeline.runtime.serving.request_limits import request_problem
@@ -53,6 +56,7 @@ class _Entry:
     checked_ns: int = 0  # last is_cancelled() poll (it is an IPC round trip under Triton)
     beams: BeamSearch | None = None  # beam_width > 1
     context_logits: list[torch.Tensor] = field(default_factory=list)  # return_context_logits: per prompt chunk
+    lora: LoraWeights | None = None  # the request's adapter, held in the LoRA cache until it ends
 
 
 class Scheduler:
@@ -64,8 +68,11 @@ class Scheduler:
         on_step: Callable[[StepStats], None] | None = None,
         cancel_check_period_s: float = 0.1,
         on_active: Callable[[int], None] | None = None,
+        lora_cache: LoraCache | None = None,
     ):
         self.engine = engine
+        # TensorRT-LLM's PEFT cache: adapters by lora_task_id (only for engines with the LoRA plugin).
+        self.lora_cache = lora_cache or (LoraCache(HOST_CACHE_DEFAULT_BYTES) if engine.lora is not None else None)
         # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
         self.cancel_check_period_s = cancel_check_period_s
         self.method = method or PlainDecoding()
@@ -86,6 +93,12 @@ class Scheduler:
     def submit(self, request: GenerationRequest, sink: Sink, is_cancelled: IsCancelled | None = None) -> None:
         """Queue a request; a request that breaks a limit gets its error through ``sink`` right away."""
         problem = self._problem(request)
+        lora = None
+        if problem is None and request.lora is not None:
+            try:
+                lora = self._acquire_lora(request.lora)
+            except InputError as exc:
+                problem = str(exc)
         if problem is not None:
             _deliver(sink, StepOutput(request.request_id, [], True, FinishReason.ERROR, problem))
             return
@@ -93,7 +106,7 @@ class Scheduler:
         seq = Sequence.create(
             next(self._keys), request, self.engine.new_cache(limit), SpecRequestMetrics(arrival_time_ns=time.time_ns())
         )
-        entry = _Entry(seq, sink, is_cancelled)
+        entry = _Entry(seq, sink, is_cancelled, lora=lora)
         if request.sampling.beam_width > 1:
             prompt_blocks = len(request.input_ids) // self.engine.config.limits.tokens_per_block
             entry.beams = BeamSearch(request, self.limits.max_seq_len, prompt_blocks)
@@ -233,6 +246,26 @@ class Scheduler:
         if self.on_active is not None:
             self.on_active(self.active)
 
+    def _acquire_lora(self, lora: LoraRequest) -> LoraWeights:
+        """The request's adapter from the LoRA cache, stored first when the request brought it."""
+        if self.lora_cache is None or self.engine.lora is None:
+            raise InputError("lora_task_id was given, but the engine was built without the LoRA plugin (--lora_plugin)")
+        weights = None
+        if (lora.weights is None) != (lora.config is None):
+            raise InputError(REQUEST_CHECKS["pair"])
+        if lora.weights is not None and lora.config is not None:
+            weights = LoraWeights.parse(
+                lora.task_id, lora.weights, lora.config, self.engine.config.model, self.engine.lora
+            )
+        with self._lock:
+            return self.lora_cache.acquire(lora.task_id, weights)
+
+    def _release_lora(self, entry: _Entry) -> None:
+        if entry.lora is not None and self.lora_cache is not None:
+            with self._lock:
+                self.lora_cache.release(entry.lora.task_id)
+            entry.lora = None
+
     def _problem(self, request: GenerationRequest) -> str | None:
         limits, n = self.limits, len(request.input_ids)
         vocab = self.engine.config.model.vocab_size
@@ -259,6 +292,8 @@ class Scheduler:
         beam = self._beam_problem(request)
         if beam is not None:
             return beam
+        if request.lora is not None and self.method.name != PlainDecoding.name:
+            return f"LoRA with {speculative_refusal(self.method.name)}"
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return request_problem(request, vocab, limits.max_seq_len) or self.method.problem(request)
@@ -308,6 +343,8 @@ class Scheduler:
             if not entry.seq.in_prefill:
                 items = entry.beams.inputs() if entry.beams is not None else [self.method.generation_input(entry.seq)]
                 need = sum(len(item.token_ids) for item in items)
+                for item in items:
+                    item.lora = entry.lora
                 if need <= budget:
                     batch.append((entry, items, False))
                     budget -= need
@@ -317,7 +354,7 @@ class Scheduler:
                 chunk = list(seq.request.input_ids[seq.prefilled : seq.prefilled + budget])
                 last = seq.prefilled + len(chunk) == len(seq.request.input_ids)
                 rows = Logits.ALL if seq.request.return_context_logits else Logits.LAST if last else Logits.NONE
-                item = StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden)
+                item = StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden, lora=entry.lora)
                 batch.append((entry, [item], True))
                 budget -= len(chunk)
         return batch
@@ -385,6 +422,7 @@ class Scheduler:
         return len(beams.beams)
 
     def _finish(self, entry: _Entry, reason: FinishReason, last_tokens: list[int]) -> None:
+        self._release_lora(entry)
         seq, request = entry.seq, entry.seq.request
         if entry.beams is not None:
             entry.finished = True
@@ -404,6 +442,7 @@ class Scheduler:
 
     def _fail_running(self, message: str) -> None:
         for entry in self._running:
+            self._release_lora(entry)
             if not entry.finished:
                 entry.finished = True
                 _deliver(

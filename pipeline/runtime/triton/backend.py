@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 from pipeline.errors import InputError, SpecdeployError
+from pipeline.lora.rules import HOST_CACHE_DEFAULT_BYTES
 from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.model.lora import LoraCache, prefetch
 from pipeline.runtime.request import FinishReason, StepOutput
 from pipeline.runtime.serving.metrics import BackendMetrics
 from pipeline.runtime.serving.scheduler import Scheduler
@@ -83,9 +85,18 @@ class TritonPythonModel:
             {"model": name, "version": str(args.get("model_version", ""))},
             draft_positions=getattr(method, "draft_positions", 0),
         )
+        lora_cache = None
+        if engine.lora is not None:
+            lora_cache = LoraCache(self.params.lora_cache_host_memory_bytes or HOST_CACHE_DEFAULT_BYTES)
+            if self.params.lora_prefetch_dir is not None:
+                loaded, warnings = prefetch(lora_cache, self.params.lora_prefetch_dir, engine.config.model, engine.lora)
+                for warning in warnings:
+                    _log("warn", f"tensorrt_llm reference backend: {warning}")
+                _log("info", f"tensorrt_llm reference backend: prefetched LoRA tasks {loaded}")
         self.scheduler = Scheduler(
             engine,
             method,
+            lora_cache=lora_cache,
             on_step=self.metrics.on_step,
             limits=replace(limits, max_beam_width=self.params.max_beam_width),
             cancel_check_period_s=self.params.cancellation_check_period_ms / 1000,

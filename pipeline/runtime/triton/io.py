@@ -28,7 +28,8 @@ import numpy as np
 
 from pipeline import trees
 from pipeline.errors import InputError
-from pipeline.runtime.request import GenerationRequest, SamplingParams, StepOutput, parse_words_list
+from pipeline.lora.rules import REQUEST_CHECKS
+from pipeline.runtime.request import GenerationRequest, LoraRequest, SamplingParams, StepOutput, parse_words_list
 from pipeline.runtime.spec_decode.factory import MethodSettings
 from pipeline.speculative import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 
@@ -52,6 +53,11 @@ class BackendParams:
     eagle_dynamic_tree: bool = False  # reference_eagle_use_dynamic_tree
     eagle_dynamic_tree_max_top_k: int | None = None  # reference_eagle_dynamic_tree_max_top_k
     decoupled: bool = True
+    # The LoRA cache (TensorRT-LLM's PeftCacheConfig): adapters loaded at startup from
+    # <lora_prefetch_dir>/<task id>/, and the host cache's size (the reference engine keeps its
+    # adapters in host memory; lora_cache_gpu_memory_fraction has nothing to size here).
+    lora_prefetch_dir: Path | None = None
+    lora_cache_host_memory_bytes: int | None = None
     outputs: frozenset[str] = field(default_factory=frozenset)  # outputs the config declares
     warnings: tuple[str, ...] = ()
 
@@ -126,6 +132,8 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
         eagle_dynamic_tree_max_top_k=integer("reference_eagle_dynamic_tree_max_top_k", None),
         decoupled=bool(policy.get("decoupled", False)),
+        lora_prefetch_dir=Path(values["lora_prefetch_dir"]) if "lora_prefetch_dir" in values else None,
+        lora_cache_host_memory_bytes=integer("lora_cache_host_memory_bytes", None),
         outputs=frozenset(o["name"] for o in model_config.get("output") or []),
         warnings=tuple(warnings),
     )
@@ -159,8 +167,6 @@ _IN_RANGE: dict[str, tuple[Callable[[Any], bool], str]] = {
 _UNSUPPORTED_TENSORS = (
     "draft_input_ids",
     "prompt_embedding_table",
-    "lora_weights",
-    "lora_config",
     "encoder_input_features",
     "guided_decoding_guide",
 )
@@ -198,6 +204,7 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
     embedding_bias = tuple(float(b) for b in bias.reshape(-1)) if bias is not None and np.any(bias != 0) else ()
     stop_words = get("stop_words_list")
     lookahead = _lookahead_inputs(get, params)
+    lora = _lora_inputs(get)
     streaming = bool(_scalar(get, "streaming", False))
     if streaming and not params.decoupled:
         raise InputError("Streaming is only supported if model is deployed using decoupled mode.")
@@ -233,7 +240,32 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
         exclude_input_in_output=bool(_scalar(get, "exclude_input_in_output", params.exclude_input_in_output)),
         return_perf_metrics=bool(_scalar(get, "return_perf_metrics", False)),
         lookahead=lookahead,
+        lora=lora,
     )
+
+
+def _lora_inputs(get: GetInput) -> LoraRequest | None:
+    """lora_task_id (UINT64), and with a task's first request lora_weights [1, rows, width] (the
+    engine's dtype; FP16 as NVIDIA's config declares it, widened here for float32 engines) and
+    lora_config [1, rows, 3] int32; TensorRT-LLM's own checks follow in the scheduler."""
+    task = get("lora_task_id")
+    weights, config = get("lora_weights"), get("lora_config")
+    has_weights = weights is not None and weights.size > 0
+    has_config = config is not None and config.size > 0
+    if task is None or task.size == 0:
+        if has_weights or has_config:
+            raise InputError(f"lora_weights/lora_config without lora_task_id: {REQUEST_CHECKS['no_task_id']}")
+        return None
+    if not (has_weights or has_config):
+        return LoraRequest(int(task.reshape(-1)[0]))
+    if not (has_weights and has_config):
+        raise InputError(REQUEST_CHECKS["pair"])
+    assert weights is not None and config is not None
+    return LoraRequest(int(task.reshape(-1)[0]), _batch_of_one(weights), _batch_of_one(config))
+
+
+def _batch_of_one(value: np.ndarray) -> np.ndarray:
+    return value if value.ndim == 3 else value.reshape(1, *value.shape[-2:])
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ stock Triton + TensorRT-LLM container. Parameters (config.pbtxt):
   failure deep in the backend;
 * ``lookahead_window_size`` / ``_ngram_size`` / ``_verification_set_size`` (Lookahead models):
   the server's (W, N, G). A request's own values must not exceed them (TensorRT-LLM's rule);
-  missing ones are filled so every request carries all three (tensorrtllm_backend#711).
+  missing ones are filled so every request carries all three (tensorrtllm_backend#711);
+* ``lora_task_id`` (a shared LoRA fine-tune's own ensemble): ``OUT_LORA_TASK_ID`` carries it to
+  the group's ``tensorrt_llm`` model, unless the request sent its own ``lora_task_id``.
 
 Stop/bad words use TensorRT-LLM's ``[batch, 2, L]`` layout: row 0 the concatenated token ids,
 row 1 the end offset of each word, padded with 0 / -1 (no words: ``[[0], [-1]]``).
@@ -104,6 +106,9 @@ class TritonPythonModel:
         self.pad_id = int(pad) if pad is not None else max(self.end_id, 0)
         values = [parameter(config, key) or "" for _, key in LOOKAHEAD]
         self.lookahead = tuple(int(v) for v in values) if all(values) else None
+        # A shared LoRA fine-tune's preprocessing: its task id, for the group's tensorrt_llm model.
+        task = parameter(config, "lora_task_id")
+        self.lora_task_id = int(task) if task else None
 
     def execute(self, requests: list) -> list:
         responses = []
@@ -166,6 +171,11 @@ class TritonPythonModel:
             tensors.append(pb_utils.Tensor("OUT_PROMPT_TABLE_EXTRA_IDS", np.zeros(input_ids.shape, np.uint64)))
         if self.lookahead is not None:
             tensors.extend(self._lookahead(request, batch))
+        if self.lora_task_id is not None:
+            sent = pb_utils.get_input_tensor_by_name(request, "LORA_TASK_ID")
+            task = sent.as_numpy().reshape(batch, -1)[:, :1] if sent is not None and sent.as_numpy().size else None
+            default = np.full((batch, 1), self.lora_task_id, dtype=np.uint64)
+            tensors.append(pb_utils.Tensor("OUT_LORA_TASK_ID", default if task is None else task.astype(np.uint64)))
         return tensors
 
     def _embedding_bias(self, request, batch: int) -> np.ndarray:

@@ -1,0 +1,284 @@
+"""LoRA groups: fine-tunes served as adapters of one shared engine instead of merged engines of their own.
+
+A variant whose ``model.adapter`` is its only difference from a base (same base model, dtype,
+quantization, parallelism, build limits, target and GPUs) can be served by the base's engine built
+with the LoRA plugin. ``serving.lora`` decides per variant:
+
+* ``shared``: the variant joins its base's LoRA group. The group gets one engine with
+  ``max_lora_rank`` the largest rank of its adapters and ``lora_target_modules`` their union, each
+  adapter a stable ``lora_task_id`` (from the variant's name, so adding fine-tunes never renumbers
+  the others) and the LoRA cache sized from its adapters (:mod:`pipeline.lora.memory`). Such a
+  variant decodes plainly (:func:`pipeline.lora.rules.speculative_refusal`): ``speculative.method:
+  auto`` resolves to ``none``, an explicit method is refused.
+* ``merged``: the adapter is merged into a copy of the base with an engine of its own (the merge
+  stage), which may use any speculative method.
+* ``auto`` (the default): ``merged`` for now; the fleet planner that weighs memory against each
+  fine-tune's speculative speedup is not implemented yet, and the plan says so.
+
+Example: a base and two fine-tunes with ``serving.lora: shared`` plan as one group
+``<base>-lora`` with members ``{"support-ft": 1486427391, "legal-ft": 92314585}`` (task ids).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline.adapters import AdapterConfig, check_adapter_folder
+from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
+from pipeline.lora.memory import LoraCacheSize, adapter_bytes, cache_size
+from pipeline.lora.rules import HF_TO_TRTLLM, MODULE_IDS, speculative_refusal
+from pipeline.memory import BYTES_PER_ELEMENT
+
+AUTO_NOTE = (
+    "serving.lora auto: merged into an engine of its own for now (the fleet planner's choice between "
+    "the shared LoRA engine and a merged engine is not implemented yet; set serving.lora: shared to share)"
+)
+
+
+class _Problems(Protocol):
+    def error(self, path: tuple, message: str) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+
+def task_id(variant: str) -> int:
+    """A stable task id in [1, 2**31): TensorRT-LLM's prefetch folders are parsed with std::stoi.
+
+    >>> task_id("support-ft") == task_id("support-ft")
+    True
+    """
+    return zlib.crc32(variant.encode()) % (2**31 - 1) + 1
+
+
+def base_key(variant: Any) -> str:
+    """What must be equal for two variants to share an engine: everything but the adapter and the
+    speculative method (a shared engine decodes plainly) and the serving settings of its name."""
+    data = variant.model_dump(mode="json")
+    data["model"].pop("adapter", None)
+    for key in ("name", "speculative", "heads", "evaluation", "release"):
+        data.pop(key, None)
+    serving = data.pop("serving")
+    data["serving"] = {k: serving[k] for k in ("kv_cache_free_gpu_mem_fraction", "batch_scheduler_policy")}
+    return json.dumps(data, sort_keys=True)
+
+
+def hf_modules(config: AdapterConfig, num_layers: int) -> set[str]:
+    """The HF projection names an adapter targets (a list of names or PEFT's full-match regex)."""
+    targets = config.target_modules
+    if targets is None:
+        return set()
+    names = {**{m: "self_attn" for m in ("q_proj", "k_proj", "v_proj", "o_proj")}}
+    names.update({m: "mlp" for m in ("gate_proj", "up_proj", "down_proj")})
+    if isinstance(targets, str):
+        return {
+            m
+            for m, block in names.items()
+            for layer in range(num_layers)
+            if re.fullmatch(targets, f"model.layers.{layer}.{block}.{m}")
+        }
+    return {t.rsplit(".", 1)[-1] for t in targets}
+
+
+@dataclass(frozen=True)
+class LoraBuild:
+    """The LoRA plugin settings of a group's engine (trtllm-build --lora_plugin/--max_lora_rank/
+    --lora_target_modules; build_config.plugin_config.lora_plugin and build_config.lora_config)."""
+
+    plugin_dtype: str  # the engine's dtype
+    max_rank: int
+    target_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoraMember:
+    variant: str
+    task_id: int
+    adapter: Path
+    rank: int  # the largest rank of the adapter (r, or a rank_pattern value)
+    modules: tuple[str, ...]  # TensorRT-LLM module names
+    bytes_per_gpu: int
+
+
+@dataclass(frozen=True)
+class LoraGroupPlan:
+    """One shared engine and its adapters."""
+
+    name: str  # the group's engine and tensorrt_llm model: <base variant>-lora
+    base_variant: str | None  # a variant of the spec without adapter on this engine, if any
+    members: tuple[LoraMember, ...]
+    max_lora_rank: int
+    target_modules: tuple[str, ...]
+    cache: LoraCacheSize
+    engine_gib: float  # the engine's estimate without the LoRA cache (per GPU)
+    merged_gib: float  # the same fine-tunes merged: one engine each (per GPU of each engine)
+    gpus_per_engine: int
+
+    @property
+    def shared_gib(self) -> float:
+        return self.engine_gib + self.cache.gpu_gib
+
+    def build(self, dtype: str) -> LoraBuild:
+        return LoraBuild(dtype, self.max_lora_rank, self.target_modules)
+
+    def triton_parameters(self, prefetch_dir: Path) -> dict[str, str]:
+        """The tensorrt_llm model's LoRA cache parameters (TensorRT-LLM's PeftCacheConfig)."""
+        return {
+            "lora_cache_optimal_adapter_size": str(self.cache.optimal_adapter_size),
+            "lora_cache_max_adapter_size": str(self.cache.max_adapter_size),
+            "lora_cache_host_memory_bytes": str(self.cache.host_bytes),
+            "lora_prefetch_dir": str(Path(prefetch_dir).resolve()),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["members"] = [{**asdict(m), "adapter": str(m.adapter)} for m in self.members]
+        data["shared_gib"] = round(self.shared_gib, 3)
+        return data
+
+    def describe(self) -> str:
+        n = len(self.members)
+        return (
+            f"LoRA group {self.name}: {n} fine-tune(s) on one engine, max_lora_rank {self.max_lora_rank}, "
+            f"modules {' '.join(self.target_modules)}; {self.shared_gib:.1f} GiB per GPU (engine "
+            f"{self.engine_gib:.1f} + LoRA cache {self.cache.gpu_gib:.2f}) on {self.gpus_per_engine} GPU(s), "
+            f"against {n} merged engine(s) of {self.merged_gib:.1f} GiB each ({n * self.merged_gib:.1f} GiB "
+            f"per GPU slot in all)"
+        )
+
+
+def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
+    """A ``serving.lora: shared`` variant as it is planned: plain decoding (``auto`` resolves to
+    ``none``), one adapter the LoRA plugin can apply. Returns the variant to plan (maybe updated)."""
+    if variant.serving.lora != "shared":
+        if variant.serving.lora == "auto" and variant.model.adapters:
+            problems.note(AUTO_NOTE)
+        return variant
+    if not variant.model.adapters:  # a base: shared set for the whole fleet at the top of the spec
+        return variant
+    if len(variant.model.adapters) != 1:
+        problems.error(
+            ("serving", "lora"),
+            "shared needs exactly one model.adapter (a LoRA engine applies one adapter per request); "
+            "merge the list into one adapter, or use serving.lora: merged",
+        )
+        return variant
+    method = variant.speculative.method
+    if method == "auto":
+        problems.note(
+            "serving.lora shared: speculative.method auto resolves to none: TensorRT-LLM 1.2.1's engine flow "
+            "combines the LoRA plugin with no speculative mode (README, 'Many fine-tunes on one engine')"
+        )
+        return variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
+    refusal = speculative_refusal(method)
+    if refusal is not None:
+        problems.error(("speculative", "method"), f"{method} with serving.lora shared: {refusal}")
+    return variant
+
+
+def _adapter_problem(config: AdapterConfig, modules: set[str]) -> str | None:
+    if config.use_dora:
+        return "DoRA (use_dora) cannot be applied by TensorRT-LLM's LoRA plugin"
+    if config.modules_to_save:
+        return f"modules_to_save {list(config.modules_to_save)} are full copies the LoRA plugin cannot apply"
+    unknown = sorted(m for m in modules if m not in HF_TO_TRTLLM)
+    if unknown:
+        return f"target module(s) {unknown} are not LoRA plugin modules ({', '.join(HF_TO_TRTLLM)})"
+    if not modules:
+        return "targets none of the decoder projections"
+    return None
+
+
+def plan_groups(
+    spec: Any,
+    plans: list[Any],
+    problems_for: Any,
+) -> list[LoraGroupPlan]:
+    """The spec's LoRA groups from its planned variants (``plans``: VariantPlan, in spec order).
+
+    ``problems_for(variant_name)`` gives the variant's problem collector (errors at its spec lines)."""
+    by_name = {v.name: v for v in spec.variants}
+    groups: dict[str, list[Any]] = {}
+    for plan in plans:
+        variant = by_name[plan.name]
+        if variant.serving.lora == "shared" and variant.model.adapters:
+            groups.setdefault(base_key(variant), []).append(plan)
+    result = []
+    for key, members in groups.items():
+        base = next((v.name for v in spec.variants if not v.model.adapters and base_key(v) == key), None)
+        if base is None:
+            problems_for(members[0].name).error(
+                ("serving", "lora"),
+                "shared needs the group's engine: a variant without model.adapter on the same base, dtype, "
+                "quantization, parallel, build, target and gpu (e.g. `- name: base`); add one",
+            )
+            continue
+        result.append(_plan_group(spec, by_name, base, members, problems_for))
+    return [g for g in result if g is not None]
+
+
+def _plan_group(spec: Any, by_name: dict[str, Any], base: str | None, members: list[Any], problems_for: Any):
+    first = members[0]
+    arch: ModelGeometry = first.arch
+    dtype_bytes = BYTES_PER_ELEMENT[by_name[first.name].model.dtype]
+    tp = first.tp
+    explicit = first.build.extra_flags.get("max_lora_rank") if isinstance(first.build.extra_flags, dict) else None
+    found: list[tuple[Any, AdapterConfig, int, set[str]]] = []
+    for plan in members:
+        variant, problems = by_name[plan.name], problems_for(plan.name)
+        folder = spec.resolve_path(variant.model.adapters[0])
+        try:
+            config = check_adapter_folder(folder)
+        except InputError:
+            continue  # plan_merge reported it at model.adapter
+        modules = hf_modules(config, arch.num_layers)
+        problem = _adapter_problem(config, modules)
+        rank = max([config.r, *config.rank_pattern.values()])
+        if problem is None and explicit is not None and rank > int(explicit):
+            problem = f"rank {rank} is over the engine's max_lora_rank {explicit} (build.extra_flags)"
+        if problem is not None:
+            problems.error(("model", "adapter"), f"{config.file}: {problem}; use serving.lora: merged for it")
+            continue
+        found.append((plan, config, rank, modules))
+    if not found:
+        return None
+    ids: dict[int, str] = {}
+    for plan, *_ in found:
+        tid = task_id(plan.name)
+        if tid in ids:
+            problems_for(plan.name).error(
+                ("name",), f"its lora_task_id {tid} collides with variant {ids[tid]}; rename one"
+            )
+        ids[tid] = plan.name
+    modules_union = sorted({HF_TO_TRTLLM[m] for *_, mods in found for m in mods}, key=MODULE_IDS.__getitem__)
+    max_rank = int(explicit) if explicit is not None else max(rank for _, _, rank, _ in found)
+    built = [
+        LoraMember(
+            plan.name,
+            task_id(plan.name),
+            spec.resolve_path(by_name[plan.name].model.adapters[0]),
+            rank,
+            tuple(sorted((HF_TO_TRTLLM[m] for m in mods), key=MODULE_IDS.__getitem__)),
+            adapter_bytes(arch, rank, [HF_TO_TRTLLM[m] for m in mods], dtype_bytes, tp),
+        )
+        for plan, _, rank, mods in found
+    ]
+    cache = cache_size(arch, [m.rank for m in built], modules_union, dtype_bytes, first.build.max_batch_size, tp)
+    engine = first.memory.total_gib - first.memory.heads_gib
+    name = f"{base or first.name}-lora"
+    return LoraGroupPlan(
+        name,
+        base,
+        tuple(built),
+        max_rank,
+        tuple(modules_union),
+        cache,
+        engine,
+        first.memory.total_gib,
+        first.world_size,
+    )

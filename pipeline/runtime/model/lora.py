@@ -1,0 +1,259 @@
+"""LoRA in the reference engine: adapters applied unmerged, several adapters (and the base) in one step.
+
+TensorRT-LLM's LoRA plugin adds ``x @ A^T @ (scale B)^T`` to each target projection's output, the
+adapter chosen per request by ``lora_task_id``. Here, as in Punica's BGMV/SGMV kernels (Chen et al.,
+arXiv 2310.18547) and S-LoRA (Sheng et al., arXiv 2311.03285), one step batches requests of
+different adapters: per module, each row's A and B are gathered from the step's adapters (rank
+zero-padded to the step's largest; the base's rows gather zeros) and two batched matmuls give
+every row its own update. Nothing is merged into the base weights, so the base and every adapter
+share them.
+
+:class:`LoraWeights` parses one adapter from the runtime's tensors (``lora_weights`` [1, rows,
+width], ``lora_config`` [1, rows, 3], see :mod:`pipeline.lora.convert`) with TensorRT-LLM's request
+checks and messages (loraUtils.cpp); :class:`LoraCache` keeps them by task id with the C++
+runtime's semantics (peftCacheManager.cpp, loraCache.cpp); :class:`LoraStep` is one step's gather.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.errors import InputError
+from pipeline.geometry import ModelGeometry
+from pipeline.lora.rules import (
+    CACHE_FULL,
+    CONFIG_ROW,
+    MODULE_IDS,
+    MODULE_NAMES,
+    PEFT_CACHE_FULL,
+    PREFETCH_FILES,
+    REQUEST_CHECKS,
+    UNKNOWN_TASK,
+    module_dims,
+)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The engine's LoRA build settings (build_config.lora_config, plugin_config.lora_plugin)."""
+
+    max_rank: int
+    modules: tuple[str, ...]  # TensorRT-LLM module names enabled at build time
+
+    @classmethod
+    def from_build_config(cls, build_config: dict, where: str) -> LoraSettings | None:
+        plugin = (build_config.get("plugin_config") or {}).get("lora_plugin")
+        if plugin in (None, "disable", False):
+            return None
+        lora = build_config.get("lora_config") or {}
+        modules = tuple(lora.get("lora_target_modules") or ())
+        unknown = [m for m in modules if m not in MODULE_IDS]
+        if unknown or not modules:
+            raise InputError(
+                f"{where}: lora_config.lora_target_modules {list(modules)}: give one or more of {', '.join(MODULE_IDS)}"
+            )
+        rank = int(lora.get("max_lora_rank", 64))
+        if rank < 1:
+            raise InputError(f"{where}: lora_config.max_lora_rank must be positive, got {rank}")
+        return cls(rank, modules)
+
+
+def _dims(model: ModelGeometry) -> dict[int, tuple[int, int]]:
+    dims = module_dims(model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim, model.intermediate_size)
+    return {MODULE_IDS[name]: io for name, io in dims.items()}
+
+
+@dataclass(frozen=True)
+class LoraWeights:
+    """One adapter, per (layer, module id): A [r, in] and scale-folded B [out, r], float32."""
+
+    task_id: int
+    modules: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]
+    nbytes: int  # what it takes in the cache (its float32 values)
+
+    @property
+    def max_rank(self) -> int:
+        return max(a.shape[0] for a, _ in self.modules.values())
+
+    @classmethod
+    def parse(
+        cls, task_id: int, weights: np.ndarray, config: np.ndarray, model: ModelGeometry, settings: LoraSettings
+    ) -> LoraWeights:
+        """TensorRT-LLM's checks of a request's LoRA tensors, then the per-module split."""
+        if weights.ndim != 3 or config.ndim != 3:
+            raise InputError(
+                "Invalid shape for lora_weights tensor" if weights.ndim != 3 else "Invalid shape for lora_keys tensor"
+            )
+        if weights.shape[0] != 1 or config.shape[0] != 1:
+            raise InputError("Expected batch dimension to be 1 for each lora request")
+        if config.dtype != np.int32:
+            raise InputError(f"Expected  lora keys to have TYPE_INT32 but was {config.dtype}")
+        if config.shape[1] != weights.shape[1]:
+            raise InputError("Expected dim1 lora_weights and lora_keys to have the same size")
+        if config.shape[2] not in (CONFIG_ROW, CONFIG_ROW + 1):
+            raise InputError(f"Expected dim2 of lora_keys to have a size in [{CONFIG_ROW}, {CONFIG_ROW + 1}]")
+        dims = _dims(model)
+        enabled = {MODULE_IDS[m] for m in settings.modules}
+        values = torch.from_numpy(np.ascontiguousarray(weights[0], dtype=np.float32))
+        modules: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        for row, (module_id, layer, rank, *dora) in enumerate(config[0].tolist()):
+            if not 0 <= layer < model.num_layers:
+                raise InputError(REQUEST_CHECKS["layer"])
+            if rank <= 0:
+                raise InputError(REQUEST_CHECKS["size"])
+            name = MODULE_NAMES.get(module_id, str(module_id))
+            if module_id not in enabled:
+                raise InputError(REQUEST_CHECKS["module"].format(module=name))
+            if dora and dora[0]:
+                raise InputError(f"lora module {name}: DoRA is not supported by the reference backend")
+            n_in, n_out = dims[module_id]
+            if rank * (n_in + n_out) > values.shape[1]:
+                raise InputError(REQUEST_CHECKS["few_values"].format(module=name))
+            if rank > settings.max_rank:
+                raise InputError(REQUEST_CHECKS["rank"].format(rank=rank, max_rank=settings.max_rank))
+            a = values[row, : rank * n_in].reshape(rank, n_in).clone()
+            b = values[row, rank * n_in : rank * (n_in + n_out)].reshape(n_out, rank).clone()
+            modules[(layer, module_id)] = (a, b)
+        nbytes = sum(4 * (a.numel() + b.numel()) for a, b in modules.values())
+        return cls(task_id, modules, nbytes)
+
+
+@dataclass
+class _Slot:
+    weights: LoraWeights
+    in_flight: int = 0  # requests using it now: never evicted while > 0
+
+
+@dataclass
+class LoraCache:
+    """Adapters by task id, within ``capacity_bytes``, with TensorRT-LLM's semantics:
+
+    * a request with weights and config stores them under its task id (a task already cached keeps
+      its first weights, as ``LoraCache::put`` does);
+    * a request with the task id alone uses the cached adapter, or fails with
+      "LoRA task <id> not found in cache. Please send LoRA weights with request";
+    * when a new adapter does not fit, the least recently used adapters that no request is using
+      are evicted; if that is not enough: "PEFT Cache is full. Could not store taskId=<id>".
+
+    >>> cache = LoraCache(capacity_bytes=0)
+    >>> cache.acquire(7)
+    Traceback (most recent call last):
+    ...
+    pipeline.errors.InputError: LoRA task 7 not found in cache. Please send LoRA weights with request
+    """
+
+    capacity_bytes: int
+    _slots: OrderedDict[int, _Slot] = field(default_factory=OrderedDict)  # least recently used first
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(slot.weights.nbytes for slot in self._slots.values())
+
+    def __contains__(self, task_id: int) -> bool:
+        return task_id in self._slots
+
+    def put(self, weights: LoraWeights) -> None:
+        """Store an adapter (prefetched at startup, or sent with a request); pinned by nobody."""
+        if weights.task_id in self._slots:
+            self._slots.move_to_end(weights.task_id)
+            return
+        need = weights.nbytes - (self.capacity_bytes - self.used_bytes)
+        for task_id in [t for t, slot in self._slots.items() if slot.in_flight == 0]:
+            if need <= 0:
+                break
+            need -= self._slots.pop(task_id).weights.nbytes
+        if need > 0:
+            raise InputError(f"{PEFT_CACHE_FULL.format(task_id=weights.task_id)} ({CACHE_FULL})")
+        self._slots[weights.task_id] = _Slot(weights)
+
+    def acquire(self, task_id: int, weights: LoraWeights | None = None) -> LoraWeights:
+        """The adapter for a new request (storing ``weights`` first when it brought them); the caller
+        calls :meth:`release` when the request ends."""
+        if weights is not None:
+            self.put(weights)
+        slot = self._slots.get(task_id)
+        if slot is None:
+            raise InputError(UNKNOWN_TASK.format(task_id=task_id))
+        slot.in_flight += 1
+        self._slots.move_to_end(task_id)
+        return slot.weights
+
+    def release(self, task_id: int) -> None:
+        slot = self._slots.get(task_id)
+        if slot is not None and slot.in_flight > 0:
+            slot.in_flight -= 1
+
+
+def prefetch(
+    cache: LoraCache, folder: Path, model: ModelGeometry, settings: LoraSettings
+) -> tuple[list[int], list[str]]:
+    """Load ``<folder>/<task id>/model.lora_{weights,config}.npy`` into the cache, as TensorRT-LLM's
+    ``lora_prefetch_dir`` does (``PeftCacheManager::prefetchLoraWeights``): folders whose names are
+    not all digits are skipped with a warning; a missing folder is no error. Returns (task ids, warnings).
+    Files are read with ``allow_pickle=False``."""
+    loaded: list[int] = []
+    warnings: list[str] = []
+    if not folder.is_dir():
+        return loaded, [f"lora_prefetch_dir {folder} not found; no LoRA weights prefetched"]
+    for entry in sorted(folder.iterdir()):
+        if not entry.is_dir():
+            continue
+        if not entry.name.isdigit():
+            warnings.append(f"lora task name {entry.name} is invalid, skipping to load lora weight from this folder.")
+            continue
+        try:
+            weights = np.load(entry / PREFETCH_FILES[0], allow_pickle=False)
+            config = np.load(entry / PREFETCH_FILES[1], allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{entry}: cannot read the LoRA weights ({exc}); convert the adapter again") from None
+        try:
+            cache.put(LoraWeights.parse(int(entry.name), weights, config, model, settings))
+        except InputError as exc:
+            raise InputError(f"{entry}: {exc}") from None
+        loaded.append(int(entry.name))
+    return loaded, warnings
+
+
+class LoraStep:
+    """One step's per-row adapter gather: ``delta(layer, module, x)`` is every row's LoRA update.
+
+    ``adapters[i]`` is item i's adapter (None: the base), ``spans[i]`` its rows [a, b).
+    """
+
+    def __init__(self, adapters: Sequence[LoraWeights | None], spans: Sequence[tuple[int, int]]):
+        distinct: dict[int, LoraWeights] = {}
+        for adapter in adapters:
+            if adapter is not None:
+                distinct.setdefault(adapter.task_id, adapter)
+        self.adapters = list(distinct.values())  # slot s + 1 is adapters[s]; slot 0 is "no adapter"
+        slot_of = {adapter.task_id: s + 1 for s, adapter in enumerate(self.adapters)}
+        rows = spans[-1][1] if spans else 0
+        slots = torch.zeros(rows, dtype=torch.long)
+        for adapter, (a, b) in zip(adapters, spans):
+            if adapter is not None:
+                slots[a:b] = slot_of[adapter.task_id]
+        self.slots = slots  # [T]
+        self.rank = max((adapter.max_rank for adapter in self.adapters), default=0)
+
+    def delta(self, layer: int, module_id: int, x: torch.Tensor, n_out: int) -> torch.Tensor | None:
+        """[T, n_out] update for the rows' adapters (zero rows for the base), or None when no adapter of
+        the step has this (layer, module). ``x`` [T, in]."""
+        found = [adapter.modules.get((layer, module_id)) for adapter in self.adapters]
+        if not any(f is not None for f in found):
+            return None
+        r, n_in = self.rank, x.shape[1]
+        a_stack = x.new_zeros(len(found) + 1, r, n_in)  # [slots, r, in]
+        b_stack = x.new_zeros(len(found) + 1, n_out, r)  # [slots, out, r]
+        for s, pair in enumerate(found, start=1):
+            if pair is not None:
+                a, b = pair
+                a_stack[s, : a.shape[0]] = a
+                b_stack[s, :, : b.shape[1]] = b
+        low = torch.bmm(a_stack[self.slots], x[:, :, None])  # [T, r, 1]: each row through its own A
+        return torch.bmm(b_stack[self.slots], low)[:, :, 0]  # [T, out]

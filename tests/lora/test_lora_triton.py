@@ -1,0 +1,229 @@
+"""A LoRA group through a real tritonserver: SmolLM2 with both shipped adapters (adapters/) shared on one
+engine built with the LoRA plugin, the adapters prefetched from the lora stage's folder
+(``lora_prefetch_dir``).
+
+Correct answers come from outside Triton: each fine-tune's merged engine (the merge stage's output,
+converted and built like any variant) decoded greedily by the reference runtime. Requests for the
+base and both fine-tunes are in flight together; NVIDIA's inflight client, unchanged, addresses a
+fine-tune by its task id alone (prefetched) and by sending the adapter with a new task id
+(``--lora-path``, float16 as NVIDIA's config declares it).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from transformers import AutoTokenizer
+
+from pipeline.client import GenerationRequest, TritonClient, build_inputs
+from pipeline.client.stream import ClientError
+from pipeline.lora.convert import convert_adapter
+from pipeline.plan import OutputRoots, Plan, make_plan
+from pipeline.runtime.model.engine import Engine
+from pipeline.runtime.request import GenerationRequest as RuntimeRequest
+from pipeline.runtime.spec_decode.base import PlainDecoding
+from pipeline.spec import load_spec
+from pipeline.stages.execute import execute_plan, execute_spec_repository
+from pipeline.triton.launch_cpu import reference_backend_available
+from tests.conftest import embedded_cache_dir
+from tests.runtime.drive import decode
+
+pytestmark = [
+    pytest.mark.tritonserver,
+    pytest.mark.slow,
+    pytest.mark.smollm2,
+    pytest.mark.skipif(not reference_backend_available(), reason="the reference backend is not in this checkout"),
+]
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = ("def fibonacci(n):", "Name three colors.")
+TOKENS = 10
+SPEC = f"""
+name: lora-group
+model: {{builtin: smollm2-135m-instruct, dtype: float32}}
+build: {{max_batch_size: 8, max_input_len: 128, max_seq_len: 256, max_num_tokens: 512}}
+target: reference
+variants:
+  - name: base
+  - name: code
+    model: {{adapter: {REPO / "adapters" / "smollm2-code"}}}
+    serving: {{lora: shared}}
+  - name: json
+    model: {{adapter: {REPO / "adapters" / "smollm2-json"}}}
+    serving: {{lora: shared}}
+"""
+
+
+MERGED = f"""
+name: merged
+model: {{builtin: smollm2-135m-instruct, dtype: float32}}
+build: {{max_batch_size: 8, max_input_len: 128, max_seq_len: 256, max_num_tokens: 512}}
+target: reference
+variants:
+  - name: code
+    model: {{adapter: {REPO / "adapters" / "smollm2-code"}}}
+    serving: {{lora: merged}}
+  - name: json
+    model: {{adapter: {REPO / "adapters" / "smollm2-json"}}}
+    serving: {{lora: merged}}
+"""
+
+
+def built(root: Path, text: str) -> Plan:
+    root.mkdir(parents=True)
+    (root / "spec.yaml").write_text(textwrap.dedent(text).lstrip())
+    plan = make_plan(
+        load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir())
+    )
+    outcomes = execute_plan(plan, say=lambda _: None)
+    assert all(o.stopped_at is None and o.exit_code == 0 for o in outcomes), outcomes
+    return plan
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Plan:
+    plan = built(tmp_path_factory.mktemp("lora-group") / "shared", SPEC)
+    assert execute_spec_repository(plan, {v.name for v in plan.variants}, say=lambda _: None) is not None
+    return plan
+
+
+@pytest.fixture(scope="module")
+def expected(plan, tmp_path_factory) -> dict[tuple[str, str], list[int]]:
+    """(variant, prompt) -> greedy ids without Triton: each fine-tune's merged engine, and the base on the
+    group's engine without an adapter."""
+    merged = built(tmp_path_factory.mktemp("lora-merged") / "merged", MERGED)
+    tokenizer = tokenizer_of(merged)
+    out = {}
+    for variant in (plan.variants[0], *merged.variants):
+        engine = Engine.load(variant.stage("build").output)
+        requests = [
+            RuntimeRequest(
+                p, tuple(tokenizer.encode(p)), TOKENS, end_id=tokenizer.eos_token_id, exclude_input_in_output=True
+            )
+            for p in PROMPTS
+        ]
+        outputs = decode(engine, PlainDecoding(), requests, in_flight=2)
+        out.update({(variant.name, p): outputs[p].tokens for p in PROMPTS})
+    return out
+
+
+def tokenizer_of(plan):
+    return AutoTokenizer.from_pretrained(plan.variants[0].stage("package").inputs["tokenizer"])
+
+
+@pytest.fixture(scope="module")
+def server(plan, tmp_path_factory):
+    from tests.triton.triton_fixtures import serve_repository
+
+    assert plan.repository is not None
+    repo = plan.repository.output  # every variant by its own name; one tensorrt_llm model for the group
+    running = serve_repository(
+        repo,
+        tmp_path_factory.mktemp("logs") / "server.log",
+        models=("base", "code", "json", "base-tensorrt_llm"),
+        ready_timeout=300,
+    )
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def task_of(plan, name: str) -> int:
+    (group,) = plan.lora_groups
+    return next(m.task_id for m in group.members if m.variant == name)
+
+
+def ask(url: str, prompt: str, task: int | None, model: str = "base") -> str:
+    extra = []
+    if task is not None:
+        tensor = grpcclient.InferInput("lora_task_id", [1, 1], "UINT64")
+        tensor.set_data_from_numpy(np.array([[task]], np.uint64))
+        extra.append(tensor)
+    try:
+        with TritonClient(url, model) as client:
+            return client.generate_raw(
+                build_inputs(GenerationRequest(prompt, max_tokens=TOKENS)) + extra, timeout=300
+            ).text
+    except ClientError as exc:
+        return f"error: {exc}"
+
+
+def test_base_and_fine_tunes_in_flight_together_equal_their_merged_engines(plan, expected, server):
+    """Each fine-tune by its own model name (its preprocessing sets its task id) and through the base's
+    ensemble with its lora_task_id, all in flight together on the group's one engine."""
+    tokenizer = tokenizer_of(plan)
+    jobs = [
+        (name, prompt, how)
+        for prompt in PROMPTS
+        for name, how in [
+            ("base", "name"),
+            ("code", "name"),
+            ("json", "name"),
+            ("code", "task id"),
+            ("json", "task id"),
+        ]
+    ]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {}
+        for job in jobs:
+            name, prompt, how = job
+            model, task = (name, None) if how == "name" else ("base", task_of(plan, name))
+            futures[job] = pool.submit(ask, server.grpc_url, prompt, task, model)
+        answers = {job: future.result() for job, future in futures.items()}
+    for (name, prompt, how), text in answers.items():
+        want = tokenizer.decode(expected[name, prompt], skip_special_tokens=True)
+        assert text.strip() == want.strip(), (name, prompt, how)
+    answers = {(name, prompt): text for (name, prompt, _), text in answers.items()}
+    assert any(answers["code", p] != answers["base", p] for p in PROMPTS)  # the adapter changes the text
+    (group,) = plan.lora_groups
+    assert group.base_variant == "base" and {m.variant for m in group.members} == {"code", "json"}
+    # One engine: the fine-tunes' plans are the group engine's stages (no merge) and a package of their own.
+    engines = {v.name: v.stage("build").output for v in plan.variants}
+    assert engines["code"] == engines["json"] == engines["base"]
+    assert not any(s.name == "merge" for v in plan.variants for s in v.stages)
+
+
+def test_unknown_task_id_gets_tensorrt_llms_error(server):
+    message = ask(server.grpc_url, PROMPTS[0], 12345)
+    assert "LoRA task 12345 not found in cache. Please send LoRA weights with request" in message
+
+
+def test_nvidia_inflight_client_with_task_id_and_lora_path(plan, expected, server, tmp_path):
+    from tests.triton.triton_fixtures import NVIDIA_CLIENTS, run_client
+
+    repo = plan.variants[0].stage("package").output
+    prompt_ids = tokenizer_of(plan).encode(PROMPTS[0])
+
+    def inflight(*flags: str) -> list[int]:
+        done = run_client(
+            NVIDIA_CLIENTS / "inflight_batcher_llm_client.py",
+            server.grpc_url,
+            "--tokenizer-dir",
+            str(repo / "preprocessing" / "tokenizer"),
+            "--text",
+            PROMPTS[0],
+            "--request-output-len",
+            str(TOKENS),
+            "--streaming",
+            "--model-name",
+            "base-tensorrt_llm",
+            *flags,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        match = re.search(r"Output sequence:  \[([0-9, ]*)\]", done.stdout)
+        assert match, done.stdout
+        ids = [int(i) for i in match.group(1).split(",") if i.strip()]
+        return ids[len(prompt_ids) :]  # in streaming the client prepends the prompt itself
+
+    want = expected["code", PROMPTS[0]]
+    assert inflight("--lora-task-id", str(task_of(plan, "code"))) == want  # prefetched: the id alone
+    convert_adapter(REPO / "adapters" / "smollm2-code", "float16").save(tmp_path / "code-fp16")
+    sent = inflight("--lora-path", str(tmp_path / "code-fp16"), "--lora-task-id", "77")
+    assert sent == want
