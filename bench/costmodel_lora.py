@@ -1,6 +1,6 @@
 """The LoRA step price against the real unmerged LoRA computation on CPU (validation, CPU side).
 
-    .venv/bin/python bench/costmodel_lora.py [--ranks 8 16 64] [--batches 1 8 32] [--steps 15] [--repeats 5]
+    .venv/bin/python bench/costmodel_lora.py [--ranks 8 16 64] [--batches 1 8 32] [--adapters 1 4 8] [--rounds 5]
 
 On SmolLM2-135M's shapes (30 layers; q/k/v/o/gate/up/down 576/192/1536 features), one thread:
 
@@ -31,7 +31,7 @@ import torch
 
 from pipeline import presets
 from pipeline.costmodel.lora import LORA_MODULES, LoraLoad, module_features
-from pipeline.costmodel.lora_cpu import groups_of, lora_update, probe
+from pipeline.costmodel.lora_cpu import LoraCpuProfile, groups_of, lora_update, probe
 from pipeline.runtime.model.gemm import Gemm
 
 MODULE_SETS = {"q,v": ("q_proj", "v_proj"), "all 7": LORA_MODULES}
@@ -85,8 +85,9 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--adapters", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of (probe, steps of every case)")
+    parser.add_argument("--steps", type=int, default=3, help="steps of each case per round")
+    parser.add_argument("--repeats", type=int, default=3, help="walks of the probe per round")
     args = parser.parse_args()
     torch.set_num_threads(1)
     arch = presets.preset("smollm2-135m-instruct")
@@ -102,30 +103,41 @@ def main() -> int:
     for rank in args.ranks:
         layers = build(arch, rank, max_adapters, gen)
         for label, modules in MODULE_SETS.items():
-            profile = probe(arch, LoraLoad(rank, modules), repeats=args.repeats)
-            for batch in args.batches:
-                x_by_size = {
+            cases = [
+                (batch, adapters)
+                for batch in args.batches
+                for adapters in sorted({min(n, batch) for n in args.adapters})
+            ]
+            x_of = {
+                batch: {
                     n: torch.randn(batch, n, generator=gen) for n in {module_features(arch, m)[0] for m in LORA_MODULES}
                 }
-                for adapters in sorted({min(n, batch) for n in args.adapters}):
-                    load = LoraLoad(rank, modules, adapters)
-                    predicted = profile.step_s(arch, load, batch)
-                    calls = arch.num_layers * len(modules)
-                    base, lora = [], []
+                for batch in args.batches
+            }
+            profiles, base, lora = [], {c: [] for c in cases}, {c: [] for c in cases}
+            calls = arch.num_layers * len(modules)
+            # rounds of (probe, then a few steps of every case): probe and measurement share the host's drift
+            for _ in range(args.rounds):
+                profiles.append(probe(arch, LoraLoad(rank, modules), repeats=args.repeats))
+                for batch, adapters in cases:
                     for _ in range(args.steps):
                         # each request draws an adapter; every one of the N is used in the step
-                        ids = torch.arange(batch) % adapters
-                        ids = ids[torch.randperm(batch, generator=gen)]
-                        b, l = step(arch, layers, modules, x_by_size, ids)
-                        base.append(b)
-                        lora.append(l - calls * overhead)
-                    measured = statistics.median(lora)
-                    ratio = predicted / measured
-                    worst = max(worst, abs(ratio - 1))
-                    print(
-                        f"{rank:4d} {label:>7s} {batch:5d} {adapters:8d}  {statistics.median(base) * 1e3:8.2f}  "
-                        f"{predicted * 1e3:12.3f} {measured * 1e3:7.3f}  {ratio:9.2f}"
-                    )
+                        ids = (torch.arange(batch) % adapters)[torch.randperm(batch, generator=gen)]
+                        b, l = step(arch, layers, modules, x_of[batch], ids)
+                        base[batch, adapters].append(b)
+                        lora[batch, adapters].append(l - calls * overhead)
+            profile = LoraCpuProfile.median(profiles)
+            for batch, adapters in cases:
+                predicted = profile.step_s(arch, LoraLoad(rank, modules, adapters), batch)
+                measured = statistics.median(lora[batch, adapters])
+                ratio = predicted / measured
+                worst = max(worst, abs(ratio - 1))
+                base_ms = statistics.median(base[batch, adapters]) * 1e3
+                print(
+                    f"{rank:4d} {label:>7s} {batch:5d} {adapters:8d}  {base_ms:8.2f}  "
+                    f"{predicted * 1e3:12.3f} {measured * 1e3:7.3f}  {ratio:9.2f}",
+                    flush=True,
+                )
     print(f"largest error {worst:.0%} (target: within 15%)")
     return 0
 

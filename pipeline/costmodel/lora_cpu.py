@@ -1,13 +1,16 @@
 """The LoRA step price on this host's CPU, from a probe of one module's LoRA work by rows.
 
 As :mod:`pipeline.costmodel.cpu` does for the base GEMMs, the CPU model does not use a roofline: it
-times the real unmerged LoRA computation of one target module (:func:`lora_update`, float32 torch,
-one thread) at each probed row count, once as one group over every row (a step of one adapter) and
-once as a gathered group (a step mixing adapters: the group's rows gathered, the two thin GEMMs, the
-result scattered back), and predicts a step as
+times the real unmerged LoRA computation of each target module (:func:`lora_update`, float32 torch,
+one thread) at each probed row count, in its place after the module's base projection (a probe of a
+few layers: see :func:`probe`), as one group over every row (a step of one adapter: ``whole``) and
+as gathered groups (a step mixing adapters: each group's rows gathered, the two thin GEMMs, the
+result scattered back; the ``first`` group after the base projection, and each ``next`` one), and
+predicts a step as
 
     one adapter:  layers x sum over modules of whole(module, rows)
-    N adapters:   layers x sum over modules of sum over the N groups of gathered(module, rows_g)
+    N adapters:   layers x sum over modules of first(module, rows_1) + sum over groups 2..N of
+                  next(module, rows_g)
 
 with the rows split as evenly as the requests allow (interpolated between probed row counts).
 bench/costmodel_lora.py measures the same computation over a whole step (every layer's own weights,
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.costmodel.cpu import interpolate
-from pipeline.costmodel.lora import LoraLoad, module_features
+from pipeline.costmodel.lora import LORA_MODULES, LoraLoad, module_features
 from pipeline.geometry import ModelGeometry
 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -76,6 +79,18 @@ class LoraCpuProfile:
     first: dict[str, dict[int, float]]
     next: dict[str, dict[int, float]]
 
+    @classmethod
+    def median(cls, profiles: list[LoraCpuProfile]) -> LoraCpuProfile:
+        """Entry by entry, the median of probes taken at different moments (this host's speed drifts)."""
+
+        def med(kind: str) -> dict[str, dict[int, float]]:
+            first = getattr(profiles[0], kind)
+            return {
+                m: {r: statistics.median(getattr(p, kind)[m][r] for p in profiles) for r in first[m]} for m in first
+            }
+
+        return cls(profiles[0].rank, med("whole"), med("first"), med("next"))
+
     def step_s(self, arch: ModelGeometry, load: LoraLoad, rows: int) -> float:
         """Predicted LoRA seconds of a step of ``rows`` rows mixing ``load.adapters`` adapters."""
         if load.rank != self.rank:
@@ -91,51 +106,66 @@ class LoraCpuProfile:
         return arch.num_layers * per_layer
 
 
-COPIES = 8  # distinct base and adapter weights cycled through, so each call finds them in memory, not cache
+LAYERS = 4  # decoder layers the probe walks, each with its own base and adapter weights
 
 
-def probe(
-    arch: ModelGeometry, load: LoraLoad, repeats: int = 3, rows: tuple[int, ...] = PROBE_ROWS, calls: int = 20
-) -> LoraCpuProfile:
-    """Time :func:`lora_update` for each target module at each row count right after a base projection
-    of the module's shape (as in a step: the base GEMM leaves the caches cold for the LoRA work), one
-    thread, row counts interleaved."""
+def probe(arch: ModelGeometry, load: LoraLoad, repeats: int = 5, rows: tuple[int, ...] = PROBE_ROWS) -> LoraCpuProfile:
+    """Time :func:`lora_update` of each target module at each row count in its place in a pass: a walk
+    over ``LAYERS`` layers of every module's base projection (the engine's float32 Gemm) with the
+    target modules' LoRA updates after theirs, so each update finds the caches a pass leaves it (the
+    base GEMMs stream megabytes of weights between updates). One thread; the median of every call."""
     from pipeline.runtime.model.gemm import Gemm
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
-        out: dict[str, dict[str, dict[int, float]]] = {"whole": {}, "first": {}, "next": {}}
-        for module in load.modules:
-            n_in, n_out = module_features(arch, module)
-            base = [Gemm(torch.randn(n_out, n_in, generator=gen) * 0.02) for _ in range(COPIES)]
-            a = [torch.randn(load.rank, n_in, generator=gen) * 0.02 for _ in range(2 * COPIES)]
-            b = [torch.randn(n_out, load.rank, generator=gen) * 0.02 for _ in range(2 * COPIES)]
-            xs = {m: torch.randn(2 * m, n_in, generator=gen) for m in rows}
-            times: dict[tuple[str, int], list[float]] = {(k, m): [] for k in out for m in rows}
-            for _ in range(repeats):
-                for m in rows:
-                    whole = first = following = 0.0
-                    for call in range(calls):
-                        c = call % COPIES
-                        y = base[c](xs[m][:m])  # one adapter over m rows
-                        start = time.thread_time()
-                        lora_update(y, xs[m][:m], a, b, [Group(2 * c, torch.arange(m))])
-                        whole += time.thread_time() - start
-                        y = base[c](xs[m])  # two adapters of m rows each, interleaved
-                        t0 = time.thread_time()
-                        lora_update(y, xs[m], a, b, [Group(2 * c, torch.arange(0, 2 * m, 2))])
-                        t1 = time.thread_time()
-                        lora_update(y, xs[m], a, b, [Group(2 * c + 1, torch.arange(1, 2 * m, 2))])
-                        t2 = time.thread_time()
-                        first += t1 - t0
-                        following += t2 - t1
-                    times["whole", m].append(whole / calls)
-                    times["first", m].append(first / calls)
-                    times["next", m].append(following / calls)
-            for kind in out:
-                out[kind][module] = {m: statistics.median(times[kind, m]) for m in rows}
+        layers = []
+        for _ in range(LAYERS):
+            base, adapters = {}, {}
+            for module in LORA_MODULES:
+                n_in, n_out = module_features(arch, module)
+                base[module] = Gemm(torch.randn(n_out, n_in, generator=gen) * 0.02)
+                adapters[module] = (
+                    [torch.randn(load.rank, n_in, generator=gen) * 0.02 for _ in range(2)],
+                    [torch.randn(n_out, load.rank, generator=gen) * 0.02 for _ in range(2)],
+                )
+            layers.append((base, adapters))
+        widths = {module_features(arch, m)[0] for m in LORA_MODULES}
+        xs = {m: {n: torch.randn(2 * m, n, generator=gen) for n in widths} for m in rows}
+        times: dict[tuple[str, str, int], list[float]] = {
+            (kind, module, m): [] for kind in ("whole", "first", "next") for module in load.modules for m in rows
+        }
+        for _ in range(repeats):
+            for m in rows:
+                whole = [Group(0, torch.arange(m))]
+                mixed = [Group(0, torch.arange(0, 2 * m, 2)), Group(1, torch.arange(1, 2 * m, 2))]
+                for base, adapters in layers:  # one adapter over m rows
+                    for module in LORA_MODULES:
+                        x = xs[m][module_features(arch, module)[0]][:m]
+                        y = base[module](x)
+                        if module in load.modules:
+                            a, b = adapters[module]
+                            start = time.thread_time()
+                            lora_update(y, x, a, b, whole)
+                            times["whole", module, m].append(time.thread_time() - start)
+                for base, adapters in layers:  # two adapters of m rows each, interleaved
+                    for module in LORA_MODULES:
+                        x = xs[m][module_features(arch, module)[0]]
+                        y = base[module](x)
+                        if module in load.modules:
+                            a, b = adapters[module]
+                            t0 = time.thread_time()
+                            lora_update(y, x, a, b, mixed[:1])
+                            t1 = time.thread_time()
+                            lora_update(y, x, a, b, mixed[1:])
+                            t2 = time.thread_time()
+                            times["first", module, m].append(t1 - t0)
+                            times["next", module, m].append(t2 - t1)
+        out: dict[str, dict[str, dict[int, float]]] = {
+            kind: {module: {m: statistics.median(times[kind, module, m]) for m in rows} for module in load.modules}
+            for kind in ("whole", "first", "next")
+        }
         return LoraCpuProfile(load.rank, out["whole"], out["first"], out["next"])
     finally:
         torch.set_num_threads(before)
