@@ -115,3 +115,14 @@ def add_lora(cost: StepCost, d: Deployment, load: LoraLoad, rows: int) -> StepCo
         read = roofline_s(d.gpu, extra_bytes, 0.0, "bfloat16", k)
         cost.add("LoRA adapter mixing", read + (groups - 1) * kernels * LORA_GROUP_S)
     return cost
+
+
+def shared_speedup(d: Deployment, load: LoraLoad, batch: int) -> float:
+    """A fine-tune's predicted speedup on the shared LoRA engine (no speculation) over plain decoding
+    of the base: plain step / (plain step + its LoRA parts), at ``batch`` requests in flight. The
+    shared option's figure in the fleet's decision (pipeline/fleet/lora_decision.py)."""
+    from pipeline.costmodel.step import target_step
+
+    plain = target_step(d, batch, 1, logit_rows=1)
+    with_lora = add_lora(target_step(d, batch, 1, logit_rows=1), d, load, batch)
+    return plain.total_s / with_lora.total_s

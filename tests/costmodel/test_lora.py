@@ -147,3 +147,15 @@ def test_predict_cli_prices_a_shared_lora_engine(cli):
 def test_predict_cli_bad_lora_input(cli, args, expected):
     rc, _, err = cli("predict", "--preset", "llama-3.1-8b", "--gpu", "l40s", *args)
     assert rc == 2 and err.count("\n") == 1 and expected in err, err
+
+
+def test_shared_speedup_is_the_plain_step_over_the_lora_step(monkeypatch):
+    monkeypatch.setattr(lora, "LORA_KERNEL_S", 1e-6)
+    d = Deployment(TINY, SLOW, context_len=0, step_overhead_s=0.0)
+    # plain: the weight read, (2 layers x 90200 params + the 100000 of the lm_head) x 2 bytes at 1 GB/s;
+    # LoRA: 5.6 us of adapter bytes + 8 kernels x 1 us (as above)
+    assert TINY.decoder_layer_params() == 90200
+    plain = (2 * 90200 + 100000) * 2 * 1e-9
+    speedup = lora.shared_speedup(d, LoraLoad(4, ("q_proj", "v_proj")), batch=1)
+    assert speedup == pytest.approx(plain / (plain + 5.6e-6 + 8e-6))
+    assert speedup < 1.0
