@@ -27,8 +27,9 @@ over x_i in {shared} and {merged on g} for every set g of world_size GPUs. S is 
         + sum_{i merged on a set holding j} per_gpu_gib_i  <=  free_gib_j
 
 (the shared engine, base weights + KV cache + the LoRA cache's workspace, is paid once when anything
-uses it). Among equal objectives the choice with the least merged memory wins, then the one with
-the fewest merged engines.
+uses it; "<=" holds to 1e-9 GiB: the memory rows go to the solver in KiB, below its own tolerance).
+Among equal objectives the choice with the least merged memory wins, then the one with the fewest
+merged engines.
 
 **The method.** A 0/1 integer program (a multiple-choice, multi-dimensional knapsack: one choice per
 fine-tune, one memory constraint per GPU) solved by HiGHS through ``scipy.optimize.milp``. HiGHS's
@@ -61,7 +62,10 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 Choice = Literal["shared", "merged"]
 Allowed = Literal["shared", "merged", "auto"]  # serving.lora per variant
-_TOLERANCE = 1e-9
+_TOLERANCE = 1e-9  # GiB (and objective units): what "fits" and "equal" allow
+# HiGHS accepts a constraint violated by up to 1e-6 of its units (its MIP feasibility tolerance), so
+# the memory rows are written in KiB and the objective bound scaled alike: 1e-6 KiB is ~1e-12 GiB.
+_ROW_SCALE = float(2**20)
 
 
 class LoraDecisionError(ValueError):
@@ -257,7 +261,7 @@ def decide(fleet: LoraFleet) -> LoraDecision:
     best = float(cost @ first)
     # among the optimal choices: the least merged memory, then the fewest merged engines
     merged = np.array([sum(o.memory.values()) + 1e-6 if o.choice == "merged" else 0.0 for o in flat] + [0.0])
-    second = program.solve(merged, extra=(cost, best * (1 + 1e-9) + 1e-12))
+    second = program.solve(merged, extra=(cost * _ROW_SCALE, (best + _TOLERANCE) * _ROW_SCALE))
     chosen = first if second is None else second  # second is never None: the first optimum is feasible
     picked = [flat[k] for k in range(len(flat)) if chosen[k] > 0.5]
     return _decision(fleet, weights, options, picked)
@@ -291,7 +295,7 @@ class _Program:
         for g, free in enumerate(fleet.free_gib):  # every GPU's memory
             row = np.array([o.memory.get(g, 0.0) for o in flat] + [0.0])
             row[-1] = fleet.shared.per_gpu_gib if g in fleet.shared.gpus else 0.0
-            add(row, -np.inf, free)
+            add(row * _ROW_SCALE, -np.inf, (free + _TOLERANCE) * _ROW_SCALE)
         self.a, self.low, self.high = np.array(rows), np.array(low), np.array(high)
         self.bounds = Bounds(np.zeros(n), np.ones(n))
         if fleet.shared.required:
