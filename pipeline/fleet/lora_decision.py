@@ -391,9 +391,13 @@ def _reason(
     for alt in (a for a in mine if a.choice == "merged"):
         after = _used(fleet, [*others, alt])
         if all(after[g] <= fleet.free_gib[g] + _TOLERANCE for g in range(len(after))):
+            # optimal and still shared: merging it would not lower the objective (no traffic, or a tie)
             return (
                 f"shared: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) but gains "
-                f"less than the fine-tunes merged instead"
+                "nothing at traffic share 0"
+                if o.cost == 0
+                else f"shared: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) and "
+                "gain no more than its memory costs (a tie; the leaner choice wins)"
             )
     room = ", ".join(f"GPU {g} {free_now[g] + o.memory.get(g, 0.0):.1f} GiB free" for g in range(len(used)))
     return (

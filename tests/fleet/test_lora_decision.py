@@ -171,6 +171,9 @@ def test_zero_traffic_never_buys_an_engine():
         )
     )
     assert by_name(d)["idle"].choice == "shared"
+    assert by_name(d)["idle"].reason == (
+        "shared: merged eagle 2.00x would fit (+10.0 GiB on GPU 0) but gains nothing at traffic share 0"
+    )
 
 
 def test_shares_default_equal_and_fill_the_rest():
