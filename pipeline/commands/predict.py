@@ -3,6 +3,13 @@
     specdeploy predict --preset llama-3.1-8b --gpu l40s --method eagle --tree mc_sim_7b_63 \\
         --acceptance-length 2.5 --batch 1 8 32 [--tp 2] [--dtype fp8] [--context-len 1024] \\
         [--runtime trtllm|pytorch-eager] [--json]
+    specdeploy predict --preset llama-3.1-8b --gpu l40s --method none --lora-rank 16 \\
+        --lora-modules q_proj,v_proj --lora-adapters 4 --batch 8
+
+With ``--lora-rank``, the step is the shared LoRA engine's: its LoRA GEMMs and adapter mixing are
+parts of the step (pipeline/costmodel/lora.py) and the speedup is over plain decoding without LoRA
+(below 1.0x: what serving the fine-tune unmerged costs). TensorRT-LLM 1.2.1 builds LoRA engines
+without speculative heads, so only ``--method none`` takes it.
 
 Each speedup comes with the interval its method's held-out error puts around it (the runtime
 profile's error band, pipeline/costmodel/profile.py). The formulas and GPU figures are in
@@ -55,10 +62,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the runtime profile: trtllm (TensorRT-LLM engines, what specdeploy deploys) or pytorch-eager "
         "(the papers' and Spec-Bench's reference code, evaluation.device cuda)",
     )
+    parser.add_argument("--lora-rank", type=int, help="price the LoRA plugin's work at this adapter rank")
+    parser.add_argument(
+        "--lora-modules",
+        default="q_proj,v_proj",
+        help="LoRA target modules, comma-separated PEFT names (default q_proj,v_proj)",
+    )
+    parser.add_argument("--lora-adapters", type=int, default=1, help="distinct adapters mixed in one step (default 1)")
     add_json_flag(
         parser,
         '{"runtime", "speedup": {"<batch>": x}, "interval": {"<batch>": {...}}, "error_band": {...}, '
-        '"step_cost": {"<batch>": {...}}, "rows_per_step"}',
+        '"step_cost": {"<batch>": {...}}, "rows_per_step", "lora": null | {"rank", "modules", "adapters"}}',
     )
     parser.set_defaults(handler=cmd_predict)
 
@@ -96,6 +110,26 @@ def drafting_from_args(args: argparse.Namespace):
     return Drafting.eagle(tree)
 
 
+def lora_from_args(args: argparse.Namespace):
+    """The LoRA work of a step from --lora-*, or None without --lora-rank."""
+    from pipeline.costmodel.lora import LoraLoad
+
+    if args.lora_rank is None:
+        if args.lora_adapters != 1:
+            raise InputError("--lora-adapters needs --lora-rank (the adapters' rank)")
+        return None
+    if args.method != "none":
+        raise InputError(
+            f"--lora-rank with --method {args.method}: TensorRT-LLM 1.2.1 builds LoRA engines without "
+            "speculative heads; use --method none (a merged fine-tune is priced without --lora-rank)"
+        )
+    modules = tuple(m.strip() for m in args.lora_modules.split(",") if m.strip())
+    try:
+        return LoraLoad(args.lora_rank, modules, args.lora_adapters)
+    except ValueError as exc:
+        raise InputError(f"--lora-*: {exc}") from None
+
+
 def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     from pipeline.costmodel.hardware import gpu_perf
     from pipeline.costmodel.predict import predict
@@ -122,8 +156,9 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
         profile=calibrated.profile,
     )
     drafting = drafting_from_args(args)
+    lora = lora_from_args(args)
     try:
-        rows = predict(deployment, drafting, args.acceptance_length, args.batch)
+        rows = predict(deployment, drafting, args.acceptance_length, args.batch, lora=lora)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     band = calibrated.band(drafting.method)
@@ -142,12 +177,16 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
                 },
                 "step_cost": {str(p.batch): p.to_dict() for p in rows},
                 "rows_per_step": drafting.rows,
+                "lora": None
+                if lora is None
+                else {"rank": lora.rank, "modules": list(lora.modules), "adapters": lora.adapters},
             }
         )
         return 0
     table = Table(
         title=f"{args.method} on {args.preset}, {args.gpu} x tp{args.tp} pp{args.pp}, {args.dtype}, "
-        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}, {args.runtime}",
+        f"AL {args.acceptance_length}, {drafting.rows} rows/step, context {args.context_len}, {args.runtime}"
+        + ("" if lora is None else f", LoRA rank {lora.rank} on {','.join(lora.modules)} x {lora.adapters} adapters"),
         title_justify="left",
     )
     for column in ("batch", "plain step ms", "method step ms", "speedup (interval)", "method step parts (ms)"):
