@@ -104,6 +104,22 @@ def _located(path: Path, roots: dict[str, Path]) -> dict[str, str | None]:
     return {"root": None, "path": str(resolved)}
 
 
+def _relocated(value: Any, roots: dict[str, Path]) -> Any:
+    """``value`` (the plan as JSON) with every absolute path under one of ``roots`` written as
+    {"root", "path"} (:func:`_located`), so the manifest names no place of the build host's.
+
+    >>> _relocated({"out": "/b/engines/a", "n": ["/b/engines", "/etc/x", 3]}, {"engines": Path("/b/engines")})
+    {'out': {'root': 'engines', 'path': 'a'}, 'n': [{'root': 'engines', 'path': '.'}, '/etc/x', 3]}"""
+    if isinstance(value, dict):
+        return {key: _relocated(item, roots) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relocated(item, roots) for item in value]
+    if isinstance(value, str) and value.startswith("/"):
+        located = _located(Path(value), roots)
+        return located if located["root"] is not None else value
+    return value
+
+
 def manifest_roots(plan: Plan, engines_root: Path, cache: Path | None = None) -> dict[str, Path]:
     """The folders the manifest's paths are relative to, as they are on this host: the outputs'
     (engines, triton_repo: each variant's package stage writes there), the cache (the embedded
@@ -143,7 +159,7 @@ def variant_entry(
         "target": variant.target,
         "inputs": inputs,
         "outputs": outputs,
-        "plan": variant.to_dict(),
+        "plan": _relocated(variant.to_dict(), roots),
         "evaluation": _evaluation(variant, states),
     }
 

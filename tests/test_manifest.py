@@ -169,6 +169,8 @@ def test_a_moved_release_verifies_where_it_is(cli, tiny_spec, tmp_path):
         located += list(variant["inputs"].values()) + list(variant["outputs"].values())
     assert all(not str(entry["path"]).startswith("/") for entry in located), located
     assert all(not name.startswith("/") for entry in located for name in entry.get("files") or {})
+    # The plan as recorded names none of the build host's folders either (the outputs were under tmp_path).
+    assert all(str(tmp_path) not in json.dumps(variant["plan"]) for variant in data["variants"].values())
     from pipeline.cli import main  # not the cli fixture: its --triton-repo is the old place
 
     rc = main(["--triton-repo", str(moved / "triton_repo"), "verify", str(manifest)])
