@@ -29,6 +29,7 @@ from triton_fixtures import plan_spec, serve_repository, tiny_llama
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.stages.execute import execute_plan, execute_spec_repository
 from pipeline.triton.launch_cpu import reference_backend_available
+from pipeline.triton.relocate import served_repository
 
 pytestmark = [
     pytest.mark.tritonserver,
@@ -109,6 +110,9 @@ def server(tmp_path_factory):
     plain = root / "plain"  # one variant's own names; preprocessing / postprocessing come from `whole`
     for model in ("ensemble", "tensorrt_llm", "tensorrt_llm_bls"):
         shutil.copytree(plan.variants[0].stage("package").output / model, plain / model)
+    # The copy is elsewhere than its package output: serve it as `serve --engines-dir` serves a moved repository.
+    engines = plan.variants[0].stage("build").output.parent.parent
+    plain = served_repository(plain, engines, root / "serving")
     running = serve_repository(
         whole,
         root / "tritonserver.log",
