@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.runtime import fixtures as sf
+from tests.runtime.fixtures import one_torch_thread  # noqa: F401  (autouse for this folder)
 from tests.test_preflight import write_tokenizer
 
 
@@ -29,14 +29,6 @@ class Tiny:
                 hf or self.hf, folder, method, medusa_dir=self.medusa, eagle_dir=self.eagle, **sf.SPEC_LIMITS
             )
         return Engine.load(folder)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -6,20 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.runtime import fixtures as sf
-from tests.runtime.fixtures import TINY, make_hf_model, write_engine
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny matmuls lose to OpenMP start-up and to other processes on a 2-core runner (100x
-    slower with 2 threads under load); restored after each module for the other test folders."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.runtime.fixtures import (
+    TINY,
+    make_hf_model,
+    one_torch_thread,  # noqa: F401  (autouse for this folder)
+    write_engine,
+)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -31,6 +32,18 @@ from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.speculative import LookaheadConfig
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny matmuls lose to OpenMP start-up and to other processes on a 2-core runner (100x
+    slower with 2 threads under load); restored after each module for the other test folders.
+    A folder's conftest imports it to make it autouse there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 SPEC_MODE = {"medusa": 4, "lookahead": 8, "eagle": 32}  # build_config.speculative_decoding_mode (IntFlag)
 MODEL = dict(
