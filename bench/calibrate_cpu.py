@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.serve import free_ports
 from pipeline.cli import main as cli
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.costmodel import calibrate
@@ -106,8 +107,6 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def bench_variant(variant: VariantPlan, concurrencies: list[int], args: argparse.Namespace) -> dict[int, Path]:
     """One `specdeploy bench --repository` run per concurrency against a fresh server of ``variant``."""
-    from tests.servers import free_ports
-
     repo = variant.stage("package").output
     http, grpc, metrics = free_ports(3)
     cache = Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
