@@ -161,6 +161,15 @@ def test_value_overflowing_float16_is_named_as_overflow(tiny_llama, out):
     assert (out2 / "config.json").is_file()
 
 
+def test_finite_weights_whose_sum_overflows_are_not_refused(tiny_llama, out):
+    # two finite float32 values of 3e38 in one chunk: their float32 sum is inf, the weights are fine
+    tiny = tiny_llama()
+    poke(tiny.path / "model.safetensors", "model.layers.0.mlp.up_proj.weight", 3e38, (2, 3))
+    poke(tiny.path / "model.safetensors", "model.layers.0.mlp.up_proj.weight", 3e38, (4, 5))
+    convert_checkpoint(tiny.path, out, tp=1, pp=1, dtype="float32")
+    assert (out / "config.json").is_file()
+
+
 def test_bf16_source_copied_as_is_is_still_checked(tiny_llama, out):
     tiny = tiny_llama(torch_dtype="bfloat16")
     weights = load_file(str(tiny.path / "model.safetensors"))
