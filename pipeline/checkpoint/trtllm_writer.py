@@ -188,8 +188,8 @@ def _emit(t: OutTensor, writer: StreamWriter, cache: _RowCache) -> Iterator[None
 def _check_finite(y: torch.Tensor, part: Slice, first_row: int, t: OutTensor) -> None:
     """Refuse NaN/Inf on the way out: corrupt weights, or a value too large for the target dtype."""
     values = y.float() if y.dtype == FP8 else y
-    # Any NaN or Inf makes the sum non-finite; it needs no per-element temporary (peak memory). A float32
-    # sum is ~3x faster than a float64 one (bf16, 113 MB); the rare finite chunk whose sum overflows is looked at row by row.
+    # Any NaN or Inf makes the sum non-finite; it needs no per-element temporary (peak memory). A float32 sum
+    # is ~3x faster than a float64 one (bf16, 113 MB); a finite chunk whose sum overflows is looked at row by row.
     if math.isfinite(float(values.sum(dtype=torch.float32))):
         return
     bad = (~torch.isfinite(values)).any(dim=1).nonzero()
