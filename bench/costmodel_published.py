@@ -111,11 +111,17 @@ EAGLE1_TREE: trees.Tree = (
     (0, 0, 0, 0, 0),
     (0, 0, 0, 0, 1),
 )
-SHAPES = {m.name: m for m in (VICUNA_7B, VICUNA_13B, VICUNA_33B, presets.preset("llama-3.1-8b"))}
+LLAMA2_7B = presets.preset("llama-2-7b")
+LLAMA2_13B = dataclasses.replace(VICUNA_13B, name="llama-2-13b", max_position_embeddings=4096, norm_epsilon=1e-5)
+LLAMA31_8B = presets.preset("llama-3.1-8b")
+DSL_8B = dataclasses.replace(LLAMA31_8B, name="deepseek-r1-distill-llama-8b")  # Llama-3.1-8B's shape, its base
+SHAPES = {m.name: m for m in (VICUNA_7B, VICUNA_13B, VICUNA_33B, LLAMA2_7B, LLAMA2_13B, LLAMA31_8B, DSL_8B)}
 PUBLISHED_ONLY_GPUS = {"rtx-3090": GpuPerf("rtx-3090", 936, 71, None, 32.0, False)}
 SETTINGS = {
     "eagle1-25": Drafting.eagle(EAGLE1_TREE),
     "eagle2-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
+    "eagle2-60-6-10": Drafting.eagle_dynamic(10, 6, 60),
+    "eagle2-50-6-10": Drafting.eagle_dynamic(10, 6, 50),
     "eagle3-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
     "medusa1-63": Drafting.medusa(trees.MC_SIM_7B_63, 5),
     "lookahead-7-5-7": Drafting.lookahead(LookaheadConfig(7, 5, 7)),
@@ -129,8 +135,28 @@ def read_rows(path: Path = DATA) -> list[dict[str, str]]:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
+NOT_FITTED = "not fitted:"  # a notes prefix: the row is listed with the reason that follows
+
+
+def why_not(row: dict[str, str]) -> str | None:
+    """Why a row is listed but not fitted (None: it is fitted).
+
+    >>> why_not({"runtime": "sglang", "acceptance_length": "", "settings": "x", "notes": ""})
+    'no acceptance length'
+    """
+    if not row["acceptance_length"]:
+        return "no acceptance length"
+    if row["notes"].startswith(NOT_FITTED):
+        return row["notes"][len(NOT_FITTED) :].split(";")[0].strip()
+    if row["runtime"] != "pytorch-eager":
+        return f"runtime {row['runtime']}"
+    if row["settings"] not in SETTINGS or row["model"] not in SHAPES:
+        return f"settings {row['settings']} or model {row['model']} not priced"
+    return None
+
+
 def fittable(row: dict[str, str]) -> bool:
-    return row["runtime"] == "pytorch-eager" and bool(row["acceptance_length"]) and row["settings"] in SETTINGS
+    return why_not(row) is None
 
 
 def observation(row: dict[str, str]) -> fit.Observation:
@@ -252,7 +278,7 @@ def main() -> int:
                     r["source"],
                     f"{r['model']} {r['gpu']} {r['settings']}",
                     f"{float(r['speedup']):.2f}x",
-                    "no acceptance length" if not r["acceptance_length"] else f"runtime {r['runtime']}",
+                    why_not(r) or "",
                 ]
                 for r in skipped
             ],
