@@ -10,10 +10,16 @@ on the other sources, and those held-out errors are printed per row, per method 
 profile shipped in pipeline/costmodel/profiles.json is the fit on every source, its error bands the
 10th-90th percentiles of the held-out errors per method (``--write`` rewrites the file).
 
-``trtllm`` has no row to fit: no published TensorRT-LLM result found gives a mean acceptance length
-beside its speedup. Its host-side constants stay the model's documented assumptions, its kernel-side
-ones (profile.KERNEL_SIDE) are the ``pytorch-eager`` fit's, and its bands are borrowed from
-``pytorch-eager``'s held-out errors (said so wherever they are shown).
+``trtllm`` has no row to fit: the published TensorRT-LLM results found with a mean acceptance length
+beside a speedup (3, ``trtllm-ngram-blog``) are of N-gram drafting on a mixture-of-experts model, which
+the step model does not price; NVIDIA's TensorRT Edge-LLM figures (12, ``edge-llm-docs``) are of
+another runtime, with 4-bit weights, on a Jetson the GPU table lacks. Its host-side constants stay
+the model's documented assumptions, its kernel-side ones (profile.KERNEL_SIDE) are the
+``pytorch-eager`` fit's, and its bands are borrowed from ``pytorch-eager``'s held-out errors (said so
+wherever they are shown).
+
+A row whose notes begin with ``not fitted:`` is listed with the reason that follows (a setting the
+step model cannot price, or a GPU the source does not pin down).
 
 Sources (every number in the CSV was read there):
 
@@ -32,6 +38,34 @@ Sources (every number in the CSV was read there):
   Performance Highlights): Llama-3.1-8B-Instruct on one H100, MT-bench, tokens/s without speculation,
   with EAGLE-2 and with EAGLE-3: the ratio is recorded, but it gives no acceptance length, batch or
   settings, and SGLang is neither profile: listed, not fitted.
+  The same three figures are the EAGLE-3 paper's Table 4 (measured by the SGLang team).
+* ``eagle-papers``: the EAGLE authors' own measurements, read in the papers' text: EAGLE-2 (Li et al.,
+  arXiv 2406.16858v2) Table 1 and EAGLE-3 (Li et al., arXiv 2503.01840, NeurIPS version) Table 1,
+  temperature 0, the "Mean" columns (mean speedup and mean tau over MT-bench, HumanEval, GSM8K, Alpaca,
+  CNN/DM and, in EAGLE-2, Natural Questions), batch 1. Medusa, Lookahead and EAGLE-1 run through
+  Spec-Bench with their default settings (EAGLE-2 section 5 and Appendix A), so their settings are the
+  Spec-Bench ones below; EAGLE-2 uses 60 draft tokens for 7B/8B and 50 for 13B, depth 6, 10 nodes
+  expanded (EAGLE-2 Appendix A); EAGLE-3's settings are not stated, so the repository's evaluation
+  defaults (SafeAILab/EAGLE eagle/evaluation/gen_ea_answer_*.py at commit cb7e084: total 60, depth 5,
+  top-k 10) are assumed. The GPU: EAGLE-3 says "If not specified, we use the A100 GPU to test 70B
+  models and the RTX 3090 for other models", while its Table 1 caption says "on A100 GPUs"; EAGLE-2
+  states none. The rows follow the sentence (RTX 3090); 13B FP16 weights need two 24 GB cards (the
+  repository's README runs Vicuna 13B on 2x RTX 3090), split by layers, which reads the same bytes at
+  one card's bandwidth, so they are priced as one RTX 3090. The V 13B rows of EAGLE-3's Table 1 repeat
+  EAGLE-2's, so both papers are one source (one measurement campaign), and EAGLE-3 contributes only
+  its new rows. The 70B rows are listed, not fitted (the number of A100s is not stated). FP16: the
+  evaluation scripts load the models in torch.float16.
+* ``edge-llm-docs``: NVIDIA TensorRT Edge-LLM's "Performance Benchmarks" page
+  (nvidia.github.io/TensorRT-Edge-LLM, user_guide/performance/performance-benchmarks, read in a copy
+  of its Markdown source), "LLM - EAGLE Speculative Decoding" tables of its v0.4.0, v0.7.0 and v0.7.1
+  sections: Jetson AGX Thor, EAGLE-3 drafters, INT4 AWQ or NVFP4 weights, batch 1 and 8, "Accept Rate"
+  (average tokens accepted per verify step) and "Speedup" (generation tokens/s over vanilla at the
+  same precision and batch): listed, not fitted.
+* ``trtllm-ngram-blog``: TensorRT-LLM's tech blog 7 (NVIDIA/TensorRT-LLM,
+  docs/source/blogs/tech_blog/blog7_NGram_performance_Analysis_And_Auto_Enablement.md, commit
+  7274a59): N-gram drafting, Llama-4-Scout-17B-16E FP8, TP 8 on 8x B200, second conversation turn:
+  the accepted length of its table (3000 sampled conversations) and the end-to-end runtime speed-ups
+  of its text ("96.13% ... 63.99% ... 33.06%" at batch 1, 4, 32): listed, not fitted.
 
 Settings (Spec-Bench eval.sh and evaluation/inference_*.py): EAGLE-1 with its default 25-node tree
 (SafeAILab/EAGLE eagle/model/choices.py, depth 5), EAGLE-2 and EAGLE-3 with total_token 60, depth 5,
@@ -195,8 +229,8 @@ def calibrations(found: list[fit.Observation]) -> tuple[dict[str, Calibration], 
     trtllm = Calibration(
         TRTLLM.with_constants({name: getattr(fitted, name) for name in KERNEL_SIDE}),
         borrowed,
-        "not fitted (no published TensorRT-LLM result gives an acceptance length): host side assumed, "
-        "kernel side and error bands from pytorch-eager",
+        "not fitted (no published TensorRT-LLM result with an acceptance length is of a method and model "
+        "the step model prices): host side assumed, kernel side and error bands from pytorch-eager",
     )
     return {"trtllm": trtllm, "pytorch-eager": eager}, held_out
 
