@@ -213,6 +213,18 @@ def observations(path: Path = DATA) -> list[fit.Observation]:
     return [observation(r) for r in read_rows(path) if fittable(r)]
 
 
+def variant(rows: list[dict[str, str]], sources: list[str], gpu_for: list[str]) -> list[dict[str, str]]:
+    """The rows of the sources named by a prefix in ``sources`` (all when empty), with the GPU of each
+    ``SOURCE=GPU`` in ``gpu_for`` replaced: what-ifs for the docs, never the shipped fit.
+
+    >>> [r["gpu"] for r in variant([{"source": "a", "gpu": "x"}, {"source": "b", "gpu": "y"}], [], ["a=z"])]
+    ['z', 'y']
+    """
+    swap = dict(item.split("=", 1) for item in gpu_for)
+    kept = [r for r in rows if not sources or r["source"].startswith(tuple(sources))]
+    return [dict(r, gpu=swap.get(r["source"], r["gpu"])) for r in kept]
+
+
 def calibrations(found: list[fit.Observation]) -> tuple[dict[str, Calibration], list[float]]:
     """The shipped calibrations (profiles.json's content) and each observation's held-out error."""
     held_out = fit.leave_one_source_out(found, PYTORCH_EAGER)
@@ -246,9 +258,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="tables as Markdown (the README's)")
     parser.add_argument("--write", action="store_true", help=f"rewrite {PROFILES_FILE.name} with this fit")
+    parser.add_argument(
+        "--sources", nargs="+", default=[], metavar="PREFIX", help="what-if: only the sources with these prefixes"
+    )
+    parser.add_argument(
+        "--gpu-for", nargs="+", default=[], metavar="SOURCE=GPU", help="what-if: another GPU for a source's rows"
+    )
     args = parser.parse_args()
-    rows = read_rows()
-    found = observations()
+    if args.write and (args.sources or args.gpu_for):
+        parser.error("--write ships the fit on every row as published: drop --sources and --gpu-for")
+    if any("=" not in item for item in args.gpu_for):
+        parser.error("--gpu-for takes SOURCE=GPU, e.g. eagle-papers=a100-80gb")
+    rows = variant(read_rows(), args.sources, args.gpu_for)
+    found = [observation(r) for r in rows if fittable(r)]
     shipped, held_out = calibrations(found)
     eager = shipped["pytorch-eager"].profile
     in_sample = fit.relative_errors(found, eager)
