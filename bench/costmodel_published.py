@@ -48,10 +48,11 @@ Sources (every number in the CSV was read there):
   expanded (EAGLE-2 Appendix A); EAGLE-3's settings are not stated, so the repository's evaluation
   defaults (SafeAILab/EAGLE eagle/evaluation/gen_ea_answer_*.py at commit cb7e084: total 60, depth 5,
   top-k 10) are assumed. The GPU: EAGLE-3 says "If not specified, we use the A100 GPU to test 70B
-  models and the RTX 3090 for other models", while its Table 1 caption says "on A100 GPUs"; EAGLE-2
-  states none. The rows follow the sentence (RTX 3090); 13B FP16 weights need two 24 GB cards (the
-  repository's README runs Vicuna 13B on 2x RTX 3090), split by layers, which reads the same bytes at
-  one card's bandwidth, so they are priced as one RTX 3090. The V 13B rows of EAGLE-3's Table 1 repeat
+  models and the RTX 3090 for other models", and its Table 1 caption specifies "on A100 GPUs"; EAGLE-2
+  states none, and its V 13B rows are EAGLE-3's. The rows follow the caption (one A100, taken as the
+  80 GB SXM part as for Spec-Bench; every model here fits it in FP16); ``--gpu-for
+  eagle-papers=rtx-3090`` prints the fit under the other reading (EAGLE-3's Table 5 caption, too,
+  names an A100 where its text names an RTX 3090). The V 13B rows of EAGLE-3's Table 1 repeat
   EAGLE-2's, so both papers are one source (one measurement campaign), and EAGLE-3 contributes only
   its new rows. The 70B rows are listed, not fitted (the number of A100s is not stated). FP16: the
   evaluation scripts load the models in torch.float16.
