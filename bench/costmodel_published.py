@@ -10,10 +10,16 @@ on the other sources, and those held-out errors are printed per row, per method 
 profile shipped in pipeline/costmodel/profiles.json is the fit on every source, its error bands the
 10th-90th percentiles of the held-out errors per method (``--write`` rewrites the file).
 
-``trtllm`` has no row to fit: no published TensorRT-LLM result found gives a mean acceptance length
-beside its speedup. Its host-side constants stay the model's documented assumptions, its kernel-side
-ones (profile.KERNEL_SIDE) are the ``pytorch-eager`` fit's, and its bands are borrowed from
-``pytorch-eager``'s held-out errors (said so wherever they are shown).
+``trtllm`` has no row to fit: the published TensorRT-LLM results found with a mean acceptance length
+beside a speedup (3, ``trtllm-ngram-blog``) are of N-gram drafting on a mixture-of-experts model, which
+the step model does not price; NVIDIA's TensorRT Edge-LLM figures (12, ``edge-llm-docs``) are of
+another runtime, with 4-bit weights, on a Jetson the GPU table lacks. Its host-side constants stay
+the model's documented assumptions, its kernel-side ones (profile.KERNEL_SIDE) are the
+``pytorch-eager`` fit's, and its bands are borrowed from ``pytorch-eager``'s held-out errors (said so
+wherever they are shown).
+
+A row whose notes begin with ``not fitted:`` is listed with the reason that follows (a setting the
+step model cannot price, or a GPU the source does not pin down).
 
 Sources (every number in the CSV was read there):
 
@@ -32,6 +38,35 @@ Sources (every number in the CSV was read there):
   Performance Highlights): Llama-3.1-8B-Instruct on one H100, MT-bench, tokens/s without speculation,
   with EAGLE-2 and with EAGLE-3: the ratio is recorded, but it gives no acceptance length, batch or
   settings, and SGLang is neither profile: listed, not fitted.
+  The same three figures are the EAGLE-3 paper's Table 4 (measured by the SGLang team).
+* ``eagle-papers``: the EAGLE authors' own measurements, read in the papers' text: EAGLE-2 (Li et al.,
+  arXiv 2406.16858v2) Table 1 and EAGLE-3 (Li et al., arXiv 2503.01840, NeurIPS version) Table 1,
+  temperature 0, the "Mean" columns (mean speedup and mean tau over MT-bench, HumanEval, GSM8K, Alpaca,
+  CNN/DM and, in EAGLE-2, Natural Questions), batch 1. Medusa, Lookahead and EAGLE-1 run through
+  Spec-Bench with their default settings (EAGLE-2 section 5 and Appendix A), so their settings are the
+  Spec-Bench ones below; EAGLE-2 uses 60 draft tokens for 7B/8B and 50 for 13B, depth 6, 10 nodes
+  expanded (EAGLE-2 Appendix A); EAGLE-3's settings are not stated, so the repository's evaluation
+  defaults (SafeAILab/EAGLE eagle/evaluation/gen_ea_answer_*.py at commit cb7e084: total 60, depth 5,
+  top-k 10) are assumed. The GPU: EAGLE-3 says "If not specified, we use the A100 GPU to test 70B
+  models and the RTX 3090 for other models", and its Table 1 caption specifies "on A100 GPUs"; EAGLE-2
+  states none, and its V 13B rows are EAGLE-3's. The rows follow the caption (one A100, taken as the
+  80 GB SXM part as for Spec-Bench; every model here fits it in FP16); ``--gpu-for
+  eagle-papers=rtx-3090`` prints the fit under the other reading (EAGLE-3's Table 5 caption, too,
+  names an A100 where its text names an RTX 3090). The V 13B rows of EAGLE-3's Table 1 repeat
+  EAGLE-2's, so both papers are one source (one measurement campaign), and EAGLE-3 contributes only
+  its new rows. The 70B rows are listed, not fitted (the number of A100s is not stated). FP16: the
+  evaluation scripts load the models in torch.float16.
+* ``edge-llm-docs``: NVIDIA TensorRT Edge-LLM's "Performance Benchmarks" page
+  (nvidia.github.io/TensorRT-Edge-LLM, user_guide/performance/performance-benchmarks, read in a copy
+  of its Markdown source), "LLM - EAGLE Speculative Decoding" tables of its v0.4.0, v0.7.0 and v0.7.1
+  sections: Jetson AGX Thor, EAGLE-3 drafters, INT4 AWQ or NVFP4 weights, batch 1 and 8, "Accept Rate"
+  (average tokens accepted per verify step) and "Speedup" (generation tokens/s over vanilla at the
+  same precision and batch): listed, not fitted.
+* ``trtllm-ngram-blog``: TensorRT-LLM's tech blog 7 (NVIDIA/TensorRT-LLM,
+  docs/source/blogs/tech_blog/blog7_NGram_performance_Analysis_And_Auto_Enablement.md, commit
+  7274a59): N-gram drafting, Llama-4-Scout-17B-16E FP8, TP 8 on 8x B200, second conversation turn:
+  the accepted length of its table (3000 sampled conversations) and the end-to-end runtime speed-ups
+  of its text ("96.13% ... 63.99% ... 33.06%" at batch 1, 4, 32): listed, not fitted.
 
 Settings (Spec-Bench eval.sh and evaluation/inference_*.py): EAGLE-1 with its default 25-node tree
 (SafeAILab/EAGLE eagle/model/choices.py, depth 5), EAGLE-2 and EAGLE-3 with total_token 60, depth 5,
@@ -111,11 +146,17 @@ EAGLE1_TREE: trees.Tree = (
     (0, 0, 0, 0, 0),
     (0, 0, 0, 0, 1),
 )
-SHAPES = {m.name: m for m in (VICUNA_7B, VICUNA_13B, VICUNA_33B, presets.preset("llama-3.1-8b"))}
+LLAMA2_7B = presets.preset("llama-2-7b")
+LLAMA2_13B = dataclasses.replace(VICUNA_13B, name="llama-2-13b", max_position_embeddings=4096, norm_epsilon=1e-5)
+LLAMA31_8B = presets.preset("llama-3.1-8b")
+DSL_8B = dataclasses.replace(LLAMA31_8B, name="deepseek-r1-distill-llama-8b")  # Llama-3.1-8B's shape, its base
+SHAPES = {m.name: m for m in (VICUNA_7B, VICUNA_13B, VICUNA_33B, LLAMA2_7B, LLAMA2_13B, LLAMA31_8B, DSL_8B)}
 PUBLISHED_ONLY_GPUS = {"rtx-3090": GpuPerf("rtx-3090", 936, 71, None, 32.0, False)}
 SETTINGS = {
     "eagle1-25": Drafting.eagle(EAGLE1_TREE),
     "eagle2-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
+    "eagle2-60-6-10": Drafting.eagle_dynamic(10, 6, 60),
+    "eagle2-50-6-10": Drafting.eagle_dynamic(10, 6, 50),
     "eagle3-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
     "medusa1-63": Drafting.medusa(trees.MC_SIM_7B_63, 5),
     "lookahead-7-5-7": Drafting.lookahead(LookaheadConfig(7, 5, 7)),
@@ -129,8 +170,28 @@ def read_rows(path: Path = DATA) -> list[dict[str, str]]:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
 
 
+NOT_FITTED = "not fitted:"  # a notes prefix: the row is listed with the reason that follows
+
+
+def why_not(row: dict[str, str]) -> str | None:
+    """Why a row is listed but not fitted (None: it is fitted).
+
+    >>> why_not({"runtime": "sglang", "acceptance_length": "", "settings": "x", "notes": ""})
+    'no acceptance length'
+    """
+    if not row["acceptance_length"]:
+        return "no acceptance length"
+    if row["notes"].startswith(NOT_FITTED):
+        return row["notes"][len(NOT_FITTED) :].split(";")[0].strip()
+    if row["runtime"] != "pytorch-eager":
+        return f"runtime {row['runtime']}"
+    if row["settings"] not in SETTINGS or row["model"] not in SHAPES:
+        return f"settings {row['settings']} or model {row['model']} not priced"
+    return None
+
+
 def fittable(row: dict[str, str]) -> bool:
-    return row["runtime"] == "pytorch-eager" and bool(row["acceptance_length"]) and row["settings"] in SETTINGS
+    return why_not(row) is None
 
 
 def observation(row: dict[str, str]) -> fit.Observation:
@@ -153,6 +214,18 @@ def observations(path: Path = DATA) -> list[fit.Observation]:
     return [observation(r) for r in read_rows(path) if fittable(r)]
 
 
+def variant(rows: list[dict[str, str]], sources: list[str], gpu_for: list[str]) -> list[dict[str, str]]:
+    """The rows of the sources named by a prefix in ``sources`` (all when empty), with the GPU of each
+    ``SOURCE=GPU`` in ``gpu_for`` replaced: what-ifs for the docs, never the shipped fit.
+
+    >>> [r["gpu"] for r in variant([{"source": "a", "gpu": "x"}, {"source": "b", "gpu": "y"}], [], ["a=z"])]
+    ['z', 'y']
+    """
+    swap = dict(item.split("=", 1) for item in gpu_for)
+    kept = [r for r in rows if not sources or r["source"].startswith(tuple(sources))]
+    return [dict(r, gpu=swap.get(r["source"], r["gpu"])) for r in kept]
+
+
 def calibrations(found: list[fit.Observation]) -> tuple[dict[str, Calibration], list[float]]:
     """The shipped calibrations (profiles.json's content) and each observation's held-out error."""
     held_out = fit.leave_one_source_out(found, PYTORCH_EAGER)
@@ -169,8 +242,8 @@ def calibrations(found: list[fit.Observation]) -> tuple[dict[str, Calibration], 
     trtllm = Calibration(
         TRTLLM.with_constants({name: getattr(fitted, name) for name in KERNEL_SIDE}),
         borrowed,
-        "not fitted (no published TensorRT-LLM result gives an acceptance length): host side assumed, "
-        "kernel side and error bands from pytorch-eager",
+        "not fitted (no published TensorRT-LLM result with an acceptance length is of a method and model "
+        "the step model prices): host side assumed, kernel side and error bands from pytorch-eager",
     )
     return {"trtllm": trtllm, "pytorch-eager": eager}, held_out
 
@@ -186,9 +259,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="tables as Markdown (the README's)")
     parser.add_argument("--write", action="store_true", help=f"rewrite {PROFILES_FILE.name} with this fit")
+    parser.add_argument(
+        "--sources", nargs="+", default=[], metavar="PREFIX", help="what-if: only the sources with these prefixes"
+    )
+    parser.add_argument(
+        "--gpu-for", nargs="+", default=[], metavar="SOURCE=GPU", help="what-if: another GPU for a source's rows"
+    )
     args = parser.parse_args()
-    rows = read_rows()
-    found = observations()
+    if args.write and (args.sources or args.gpu_for):
+        parser.error("--write ships the fit on every row as published: drop --sources and --gpu-for")
+    if any("=" not in item for item in args.gpu_for):
+        parser.error("--gpu-for takes SOURCE=GPU, e.g. eagle-papers=a100-80gb")
+    rows = variant(read_rows(), args.sources, args.gpu_for)
+    found = [observation(r) for r in rows if fittable(r)]
     shipped, held_out = calibrations(found)
     eager = shipped["pytorch-eager"].profile
     in_sample = fit.relative_errors(found, eager)
@@ -252,7 +335,7 @@ def main() -> int:
                     r["source"],
                     f"{r['model']} {r['gpu']} {r['settings']}",
                     f"{float(r['speedup']):.2f}x",
-                    "no acceptance length" if not r["acceptance_length"] else f"runtime {r['runtime']}",
+                    why_not(r) or "",
                 ]
                 for r in skipped
             ],

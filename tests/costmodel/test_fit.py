@@ -155,6 +155,24 @@ def test_shipped_profiles_are_the_fit_of_the_published_data():
     assert shipped["trtllm"].bands["eagle"].borrowed_from == "pytorch-eager"
 
 
+def test_every_published_row_is_fitted_or_says_why():
+    """At least 40 fitted results from 5 sources; each listed row names its reason, and a row its
+    notes mark "not fitted:" stays out of the fit whatever its other columns."""
+    bench = _bench()
+    rows = bench.read_rows()
+    fitted = [r for r in rows if bench.fittable(r)]
+    assert len(fitted) >= 40 and len({r["source"] for r in fitted}) >= 5
+    for row in rows:
+        assert row["source"] and row["speedup"], row
+        reason = bench.why_not(row)
+        assert (reason is None) == (row in fitted)
+        if row["notes"].startswith(bench.NOT_FITTED):
+            assert reason and reason in row["notes"], row
+    marked = dict(fitted[0], notes="not fitted: a test reason; more")
+    assert bench.why_not(marked) == "a test reason"
+    assert bench.why_not(dict(fitted[0], runtime="vllm")) == "runtime vllm"
+
+
 def test_predict_cli_gives_the_fitted_prediction_of_a_published_row(cli):
     """`specdeploy predict --runtime pytorch-eager` on a published result's shape, GPU and settings gives
     the fit's prediction the bench script prints beside it, inside its interval."""

@@ -10,6 +10,7 @@ from pipeline import gpus, presets, trees
 from pipeline.costmodel import hardware
 from pipeline.costmodel.hardware import GpuPerf, gpu_perf
 from pipeline.costmodel.predict import break_even_batch, predict
+from pipeline.costmodel.profile import load_calibrations
 from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
@@ -169,10 +170,14 @@ def test_predict_cli_json(cli):
     assert rc == 0, err
     body = json.loads(out)
     assert set(body["speedup"]) == {"1", "64"} and body["rows_per_step"] == 16
-    # the 15 draft rows are not free at batch 1 (their GEMMs and the n-gram pool); compute-bound at 64
+    # the 15 draft rows are not free at batch 1 (their GEMMs, and the n-gram pool where the shipped
+    # profile charges one); compute-bound at 64
     assert 1.2 < body["speedup"]["1"] < 1.5 and body["speedup"]["64"] < 1.0
     assert set(body["step_cost"]["1"]) == {"plain_ms", "method_ms", "parts_ms"}
-    assert "lookahead mask and n-gram pool" in body["step_cost"]["1"]["parts_ms"]
+    parts = body["step_cost"]["1"]["parts_ms"]
+    assert parts["draft rows' GEMMs"] > 0
+    pool = load_calibrations()["trtllm"].profile.lookahead_row_s
+    assert ("lookahead mask and n-gram pool" in parts) == (pool > 0)
     interval = body["interval"]["1"]
     assert interval["low"] < interval["point"] == body["speedup"]["1"] < interval["high"]
     assert body["runtime"] == "trtllm" and body["error_band"]["borrowed_from"] == "pytorch-eager"
