@@ -179,20 +179,30 @@ def adapter_folder_problem(folder: Path) -> str:
     )
 
 
-def check_adapter_folder(folder: Path) -> AdapterConfig:
-    """The cheap plan-time check: the folder, its config and a weights file exist and parse."""
+def check_adapter_folder(folder: Path, require_weights: bool = True) -> AdapterConfig:
+    """The cheap plan-time check: the folder, its config and a weights file exist and parse.
+
+    ``require_weights=False`` (a plan from a preset, without the base's weights): the config alone is
+    read, as the planner needs only its rank and target modules; the merge and lora stages still refuse
+    a folder without weights."""
     if not folder.is_dir():
         raise InputError(adapter_folder_problem(folder))
     config = read_adapter_config(folder)
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+    if require_weights and not has_weights(folder):
         raise InputError(
             f"{folder}: no adapter_model.safetensors or adapter_model.bin; model.adapter must name a PEFT LoRA folder"
         )
     return config
 
 
+def has_weights(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in WEIGHT_FILES)
+
+
 class _Problems(Protocol):
     def error(self, path: tuple, message: str) -> None: ...
+
+    def note(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -211,9 +221,13 @@ def _model_key(spec: Any, variant: Any) -> tuple:
 
 
 def plan_merge(
-    spec: Any, variant: Any, engines: Path, model_dir: Path | None, problems: _Problems
+    spec: Any, variant: Any, engines: Path, model_dir: Path | None, problems: _Problems, weights_present: bool = True
 ) -> MergeTarget | None:
-    """The merge a variant needs (None without adapters); problems are reported at model.adapter."""
+    """The merge a variant needs (None without adapters); problems are reported at model.adapter.
+
+    Without the base's weights (``weights_present`` False: planned from a preset) an adapter folder
+    may hold its adapter_config.json alone: the plan says so in a note, and the merge stage needs the
+    weights as it needs the base's."""
     model = variant.model
     if not model.adapters:
         return None
@@ -228,10 +242,12 @@ def plan_merge(
     for index, folder in enumerate(folders):
         where = ("model", "adapter") if isinstance(model.adapter, str) else ("model", "adapter", index)
         try:
-            config = check_adapter_folder(folder)
+            config = check_adapter_folder(folder, require_weights=weights_present)
         except InputError as exc:
             problems.error(where, str(exc))
             continue
+        if not has_weights(folder):
+            problems.note(f"{folder}: adapter_config.json only (no adapter weights): planned from the config")
         problem = base_name_problem(config, names, model_dir)
         if problem:
             problems.error(where, problem)

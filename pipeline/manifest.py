@@ -271,6 +271,8 @@ def _body(
         "tools": tool_versions(),
         "variants": variants,
         "repository": repository,  # triton_repo/<spec>/: every variant from one server
+        # serving.lora auto: the planner's choice per fine-tune, its objective and numbers (pipeline/lora/auto.py)
+        "lora_decisions": [decision.to_dict() for decision in plan.lora_decisions],
     }
 
 

@@ -25,6 +25,8 @@ from pipeline.geometry import ModelGeometry
 from pipeline.speculative import SpeculativeConfig
 
 GIB = 1024**3
+# What a GPU keeps free of the planned engines (allocator fragmentation): pipeline.fleet.placement.
+RESERVE_FRACTION = 0.05
 RUNTIME_OVERHEAD_BYTES = 2 * GIB
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1}
 

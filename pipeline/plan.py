@@ -19,6 +19,8 @@ from pipeline import adapters, gpus, head_training, presets, resources, trees
 from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
+from pipeline.lora import auto as lora_auto
+from pipeline.lora.auto import AutoDecision
 from pipeline.lora.group import LoraBuild, LoraGroupPlan, check_shared_variant, plan_groups
 from pipeline.lora.rules import speculative_refusal
 from pipeline.memory import MemoryEstimate, estimate_memory
@@ -156,14 +158,20 @@ class Plan:
     repository: StagePlan | None = None
     # LoRA fine-tunes served as adapters of one engine per base (pipeline.lora.group).
     lora_groups: tuple[LoraGroupPlan, ...] = ()
+    # serving.lora auto: the planner's choice per fine-tune of each base (pipeline.lora.auto).
+    lora_decisions: tuple[AutoDecision, ...] = ()
 
     def lora_of(self, variant: VariantPlan) -> dict[str, Any] | None:
-        """How a LoRA fine-tune is served: shared (its group and task id) or merged; None without adapter."""
+        """How a LoRA fine-tune is served: shared (its group and task id) or merged, with the planner's
+        decision when serving.lora was auto; None without adapter."""
+        decided = {c.name: c.to_dict() for d in self.lora_decisions for c in d.choices}
+        decision = {"decision": decided[variant.name]} if variant.name in decided else {}
         for group in self.lora_groups:
             for member in group.members:
                 if member.variant == variant.name:
-                    return {"mode": "shared", "group": group.name, "lora_task_id": member.task_id}
-        return {"mode": "merged"} if variant.stages and any(s.name == "merge" for s in variant.stages) else None
+                    return {"mode": "shared", "group": group.name, "lora_task_id": member.task_id} | decision
+        merged = variant.stages and any(s.name == "merge" for s in variant.stages)
+        return {"mode": "merged"} | decision if merged else None
 
     def to_json(self) -> str:
         variants = []
@@ -177,6 +185,7 @@ class Plan:
             "variants": variants,
             "repository": None if self.repository is None else str(self.repository.output),
             "lora_groups": [group.to_dict() for group in self.lora_groups],
+            "lora_decisions": [decision.to_dict() for decision in self.lora_decisions],
         }
         return json.dumps(body, indent=2)
 
@@ -216,21 +225,55 @@ class _Problems:
         self.notes.append(message)
 
 
-def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
+def _plan_variants(spec: Spec, variants: list[VariantSpec], roots: OutputRoots) -> tuple[list[VariantPlan], list[str]]:
     plans, errors = [], []
-    for variant in spec.variants:
+    for variant in variants:
         problems = _Problems(spec, variant.name)
         plan = _plan_variant(spec, variant, roots, problems)
         errors.extend(problems.errors)
         if plan is not None:
             plans.append(plan)
+    return plans, errors
+
+
+def _decide_lora(
+    spec: Spec, variants: list[VariantSpec], plans: list[VariantPlan]
+) -> tuple[list[AutoDecision], list[VariantSpec]]:
+    """serving.lora auto: the planner's choice per fine-tune (pipeline/lora/auto.py), every auto fine-tune
+    planned as merged first; the variants to plan, the ones it shares set to serving.lora shared."""
+    by_name = {p.name: p for p in plans}
+    decisions = []
+    shared: set[str] = set()
+    for base, tunes in lora_auto.families(variants):
+        if base.name not in by_name or any(t.name not in by_name for t in tunes):
+            continue  # reported: the plan fails anyway
+        family = {base.name, *(t.name for t in tunes)}
+        others = [p for p in plans if p.name not in family and p.name not in shared]
+        decision = lora_auto.decide_family(spec, base, tunes, by_name, others, by_name[base.name].weights_present)
+        decisions.append(decision)
+        shared |= {c.name for c in decision.choices if c.choice == "shared" and c.name in family}
+    serving = {v.name: v.serving.model_copy(update={"lora": "shared"}) for v in variants if v.name in shared}
+    return decisions, [v.model_copy(update={"serving": serving[v.name]}) if v.name in serving else v for v in variants]
+
+
+def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
+    variants = list(spec.variants)
+    plans, errors = _plan_variants(spec, variants, roots)
+    decisions: list[AutoDecision] = []
+    if not errors:
+        decisions, decided = _decide_lora(spec, variants, plans)
+        if decided != variants:
+            variants = decided
+            plans, errors = _plan_variants(spec, variants, roots)
+        reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
+        plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]
     if len(spec.variants) > 1:
         errors.extend(_spec_repository_problems(spec, roots))
     group_problems: dict[str, _Problems] = {}
-    groups = plan_groups(spec, plans, lambda name: group_problems.setdefault(name, _Problems(spec, name)))
+    groups = plan_groups(spec, plans, lambda name: group_problems.setdefault(name, _Problems(spec, name)), variants)
     errors.extend(e for p in group_problems.values() for e in p.errors)
     for group in groups:  # the base variant's engine becomes the group's: the LoRA plugin and the adapters
-        base = next(v for v in spec.variants if v.name == group.base_variant)
+        base = next(v for v in variants if v.name == group.base_variant)
         problems = _Problems(spec, base.name)
         replanned = _plan_variant(spec, base, roots, problems, group)
         errors.extend(problems.errors)
@@ -240,7 +283,8 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
             plans = [_shared_member(p, replanned, members[p.name], roots) if p.name in members else p for p in plans]
     if errors:
         raise InputError("\n".join(errors))
-    return Plan(spec.file, spec.name, tuple(plans), _spec_repository(spec, roots, plans), tuple(groups))
+    repository = _spec_repository(spec, roots, plans)
+    return Plan(spec.file, spec.name, tuple(plans), repository, tuple(groups), tuple(decisions))
 
 
 def _shared_member(member: VariantPlan, engine: VariantPlan, task_id: int, roots: OutputRoots) -> VariantPlan:
@@ -387,7 +431,7 @@ def _plan_variant(
     elif variant.target == "tensorrt" and gpu is None:
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
-    merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems)
+    merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems, weights_present)
     stages = _stages(variant, roots, model_dir, heads_dir, speculative, quant, build, problems, merge, training, lora)
     rehearsal_build = None
     if rehearsal is not None:

@@ -74,6 +74,7 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
 
 def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPath, str], str]) -> list[str]:
     """The merge's checks of each adapter, against the base's headers when its weights are here."""
+    from pipeline.adapters import has_weights
     from pipeline.checkpoint.hf_reader import open_hf_checkpoint
     from pipeline.checkpoint.merge import open_checked_adapter
 
@@ -92,6 +93,8 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
     try:
         for index, folder in enumerate(merge.params["adapters"]):
             where: KeyPath = ("model", "adapter") if isinstance(written, str) else ("model", "adapter", index)
+            if not variant.weights_present and not has_weights(Path(folder)):
+                continue  # planned from a preset and the adapter's config alone: nothing to read yet
             try:
                 open_checked_adapter(Path(folder), base).close()
             except InputError as exc:

@@ -104,6 +104,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         console.print(table)
     for group in plan.lora_groups:
         console.print(group.describe(), highlight=False)
+    print_lora_decisions(plan, console)
     if plan.repository is not None:
         from pipeline.triton.spec_repository import sharing_problem
 
@@ -114,5 +115,25 @@ def print_plan(plan: Plan, console: Console) -> None:
             console.print(
                 "[yellow]the variants cannot share one server[/yellow] (each keeps its own): "
                 + "; ".join(problem.splitlines()),
+                highlight=False,
+            )
+
+
+def print_lora_decisions(plan: Plan, console: Console) -> None:
+    """serving.lora auto: the planner's choice per fine-tune, with its numbers (pipeline/lora/auto.py)."""
+    for decision in plan.lora_decisions:
+        head, *_ = decision.lines()
+        console.print(head, highlight=False, markup=False)
+        table = Table("fine-tune", "choice", "method", "share", "speedup", "GiB per GPU", "why")
+        for c in decision.choices:
+            memory = ", ".join(f"GPU {g} +{gib:.2f}" for g, gib in sorted(c.memory_gib.items())) or "-"
+            share = "-" if c.share != c.share else f"{c.share:.3f}"  # NaN: not weighed (no GPU)
+            speedup = "-" if c.speedup != c.speedup else f"{c.speedup:.2f}x"
+            table.add_row(c.name, c.choice, c.method, share, speedup, memory, escape(c.reason))
+        console.print(table)
+        if any("assumed (published median)" in c.reason for c in decision.choices):
+            console.print(
+                "an assumed acceptance length is the published results' median for the method; "
+                "`specdeploy evaluate SPEC` measures each fine-tune's, and the decision then uses it",
                 highlight=False,
             )

@@ -293,7 +293,16 @@ class ServingSpec(_Strict):
     lora: Literal["shared", "merged", "auto"] = "auto"
     """A LoRA fine-tune (model.adapter): shared serves it as an adapter of its base's one LoRA engine
     (plain decoding: TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode); merged
-    merges it into an engine of its own; auto is merged for now."""
+    merges it into an engine of its own; auto lets the planner choose per fine-tune, the fleet's predicted
+    speedup against every GPU's memory (docs/concepts/fleet.md)."""
+
+
+class TrafficSpec(_Strict):
+    """What a LoRA fine-tune serves of the fleet's traffic (read by serving.lora: auto's decision)."""
+
+    share: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """Its share of the fleet's generated tokens, normalized over the fine-tunes decided together (e.g. 0.3);
+    unset: what the given shares leave, split equally (all equal when none is given); 0: no traffic."""
 
 
 class GpuSpec(_Strict):
@@ -385,6 +394,8 @@ class VariantSpec(_Strict):
     """The Triton model repository and server."""
     target: Literal["tensorrt", "reference"] = "tensorrt"
     """tensorrt: a TensorRT-LLM engine for GPUs; reference: the CPU reference backend."""
+    traffic: TrafficSpec = TrafficSpec()
+    """The variant's share of the fleet's traffic (LoRA fine-tunes with serving.lora: auto)."""
     gpu: GpuSpec | None = None
     """The GPUs planned for (memory and FP8 checks); unchecked when unset."""
     evaluation: EvaluationSpec | None = None

@@ -32,6 +32,7 @@ from pipeline.commands.common import (
 )
 from pipeline.errors import InputError, SpecdeployError
 from pipeline.hashing import HashCache
+from pipeline.report import print_lora_decisions
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
@@ -111,6 +112,7 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
     from pipeline.stages.execute import VariantOutcome, execute_plan
 
     plan = load_plan(args)
+    print_lora_decisions(plan, console)
     only = set(args.variant or ())
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     # method: best: the stages up to evaluate first, then the plan again, so its choice is what is built.
@@ -199,6 +201,7 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
     from pipeline.fleet.ray_runner import exit_code_of
 
     plan = load_plan(args, resolve=True)
+    print_lora_decisions(plan, console)
     only = set(args.variant or ())
     roots = output_roots(args)
     needs_cache = any(variant.builtin for variant in plan.variants)

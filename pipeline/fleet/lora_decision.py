@@ -128,10 +128,15 @@ class VariantChoice:
             "method": self.method,
             "gpus": list(self.gpus),
             "memory_gib": {str(g): round(v, 3) for g, v in sorted(self.memory_gib.items())},
-            "predicted_speedup": round(self.speedup, 4),
-            "traffic_share": round(self.share, 4),
+            "predicted_speedup": _rounded(self.speedup),
+            "traffic_share": _rounded(self.share),
             "reason": self.reason,
         }
+
+
+def _rounded(value: float) -> float | None:
+    """JSON has no NaN: a figure that was not weighed (no GPU) is null."""
+    return None if math.isnan(value) else round(value, 4)
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,8 @@ from dataclasses import dataclass
 
 from pipeline.errors import InputError
 from pipeline.gpus import GpuType
-from pipeline.memory import GIB
+from pipeline.memory import GIB, RESERVE_FRACTION
 from pipeline.plan import Plan, VariantPlan
-
-RESERVE_FRACTION = 0.05
 
 
 @dataclass(frozen=True)

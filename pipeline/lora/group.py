@@ -12,8 +12,8 @@ with the LoRA plugin. ``serving.lora`` decides per variant:
   auto`` resolves to ``none``, an explicit method is refused.
 * ``merged``: the adapter is merged into a copy of the base with an engine of its own (the merge
   stage), which may use any speculative method.
-* ``auto`` (the default): ``merged`` for now; the fleet planner that weighs memory against each
-  fine-tune's speculative speedup is not implemented yet, and the plan says so.
+* ``auto`` (the default): the planner chooses between the two per fine-tune, weighing every GPU's
+  memory against each fine-tune's predicted speedup (:mod:`pipeline.lora.auto`).
 
 Example: a base and two fine-tunes with ``serving.lora: shared`` plan as one group
 ``<base>-lora`` with members ``{"support-ft": 1486427391, "legal-ft": 92314585}`` (task ids).
@@ -34,11 +34,6 @@ from pipeline.geometry import ModelGeometry
 from pipeline.lora.memory import LoraCacheSize, adapter_bytes, cache_size
 from pipeline.lora.rules import HF_TO_TRTLLM, MODULE_IDS, speculative_refusal
 from pipeline.memory import BYTES_PER_ELEMENT
-
-AUTO_NOTE = (
-    "serving.lora auto: merged into an engine of its own for now (the fleet planner's choice between "
-    "the shared LoRA engine and a merged engine is not implemented yet; set serving.lora: shared to share)"
-)
 
 
 class _Problems(Protocol):
@@ -61,7 +56,7 @@ def base_key(variant: Any) -> str:
     speculative method (a shared engine decodes plainly) and the serving settings of its name."""
     data = variant.model_dump(mode="json")
     data["model"].pop("adapter", None)
-    for key in ("name", "speculative", "heads", "evaluation", "release"):
+    for key in ("name", "speculative", "heads", "evaluation", "release", "traffic"):
         data.pop(key, None)
     serving = data.pop("serving")
     data["serving"] = {k: serving[k] for k in ("kv_cache_free_gpu_mem_fraction", "batch_scheduler_policy")}
@@ -156,8 +151,6 @@ def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
     """A ``serving.lora: shared`` variant as it is planned: plain decoding (``auto`` resolves to
     ``none``), one adapter the LoRA plugin can apply. Returns the variant to plan (maybe updated)."""
     if variant.serving.lora != "shared":
-        if variant.serving.lora == "auto" and variant.model.adapters:
-            problems.note(AUTO_NOTE)
         return variant
     if not variant.model.adapters:  # a base: shared set for the whole fleet at the top of the spec
         return variant
@@ -198,11 +191,14 @@ def plan_groups(
     spec: Any,
     plans: list[Any],
     problems_for: Any,
+    variants: list[Any] | None = None,
 ) -> list[LoraGroupPlan]:
-    """The spec's LoRA groups from its planned variants (``plans``: VariantPlan, in spec order).
+    """The spec's LoRA groups from its planned variants (``plans``: VariantPlan, in spec order;
+    ``variants``: the variant specs as planned, serving.lora auto already decided; default the spec's).
 
     ``problems_for(variant_name)`` gives the variant's problem collector (errors at its spec lines)."""
-    by_name = {v.name: v for v in spec.variants}
+    variants = list(spec.variants) if variants is None else variants
+    by_name = {v.name: v for v in variants}
     groups: dict[str, list[Any]] = {}
     for plan in plans:
         variant = by_name[plan.name]
@@ -210,7 +206,7 @@ def plan_groups(
             groups.setdefault(base_key(variant), []).append(plan)
     result = []
     for key, members in groups.items():
-        base = next((v.name for v in spec.variants if not v.model.adapters and base_key(v) == key), None)
+        base = next((v.name for v in variants if not v.model.adapters and base_key(v) == key), None)
         if base is None:
             problems_for(members[0].name).error(
                 ("serving", "lora"),
@@ -233,7 +229,7 @@ def _plan_group(spec: Any, by_name: dict[str, Any], base: str | None, members: l
         variant, problems = by_name[plan.name], problems_for(plan.name)
         folder = spec.resolve_path(variant.model.adapters[0])
         try:
-            config = check_adapter_folder(folder)
+            config = check_adapter_folder(folder, require_weights=plan.weights_present)
         except InputError:
             continue  # plan_merge reported it at model.adapter
         modules = hf_modules(config, arch.num_layers)

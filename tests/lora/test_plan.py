@@ -109,7 +109,8 @@ def test_shared_fine_tunes_form_one_group(tiny, write_spec, tmp_path):
     assert "3 fine-tune(s) on one engine" in group.describe()
 
 
-def test_auto_is_merged_for_now_and_says_so(tiny, write_spec, tmp_path):
+def test_auto_on_the_reference_target_shares_a_fine_tune_without_heads(tiny, write_spec, tmp_path):
+    # no GPU to weigh: a fine-tune that would decode with Lookahead joins the base's LoRA engine
     plan = plan_of(
         write_spec,
         tmp_path,
@@ -119,10 +120,13 @@ def test_auto_is_merged_for_now_and_says_so(tiny, write_spec, tmp_path):
             model: {{adapter: {tiny / "qv4"}}}
 """,
     )
-    assert plan.lora_groups == ()
-    qv = plan.variants[1]
-    assert json.loads(plan.to_json())["variants"][1]["lora"] == {"mode": "merged"}
-    assert any("serving.lora auto: merged" in note and "not implemented yet" in note for note in qv.notes)
+    (group,) = plan.lora_groups
+    assert [m.variant for m in group.members] == ["qv"]
+    lora = json.loads(plan.to_json())["variants"][1]["lora"]
+    assert lora["mode"] == "shared" and lora["decision"]["choice"] == "shared"
+    assert "CPU reference target" in lora["decision"]["reason"]
+    assert lora["decision"]["predicted_speedup"] is None  # not weighed: JSON null, never NaN
+    assert any(note.startswith("serving.lora auto: shared") for note in plan.variants[1].notes)
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa", "lookahead"])

@@ -1,0 +1,262 @@
+"""``serving.lora: auto``: the planner decides, per LoRA fine-tune, the shared LoRA engine or a merged engine.
+
+The decision itself is :func:`pipeline.fleet.lora_decision.decide` (the objective, the solver and
+its proof of optimality are documented there). This module gathers its inputs from the planned
+variants of one base (a "LoRA family": the base variant and the fine-tunes that differ from it only
+by ``model.adapter``), every auto fine-tune first planned as merged:
+
+* **shared option**: the adapter's memory per GPU of the shared engine (:func:`pipeline.lora.memory.
+  adapter_bytes` of its rank and target modules) and its predicted speedup there
+  (:func:`pipeline.costmodel.lora.shared_speedup`: plain decoding plus the LoRA GEMMs and the mixing of
+  ``min(fine-tunes, concurrency)`` adapters in a step);
+* **merged option**: the merged variant's planned method (its ``speculative.method``, ``auto``
+  resolved as for any variant), its predicted speedup at the fleet's concurrency on the spec's GPU
+  (:func:`pipeline.costmodel.predict.predict`) at an acceptance length measured by the variant's
+  rehearsal when one ran, else the median of the published results for that method
+  (:data:`PRIOR_ACCEPTANCE`, said in the reason), and its per-GPU memory estimate;
+* the GPUs: each one's usable memory (less the placement's reserve) less what the spec's other
+  engines need, placed the way :mod:`pipeline.fleet.placement` places them (least loaded first);
+* the concurrency: ``evaluation.batch_sizes[0]`` of the base variant, else :data:`DEFAULT_CONCURRENCY`;
+* the traffic: each fine-tune's ``traffic.share``.
+
+Without a GPU to weigh (``target: reference`` on the CPU, or no ``gpu.type``) there is no memory
+constraint and no GPU speedup to compare: an auto fine-tune whose plan runs Medusa or EAGLE heads
+keeps an engine of its own (the LoRA engine cannot run them), every other one shares its base's
+engine (one copy of the weights), and the reason says why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.adapters import AdapterConfig, check_adapter_folder
+from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.lora import LoraLoad, shared_speedup
+from pipeline.costmodel.predict import predict
+from pipeline.costmodel.profile import DEFAULT_RUNTIME, calibration
+from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.errors import InputError
+from pipeline.fleet.lora_decision import (
+    FineTune,
+    LoraDecision,
+    LoraDecisionError,
+    LoraFleet,
+    MergedOption,
+    SharedEngine,
+    VariantChoice,
+    decide,
+)
+from pipeline.lora.group import base_key, hf_modules
+from pipeline.lora.memory import adapter_bytes
+from pipeline.lora.rules import HF_TO_TRTLLM
+from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
+
+# Median mean acceptance length of the fitted published results per method (bench/published_speedups.csv:
+# EAGLE 27 rows, 3.39-6.62; Medusa 10 rows, 2.31-2.44; Lookahead 12 rows, 1.61-1.69), used for a merged
+# fine-tune whose acceptance no rehearsal has measured. A fine-tune's own acceptance can be far lower
+# (stale heads): `evaluate` measures it, and the decision then uses the measurement.
+PRIOR_ACCEPTANCE = {"none": 1.0, "lookahead": 1.63, "medusa": 2.33, "eagle": 4.05}
+DEFAULT_CONCURRENCY = 1  # evaluation.batch_sizes[0] when the spec has no evaluation section
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """The decision for one LoRA family: the choice per fine-tune, and the solver's result when a GPU
+    was weighed (None on the CPU reference target or without gpu.type)."""
+
+    base: str
+    choices: tuple[VariantChoice, ...]
+    decision: LoraDecision | None
+    rule: str  # how it was decided, one line
+
+    @property
+    def shared(self) -> set[str]:
+        return {c.name for c in self.choices if c.choice == "shared"}
+
+    def to_dict(self) -> dict[str, Any]:
+        body = self.decision.to_dict() if self.decision is not None else {"variants": {}}
+        body["variants"] = {c.name: c.to_dict() for c in self.choices}
+        return {"base": self.base, "rule": self.rule, **body}
+
+    def lines(self) -> list[str]:
+        head = f"LoRA decision for base {self.base}: {self.rule}"
+        if self.decision is not None:
+            d = self.decision
+            head += (
+                f"; fleet speedup {d.fleet_speedup:.2f}x at concurrency {d.concurrency} "
+                f"(all shared {d.all_shared_speedup:.2f}x); GiB used per GPU "
+                + ", ".join(f"{u:.1f}/{f:.1f}" for u, f in zip(d.used_gib, d.free_gib))
+            )
+        return [head] + [f"  {c.name}: {c.reason}" for c in self.choices]
+
+
+def families(variants: Sequence[Any]) -> list[tuple[Any, list[Any]]]:
+    """(base variant, its LoRA fine-tunes) for every base with at least one ``serving.lora: auto`` fine-tune."""
+    out = []
+    for base in (v for v in variants if not v.model.adapters):
+        key = base_key(base)
+        tunes = [v for v in variants if len(v.model.adapters) == 1 and base_key(v) == key]
+        if any(v.serving.lora == "auto" for v in tunes):
+            out.append((base, tunes))
+    return out
+
+
+def decide_family(
+    spec: Any, base: Any, tunes: list[Any], plans: dict[str, Any], others: Sequence[Any], weights_present: bool
+) -> AutoDecision:
+    """The choice for each fine-tune of ``base`` (``plans``: every variant planned, auto ones as merged;
+    ``others``: the planned variants outside this family, whose engines take GPU memory first).
+    InputError (one line) when even the leanest choice does not fit."""
+    base_plan = plans[base.name]
+    gpu = base_plan.gpu
+    if base_plan.target == "reference" or gpu is None:
+        where = "the CPU reference target" if base_plan.target == "reference" else "no gpu.type"
+        rule = f"{where}: no GPU memory or GPU speedup to weigh; auto fine-tunes without heads share the base's engine"
+        choices = [_fixed(t, plans, where) for t in tunes]
+        return AutoDecision(base.name, tuple(choices), None, rule)
+    concurrency = base.evaluation.batch_sizes[0] if base.evaluation else DEFAULT_CONCURRENCY
+    arch, tp = base_plan.arch, base_plan.tp
+    dtype_bytes = BYTES_PER_ELEMENT[base.model.dtype]
+    deployment = _deployment(base_plan)
+    loads = {t.name: _load(spec, t, arch.num_layers, weights_present) for t in tunes}
+    mixed = min(sum(1 for t in tunes if t.serving.lora != "merged"), concurrency) or 1
+    fine_tunes, notes = [], {}
+    for t in tunes:
+        load = loads[t.name]
+        modules = [HF_TO_TRTLLM[m] for m in load.modules]
+        merged = None
+        if t.serving.lora != "shared":
+            merged, notes[t.name] = _merged(plans[t.name], concurrency)
+        fine_tunes.append(
+            FineTune(
+                t.name,
+                adapter_bytes(arch, load.rank, modules, dtype_bytes, tp) / GIB,
+                shared_speedup(deployment, LoraLoad(load.rank, load.modules, mixed), concurrency),
+                merged,
+                t.traffic.share,
+                t.serving.lora,
+            )
+        )
+    count = base_plan.gpu_count or 1
+    usable = gpu.memory_gib * (1 - RESERVE_FRACTION)
+    free = _free_after(others, count, usable)
+    shared = SharedEngine(tuple(range(base_plan.world_size)), base_plan.memory.total_gib, required=True)
+    try:
+        decision = decide(LoraFleet(fine_tunes, shared, tuple(free), concurrency))
+    except LoraDecisionError as exc:
+        raise InputError(f"{spec.file}: LoRA fine-tunes of base {base.name}: {exc}") from None
+    rule = (
+        f"maximize the fleet's predicted speedup 1 / sum(share / speedup) on {count} x {gpu.name} "
+        f"({DEFAULT_RUNTIME} profile)"
+    )
+    noted = tuple(replace(c, reason=f"{c.reason}; {notes[c.name]}") if c.name in notes else c for c in decision.choices)
+    return AutoDecision(base.name, noted, decision, rule)
+
+
+def _fixed(t: Any, plans: dict[str, Any], where: str) -> VariantChoice:
+    if t.serving.lora == "merged":
+        choice, reason = "merged", "merged (serving.lora: merged)"
+    elif t.serving.lora == "shared":
+        choice, reason = "shared", "shared (serving.lora: shared)"
+    elif plans[t.name].speculative.method in ("medusa", "eagle"):
+        method = plans[t.name].speculative.method
+        choice, reason = "merged", f"merged: {where}, and its {method} heads need an engine of their own"
+    else:
+        choice, reason = "shared", f"shared: {where}, one copy of the weights serves every fine-tune"
+    method = "lora" if choice == "shared" else plans[t.name].speculative.method
+    return VariantChoice(t.name, choice, method, (), {}, math.nan, math.nan, reason)  # type: ignore[arg-type]
+
+
+def _deployment(plan: Any) -> Deployment:
+    return Deployment(
+        plan.arch,
+        gpu_perf(plan.gpu.name),
+        "fp8" if plan.quant.weights_fp8 else "bfloat16",
+        "fp8" if plan.quant.kv_cache_fp8 else "bfloat16",
+        plan.tp,
+        plan.pp,
+        profile=calibration(DEFAULT_RUNTIME).profile,
+    )
+
+
+@dataclass(frozen=True)
+class _Load:
+    rank: int
+    modules: tuple[str, ...]  # PEFT's projection names
+
+
+def _load(spec: Any, variant: Any, num_layers: int, weights_present: bool) -> _Load:
+    config: AdapterConfig = check_adapter_folder(
+        spec.resolve_path(variant.model.adapters[0]), require_weights=weights_present
+    )
+    order = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    modules = tuple(m for m in order if m in hf_modules(config, num_layers))
+    return _Load(max([config.r, *config.rank_pattern.values()]), modules)
+
+
+def _drafting(speculative: Any) -> Drafting:
+    if speculative.method == "medusa" and speculative.medusa is not None:
+        return Drafting.medusa(speculative.medusa.tree, speculative.medusa.num_heads)
+    if speculative.method == "eagle" and speculative.eagle is not None:
+        e = speculative.eagle
+        if e.dynamic_tree or e.tree is None:
+            return Drafting.eagle_dynamic(e.dynamic_tree_max_top_k, e.num_eagle_layers, e.max_draft_len)
+        return Drafting.eagle(e.tree)
+    if speculative.method == "lookahead" and speculative.lookahead is not None:
+        return Drafting.lookahead(speculative.lookahead)
+    return Drafting.plain()
+
+
+def _measured_acceptance(plan: Any) -> float | None:
+    """The chosen candidate's mean acceptance length from the variant's rehearsal, when one ran."""
+    stage = next((s for s in plan.stages if s.name == "evaluate"), None)
+    if stage is None:
+        return None
+    try:
+        report = json.loads((Path(stage.output) / "evaluation.json").read_text())
+    except (OSError, ValueError):
+        return None
+    method, chosen = plan.speculative.method, (report.get("choice") or {}).get("candidate")
+    records = [r for r in report.get("candidates", []) if isinstance(r, dict) and r.get("method") == method]
+    records.sort(key=lambda r: r.get("name") != chosen)  # the rehearsal's choice first
+    values = [r.get("mean_acceptance_length") for r in records]
+    found = [float(v) for v in values if isinstance(v, (int, float)) and v >= 1]
+    return found[0] if found else None
+
+
+def _merged(plan: Any, concurrency: int) -> tuple[MergedOption, str]:
+    method = plan.speculative.method
+    drafting = _drafting(plan.speculative)
+    measured = _measured_acceptance(plan)
+    acceptance = measured if measured is not None else PRIOR_ACCEPTANCE.get(method, 1.0)
+    acceptance = min(max(acceptance, 1.0), drafting.rows)
+    speedup = predict(_deployment(plan), drafting, acceptance, [concurrency])[0].speedup
+    if method == "none":
+        note = "merged decodes plainly (no heads, no Lookahead)"
+    elif measured is not None:
+        note = f"{method} acceptance length {acceptance:.2f}, measured by its rehearsal"
+    else:
+        note = f"{method} acceptance length {acceptance:.2f} assumed (published median)"
+    return MergedOption(method, speedup, plan.memory.total_gib, plan.world_size), note
+
+
+def _free_after(others: Sequence[Any], count: int, usable: float) -> list[float]:
+    """Each GPU's memory left after the other engines, placed as the fleet placement places them: the
+    spec's device ids first, then the largest engines on the least loaded GPUs."""
+    load = [0.0] * count
+    engines = [p for p in others if p.target == "tensorrt"]
+    for p in engines:
+        ids = p.serving.gpu_device_ids
+        if ids is not None:
+            for index in ids:
+                if 0 <= index < count:
+                    load[index] += p.memory.total_gib
+    for p in sorted((p for p in engines if p.serving.gpu_device_ids is None), key=lambda p: -p.memory.total_gib):
+        for index in sorted(sorted(range(count), key=lambda i: (load[i], i))[: p.world_size]):
+            load[index] += p.memory.total_gib
+    return [max(usable - used, 0.0) for used in load]

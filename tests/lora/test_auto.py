@@ -1,0 +1,135 @@
+"""serving.lora auto on GPUs: the planner's choice per fine-tune (pipeline/lora/auto.py) on small fleets
+whose optimum is known, the shipped Llama-3.1-8B fleet of 24 adapters, and what the plan and manifest say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import InputError
+from pipeline.hashing import HashCache
+from pipeline.manifest import write_manifest
+from pipeline.plan import OutputRoots, make_plan
+from pipeline.spec import load_spec
+from tests.lora.helpers import make_adapter
+from tests.runtime.fixtures import make_hf_model
+
+peft = pytest.importorskip("peft")
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("lora-auto")
+    model = LlamaForCausalLM.from_pretrained(make_hf_model(root / "hf")).eval()
+    make_adapter(model, root / "qv4", 1, r=4, target_modules=["q_proj", "v_proj"])
+    return root
+
+
+def gpu_plan(write_spec, tmp_path, root, variants: str):
+    spec = write_spec(
+        f"""
+        name: fleet
+        model: {{path: {root / "hf"}, dtype: bfloat16}}
+        build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+        target: tensorrt
+        gpu: {{type: l40s, count: 1}}
+        variants:
+          - name: base
+        """
+        + variants
+    )
+    return make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
+
+
+def decision_of(plan, name: str) -> dict:
+    return json.loads(plan.to_json())["lora_decisions"][0]["variants"][name]
+
+
+def test_a_fine_tune_whose_merged_engine_is_faster_and_fits_is_merged(tiny, write_spec, tmp_path):
+    # a tiny model on an L40S: a merged engine with Lookahead costs MiB, and beats the shared engine's <= 1x
+    plan = gpu_plan(write_spec, tmp_path, tiny, f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n")
+    assert plan.lora_groups == ()
+    chosen = decision_of(plan, "qv")
+    assert chosen["choice"] == "merged" and chosen["method"] == "lookahead"
+    assert chosen["predicted_speedup"] > 1.0 and chosen["reason"].startswith("merged: lookahead")
+    assert "acceptance length 1.63 assumed (published median)" in chosen["reason"]
+    assert [s.name for s in next(v for v in plan.variants if v.name == "qv").stages][0] == "merge"
+
+
+def test_a_fine_tune_without_traffic_shares_the_engine(tiny, write_spec, tmp_path):
+    adapter = tiny / "qv4"
+    plan = gpu_plan(
+        write_spec,
+        tmp_path,
+        tiny,
+        f"""
+          - name: busy
+            model: {{adapter: {adapter}}}
+          - name: idle
+            model: {{adapter: {adapter}}}
+            traffic: {{share: 0}}
+""",
+    )
+    assert decision_of(plan, "busy")["choice"] == "merged"
+    idle = decision_of(plan, "idle")
+    assert idle["choice"] == "shared" and "traffic share 0" in idle["reason"] and idle["traffic_share"] == 0
+    (group,) = plan.lora_groups
+    assert [m.variant for m in group.members] == ["idle"]
+
+
+def test_fixed_choices_are_kept_and_weighed(tiny, write_spec, tmp_path):
+    adapter = tiny / "qv4"
+    plan = gpu_plan(
+        write_spec,
+        tmp_path,
+        tiny,
+        f"""
+          - name: pinned
+            model: {{adapter: {adapter}}}
+            serving: {{lora: shared}}
+          - name: free
+            model: {{adapter: {adapter}}}
+""",
+    )
+    assert decision_of(plan, "pinned")["reason"] == "shared (serving.lora: shared): " + (
+        f"{decision_of(plan, 'pinned')['predicted_speedup']:.2f}x"
+    )
+    assert decision_of(plan, "free")["choice"] == "merged"
+
+
+@pytest.mark.parametrize("share, message", [(-0.1, "must be >= 0.0 (got -0.1)"), ("lots", "lots")])
+def test_traffic_share_is_checked_at_its_line(tiny, write_spec, tmp_path, share, message):
+    with pytest.raises(InputError) as err:
+        gpu_plan(
+            write_spec,
+            tmp_path,
+            tiny,
+            f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n            traffic: {{share: {share}}}\n",
+        )
+    assert "spec.yaml:11:15 variants[1].traffic.share" in str(err.value) and message in str(err.value)
+
+
+def test_the_llama8b_fleet_of_24_adapters_fits_two_l40s_and_says_why(tmp_path):
+    spec = load_spec(SPECS / "llama8b-lora-fleet.yaml")
+    plan = make_plan(spec, OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
+    (decision,) = plan.lora_decisions
+    assert len(decision.choices) == 24 and all(c.reason for c in decision.choices)
+    merged = [c.name for c in decision.choices if c.choice == "merged"]
+    # the heaviest traffic (support, 0.2) earns the one merged engine the second L40S holds; the rest share
+    assert merged == ["support"]
+    assert all(used <= free + 1e-9 for used, free in zip(decision.decision.used_gib, decision.decision.free_gib))
+    (group,) = plan.lora_groups
+    assert len(group.members) == 23
+    from pipeline.triton.spec_repository import sharing_problem
+
+    assert sharing_problem(plan) is None  # one server holds the base, 23 adapters and the merged engine
+    # the manifest records the decision with its objective
+    manifest = write_manifest(plan, tmp_path / "engines", {}, HashCache(None))
+    recorded = json.loads(manifest.read_text())["lora_decisions"][0]
+    assert recorded["objective"].startswith("maximize 1 / sum_i(share_i / speedup_i)")
+    assert recorded["variants"]["support"]["choice"] == "merged"
