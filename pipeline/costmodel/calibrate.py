@@ -140,7 +140,13 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
             continue
         s = r.served
         deployment = Deployment(
-            ModelGeometry(**s["arch"]), gpu_perf(gpu), s["dtype"], s["kv_dtype"], s["tp"], s["pp"], context_len
+            ModelGeometry(**s["arch"]),
+            gpu_perf(gpu),
+            served.priced_dtype(s["dtype"]),
+            served.priced_dtype(s["kv_dtype"]),
+            s["tp"],
+            s["pp"],
+            context_len,
         )
         charged = drafting(r, gpu)
         found.append(

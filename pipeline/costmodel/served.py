@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import trees
-from pipeline.costmodel.step import Drafting
+from pipeline.costmodel.step import Drafting, Dtype
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig, engine_mode_method
@@ -79,8 +79,9 @@ def describe(repository: Path) -> dict[str, Any]:
         "method": method,
         "settings": settings,
         "arch": arch.to_dict(),
-        "dtype": "fp8" if quant.get("quant_algo") == "FP8" else "bfloat16",
-        "kv_dtype": "fp8" if quant.get("kv_cache_quant_algo") == "FP8" else "bfloat16",
+        # what the engine holds (float32 for the CPU reference engines), not what the cost model prices
+        "dtype": "fp8" if quant.get("quant_algo") == "FP8" else str(pc.get("dtype") or "bfloat16"),
+        "kv_dtype": "fp8" if quant.get("kv_cache_quant_algo") == "FP8" else str(pc.get("dtype") or "bfloat16"),
         "tp": int(mapping.get("tp_size") or 1),
         "pp": int(mapping.get("pp_size") or 1),
     }
@@ -103,3 +104,9 @@ def drafting(served: dict[str, Any]) -> Drafting:
     if method == "eagle":
         return Drafting.eagle(tuple(tuple(n) for n in settings["eagle_choices"]))
     raise ValueError(f"the cost model has no method {method!r}")
+
+
+def priced_dtype(recorded: str) -> Dtype:
+    """The dtype the cost model prices a recorded engine dtype at: FP8, or 16-bit for the rest (the GPU
+    roofline knows no float32 engine; the CPU profile reads no dtype)."""
+    return "fp8" if recorded == "fp8" else "bfloat16"

@@ -133,6 +133,7 @@ def test_bench_records_what_a_repository_serves(tmp_path):
         "num_attention_heads": arch.num_heads,
         "num_key_value_heads": arch.num_kv_heads,
         "intermediate_size": arch.intermediate_size,
+        "dtype": "float32",  # a reference engine: recorded as it is, priced as 16-bit
     }
     (engine / "config.json").write_text(json.dumps(config))
     stage = variant.stage("package")
@@ -140,7 +141,8 @@ def test_bench_records_what_a_repository_serves(tmp_path):
     package.run(variant, stage, stage.output)
     found = served.describe(stage.output)
     assert found["method"] == "lookahead" and found["settings"]["lookahead"] == [3, 2, 2]
-    assert found["arch"]["num_layers"] == arch.num_layers and found["tp"] == 1 and found["dtype"] == "bfloat16"
+    assert found["arch"]["num_layers"] == arch.num_layers and found["tp"] == 1
+    assert found["dtype"] == found["kv_dtype"] == "float32" and served.priced_dtype(found["dtype"]) == "bfloat16"
     assert served.drafting(found).rows == 1 + variant.build.max_draft_len
     with pytest.raises(Exception, match="expected one tensorrt_llm model"):
         served.describe(tmp_path)

@@ -52,7 +52,9 @@ def decision_of(plan, name: str) -> dict:
 
 def test_a_fine_tune_whose_merged_engine_is_faster_and_fits_is_merged(tiny, write_spec, tmp_path):
     # a tiny model on an L40S: a merged engine with Lookahead costs MiB, and beats the shared engine's <= 1x
-    plan = gpu_plan(write_spec, tmp_path, tiny, f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n")
+    plan = gpu_plan(
+        write_spec, tmp_path, tiny, f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n"
+    )
     assert plan.lora_groups == ()
     chosen = decision_of(plan, "qv")
     assert chosen["choice"] == "merged" and chosen["method"] == "lookahead"
@@ -109,7 +111,8 @@ def test_traffic_share_is_checked_at_its_line(tiny, write_spec, tmp_path, share,
             write_spec,
             tmp_path,
             tiny,
-            f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n            traffic: {{share: {share}}}\n",
+            f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n"
+            f"            traffic: {{share: {share}}}\n",
         )
     assert "spec.yaml:11:15 variants[1].traffic.share" in str(err.value) and message in str(err.value)
 
