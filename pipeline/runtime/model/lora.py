@@ -221,39 +221,44 @@ def prefetch(
 
 
 class LoraStep:
-    """One step's per-row adapter gather: ``delta(layer, module, x)`` is every row's LoRA update.
+    """One step's LoRA updates, grouped by adapter: ``delta(layer, module, x)`` is every row's update.
 
-    ``adapters[i]`` is item i's adapter (None: the base), ``spans[i]`` its rows [a, b).
+    ``adapters[i]`` is item i's adapter (None: the base), ``spans[i]`` its rows [a, b). The rows are
+    grouped once per step by adapter, as Punica's SGMV kernel segments them (Chen et al., arXiv
+    2310.18547, section 4): per module, each distinct adapter's rows go through its own two thin GEMMs
+    ``(x_rows @ A^T) @ B^T`` and land in their rows of the update; the base's rows stay zero. Nothing
+    is copied per row (a per-row gather of A and B, BGMV's shape, costs an [rows, out, r] copy per
+    module and made a batch-8 step with one adapter 1.34x the base step).
     """
 
     def __init__(self, adapters: Sequence[LoraWeights | None], spans: Sequence[tuple[int, int]]):
+        rows_of: dict[int, list[tuple[int, int]]] = {}
         distinct: dict[int, LoraWeights] = {}
-        for adapter in adapters:
+        for adapter, span in zip(adapters, spans):
             if adapter is not None:
                 distinct.setdefault(adapter.task_id, adapter)
-        self.adapters = list(distinct.values())  # slot s + 1 is adapters[s]; slot 0 is "no adapter"
-        slot_of = {adapter.task_id: s + 1 for s, adapter in enumerate(self.adapters)}
-        rows = spans[-1][1] if spans else 0
-        slots = torch.zeros(rows, dtype=torch.long)
-        for adapter, (a, b) in zip(adapters, spans):
-            if adapter is not None:
-                slots[a:b] = slot_of[adapter.task_id]
-        self.slots = slots  # [T]
-        self.rank = max((adapter.max_rank for adapter in self.adapters), default=0)
+                rows_of.setdefault(adapter.task_id, []).append(span)
+        self.adapters = list(distinct.values())
+        # per distinct adapter: its rows, a slice when they are one run (the usual case) else an index
+        self.rows: list[slice | torch.Tensor] = [_rows(rows_of[a.task_id]) for a in self.adapters]
 
     def delta(self, layer: int, module_id: int, x: torch.Tensor, n_out: int) -> torch.Tensor | None:
         """[T, n_out] update for the rows' adapters (zero rows for the base), or None when no adapter of
         the step has this (layer, module). ``x`` [T, in]."""
-        found = [adapter.modules.get((layer, module_id)) for adapter in self.adapters]
-        if not any(f is not None for f in found):
+        found = [(rows, a.modules.get((layer, module_id))) for rows, a in zip(self.rows, self.adapters)]
+        if all(pair is None for _, pair in found):
             return None
-        r, n_in = self.rank, x.shape[1]
-        a_stack = x.new_zeros(len(found) + 1, r, n_in)  # [slots, r, in]
-        b_stack = x.new_zeros(len(found) + 1, n_out, r)  # [slots, out, r]
-        for s, pair in enumerate(found, start=1):
+        out = x.new_zeros(x.shape[0], n_out)  # [T, out]
+        for rows, pair in found:
             if pair is not None:
-                a, b = pair
-                a_stack[s, : a.shape[0]] = a
-                b_stack[s, :, : b.shape[1]] = b
-        low = torch.bmm(a_stack[self.slots], x[:, :, None])  # [T, r, 1]: each row through its own A
-        return torch.bmm(b_stack[self.slots], low)[:, :, 0]  # [T, out]
+                a, b = pair  # A [r, in], B [out, r] (scale folded in)
+                out[rows] = (x[rows] @ a.T) @ b.T  # [t, in] -> [t, r] -> [t, out]
+        return out
+
+
+def _rows(spans: list[tuple[int, int]]) -> slice | torch.Tensor:
+    """One adapter's rows: a slice when its spans are one contiguous run, else their indices."""
+    spans = sorted(spans)
+    if all(b == c for (_, b), (c, _) in zip(spans, spans[1:])):
+        return slice(spans[0][0], spans[-1][1])
+    return torch.cat([torch.arange(a, b) for a, b in spans])
