@@ -7,6 +7,10 @@ Latency definitions (per token, because a speculative step delivers several toke
   response evenly over the tokens it carries, so a step accepting 3 tokens after 30 ms counts
   as three 10 ms tokens;
 * tokens/s: all output tokens / wall time from the first send to the last answer.
+
+Several models (``models``: e.g. every fine-tune of a LoRA fleet by its own name) share the load:
+request i goes to ``models[i % len(models)]``, so each gets the same number of requests, and the
+summary has their figures apart (``per_model``) beside the total.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ class RequestRecord:
     total: float | None = None
     steps: list[tuple[float, int]] = field(default_factory=list)  # (seconds since send, tokens)
     perf: dict[str, float] = field(default_factory=dict)
+    model: str = ""  # the model name it was sent to
 
 
 @dataclass
@@ -73,7 +79,7 @@ def load_prompts(path: Path) -> list[str]:
 
 def run_load(
     url: str,
-    model: str,
+    models: str | Sequence[str],
     prompts: list[str],
     *,
     concurrency: int,
@@ -81,25 +87,33 @@ def run_load(
     make_request: Callable[[str], GenerationRequest],
     time_limit: float = 600.0,
 ) -> LoadRun:
-    """``requests`` requests over ``concurrency`` clients, prompts taken round-robin; stops at the time limit."""
+    """``requests`` requests over ``concurrency`` clients, prompts and ``models`` taken round-robin; stops at
+    the time limit."""
     if concurrency < 1 or requests < 1:
         raise InputError("--concurrency and --requests must be >= 1")
+    names = [models] if isinstance(models, str) else list(models)
+    if not names or any(not name for name in names):
+        raise InputError("give at least one model name (--model NAME, or --models A,B,C)")
     records: list[RequestRecord] = []
     lock = threading.Lock()
     start = time.perf_counter()
     deadline = time.monotonic() + time_limit
 
     def worker() -> None:
-        with TritonClient(url, model) as client:
+        with ExitStack() as stack:
+            clients: dict[str, TritonClient] = {}  # one stream per model this worker has asked
             while True:
                 with lock:
                     if len(records) >= requests or time.monotonic() >= deadline:
                         return
-                    record = RequestRecord(len(records), time.perf_counter() - start)
+                    index = len(records)
+                    record = RequestRecord(index, time.perf_counter() - start, model=names[index % len(names)])
                     records.append(record)
-                request = make_request(prompts[record.index % len(prompts)])
+                if record.model not in clients:
+                    clients[record.model] = stack.enter_context(TritonClient(url, record.model))
+                request = make_request(prompts[(record.index // len(names)) % len(prompts)])
                 try:
-                    result = client.generate(request, timeout=max(1.0, deadline - time.monotonic()))
+                    result = clients[record.model].generate(request, timeout=max(1.0, deadline - time.monotonic()))
                 except ClientError as exc:
                     record.error = str(exc)
                     continue
@@ -136,7 +150,17 @@ def inter_token_latencies(record: RequestRecord) -> list[float]:
 
 
 def summarize(run: LoadRun) -> dict[str, Any]:
-    done = [r for r in run.records if r.ok]
+    """The run's figures; with several models, also ``per_model``: each one's requests, tokens, tokens/s
+    (its tokens over the run's wall time: the models' figures add up to the total) and latencies."""
+    body = _figures(run, run.records)
+    models = sorted({r.model for r in run.records})
+    if len(models) > 1:
+        body["per_model"] = {m: _figures(run, [r for r in run.records if r.model == m]) for m in models}
+    return body
+
+
+def _figures(run: LoadRun, records: list[RequestRecord]) -> dict[str, Any]:
+    done = [r for r in records if r.ok]
     tokens = sum(r.tokens for r in done)
     accepted = sum(r.perf.get("total_accepted_draft_tokens", 0) for r in done)
     drafted = sum(r.perf.get("total_draft_tokens", 0) for r in done)
@@ -144,10 +168,10 @@ def summarize(run: LoadRun) -> dict[str, Any]:
     has_perf = any("total_draft_tokens" in r.perf for r in done)
     return {
         "concurrency": run.concurrency,
-        "requests": len(run.records),
+        "requests": len(records),
         "completed": len(done),
-        "failed": len(run.records) - len(done),
-        "errors": [r.error for r in run.records if r.error][:MAX_ERRORS_KEPT],
+        "failed": len(records) - len(done),
+        "errors": [r.error for r in records if r.error][:MAX_ERRORS_KEPT],
         "wall_seconds": run.wall_seconds,
         "output_tokens": tokens,
         "tokens_per_second": tokens / run.wall_seconds if run.wall_seconds > 0 else 0.0,

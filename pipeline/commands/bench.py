@@ -61,9 +61,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
         served = describe(Path(args.repository))  # before the load: a wrong folder fails at once
     prompts = load_prompts(Path(args.prompts))
+    models = [m.strip() for m in args.models.split(",")] if args.models else [args.model]
     run = run_load(
         args.url,
-        args.model,
+        models,
         prompts,
         concurrency=args.concurrency,
         requests=args.requests,
@@ -76,10 +77,23 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         run,
         summary,
         out,
-        extra={"url": args.url, "model": args.model, "max_tokens": args.max_tokens, "prompts": str(args.prompts)}
+        extra={"url": args.url, "model": ",".join(models), "models": models}
+        | {"max_tokens": args.max_tokens, "prompts": str(args.prompts)}
         | ({"server": served} if served else {}),
     )
     print_summary(summary, console)
+    if "per_model" in summary:
+        table = Table("model", "completed", "tokens", "tokens/s", "TTFT p50 ms", "ITL p50 ms")
+        for name, figures in summary["per_model"].items():
+            table.add_row(
+                name,
+                f"{figures['completed']}/{figures['requests']}",
+                str(figures["output_tokens"]),
+                f"{figures['tokens_per_second']:.1f}",
+                _ms(figures["ttft_ms"]["p50"]),
+                _ms(figures["itl_ms"]["p50"]),
+            )
+        console.print(table)
     console.print(f"wrote {path} and {path.with_suffix('.png')}", highlight=False)
     if args.json:  # what bench.json holds
         print_json(json.loads(path.read_text()))
@@ -100,9 +114,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--repository", help="the Triton model repository the server loaded: recorded for `specdeploy calibrate`"
     )
     add_sampling_arguments(bench)
+    bench.add_argument(
+        "--models",
+        metavar="A,B,C",
+        help="spread the requests round-robin over these model names (e.g. every fine-tune of a LoRA fleet "
+        "on a whole-spec server) instead of --model; the summary also gives each model's figures",
+    )
     add_json_flag(
         bench,
         'what bench.json holds: {"concurrency", "requests", "completed", "failed", "tokens_per_second", '
-        '"ttft_ms": {"p50", "p90", "p99", "mean"}, "itl_ms", "latency_ms", "acceptance", "errors", ...}',
+        '"ttft_ms": {"p50", "p90", "p99", "mean"}, "itl_ms", "latency_ms", "acceptance", "errors", "models", '
+        '"per_model" (with --models), ...}',
     )
     bench.set_defaults(handler=cmd_bench, max_tokens=64)

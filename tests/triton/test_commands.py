@@ -165,6 +165,22 @@ def test_summary_spreads_a_multi_token_step_over_its_tokens():
     assert np.isfinite(summary["latency_ms"]["mean"])
 
 
+def test_summary_of_several_models_adds_up_per_model():
+    # two fine-tunes, round-robin: code got 3 + 5 tokens, json 4 tokens and one failure, in 2 s
+    records = [
+        RequestRecord(0, 0.0, ok=True, tokens=3, ttft=0.1, total=0.3, model="code"),
+        RequestRecord(1, 0.0, ok=True, tokens=4, ttft=0.2, total=0.4, model="json"),
+        RequestRecord(2, 0.5, ok=True, tokens=5, ttft=0.1, total=0.5, model="code"),
+        RequestRecord(3, 0.5, error="boom", model="json"),
+    ]
+    summary = summarize(LoadRun(2, 2.0, records))
+    assert summary["output_tokens"] == 12 and summary["tokens_per_second"] == 6.0
+    code, json_ = summary["per_model"]["code"], summary["per_model"]["json"]
+    assert (code["completed"], code["output_tokens"], code["tokens_per_second"]) == (2, 8, 4.0)
+    assert (json_["completed"], json_["failed"], json_["tokens_per_second"], json_["errors"]) == (1, 1, 2.0, ["boom"])
+    assert "per_model" not in summarize(LoadRun(1, 1.0, records[:1]))  # one model: the total alone
+
+
 def test_packaged_chat_template_renders_like_the_tokenizer(tmp_path):
     """The template the package stage stores in preprocessing's config renders what HF renders,
     less a BOS that preprocessing adds itself."""

@@ -163,3 +163,12 @@ def test_query_and_bench_address_one_variant(server, cli, tmp_path):
     rc, _, _ = cli(*argv, "--requests", "2", "--concurrency", "2", "--max-tokens", "6", "--out", str(tmp_path / "b"))
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert rc == 0 and report["model"] == "json" and report["completed"] == 2
+    # a mix over two variants by name: requests alternate, each variant's figures apart
+    mix = [*argv[:-2], "--models", "json,base-medusa", "--requests", "4", "--concurrency", "2", "--max-tokens", "6"]
+    rc, out, _ = cli(*mix, "--out", str(tmp_path / "m"))
+    report = json.loads((tmp_path / "m" / "bench.json").read_text())
+    assert rc == 0 and report["models"] == ["json", "base-medusa"] and report["completed"] == 4, out
+    per_model = report["per_model"]
+    assert {m: per_model[m]["completed"] for m in per_model} == {"json": 2, "base-medusa": 2}
+    assert sum(per_model[m]["output_tokens"] for m in per_model) == report["output_tokens"]
+    assert sorted({r["model"] for r in report["records"]}) == ["base-medusa", "json"]
