@@ -126,7 +126,7 @@ def bench_variant(variant: VariantPlan, concurrencies: list[int], args: argparse
             code = cli(
                 ["bench", "--url", server.grpc_url, "--model", variant.serving.model_name, "--prompts", str(prompts),
                  "--concurrency", str(c), "--requests", str(max(args.requests, 2 * c)), "--max-tokens",
-                 str(args.max_tokens), "--repository", str(repo), "--out", str(out)]
+                 str(args.max_tokens), "--ignore-eos", "--repository", str(repo), "--out", str(out)]
             )  # fmt: skip
             if code:
                 raise SystemExit(f"bench {variant.name} at concurrency {c} failed ({code})")

@@ -115,6 +115,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_sampling_arguments(bench)
     bench.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="decode every request to --max-tokens (end_id -1, which no token matches), so the concurrency "
+        "holds for the whole run",
+    )
+    bench.add_argument(
         "--models",
         metavar="A,B,C",
         help="spread the requests round-robin over these model names (e.g. every fine-tune of a LoRA fleet "

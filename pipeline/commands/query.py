@@ -39,6 +39,8 @@ def request_from_args(args: argparse.Namespace, prompt: str, *, perf: bool) -> G
         seed=args.seed,
         stop_words=tuple(args.stop or ()),
         return_perf_metrics=perf,
+        # bench --ignore-eos: end_id -1, which no token matches, so every request decodes max_tokens
+        end_id=-1 if getattr(args, "ignore_eos", False) else None,
     )
 
 

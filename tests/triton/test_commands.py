@@ -165,6 +165,17 @@ def test_summary_spreads_a_multi_token_step_over_its_tokens():
     assert np.isfinite(summary["latency_ms"]["mean"])
 
 
+def test_bench_ignore_eos_sends_an_end_id_no_token_matches():
+    import argparse
+
+    from pipeline.commands.query import request_from_args
+
+    args = argparse.Namespace(max_tokens=8, temperature=None, top_k=None, top_p=None, seed=None, stop=None)
+    assert request_from_args(args, "hi", perf=True).end_id is None  # the tokenizer's EOS, as preprocessing sets it
+    args.ignore_eos = True
+    assert request_from_args(args, "hi", perf=True).end_id == -1
+
+
 def test_summary_of_several_models_adds_up_per_model():
     # two fine-tunes, round-robin: code got 3 + 5 tokens, json 4 tokens and one failure, in 2 s
     records = [

@@ -165,6 +165,7 @@ def test_query_and_bench_address_one_variant(server, cli, tmp_path):
     assert rc == 0 and report["model"] == "json" and report["completed"] == 2
     # a mix over two variants by name: requests alternate, each variant's figures apart
     mix = [*argv[:-2], "--models", "json,base-medusa", "--requests", "4", "--concurrency", "2", "--max-tokens", "6"]
+    mix.append("--ignore-eos")  # every request decodes its 6 tokens
     rc, out, _ = cli(*mix, "--out", str(tmp_path / "m"))
     report = json.loads((tmp_path / "m" / "bench.json").read_text())
     assert rc == 0 and report["models"] == ["json", "base-medusa"] and report["completed"] == 4, out
@@ -172,3 +173,4 @@ def test_query_and_bench_address_one_variant(server, cli, tmp_path):
     assert {m: per_model[m]["completed"] for m in per_model} == {"json": 2, "base-medusa": 2}
     assert sum(per_model[m]["output_tokens"] for m in per_model) == report["output_tokens"]
     assert sorted({r["model"] for r in report["records"]}) == ["base-medusa", "json"]
+    assert [r["tokens"] for r in report["records"]] == [6, 6, 6, 6]
