@@ -1,0 +1,180 @@
+"""A LoRA fleet served as ONE shared engine against every fine-tune merged, side by side in one run.
+
+    .venv/bin/python bench/lora_fleet.py [SPEC] [--requests 16] [--max-tokens 32] [--concurrency 1,8]
+
+SPEC (default specs/smollm2-lora-fleet.yaml) is a base and its LoRA fine-tunes with ``serving.lora:
+shared``. Three copies of it are built with `specdeploy engine` under bench/out/lora-fleet (up-to-date
+stages are skipped) and served one after the other by the real tritonserver with the reference
+backend:
+
+* ``base``: the base variant alone (one engine);
+* ``shared``: the spec as it is: one engine with the LoRA plugin serves every fine-tune;
+* ``merged``: every fine-tune ``serving.lora: merged``: an engine each, all in one server.
+
+For each: the server's resident memory once every model is ready (the RSS of tritonserver and all
+its backend stub processes, summed from /proc; shared pages are counted in each process, so it is an
+upper bound), the startup time (launch to every model ready), and `specdeploy bench --models` over
+every fine-tune (the same requests spread round-robin; EOS ignored, so each request decodes
+``--max-tokens``) at each concurrency: tokens/s. It prints the ratios the product targets: shared RSS
+over base RSS (target <= 1.5x for 8 fine-tunes; merged: about 8x) and shared tokens/s over merged
+tokens/s at the highest concurrency (target >= 0.8x). Not a test: the machine's load moves absolute
+figures; the ratios are measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import yaml
+
+from bench.serve import free_ports
+from pipeline.cli import main as cli
+from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
+
+OUT = REPO / "bench" / "out" / "lora-fleet"
+PROMPTS = [
+    "Name three uses of a paperclip.",
+    "What is the capital of Australia?",
+    "Explain what a hash table is.",
+    "Give two tips for a job interview.",
+    "Why do leaves change colour in autumn?",
+    "What does a compiler do?",
+    "Describe a sunset in one sentence.",
+    "How many legs does a spider have?",
+]
+
+
+def fleet_specs(spec: Path) -> dict[str, tuple[Path, list[str]]]:
+    """{fleet: (its spec copy, the model names bench sends to)}; adapter paths made absolute."""
+    data = yaml.safe_load(spec.read_text())
+    for variant in data["variants"]:
+        adapter = (variant.get("model") or {}).get("adapter")
+        if adapter:
+            variant["model"]["adapter"] = str((spec.parent / adapter).resolve())
+    tunes = [v["name"] for v in data["variants"] if (v.get("model") or {}).get("adapter")]
+    copies: dict[str, tuple[dict, list[str]]] = {
+        # one variant: its own repository, where the ensemble keeps NVIDIA's name
+        "base": ({**data, "name": f"{data['name']}-base", "variants": [data["variants"][0]]}, ["ensemble"]),
+        "shared": ({**data, "name": f"{data['name']}-shared"}, tunes),
+        "merged": (
+            {
+                **data,
+                "name": f"{data['name']}-merged",
+                "variants": [
+                    {**v, "serving": {**(v.get("serving") or {}), "lora": "merged"}} if v["name"] in tunes else v
+                    for v in data["variants"]
+                ],
+            },
+            tunes,
+        ),
+    }
+    out = {}
+    for fleet, (body, models) in copies.items():
+        path = OUT / "specs" / f"{body['name']}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        out[fleet] = (path, models)
+    return out
+
+
+def build(spec: Path, cache: Path) -> Path:
+    """`specdeploy engine SPEC`; the repository to serve (the whole-spec one when there are several variants)."""
+    roots = ["--engines-dir", str(OUT / "engines"), "--triton-repo", str(OUT / "repo"), "--cache-dir", str(cache)]
+    if cli([*roots, "engine", str(spec)]) != 0:
+        raise SystemExit(f"specdeploy engine {spec} failed")
+    name = yaml.safe_load(spec.read_text())
+    variants = name["variants"]
+    return OUT / "repo" / (name["name"] if len(variants) > 1 else variants[0]["name"])
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident bytes of ``pid`` and every live descendant, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        rss[int(entry.name)] = int(fields[21]) * page
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += rss.get(current, 0)
+        todo += children.get(current, [])
+    return total
+
+
+def measure(repo: Path, models: list[str], args: argparse.Namespace, cache: Path) -> dict:
+    http, grpc, metrics = free_ports(3)
+    config = CpuServerConfig(
+        repositories=(repo,), cache_dir=cache, http_port=http, grpc_port=grpc, metrics_port=metrics,
+        models=tuple(models),
+    )  # fmt: skip
+    prompts = OUT / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    start = time.monotonic()
+    with CpuTritonServer(config) as server:
+        startup = time.monotonic() - start
+        rss = tree_rss_bytes(server.process.pid)
+        found = {"startup_s": startup, "rss_gib": rss / 2**30, "tokens_per_second": {}}
+        for c in args.concurrency:
+            out = OUT / "runs" / f"{repo.name}-c{c}"
+            argv = ["bench", "--url", server.grpc_url, "--models", ",".join(models), "--prompts", str(prompts)]
+            argv += ["--concurrency", str(c), "--requests", str(max(args.requests, 2 * c)), "--ignore-eos"]
+            if cli([*argv, "--max-tokens", str(args.max_tokens), "--out", str(out)]) != 0:
+                raise SystemExit(f"bench on {repo} at concurrency {c} failed")
+            found["tokens_per_second"][c] = json.loads((out / "bench.json").read_text())["tokens_per_second"]
+        found["rss_after_gib"] = tree_rss_bytes(server.process.pid) / 2**30
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", nargs="?", type=Path, default=REPO / "specs" / "smollm2-lora-fleet.yaml")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 8])
+    args = parser.parse_args()
+    cache = Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
+    load = [os.getloadavg()[0]]
+    results = {}
+    for fleet, (spec, models) in fleet_specs(args.spec).items():
+        print(f"== {fleet}: {spec.name}", flush=True)
+        results[fleet] = measure(build(spec, cache), models, args, cache)
+    load.append(os.getloadavg()[0])
+    tunes = len(fleet_specs(args.spec)["shared"][1])
+    top = max(args.concurrency)
+    print(f"\n{args.spec.name}: {tunes} fine-tunes, {args.max_tokens} tokens/request, EOS ignored")
+    print(
+        f"{'':<8} {'RSS GiB':>8} {'x base':>7} {'startup s':>10} "
+        + " ".join(f"{'tok/s c=' + str(c):>11}" for c in args.concurrency)
+    )
+    base_rss = results["base"]["rss_gib"]
+    for fleet, r in results.items():
+        rates = " ".join(f"{r['tokens_per_second'][c]:>11.1f}" for c in args.concurrency)
+        print(f"{fleet:<8} {r['rss_gib']:>8.2f} {r['rss_gib'] / base_rss:>7.2f} {r['startup_s']:>10.1f} {rates}")
+    shared, merged = results["shared"], results["merged"]
+    print(f"shared RSS / base RSS: {shared['rss_gib'] / results['base']['rss_gib']:.2f} (target <= 1.5)")
+    print(f"merged RSS / base RSS: {merged['rss_gib'] / results['base']['rss_gib']:.2f}")
+    ratio = shared["tokens_per_second"][top] / merged["tokens_per_second"][top]
+    print(f"shared / merged tokens/s at concurrency {top}: {ratio:.2f} (target >= 0.8)")
+    print(f"load average before / after: {load[0]:.1f} / {load[1]:.1f}")
+    (OUT / "result.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
