@@ -2,6 +2,7 @@
 
     specdeploy train-adapter --task code --out adapters/smollm2-code [--model DIR] [--steps N] [--seed 0]
     specdeploy train-adapter --task json --out adapters/smollm2-json
+    specdeploy train-adapter --task yaml --out adapters/smollm2-yaml --rank 4 --targets q_proj,v_proj,o_proj
 
 ``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The folder it writes is
 a PEFT LoRA folder that ``model.adapter`` in a spec accepts, plus ``training_report.json`` (held-out
@@ -43,6 +44,7 @@ def cmd_train_adapter(args: argparse.Namespace, console) -> int:
         task=args.task,
         rank=args.rank,
         alpha=args.alpha,
+        targets=_targets(args.targets) if args.targets else TrainSettings.targets,
         last_layers=args.last_layers,
         steps=args.steps,
         batch=args.batch,
@@ -64,13 +66,27 @@ def cmd_train_adapter(args: argparse.Namespace, console) -> int:
     return 0
 
 
+def _targets(text: str) -> tuple[str, ...]:
+    """``q_proj,v_proj`` -> ("q_proj", "v_proj")."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    known = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        from pipeline.errors import InputError
+
+        raise InputError(f"--targets {text!r}: choose from {', '.join(sorted(known))}, comma-separated")
+    return names
+
+
 def register(commands: argparse._SubParsersAction) -> None:
+    from pipeline.finetune.data import TASKS
+
     train = commands.add_parser("train-adapter", help="train a LoRA adapter (PEFT, CPU) on data the project derives")
     train.add_argument(
         "--task",
-        choices=("code", "json"),
+        choices=TASKS,
         required=True,
-        help='code: stdlib Python source; json: answers as {"answer": ...} objects',
+        help="code: stdlib Python source; the others: the base's chat answers rewritten in that format",
     )
     train.add_argument("--out", required=True, help="adapter folder to write (e.g. adapters/smollm2-code)")
     train.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
@@ -79,11 +95,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--lr", type=float, default=5e-4)
     train.add_argument("--rank", type=int, default=8)
     train.add_argument("--alpha", type=float, default=16.0)
+    train.add_argument(
+        "--targets", help="comma-separated modules to adapt (default: q,k,v,o,up,down_proj), e.g. q_proj,v_proj,o_proj"
+    )
     train.add_argument("--last-layers", type=int, help="adapt only the last N decoder layers (default: all)")
     train.add_argument("--block", type=int, default=256, help="code: tokens per training block")
     train.add_argument("--heldout-blocks", type=int, default=48, help="code: held-out blocks for the loss")
-    train.add_argument("--answer-tokens", type=int, default=96, help="json: length limit of the base answers")
-    train.add_argument("--max-train-prompts", type=int, help="json: use only the first N chat training prompts")
+    train.add_argument("--answer-tokens", type=int, default=96, help="format tasks: length limit of the base answers")
+    train.add_argument("--max-train-prompts", type=int, help="format tasks: use only the first N chat training prompts")
     train.add_argument("--eval-new-tokens", type=int, default=48)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--max-minutes", type=float, default=30.0, help="stop training after this long")

@@ -6,10 +6,20 @@ Two tasks, each with a training set, a held-out set (loss before/after) and eval
 * ``code``: the Python standard library's own source, as raw text in blocks of ``block`` tokens.
   Modules that the code eval prompts come from are excluded from training; every 8th remaining
   module (by a stable hash of its name) is held out for the loss. Eval prompts: code_eval.jsonl.
-* ``json``: a format shift. The base model's own greedy answers to the chat training prompts,
-  rewritten as one JSON object ``{"answer": "..."}``; the fine-tune learns to answer in that format
-  (the kind of structured-output fine-tune a service ships). Held out: the same for chat_eval,
-  which are also the eval prompts. The base answers are generated once (float32) and cached.
+* format tasks (``json``, ``yaml``, ``xml``, ``bullets``, ``numbered``, ``tldr``, ``heading``): a
+  format shift. The base model's own greedy answers to the chat training prompts, rewritten by the
+  task's formatter (:data:`FORMATS`); the fine-tune learns to answer in that format (the kind of
+  structured-output or house-style fine-tune a service ships). Held out: the same for chat_eval,
+  which are also the eval prompts; the format's ``matches`` check counts the eval answers in format
+  before/after. The base answers are generated once (float32), cached, and shared by every format task.
+
+  >>> FORMATS["json"].render("Paris.")
+  '{"answer": "Paris."}'
+  >>> print(FORMATS["bullets"].render("It is big. It is old."))
+  - It is big.
+  - It is old.
+  >>> FORMATS["tldr"].matches("TL;DR: Paris.")
+  True
 
 Examples are (input_ids, labels) with labels -100 where no loss is taken (the chat prompt).
 """
@@ -19,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,7 +38,6 @@ from pipeline.heads.chat_templates import stable_rank
 from pipeline.heads.data import encode_prompt, greedy_answers, stop_ids
 from pipeline.heads.prompts import CODE_EXTRA_MODULES, PROMPTS_DIR, load_prompts
 
-TASKS = ("code", "json")
 DATA_VERSION = 1
 IGNORE = -100
 
@@ -101,17 +112,81 @@ def code_task(tokenizer, settings: DataSettings) -> TaskData:
     )
 
 
+def sentences(text: str) -> list[str]:
+    """The text's sentences (split after . ! ?), stripped, empty ones dropped.
+
+    >>> sentences("One. Two!  Three")
+    ['One.', 'Two!', 'Three']
+    """
+    return [part.strip() for part in re.split(r"(?<=[.!?])\s+", text.strip()) if part.strip()]
+
+
 def json_answer(text: str) -> str:
     return json.dumps({"answer": text.strip()}, ensure_ascii=False)
 
 
-def _json_examples(tokenizer, prompts: list[list[int]], answers: list[list[int]]) -> list[Example]:
+def yaml_answer(text: str) -> str:
+    """``answer: "..."``: a YAML mapping whose value is a double-quoted scalar (JSON string syntax is valid YAML)."""
+    return "answer: " + json.dumps(text.strip(), ensure_ascii=False)
+
+
+def xml_answer(text: str) -> str:
+    escaped = text.strip().replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return f"<answer>{escaped}</answer>"
+
+
+def bullets_answer(text: str) -> str:
+    return "\n".join(f"- {s}" for s in sentences(text) or [text.strip()])
+
+
+def numbered_answer(text: str) -> str:
+    return "\n".join(f"{i}. {s}" for i, s in enumerate(sentences(text) or [text.strip()], start=1))
+
+
+def tldr_answer(text: str) -> str:
+    return "TL;DR: " + (sentences(text) or [text.strip()])[0]
+
+
+def heading_answer(text: str) -> str:
+    return "## Answer\n\n" + text.strip()
+
+
+@dataclass(frozen=True)
+class Format:
+    """A format task: how a base answer is rewritten, and the check that an output is in that format."""
+
+    render: Callable[[str], str]
+    matches: Callable[[str], bool]
+    description: str
+
+
+FORMATS: dict[str, Format] = {
+    "json": Format(json_answer, lambda t: t.lstrip().startswith('{"answer":'), '{"answer": ...} JSON objects'),
+    "yaml": Format(yaml_answer, lambda t: t.lstrip().startswith('answer: "'), 'YAML mappings answer: "..."'),
+    "xml": Format(xml_answer, lambda t: t.lstrip().startswith("<answer>"), "<answer>...</answer> XML elements"),
+    "bullets": Format(
+        bullets_answer, lambda t: t.lstrip().startswith("- "), "markdown bullet lists, one sentence per bullet"
+    ),
+    "numbered": Format(
+        numbered_answer, lambda t: t.lstrip().startswith("1. "), "numbered lists, one sentence per item"
+    ),
+    "tldr": Format(tldr_answer, lambda t: t.lstrip().startswith("TL;DR: "), 'one sentence "TL;DR: ..." answers'),
+    "heading": Format(
+        heading_answer, lambda t: t.lstrip().startswith("## Answer"), 'markdown under a "## Answer" heading'
+    ),
+}
+TASKS = ("code", *FORMATS)
+
+
+def _format_examples(
+    tokenizer, render: Callable[[str], str], prompts: list[list[int]], answers: list[list[int]]
+) -> list[Example]:
     stops = set(stop_ids(tokenizer))
     end = tokenizer.eos_token_id
     examples = []
     for prompt, answer in zip(prompts, answers):
         text = tokenizer.decode([t for t in answer if t not in stops], skip_special_tokens=True)
-        target = tokenizer(json_answer(text), add_special_tokens=False).input_ids + [end]
+        target = tokenizer(render(text), add_special_tokens=False).input_ids + [end]
         examples.append(Example(prompt + target, [IGNORE] * len(prompt) + target))
     return examples
 
@@ -147,7 +222,9 @@ def _base_answers(
     return answers
 
 
-def json_task(model, tokenizer, base_dir: Path, cache: Path, settings: DataSettings, say) -> TaskData:
+def format_task(task: str, model, tokenizer, base_dir: Path, cache: Path, settings: DataSettings, say) -> TaskData:
+    """A format task of :data:`FORMATS`: the base's cached chat answers rewritten by its formatter."""
+    form = FORMATS[task]
     parts = {}
     for part in ("train", "eval"):
         records = load_prompts("chat", part)
@@ -157,12 +234,12 @@ def json_task(model, tokenizer, base_dir: Path, cache: Path, settings: DataSetti
         answers = _base_answers(
             model, tokenizer, prompts, _answers_cache(cache, base_dir, part, settings), settings, say
         )
-        parts[part] = (prompts, _json_examples(tokenizer, prompts, answers))
+        parts[part] = (prompts, _format_examples(tokenizer, form.render, prompts, answers))
     return TaskData(
         train=parts["train"][1],
         heldout=parts["eval"][1],
         eval_prompts=parts["eval"][0],
-        description='the base\'s own chat answers as {"answer": ...} JSON objects',
+        description=f"the base's own chat answers as {form.description}",
     )
 
 

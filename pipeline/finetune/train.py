@@ -22,7 +22,7 @@ import torch
 
 from pipeline.atomic import replace_folder
 from pipeline.errors import InputError
-from pipeline.finetune.data import IGNORE, TASKS, DataSettings, Example, TaskData, code_task, json_task
+from pipeline.finetune.data import FORMATS, IGNORE, TASKS, DataSettings, Example, TaskData, code_task, format_task
 from pipeline.heads.data import greedy_answers, load_base, stop_ids
 
 REPORT_FILE = "training_report.json"
@@ -54,6 +54,8 @@ class TrainSettings:
             raise InputError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
         if self.save_dtype not in SAVE_DTYPES:
             raise InputError(f"save dtype {self.save_dtype!r}: choose one of {', '.join(SAVE_DTYPES)}")
+        if not self.targets:
+            raise InputError("--targets must name at least one module (e.g. q_proj,v_proj)")
         for name in ("rank", "steps", "batch"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name} must be at least 1")
@@ -187,7 +189,7 @@ def train_adapter(
     data = (
         code_task(tokenizer, settings.data)
         if settings.task == "code"
-        else json_task(model, tokenizer, base_dir, cache, settings.data, say)
+        else format_task(settings.task, model, tokenizer, base_dir, cache, settings.data, say)
     )
     if not data.train or not data.heldout:
         raise InputError(f"task {settings.task}: no training or held-out data could be built")
@@ -249,9 +251,11 @@ def train_adapter(
             "torch": torch.__version__,
             "peft": peft.__version__,
         }
-        if settings.task == "json":
-            report["eval_answers_json_before"] = sum(_is_json_answer(tokenizer, b) for b in before)
-            report["eval_answers_json_after"] = sum(_is_json_answer(tokenizer, a) for a in after)
+        if settings.task in FORMATS:  # the format metric: eval answers in the task's format
+            matches = FORMATS[settings.task].matches
+            decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+            report[f"eval_answers_{settings.task}_before"] = sum(matches(decode(b)) for b in before)
+            report[f"eval_answers_{settings.task}_after"] = sum(matches(decode(a)) for a in after)
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         os.chmod(tmp, 0o755)
         replace_folder(tmp, out)
@@ -263,7 +267,3 @@ def train_adapter(
         f"{changed}/{len(before)} eval prompts; adapter {size / 2**20:.2f} MiB -> {out}"
     )
     return report
-
-
-def _is_json_answer(tokenizer, tokens: list[int]) -> bool:
-    return tokenizer.decode(tokens, skip_special_tokens=True).lstrip().startswith('{"answer":')

@@ -100,3 +100,19 @@ def test_oversized_adapter_is_refused_and_leaves_nothing(tmp_path):
             say=lambda _: None,
         )
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.tmp-*"))
+
+
+def test_a_format_task_trains_on_chosen_targets_and_counts_its_format(tmp_path):
+    model = build_tiny_llama(tmp_path / "tiny")
+    settings = _settings("tldr", steps=2, targets=("q_proj", "v_proj"))
+    report = train_adapter(model, tmp_path / "tldr", tmp_path / "cache", settings, say=lambda _: None)
+    assert report["task"] == "tldr" and report["settings"]["targets"] == ("q_proj", "v_proj")
+    assert 0 <= report["eval_answers_tldr_after"] <= report["eval_prompts"]
+    config = json.loads((tmp_path / "tldr" / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+
+
+def test_cli_refuses_unknown_targets_in_one_line(cli, tmp_path):
+    rc, _, err = cli("train-adapter", "--task", "yaml", "--out", str(tmp_path / "x"), "--targets", "q_proj,qkv")
+    assert rc == 2 and "--targets 'q_proj,qkv'" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
