@@ -53,7 +53,7 @@ def expected() -> dict[tuple[str, str], list[int]]:
     """(fine-tune or base, prompt) -> greedy ids of the PEFT-merged model (transformers, float32)."""
     import peft
 
-    base_dir, _ = prepare_embedded_model(embedded_cache_dir())
+    base_dir = prepare_embedded_model(embedded_cache_dir())
     base, tokenizer = load_base(base_dir)
     out = {}
     for name in ("base", *FINE_TUNES):
@@ -64,8 +64,12 @@ def expected() -> dict[tuple[str, str], list[int]]:
         for prompt in PROMPTS:
             ids = torch.tensor([tokenizer.encode(prompt)])  # [1, prompt]
             with torch.no_grad():
-                tokens = model.generate(
-                    ids, max_new_tokens=TOKENS, do_sample=False, pad_token_id=tokenizer.eos_token_id
+                tokens = model.generate(  # stopping at the one end_id the server's preprocessing sends
+                    ids,
+                    max_new_tokens=TOKENS,
+                    do_sample=False,
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.eos_token_id,
                 )  # [1, prompt + new]
             out[name, prompt] = tokens[0, ids.shape[1] :].tolist()
     return out
