@@ -42,6 +42,7 @@ def fleet(tmp_path, write_spec):
         model: {{path: {model}, dtype: float32}}
         build: {{max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
         target: reference
+        serving: {{lora: merged}}  # the merge stage under test (auto would serve ft from the base's engine)
         variants:
           - name: base
           - name: ft
