@@ -62,6 +62,7 @@ variants:
   - name: json
     model: {{adapter: {REPO / "adapters" / "smollm2-json"}}}
     heads: null
+    serving: {{lora: merged}}  # an engine of its own with Lookahead (auto would share the base's engine)
 """
 
 
