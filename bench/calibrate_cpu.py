@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.serve import free_ports
+from bench.serve import free_ports, process_tree_stat
 from pipeline.cli import main as cli
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.costmodel import calibrate
@@ -83,26 +83,8 @@ def build(method: str) -> VariantPlan:
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and every live descendant (tritonserver and its backend
-    stubs), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += times.get(current, 0.0)
-        todo += children.get(current, [])
-    return total
+    """User + system CPU seconds of ``pid`` and every live descendant, from /proc."""
+    return process_tree_stat(pid, (11, 12)) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_variant(variant: VariantPlan, concurrencies: list[int], args: argparse.Namespace) -> dict[int, Path]:

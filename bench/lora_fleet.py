@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml
 
-from bench.serve import free_ports
+from bench.serve import free_ports, process_tree_stat
 from pipeline.cli import main as cli
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
 
@@ -97,24 +97,7 @@ def build(spec: Path, cache: Path) -> Path:
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident bytes of ``pid`` and every live descendant, from /proc."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-        rss[int(entry.name)] = int(fields[21]) * page
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        total += rss.get(current, 0)
-        todo += children.get(current, [])
-    return total
+    return int(process_tree_stat(pid, (21,))) * os.sysconf("SC_PAGE_SIZE")
 
 
 def measure(repo: Path, models: list[str], args: argparse.Namespace, cache: Path) -> dict:

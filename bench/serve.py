@@ -43,6 +43,28 @@ PROMPTS = [
 TARGET_RATIO = 3.0
 
 
+def process_tree_stat(pid: int, fields: tuple[int, ...]) -> float:
+    """The sum of /proc/<p>/stat ``fields`` (0-based, after the command name) over ``pid`` and every live
+    descendant: tritonserver and its backend stubs."""
+    children: dict[int, list[int]] = {}
+    values: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(stat[1]), []).append(int(entry.name))
+        values[int(entry.name)] = sum(float(stat[f]) for f in fields)
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += values.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for sock in sockets:
