@@ -13,7 +13,9 @@ backend:
 
 For each: the server's resident memory once every model is ready (the RSS of tritonserver and all
 its backend stub processes, summed from /proc; shared pages are counted in each process, so it is an
-upper bound), the startup time (launch to every model ready), and `specdeploy bench --models` over
+upper bound; and their PSS, which counts each shared page once, with the part per kind of process:
+tritonserver itself, the stubs of the tokenizing Python models, the others' stubs), the startup
+time (launch to every model ready), and `specdeploy bench --models` over
 every fine-tune (the same requests spread round-robin; EOS ignored, so each request decodes
 ``--max-tokens``) at each concurrency: tokens/s. It prints the ratios the product targets: shared RSS
 over base RSS (target <= 1.5x for 8 fine-tunes; merged: about 8x) and shared tokens/s over merged
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 import yaml
 
-from bench.serve import free_ports, process_tree_stat
+from bench.serve import free_ports, memory_of, process_tree
 from pipeline.cli import main as cli
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
 
@@ -95,9 +97,27 @@ def build(spec: Path, cache: Path) -> Path:
     return OUT / "repo" / (name["name"] if len(variants) > 1 else variants[0]["name"])
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident bytes of ``pid`` and every live descendant, from /proc."""
-    return int(process_tree_stat(pid, (21,))) * os.sysconf("SC_PAGE_SIZE")
+def server_memory(pid: int) -> dict[str, float]:
+    """GiB of the server's process tree: RSS and PSS in all, and PSS per kind of process."""
+    found = {"rss_gib": 0.0, "pss_gib": 0.0, "pss_tritonserver_gib": 0.0, "pss_tokenizer_stubs_gib": 0.0}
+    found |= {"pss_other_stubs_gib": 0.0, "stubs": 0}
+    for process in process_tree(pid):
+        rss, pss = memory_of(process)
+        found["rss_gib"] += rss / 2**30
+        found["pss_gib"] += pss / 2**30
+        try:
+            command = Path(f"/proc/{process}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            command = ""
+        if process == pid:
+            kind = "tritonserver"
+        elif "processing" in command:  # <repo>/<name>preprocessing/1/model.py, postprocessing: a tokenizer each
+            kind = "tokenizer_stubs"
+        else:
+            kind = "other_stubs"
+        found[f"pss_{kind}_gib"] += pss / 2**30
+        found["stubs"] += process != pid
+    return found
 
 
 def measure(repo: Path, models: list[str], args: argparse.Namespace, cache: Path) -> dict:
@@ -111,8 +131,7 @@ def measure(repo: Path, models: list[str], args: argparse.Namespace, cache: Path
     start = time.monotonic()
     with CpuTritonServer(config) as server:
         startup = time.monotonic() - start
-        rss = tree_rss_bytes(server.process.pid)
-        found = {"startup_s": startup, "rss_gib": rss / 2**30, "tokens_per_second": {}}
+        found = {"startup_s": startup, **server_memory(server.process.pid), "tokens_per_second": {}}
         for c in args.concurrency:
             out = OUT / "runs" / f"{repo.name}-c{c}"
             argv = ["bench", "--url", server.grpc_url, "--models", ",".join(models), "--prompts", str(prompts)]
@@ -120,7 +139,7 @@ def measure(repo: Path, models: list[str], args: argparse.Namespace, cache: Path
             if cli([*argv, "--max-tokens", str(args.max_tokens), "--out", str(out)]) != 0:
                 raise SystemExit(f"bench on {repo} at concurrency {c} failed")
             found["tokens_per_second"][c] = json.loads((out / "bench.json").read_text())["tokens_per_second"]
-        found["rss_after_gib"] = tree_rss_bytes(server.process.pid) / 2**30
+        found["rss_after_gib"] = server_memory(server.process.pid)["rss_gib"]
     return found
 
 
@@ -142,16 +161,23 @@ def main() -> int:
     top = max(args.concurrency)
     print(f"\n{args.spec.name}: {tunes} fine-tunes, {args.max_tokens} tokens/request, EOS ignored")
     print(
-        f"{'':<8} {'RSS GiB':>8} {'x base':>7} {'startup s':>10} "
+        f"{'':<8} {'RSS GiB':>8} {'x base':>7} {'PSS GiB':>8} {'x base':>7} {'server':>7} {'tok stubs':>9} "
+        f"{'others':>7} {'stubs':>6} {'startup s':>10} "
         + " ".join(f"{'tok/s c=' + str(c):>11}" for c in args.concurrency)
     )
-    base_rss = results["base"]["rss_gib"]
+    base = results["base"]
     for fleet, r in results.items():
         rates = " ".join(f"{r['tokens_per_second'][c]:>11.1f}" for c in args.concurrency)
-        print(f"{fleet:<8} {r['rss_gib']:>8.2f} {r['rss_gib'] / base_rss:>7.2f} {r['startup_s']:>10.1f} {rates}")
+        print(
+            f"{fleet:<8} {r['rss_gib']:>8.2f} {r['rss_gib'] / base['rss_gib']:>7.2f} {r['pss_gib']:>8.2f} "
+            f"{r['pss_gib'] / base['pss_gib']:>7.2f} {r['pss_tritonserver_gib']:>7.2f} "
+            f"{r['pss_tokenizer_stubs_gib']:>9.2f} "
+            f"{r['pss_other_stubs_gib']:>7.2f} {r['stubs']:>6} {r['startup_s']:>10.1f} {rates}"
+        )
     shared, merged = results["shared"], results["merged"]
-    print(f"shared RSS / base RSS: {shared['rss_gib'] / results['base']['rss_gib']:.2f} (target <= 1.5)")
-    print(f"merged RSS / base RSS: {merged['rss_gib'] / results['base']['rss_gib']:.2f}")
+    for what in ("rss", "pss"):
+        print(f"shared {what.upper()} / base: {shared[f'{what}_gib'] / base[f'{what}_gib']:.2f} (target <= 1.5)")
+        print(f"merged {what.upper()} / base: {merged[f'{what}_gib'] / base[f'{what}_gib']:.2f}")
     ratio = shared["tokens_per_second"][top] / merged["tokens_per_second"][top]
     print(f"shared / merged tokens/s at concurrency {top}: {ratio:.2f} (target >= 0.8)")
     print(f"load average before / after: {load[0]:.1f} / {load[1]:.1f}")

@@ -46,23 +46,45 @@ TARGET_RATIO = 3.0
 def process_tree_stat(pid: int, fields: tuple[int, ...]) -> float:
     """The sum of /proc/<p>/stat ``fields`` (0-based, after the command name) over ``pid`` and every live
     descendant: tritonserver and its backend stubs."""
-    children: dict[int, list[int]] = {}
-    values: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    total = 0.0
+    for process in process_tree(pid):
         try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        children.setdefault(int(stat[1]), []).append(int(entry.name))
-        values[int(entry.name)] = sum(float(stat[f]) for f in fields)
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += values.get(current, 0.0)
-        todo += children.get(current, [])
+        total += sum(float(stat[f]) for f in fields)
     return total
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def memory_of(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in bytes, from /proc/<pid>/smaps_rollup: PSS splits each shared page
+    among the processes that map it, so PSS summed over processes counts every page once."""
+    values = {"Rss:": 0, "Pss:": 0}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, *rest = line.split()
+            if key in values:
+                values[key] = int(rest[0]) * 1024
+    except OSError:
+        pass
+    return values["Rss:"], values["Pss:"]
 
 
 def free_ports(count: int) -> list[int]:

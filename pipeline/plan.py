@@ -289,7 +289,7 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
 
 def _shared_member(member: VariantPlan, engine: VariantPlan, task_id: int, roots: OutputRoots) -> VariantPlan:
     """A shared LoRA fine-tune served by its group's engine: the engine's stages (the same outputs and
-    fingerprints, so they run once) and a package stage of its own whose preprocessing sets its task id."""
+    fingerprints, so they run once) and a package stage of its own whose models set its task id."""
     package = engine.stage("package")
     own = StagePlan(
         "package",

@@ -261,6 +261,12 @@ class ServingSpec(_Strict):
     """Reuse the KV cache of shared prompt prefixes across requests."""
     max_queue_delay_microseconds: int = Field(0, ge=0, le=INT32_MAX)
     """How long Triton may hold a request to batch it with others."""
+    ensemble: Literal["python", "triton"] = "python"
+    """What serves ``model_name``: python, a Python model that runs the ensemble's three steps itself
+    (the ensemble's inputs and outputs), so a client that cancels or goes away stops the generation
+    within ``cancellation_check_period_ms``; triton, Triton's own ensemble scheduler as in NVIDIA's
+    repository, which never passes a cancellation on to the running ``tensorrt_llm`` step
+    (triton-inference-server/core#263): an abandoned stream generates to ``max_tokens``."""
     host: str = "127.0.0.1"
     """Address the server binds; 127.0.0.1 unless it must be reached from other hosts."""
     http: bool = False

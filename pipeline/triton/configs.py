@@ -8,6 +8,10 @@ marked extensions), so any client written for NVIDIA's repository works unchange
 
 ``tensorrt_llm_bls`` serves the same API as the ensemble from a Python model that calls the
 three models itself (NVIDIA ships one; clients select it with ``--model-name tensorrt_llm_bls``).
+The ensemble's own name is served the same way by default (``ensemble: python``): the same code
+with the ensemble's inputs and outputs and wiring, because Triton's ensemble scheduler never passes
+a client's cancellation on to the running ``tensorrt_llm`` step (triton-inference-server/core#263);
+``ensemble: triton`` emits NVIDIA's ``platform: "ensemble"`` instead.
 This module decides only what is specdeploy's: batch sizes, instance counts, decoupling, the
 parameters, the data types NVIDIA leaves to template variables.
 """
@@ -27,8 +31,9 @@ PREPROCESSING = "preprocessing"
 TENSORRT_LLM = "tensorrt_llm"
 POSTPROCESSING = "postprocessing"
 BLS = "tensorrt_llm_bls"
-# Parameter of the BLS model: the ensemble's steps, which it runs itself.
+# Parameter of the BLS-code models: the ensemble's steps, which they run themselves.
 BLS_STEPS_PARAMETER = "specdeploy_steps"
+ENSEMBLE_KINDS = ("python", "triton")
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,32 @@ class RepositorySettings:
     preprocessing_parameters: dict[str, str]
     postprocessing_parameters: dict[str, str]
     tensorrt_llm_parameters: dict[str, str]
-    bls_instances: int = 1
     bls_parameters: dict[str, str] = field(default_factory=dict)
     names: ModelNames = ModelNames()
-    # A shared LoRA fine-tune's ensemble: the task id its preprocessing sets (pipeline.lora.group).
+    # A shared LoRA fine-tune's models: the task id they set (pipeline.lora.group).
     lora_task_id: int | None = None
+    ensemble: str = "python"  # one of ENSEMBLE_KINDS
+
+    @property
+    def bls_instances(self) -> int:
+        """Instances of the BLS-code models. A non-decoupled Python model handles one request per
+        instance at a time (the Python backend runs async execute for decoupled models only), so they
+        get one per batch slot, as NVIDIA's docs say for bls_instance_count; a decoupled one runs a
+        thread per request."""
+        return 1 if self.decoupled else self.max_batch_size
+
+    @property
+    def preprocessing_sets_lora_task(self) -> bool:
+        """Triton's ensemble cannot add a constant, so there the fine-tune's own preprocessing sets the
+        task id; the Python models set it themselves, and the group's fine-tunes share preprocessing."""
+        return self.lora_task_id is not None and self.ensemble == "triton"
+
+    def python_sources(self) -> dict[str, str]:
+        """Model name -> the kind whose model.py it runs (pipeline/triton/models/<kind>.py)."""
+        sources = {name: kind for kind, name in self.names.python_models().items()}
+        if self.ensemble == "python":
+            sources[self.ensemble_name] = BLS
+        return sources
 
 
 def model_input(tensor: Tensor) -> mc.ModelInput:
@@ -88,7 +114,7 @@ def model_output(tensor: Tensor) -> mc.ModelOutput:
 def _declare(config: mc.ModelConfig, model: str, settings: RepositorySettings) -> None:
     """The contract's tensors of ``model``, then specdeploy's extensions."""
     inputs, outputs = contract.CONTRACT[model]
-    extra_inputs, extra_outputs = contract.extensions(model, settings.lookahead, settings.lora_task_id is not None)
+    extra_inputs, extra_outputs = contract.extensions(model, settings.lookahead, settings.preprocessing_sets_lora_task)
     config.input.extend(model_input(t) for t in inputs + extra_inputs)
     config.output.extend(model_output(t) for t in outputs + extra_outputs)
 
@@ -141,7 +167,7 @@ def ensemble_steps(settings: RepositorySettings) -> list[tuple[str, dict[str, st
             pre_in[inner] = outer
             pre_out[f"OUT_{inner}"] = f"_OUT_{inner}"
             llm_in[outer] = f"_OUT_{inner}"
-    if settings.lora_task_id is not None:  # a shared LoRA fine-tune: preprocessing sets its task id
+    if settings.preprocessing_sets_lora_task:
         pre_in["LORA_TASK_ID"] = "lora_task_id"
         pre_out["OUT_LORA_TASK_ID"] = "_OUT_LORA_TASK_ID"
         llm_in["lora_task_id"] = "_OUT_LORA_TASK_ID"
@@ -164,14 +190,25 @@ def ensemble_config(settings: RepositorySettings) -> mc.ModelConfig:
     return config
 
 
-def bls_steps(settings: RepositorySettings) -> list[dict]:
-    """The ensemble's steps as the BLS model runs them, reading only tensors the BLS model has."""
-    declared = {t.name for t in contract.BLS_INPUTS}
+def bls_steps(settings: RepositorySettings, model: str = BLS) -> list[dict]:
+    """The ensemble's steps as a BLS-code model runs them, reading only tensors ``model`` (the
+    contract's key: ``tensorrt_llm_bls`` or ``ensemble``) declares."""
+    declared = {t.name for t in contract.CONTRACT[model][0] + contract.extensions(model, settings.lookahead)[0]}
     steps = []
     for model, inputs, outputs in ensemble_steps(settings):
         kept = {inner: outer for inner, outer in inputs.items() if outer.startswith("_") or outer in declared}
         steps.append({"model": model, "inputs": kept, "outputs": outputs})
     return steps
+
+
+def _bls_code_parameters(settings: RepositorySettings, model: str) -> dict[str, str]:
+    parameters = {
+        "tensorrt_llm_model_name": settings.names.tensorrt_llm,
+        BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings, model), separators=(",", ":")),
+    }
+    if settings.lora_task_id is not None:
+        parameters["lora_task_id"] = str(settings.lora_task_id)
+    return parameters
 
 
 def bls_config(settings: RepositorySettings) -> mc.ModelConfig:
@@ -180,20 +217,34 @@ def bls_config(settings: RepositorySettings) -> mc.ModelConfig:
     _declare(config, BLS, settings)
     parameters = {
         "accumulate_tokens": "false",
-        "tensorrt_llm_model_name": settings.names.tensorrt_llm,
         "tensorrt_llm_draft_model_name": "",
         "multimodal_encoders_name": "",
-        BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings), separators=(",", ":")),
+        **_bls_code_parameters(settings, BLS),
     }
     set_parameters(config, {**parameters, **settings.bls_parameters})
+    return config
+
+
+def python_ensemble_config(settings: RepositorySettings) -> mc.ModelConfig:
+    """The ensemble's name, inputs and outputs, served by the BLS code running the ensemble's steps.
+
+    Unlike NVIDIA's BLS it forwards ``num_return_sequences`` with beam search, as the ensemble's wiring does."""
+    config = _python_model(settings.ensemble_name, settings, settings.bls_instances)
+    config.model_transaction_policy.decoupled = settings.decoupled
+    _declare(config, "ensemble", settings)
+    parameters = _bls_code_parameters(settings, "ensemble") | {"specdeploy_forward_num_return_sequences": "true"}
+    set_parameters(config, parameters)
     return config
 
 
 def all_configs(settings: RepositorySettings) -> dict[str, mc.ModelConfig]:
     """Model directory name -> config (every directory is named after its model)."""
     names = settings.names
+    if settings.ensemble not in ENSEMBLE_KINDS:
+        raise ValueError(f"ensemble must be one of {ENSEMBLE_KINDS}, not {settings.ensemble!r}")
+    front = python_ensemble_config if settings.ensemble == "python" else ensemble_config
     return {
-        settings.ensemble_name: ensemble_config(settings),
+        settings.ensemble_name: front(settings),
         names.preprocessing: preprocessing_config(settings),
         names.tensorrt_llm: tensorrt_llm_config(settings),
         names.postprocessing: postprocessing_config(settings),

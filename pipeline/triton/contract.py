@@ -412,8 +412,9 @@ EXTENSIONS: dict[str, tuple[Extension, ...]] = {
             outputs=tuple(_out(f"OUT_{name.upper()}", "INT32") for name in LOOKAHEAD_CLIENT_INPUTS),
             lookahead_only=True,
         ),
-        # A shared LoRA fine-tune's own model name: its preprocessing sets the request's lora_task_id
-        # (the fine-tune's, unless the client sent one) for the group's tensorrt_llm model.
+        # A shared LoRA fine-tune's own model name behind Triton's ensemble (serving.ensemble: triton),
+        # which cannot add a constant: its preprocessing sets the request's lora_task_id (the fine-tune's,
+        # unless the client sent one) for the group's tensorrt_llm model.
         Extension(
             inputs=(_in("LORA_TASK_ID", "UINT64"),), outputs=(_out("OUT_LORA_TASK_ID", "UINT64"),), lora_only=True
         ),

@@ -2,7 +2,9 @@
 
 Layout (identical for the CPU reference backend and a GPU server)::
 
-    <out>/<ensemble>/config.pbtxt, 1/          platform ensemble: the client-facing API
+    <out>/<ensemble>/config.pbtxt, 1/model.py  the client-facing API: the BLS code running the
+                                               ensemble's steps (serving.ensemble: python), or
+                                               platform ensemble, NVIDIA's (serving.ensemble: triton)
     <out>/preprocessing/config.pbtxt, 1/model.py, tokenizer/
     <out>/tensorrt_llm/config.pbtxt, 1/        backend "tensorrtllm", gpt_model_path = the engine
     <out>/postprocessing/config.pbtxt, 1/model.py, tokenizer/
@@ -39,10 +41,10 @@ from pipeline.triton.backend_params import (
 )
 from pipeline.triton.configs import (
     BLS,
+    BLS_STEPS_PARAMETER,
     POSTPROCESSING,
     PREPROCESSING,
     TENSORRT_LLM,
-    ModelNames,
     RepositorySettings,
     all_configs,
 )
@@ -85,6 +87,7 @@ def settings_from_plan(variant: VariantPlan, engine_dir: Path, repository: Path)
         ensemble_name=serving.model_name,
         max_batch_size=build.max_batch_size,
         decoupled=serving.decoupled,
+        ensemble=serving.ensemble,
         lookahead=look is not None,
         preprocessing_instances=serving.preprocessing_instances,
         postprocessing_instances=serving.postprocessing_instances,
@@ -153,15 +156,26 @@ def with_chat_template(settings: RepositorySettings, tokenizer: Path, source: Pa
     return replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
 
 
-def write_models(configs: dict[str, pbtxt.ModelConfig], names: ModelNames, out: Path) -> None:
+def write_models(configs: dict[str, pbtxt.ModelConfig], settings: RepositorySettings, out: Path) -> None:
     """Each config with its version folder, and the model.py of the Python models among them
     (tokenizers are the caller's)."""
     for name, config in configs.items():
         pbtxt.write(config, out / name / "config.pbtxt")
         (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
-    for kind, name in names.python_models().items():
+    for name, kind in settings.python_sources().items():
         if name in configs:
             shutil.copyfile(MODELS_SOURCE / f"{kind}.py", out / name / "1" / "model.py")
+
+
+def with_lora_task(settings: RepositorySettings, task_id: int) -> RepositorySettings:
+    """A shared LoRA fine-tune's settings: its models set ``task_id`` on each request (with Triton's
+    ensemble, its preprocessing does)."""
+    settings = replace(settings, lora_task_id=task_id)
+    if settings.preprocessing_sets_lora_task:
+        settings = replace(
+            settings, preprocessing_parameters=settings.preprocessing_parameters | {"lora_task_id": str(task_id)}
+        )
+    return settings
 
 
 def _link_tree(source: Path, target: Path) -> None:
@@ -186,7 +200,7 @@ def emit_repository(
     """Write the repository into ``out`` (an empty or new folder) and return the configs written.
 
     ``tensorrt_llm_extra``: more tensorrt_llm parameters (a LoRA group's ``lora_*``), checked like the rest;
-    ``lora_task_id``: a shared LoRA fine-tune's repository, whose preprocessing sets that task id."""
+    ``lora_task_id``: a shared LoRA fine-tune's repository, whose models set that task id."""
     out = Path(out)
     if check_engine_config:
         check_engine(variant, engine_dir)
@@ -199,10 +213,9 @@ def emit_repository(
         check_parameter_keys(extra)
         settings = replace(settings, tensorrt_llm_parameters=extra)
     if lora_task_id is not None:
-        pre = settings.preprocessing_parameters | {"lora_task_id": str(lora_task_id)}
-        settings = replace(settings, lora_task_id=lora_task_id, preprocessing_parameters=pre)
+        settings = with_lora_task(settings, lora_task_id)
     configs = all_configs(settings)
-    write_models(configs, settings.names, out)
+    write_models(configs, settings, out)
     manifest = {
         "variant": variant.name,
         "method": variant.method,
@@ -243,11 +256,21 @@ def stale_models(repo: Path) -> list[str]:
         models = [path for path in folders if path.name == kind or path.name.endswith(f"-{kind}")]
         if not models:
             stale.append(kind)
+        if kind == BLS:  # the Python ensembles run the BLS code too
+            models += [path for path in folders if path not in models and _runs_bls_code(path)]
         for model in models:
             packaged = model / "1" / "model.py"
             if not packaged.is_file() or packaged.read_bytes() != source:
                 stale.append(model.name)
     return stale
+
+
+def _runs_bls_code(model: Path) -> bool:
+    try:
+        text = (model / "config.pbtxt").read_text(errors="replace")
+    except OSError:
+        return False
+    return 'backend: "python"' in text and f'key: "{BLS_STEPS_PARAMETER}"' in text
 
 
 def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
@@ -264,45 +287,64 @@ def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
         if not (path.parent / "1").is_dir():
             raise StageError(f"{path.parent}: no version folder 1/")
         configs[config.name] = config
-    ensembles = [c for c in configs.values() if c.platform == "ensemble"]
-    if not ensembles:
+    runners = {name: steps for name, config in configs.items() if (steps := model_steps(config, repo)) is not None}
+    if not any(name != BLS and not name.endswith(f"-{BLS}") for name in runners):
         raise StageError(f"{repo}: no ensemble model (not a packaged repository; run `specdeploy engine SPEC`)")
     # tensorrt_llm_bls is not required: a repository packaged before it existed is reported stale instead.
-    missing = {step.model_name for e in ensembles for step in e.ensemble_scheduling.step} - set(configs)
+    missing = {step[0] for steps in runners.values() for step in steps} - set(configs)
     if missing:
         raise StageError(f"{repo}: models missing: {', '.join(sorted(missing))}")
     for config in configs.values():
         if config.backend == "tensorrtllm":
             check_parameter_keys(pbtxt.parameters(config))
-    for ensemble in ensembles:
-        _check_ensemble(ensemble, configs, repo)
+    for name, steps in runners.items():
+        _check_steps(configs[name], steps, configs, repo)
     return configs
 
 
-def _check_ensemble(ensemble: pbtxt.ModelConfig, configs: dict[str, pbtxt.ModelConfig], repo: Path) -> None:
+Step = tuple[str, dict[str, str], dict[str, str]]  # (model, its input -> the ensemble's tensor, output -> tensor)
+
+
+def model_steps(config: pbtxt.ModelConfig, repo: Path) -> list[Step] | None:
+    """The steps a model runs: a Triton ensemble's, or a BLS-code model's ``specdeploy_steps``; None for others."""
+    if config.platform == "ensemble":
+        return [(s.model_name, dict(s.input_map), dict(s.output_map)) for s in config.ensemble_scheduling.step]
+    value = pbtxt.parameters(config).get(BLS_STEPS_PARAMETER)
+    if config.backend != "python" or value is None:
+        return None
+    try:
+        return [(step["model"], dict(step["inputs"]), dict(step["outputs"])) for step in json.loads(value)]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StageError(
+            f"{repo}/{config.name}: parameter {BLS_STEPS_PARAMETER} is not a list of steps ({exc})"
+        ) from None
+
+
+def _check_steps(
+    front: pbtxt.ModelConfig, steps: list[Step], configs: dict[str, pbtxt.ModelConfig], repo: Path
+) -> None:
     """Every mapped name exists on both sides, and every step input is produced before it is read."""
-    available = {tensor.name for tensor in ensemble.input}
-    for step in ensemble.ensemble_scheduling.step:
-        model = configs.get(step.model_name)
+    available = {tensor.name for tensor in front.input}
+    for name, input_map, output_map in steps:
+        model = configs.get(name)
         if model is None:
-            raise StageError(f"{repo}: ensemble step names unknown model '{step.model_name}'")
+            raise StageError(f"{repo}: {front.name}'s step names unknown model '{name}'")
         model_inputs = {t.name: t for t in model.input}
-        for inner, outer in step.input_map.items():
+        for inner, outer in input_map.items():
             if inner not in model_inputs:
-                raise StageError(f"{repo}: {step.model_name} has no input '{inner}'")
+                raise StageError(f"{repo}: {name} has no input '{inner}'")
             if outer not in available:
-                raise StageError(f"{repo}: {step.model_name}.{inner} reads '{outer}', which nothing produces first")
-        required = {name for name, t in model_inputs.items() if not t.optional}
-        if required - set(step.input_map):
+                raise StageError(f"{repo}: {name}.{inner} reads '{outer}', which nothing produces first")
+        required = {tensor for tensor, t in model_inputs.items() if not t.optional}
+        if required - set(input_map):
             raise StageError(
-                f"{repo}: {step.model_name} required inputs not mapped: "
-                f"{', '.join(sorted(required - set(step.input_map)))}"
+                f"{repo}: {name} required inputs not mapped: {', '.join(sorted(required - set(input_map)))}"
             )
         model_outputs = {t.name for t in model.output}
-        for inner, outer in step.output_map.items():
+        for inner, outer in output_map.items():
             if inner not in model_outputs:
-                raise StageError(f"{repo}: {step.model_name} has no output '{inner}'")
+                raise StageError(f"{repo}: {name} has no output '{inner}'")
             available.add(outer)
-    missing = {t.name for t in ensemble.output} - available
+    missing = {t.name for t in front.output} - available
     if missing:
-        raise StageError(f"{repo}: ensemble outputs never produced: {', '.join(sorted(missing))}")
+        raise StageError(f"{repo}: {front.name} outputs never produced: {', '.join(sorted(missing))}")

@@ -49,6 +49,7 @@ from pipeline.triton.repository import (
     settings_from_plan,
     validate_repository,
     with_chat_template,
+    with_lora_task,
     write_models,
 )
 
@@ -98,11 +99,9 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
             settings = replace(settings, tensorrt_llm_parameters=params)
         members.append(_Member(variant, replace(settings, ensemble_name=variant.name), tokenizer))
     shared = {m.variant: (g.base_variant, m.task_id) for g in plan.lora_groups for m in g.members}
-    for index, member in enumerate(members):  # a shared LoRA fine-tune: its preprocessing sets its task id
+    for index, member in enumerate(members):  # a shared LoRA fine-tune: its models set its task id
         if member.variant.name in shared:
-            task = shared[member.variant.name][1]
-            pre_params = member.settings.preprocessing_parameters | {"lora_task_id": str(task)}
-            settings = replace(member.settings, lora_task_id=task, preprocessing_parameters=pre_params)
+            settings = with_lora_task(member.settings, shared[member.variant.name][1])
             members[index] = replace(member, settings=settings)
     pre = _shared_names(members, PREPROCESSING, preprocessing_config)
     post = _shared_names(members, POSTPROCESSING, postprocessing_config)
@@ -124,7 +123,7 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
                 "variant's in the whole-spec repository; rename the variant"
             )
         new = {model: config for model, config in configs.items() if model not in written}
-        write_models(new, names, out)
+        write_models(new, settings, out)
         for model in {names.preprocessing, names.postprocessing} & set(new):
             # Copied, not linked: a hard link would change the source's ctime, which its fingerprint reads.
             copy_tokenizer(member.tokenizer, out / model / TOKENIZER_SUBDIR)

@@ -6,11 +6,13 @@ Correct answers come from outside Triton: each fine-tune's merged engine (the me
 converted and built like any variant) decoded greedily by the reference runtime. Requests for the
 base and both fine-tunes are in flight together; NVIDIA's inflight client, unchanged, addresses a
 fine-tune by its task id alone (prefetched) and by sending the adapter with a new task id
-(``--lora-path``, float16 as NVIDIA's config declares it).
+(``--lora-path``, float16 as NVIDIA's config declares it). ``code`` has the default Python ensemble,
+which sets its task id itself; ``json`` Triton's ensemble, whose preprocessing of its own sets it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,7 @@ from pipeline.runtime.spec_decode.base import PlainDecoding
 from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan, execute_spec_repository
 from pipeline.triton.launch_cpu import reference_backend_available
+from pipeline.triton.repository import MANIFEST
 from tests.conftest import embedded_cache_dir
 from tests.runtime.drive import decode
 
@@ -55,7 +58,7 @@ variants:
     serving: {{lora: shared}}
   - name: json
     model: {{adapter: {REPO / "adapters" / "smollm2-json"}}}
-    serving: {{lora: shared}}
+    serving: {{lora: shared, ensemble: triton}}
 """
 
 
@@ -155,8 +158,8 @@ def ask(url: str, prompt: str, task: int | None, model: str = "base") -> str:
 
 
 def test_base_and_fine_tunes_in_flight_together_equal_their_merged_engines(plan, expected, server):
-    """Each fine-tune by its own model name (its preprocessing sets its task id) and through the base's
-    ensemble with its lora_task_id, all in flight together on the group's one engine."""
+    """Each fine-tune by its own model name (which sets its task id) and through the base's ensemble
+    with its lora_task_id, all in flight together on the group's one engine."""
     tokenizer = tokenizer_of(plan)
     jobs = [
         (name, prompt, how)
@@ -181,6 +184,11 @@ def test_base_and_fine_tunes_in_flight_together_equal_their_merged_engines(plan,
         assert text.strip() == want.strip(), (name, prompt, how)
     answers = {(name, prompt): text for (name, prompt, _), text in answers.items()}
     assert any(answers["code", p] != answers["base", p] for p in PROMPTS)  # the adapter changes the text
+    assert plan.repository is not None
+    served = json.loads((plan.repository.output / MANIFEST).read_text())["variants"]
+    pre = {entry["variant"]: entry["models"]["preprocessing"] for entry in served}
+    assert pre["code"] == pre["base"]  # the Python ensemble sets the task id: the group shares preprocessing
+    assert pre["json"] == "json-preprocessing"  # Triton's ensemble: the fine-tune's own preprocessing sets it
     (group,) = plan.lora_groups
     assert group.base_variant == "base" and {m.variant for m in group.members} == {"code", "json"}
     # One engine: the fine-tunes' plans are the group engine's stages (no merge) and a package of their own.

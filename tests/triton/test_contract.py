@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pipeline.triton import contract
 from pipeline.triton.configs import BLS, BLS_STEPS_PARAMETER
 from pipeline.triton.pbtxt import DTYPES
-from pipeline.triton.repository import emit_repository
+from pipeline.triton.repository import emit_repository, model_steps
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -80,7 +80,7 @@ def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, looka
 
 
 def check_wiring(ensemble: mc.ModelConfig) -> None:
-    steps = {step.model_name: step for step in ensemble.ensemble_scheduling.step}
+    steps = {model: (inputs, outputs) for model, inputs, outputs in model_steps(ensemble, Path("repo"))}
     assert list(steps) == ["preprocessing", "tensorrt_llm", "postprocessing"]
     nvidia = {
         "preprocessing": (contract.PREPROCESSING_STEP_INPUTS, contract.PREPROCESSING_STEP_OUTPUTS),
@@ -88,11 +88,11 @@ def check_wiring(ensemble: mc.ModelConfig) -> None:
         "postprocessing": (contract.POSTPROCESSING_STEP_INPUTS, contract.POSTPROCESSING_STEP_OUTPUTS),
     }
     for model, (inputs, outputs) in nvidia.items():
-        assert inputs.items() <= dict(steps[model].input_map).items(), model
-        assert outputs.items() <= dict(steps[model].output_map).items(), model
+        assert inputs.items() <= steps[model][0].items(), model
+        assert outputs.items() <= steps[model][1].items(), model
     # Every declared client input reaches a model, every declared output comes from one.
-    consumed = {outer for step in steps.values() for outer in step.input_map.values()}
-    produced = {outer for step in steps.values() for outer in step.output_map.values()}
+    consumed = {outer for inputs, _ in steps.values() for outer in inputs.values()}
+    produced = {outer for _, outputs in steps.values() for outer in outputs.values()}
     assert {t.name for t in ensemble.input} <= consumed
     assert {t.name for t in ensemble.output} <= produced
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import py_compile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from pipeline.stages import package
 from pipeline.stages.runner import run_stage
 from pipeline.triton import pbtxt
 from pipeline.triton.backend_params import TENSORRT_LLM_PARAMETER_KEYS, check_parameter_keys
-from pipeline.triton.repository import MANIFEST, emit_repository, validate_repository
+from pipeline.triton.repository import MANIFEST, emit_repository, model_steps, validate_repository
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -80,7 +81,7 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
             assert trees.parse_triton_choices(params[f"{method}_choices"]) == config.tree
         else:
             assert f"{method}_choices" not in params
-    steps = [step.model_name for step in ensemble.ensemble_scheduling.step]
+    steps = [model for model, _, _ in model_steps(ensemble, repo)]
     assert steps == ["preprocessing", "tensorrt_llm", "postprocessing"]
     for name in ("preprocessing", "postprocessing"):
         assert configs[name].backend == "python"
@@ -143,7 +144,8 @@ def test_explicit_gpu_ids_and_non_decoupled_serving(tmp_path):
     configs = _parse_all(out)
     assert _params(configs["tensorrt_llm"])["gpu_device_ids"] == "4,5"
     assert configs["tensorrt_llm"].model_transaction_policy.decoupled is False
-    assert configs["chat"].platform == "ensemble"
+    assert configs["chat"].backend == "python"  # the ensemble's API, run by the BLS code
+    assert configs["chat"].model_transaction_policy.decoupled is False
     _check_against_plan(variant, out, engine)
 
 
@@ -186,12 +188,21 @@ def test_unknown_backend_parameter_and_placeholders_are_refused(tmp_path):
         pbtxt.parse("max_batch_size: ${triton_max_batch_size}", "config.pbtxt")
 
 
-def test_broken_ensemble_wiring_is_caught(tmp_path):
+@pytest.mark.parametrize(
+    ("ensemble", "wired", "broken"),
+    [
+        ("python", '\\"input_ids\\":', '\\"input_idz\\":'),  # in the JSON of specdeploy_steps
+        ("triton", 'key: "input_ids"', 'key: "input_idz"'),  # an input_map entry
+    ],
+)
+def test_broken_ensemble_wiring_is_caught(tmp_path, ensemble, wired, broken):
     variant = tiny_plan(tmp_path)
+    variant = replace(variant, serving=variant.serving.model_copy(update={"ensemble": ensemble}))
     out = tmp_path / "repo"
     emit_repository(variant, out, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)
     path = out / "ensemble" / "config.pbtxt"
-    path.write_text(path.read_text().replace('key: "input_ids"', 'key: "input_idz"'))
+    assert wired in path.read_text()
+    path.write_text(path.read_text().replace(wired, broken))
     with pytest.raises(StageError, match="tensorrt_llm has no input 'input_idz'"):
         validate_repository(out)
 

@@ -20,7 +20,7 @@ from pipeline.plan import Plan
 from pipeline.stages.execute import execute_spec_repository
 from pipeline.triton import pbtxt
 from pipeline.triton.launch_gpu import gpu_spec_launch_argv
-from pipeline.triton.repository import MANIFEST, emit_repository, stale_models, validate_repository
+from pipeline.triton.repository import MANIFEST, emit_repository, model_steps, stale_models, validate_repository
 from pipeline.triton.spec_repository import emit_spec_repository
 
 FLEET = """
@@ -73,7 +73,7 @@ def test_every_variant_gets_its_own_models_and_shares_identical_ones(tmp_path):
         "plain-preprocessing",  # no Lookahead inputs at all
         "postprocessing",  # one tokenizer: one postprocessing for all
     }
-    steps = {v: [s.model_name for s in configs[v].ensemble_scheduling.step] for v in ("a", "b", "c", "plain")}
+    steps = {v: [model for model, _, _ in model_steps(configs[v], out)] for v in ("a", "b", "c", "plain")}
     assert steps["a"] == ["a-preprocessing", "a-tensorrt_llm", "postprocessing"]
     assert steps["b"] == ["a-preprocessing", "b-tensorrt_llm", "postprocessing"]
     assert steps["c"] == ["c-preprocessing", "c-tensorrt_llm", "postprocessing"]
@@ -105,7 +105,7 @@ def test_one_preprocessing_when_every_variant_has_the_same(tmp_path):
     text = FLEET.split("  - name: c")[0]  # a and b only
     configs = emit_spec_repository(_packaged_plan(tmp_path, text), tmp_path / "out")
     assert {"preprocessing", "postprocessing"} <= set(configs)
-    assert [s.model_name for s in configs["b"].ensemble_scheduling.step][0] == "preprocessing"
+    assert model_steps(configs["b"], tmp_path / "out")[0][0] == "preprocessing"
 
 
 def test_the_spec_repository_runs_after_all_variants_and_skips_when_up_to_date(tmp_path):

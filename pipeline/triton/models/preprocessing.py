@@ -11,7 +11,8 @@ stock Triton + TensorRT-LLM container. Parameters (config.pbtxt):
 * ``lookahead_window_size`` / ``_ngram_size`` / ``_verification_set_size`` (Lookahead models):
   the server's (W, N, G). A request's own values must not exceed them (TensorRT-LLM's rule);
   missing ones are filled so every request carries all three (tensorrtllm_backend#711);
-* ``lora_task_id`` (a shared LoRA fine-tune's own ensemble): ``OUT_LORA_TASK_ID`` carries it to
+* ``lora_task_id`` (a shared LoRA fine-tune behind Triton's ensemble, ``serving.ensemble: triton``;
+  the Python ensemble sets the id itself): ``OUT_LORA_TASK_ID`` carries it to
   the group's ``tensorrt_llm`` model, unless the request sent its own ``lora_task_id``.
 
 Stop/bad words use TensorRT-LLM's ``[batch, 2, L]`` layout: row 0 the concatenated token ids,

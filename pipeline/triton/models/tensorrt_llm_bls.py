@@ -7,6 +7,13 @@ same wiring the ensemble's config has, generated from one table): preprocessing 
 repository ships a model of this name with the same inputs and outputs; clients select it with
 ``--model-name tensorrt_llm_bls``.
 
+The same file serves the ensemble's name (``serving.ensemble: python``, the default), with the
+ensemble's inputs and outputs and its steps: Triton's own ensemble scheduler never tells the
+running ``tensorrt_llm`` step that the client is gone (triton-inference-server/core#263), this
+model does (below). There ``specdeploy_forward_num_return_sequences`` keeps the ensemble's wiring,
+which passes ``num_return_sequences`` on with beam search too. A shared LoRA fine-tune's models
+carry its ``lora_task_id`` as a parameter and set it on every request that names none.
+
 Beam search (``beam_width`` > 1) as NVIDIA's: every response carries one ``text_output`` per beam
 (and the beams' ``cum_log_probs`` / ``output_log_probs`` / logits), and ``num_return_sequences`` is not
 passed on, so all beam_width beams come back (NVIDIA's decoder does not forward it either).
@@ -55,7 +62,11 @@ class TritonPythonModel:
             raise ValueError(
                 "tensorrt_llm_bls: specdeploy_steps must be preprocessing, tensorrt_llm_model_name, postprocessing"
             )
+        self.name = config.get("name", "tensorrt_llm_bls")
         self.outputs = [output["name"] for output in config.get("output", [])]
+        self.forward_sequences = parameter(config, "specdeploy_forward_num_return_sequences") == "true"
+        task = parameter(config, "lora_task_id")
+        self.lora_task_id = int(task) if task else None
         self.cancel_period_s = int(parameter(config, "cancellation_check_period_ms", "100") or 100) / 1000
         self.threads: list[threading.Thread] = []
 
@@ -94,25 +105,28 @@ class TritonPythonModel:
         except RequestError as exc:
             sender.send(_error(str(exc)))
         except Exception as exc:  # noqa: BLE001 - a failed request must still end its stream
-            sender.send(_error(f"tensorrt_llm_bls: {type(exc).__name__}: {exc}"))
+            sender.send(_error(f"{self.name}: {type(exc).__name__}: {exc}"))
         sender.send(flags=final)
 
     def _run(self, request, cancelled=lambda: False):
         """The request's responses: one per ``tensorrt_llm`` response, post-processed."""
         tensors = {tensor.name(): _batched(tensor.as_numpy()) for tensor in request.inputs()}
         self._refuse(tensors)
+        if self.lora_task_id is not None and tensors.get("lora_task_id", np.zeros(0)).size == 0:
+            batch = tensors["text_input"].shape[0] if "text_input" in tensors else 1
+            tensors["lora_task_id"] = np.full((batch, 1), self.lora_task_id, dtype=np.uint64)
         pre, llm, post = self.steps
         tensors.update(_call(pre, tensors))
         stream = _flag(tensors.get("stream"))
         if stream and not self.decoupled:
             raise RequestError("Streaming is only supported if model is deployed using decoupled mode.")
-        if _beams(tensors) > 1:
+        if _beams(tensors) > 1 and not self.forward_sequences:
             # NVIDIA's BLS (lib/triton_decoder.py) never forwards num_return_sequences: with beam search
             # every beam comes back, one text_output per beam, whatever num_return_sequences says.
             tensors.pop("num_return_sequences", None)
         inner_id = request.request_id() or f"bls-{uuid.uuid4().hex}"
         inference = _request(llm, tensors, inner_id)
-        with _Watch(cancelled, self.cancel_period_s) as watch:
+        with _Watch(cancelled, self.cancel_period_s, self.name) as watch:
             replies = self._start(inference, watch, llm["model"], inner_id)
             for reply in replies:
                 if watch.fired:
@@ -166,8 +180,8 @@ class _Watch:
     """Polls ``cancelled`` every ``period_s`` from a thread of its own (the request's thread is
     blocked reading ``tensorrt_llm``'s responses) and runs ``on_cancel`` once when it turns true."""
 
-    def __init__(self, cancelled, period_s: float) -> None:
-        self.cancelled, self.period_s = cancelled, period_s
+    def __init__(self, cancelled, period_s: float, model: str = "tensorrt_llm_bls") -> None:
+        self.cancelled, self.period_s, self.model = cancelled, period_s, model
         self.fired = False
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,7 +198,7 @@ class _Watch:
                     try:
                         on_cancel()
                     except Exception as exc:  # noqa: BLE001 - log and let the request run out
-                        pb_utils.Logger.log_warn(f"tensorrt_llm_bls: cancelling the request failed: {exc}")
+                        pb_utils.Logger.log_warn(f"{self.model}: cancelling the request failed: {exc}")
                     return
 
         self._thread = threading.Thread(target=watch, name="bls-cancel-watch", daemon=True)
