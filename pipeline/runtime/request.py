@@ -17,6 +17,7 @@ from pipeline.errors import InputError
 from pipeline.speculative import LookaheadConfig
 
 TOP_K_MAX = 1024  # TensorRT-LLM clips runtime_top_k to this (samplingTopKKernels.h)
+MIN_TOKENS_DEFAULT = 1  # TensorRT-LLM's DefaultDecodingParams::getMinLength()
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,13 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    # end_id is banned until this many tokens were generated; TensorRT-LLM's default 1 (SamplingConfig:
-    # "Values < 1 have no effect. Default is 1"): the end id is never the first token.
-    min_tokens: int = 1
+    # end_id is banned until this many tokens were generated. TensorRT-LLM's default is 1 (SamplingConfig:
+    # "Values < 1 have no effect. Default is 1"), and 1 bans nothing: its penalty layer passes the kernel
+    # no min lengths when every request has the default (penaltyLayer.cpp, GET_PENALTIES against
+    # DefaultDecodingParams::getMinLength() == 1), so the end id may be the first token, as in transformers.
+    # (In a step where another request has min_tokens > 1, TensorRT-LLM's kernel bans it at the first
+    # step for the default ones too; here a request's tokens never depend on its batch.)
+    min_tokens: int = MIN_TOKENS_DEFAULT
     bad_words: tuple[tuple[int, ...], ...] = ()
     embedding_bias: tuple[float, ...] = ()  # added to the logits of ids 0..len-1
     # Beam search (serving/beam_search.py), TensorRT-LLM's defaults (DefaultDecodingParams):
@@ -67,9 +72,14 @@ class SamplingParams:
             or bool(self.embedding_bias)
         )
 
+    def bans_end_id(self, generated: int, end_id: int | None) -> bool:
+        """Whether ``end_id`` is banned for the next token (after ``generated`` ones): only below a
+        min_tokens above TensorRT-LLM's default 1, which its penalty layer skips."""
+        return end_id is not None and self.min_tokens > MIN_TOKENS_DEFAULT and generated < self.min_tokens
+
     def adjusts(self, generated: int, end_id: int | None) -> bool:
         """Whether the logits of the next token (after ``generated`` ones) are adjusted at all."""
-        return self.adjusts_logits or (end_id is not None and generated < self.min_tokens)
+        return self.adjusts_logits or self.bans_end_id(generated, end_id)
 
     def __post_init__(self) -> None:
         checks = (

@@ -5,8 +5,8 @@ do not depend on who shares its batch.
 
 :func:`adjust_logits` applies what TensorRT-LLM applies to the logits before that choice:
 embedding bias, repetition / presence / frequency penalties over the tokens so far (prompt and
-output, TensorRT-LLM's default), ``min_tokens`` (end_id banned before it), and bad words (a word's
-last token banned where the tokens so far end with the rest of it).
+output, TensorRT-LLM's default), ``min_tokens`` (end_id banned before it; the default 1 bans
+nothing), and bad words (a word's last token banned where the tokens so far end with the rest of it).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def adjust_logits(
             values = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
         values = values - params.presence_penalty - params.frequency_penalty * counts.to(out.dtype)
         out[ids] = values
-    if generated < params.min_tokens and end_id is not None and 0 <= end_id < vocab:
+    if params.bans_end_id(generated, end_id) and end_id is not None and 0 <= end_id < vocab:
         out[end_id] = float("-inf")
     for word in params.bad_words:
         head, last = word[:-1], word[-1]

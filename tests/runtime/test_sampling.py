@@ -35,6 +35,16 @@ def test_presence_frequency_and_bias():
     assert adjust_logits(logits, SamplingParams(), [1], 1, end_id=0) is logits  # nothing to apply
 
 
+def test_min_tokens_default_one_bans_nothing_as_tensorrt_llm():
+    """TensorRT-LLM's penalty layer gives its kernel no min lengths while every request has the default 1:
+    the end id may be the first token. Above 1 it is banned until that many tokens were generated."""
+    logits = torch.zeros(8)
+    for params in (SamplingParams(), SamplingParams(min_tokens=1), SamplingParams(min_tokens=0)):
+        assert adjust_logits(logits, params, [1], 0, end_id=2) is logits
+    two = SamplingParams(min_tokens=2)
+    assert [bool(torch.isinf(adjust_logits(logits, two, [1], g, end_id=2)[2])) for g in range(3)] == [True, True, False]
+
+
 def test_log_prob_is_the_choice_distribution():
     logits = torch.tensor([2.0, 1.0, 0.0])
     assert log_prob(logits, 0, SamplingParams()) == float(torch.log_softmax(logits, -1)[0])

@@ -68,7 +68,6 @@ def hf_beams(hf, prompt, width, end_id, length_penalty=0.0, early_stopping=True)
             num_return_sequences=width,
             do_sample=False,
             max_new_tokens=N,
-            min_new_tokens=1,  # TensorRT-LLM's min_tokens default
             length_penalty=length_penalty,
             early_stopping=early_stopping,
             eos_token_id=end_id,
@@ -81,15 +80,11 @@ def hf_beams(hf, prompt, width, end_id, length_penalty=0.0, early_stopping=True)
     return beams
 
 
-def full_log_probs(engine: Engine, prompt: list[int], tokens: list[int], end_id: int | None = None) -> torch.Tensor:
-    """log p(token_i | prefix) of every generated token (and one row past it), from one forward; the end
-    id banned at the first position (min_tokens 1) as the search bans it before its log-softmax."""
+def full_log_probs(engine: Engine, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log p(token_i | prefix) of every generated token (and one row past it), from one forward."""
     seq = prompt + tokens
     logits = engine.forward([StepInput(engine.new_cache(len(seq)), seq, Logits.ALL)])[0].logits
-    logits = logits[len(prompt) - 1 :].double()
-    if end_id is not None:
-        logits[0, end_id] = float("-inf")
-    return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits[len(prompt) - 1 :].double(), dim=-1)
 
 
 def end_candidates(engine: Engine) -> list[int]:
@@ -137,7 +132,7 @@ def test_end_id_ends_beams_as_hugging_face_does(beam_engine, hf, width, length_p
         assert [list(b.tokens) for b in out.beams] == hf_beams(hf, PROMPT, width, end_id, length_penalty, hf_stop)
         for beam in out.beams:
             assert end_id not in beam.tokens
-            want = full_log_probs(beam_engine, PROMPT, list(beam.tokens), end_id)
+            want = full_log_probs(beam_engine, PROMPT, list(beam.tokens))
             total = sum(float(want[i, t]) for i, t in enumerate(beam.tokens))
             if len(beam.tokens) < N:  # ended by the end id: its log-probability is in the sum
                 ended += 1

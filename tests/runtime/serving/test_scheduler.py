@@ -83,13 +83,17 @@ def test_max_tokens_end_id_and_stop_words(engine, greedy):
     assert got.final("stop").tokens == out[: stop_at + 1] and got.final("stop").reason is FinishReason.STOP_WORDS
 
 
-def test_end_id_is_never_the_first_token_by_default(engine, greedy):
-    """TensorRT-LLM's min_tokens defaults to 1: an end id the model would say first is skipped."""
+def test_end_id_may_be_the_first_token_unless_min_tokens_is_above_one(engine, greedy):
+    """TensorRT-LLM's min_tokens default 1 bans nothing (its penalty layer skips the default): an end id
+    the model says first ends the request with no tokens, as transformers' greedy search does; min_tokens
+    2 skips it at the first step."""
     first = greedy[0][0]
-    got, _ = run(engine, [req("d", PROMPTS[0], 4, end_id=first), req("z", PROMPTS[0], 4, end_id=first)])
-    assert got.final("d").tokens and got.final("d").tokens[0] != first
-    zero = req("z0", PROMPTS[0], 4, end_id=first, sampling=SamplingParams(min_tokens=0))
-    assert run(engine, [zero])[0].final("z0").tokens == []  # min_tokens 0: "no effect", ends at once
+    for sampling in (SamplingParams(), SamplingParams(min_tokens=1), SamplingParams(min_tokens=0)):
+        got, _ = run(engine, [req("d", PROMPTS[0], 4, end_id=first, sampling=sampling)])
+        assert got.final("d").tokens == [] and got.final("d").reason is FinishReason.END_ID, sampling
+    two = req("two", PROMPTS[0], 4, end_id=first, sampling=SamplingParams(min_tokens=2))
+    got, _ = run(engine, [two])
+    assert got.final("two").tokens and got.final("two").tokens[0] != first
 
 
 def test_input_included_unless_excluded(engine, greedy):
