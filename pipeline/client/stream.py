@@ -6,13 +6,14 @@ an empty final response so the end of a request is known even when the last real
 carried text (as NVIDIA's end_to_end_grpc_client.py does, TensorRT-LLM
 triton_backend/inflight_batcher_llm/client/).
 
-Abandoning a request (Ctrl-C, a timeout): with Triton 2.51, cancelling the gRPC stream is not
-enough (both checked here). The ensemble does not forward the cancellation to its composing
-models, so the backend keeps generating to max_tokens, and the cancelled ensemble request then
-stays "in flight" for good (a later shutdown waits out its whole exit timeout). The ensemble
-does pass the request id down, so the client sends the TensorRT-LLM backend's own cancel
-message instead, a request to ``tensorrt_llm`` with ``stop=true`` and the same id, and reads
-the request's final response; cancelling the stream is the fallback when that fails.
+Abandoning a request (Ctrl-C, a timeout): specdeploy's own ensemble (``serving.ensemble: python``)
+stops the generation when the stream is cancelled, but Triton's ensemble (``serving.ensemble:
+triton``, NVIDIA's repositories) does not forward the cancellation to its composing models, so
+the backend keeps generating to max_tokens, and the cancelled ensemble request then stays "in
+flight" for good (a later shutdown waits out its whole exit timeout; Triton 2.51, both checked
+here). Either passes the request id down, so the client first sends the TensorRT-LLM backend's own
+cancel message, a request to ``tensorrt_llm`` with ``stop=true`` and the same id, and reads the
+request's final response; cancelling the stream is the fallback when that fails.
 """
 
 from __future__ import annotations
