@@ -19,10 +19,11 @@ by ``model.adapter``), every auto fine-tune first planned as merged:
 * the concurrency: ``evaluation.batch_sizes[0]`` of the base variant, else :data:`DEFAULT_CONCURRENCY`;
 * the traffic: each fine-tune's ``traffic.share``.
 
-Without a GPU to weigh (``target: reference`` on the CPU, or no ``gpu.type``) there is no memory
-constraint and no GPU speedup to compare: an auto fine-tune whose plan runs Medusa or EAGLE heads
-keeps an engine of its own (the LoRA engine cannot run them), every other one shares its base's
-engine (one copy of the weights), and the reason says why.
+A bfloat16 base on GPUs cannot share its engine (:data:`pipeline.lora.rules.BFLOAT16_REFUSAL`): its
+auto fine-tunes are merged. Without a GPU to weigh (``target: reference`` on the CPU, or no
+``gpu.type``) there is no memory constraint and no GPU speedup to compare: an auto fine-tune whose
+plan runs Medusa or EAGLE heads keeps an engine of its own (the LoRA engine cannot run them), every
+other one shares its base's engine (one copy of the weights), and the reason says why.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from pipeline.fleet.lora_decision import (
 )
 from pipeline.lora.group import base_key, hf_modules
 from pipeline.lora.memory import adapter_bytes
-from pipeline.lora.rules import HF_TO_TRTLLM
+from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 
 # Median mean acceptance length of the fitted published results per method (bench/published_speedups.csv:
@@ -114,6 +115,11 @@ def decide_family(
     InputError (one line) when even the leanest choice does not fit."""
     base_plan = plans[base.name]
     gpu = base_plan.gpu
+    if base_plan.target == "tensorrt" and base.model.dtype == "bfloat16":
+        rule = f"every auto fine-tune merged: {BFLOAT16_REFUSAL}"
+        why = "TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine"
+        choices = [_fixed(t, plans, "", merged_only=why) for t in tunes]
+        return AutoDecision(base.name, tuple(choices), None, rule)
     if base_plan.target == "reference" or gpu is None:
         where = "the CPU reference target" if base_plan.target == "reference" else "no gpu.type"
         rule = f"{where}: no GPU memory or GPU speedup to weigh; auto fine-tunes without heads share the base's engine"
@@ -158,11 +164,14 @@ def decide_family(
     return AutoDecision(base.name, noted, decision, rule)
 
 
-def _fixed(t: Any, plans: dict[str, Any], where: str) -> VariantChoice:
+def _fixed(t: Any, plans: dict[str, Any], where: str, merged_only: str = "") -> VariantChoice:
+    """The choice without a GPU to weigh; ``merged_only``: why sharing is impossible (auto means merged)."""
     if t.serving.lora == "merged":
         choice, reason = "merged", "merged (serving.lora: merged)"
     elif t.serving.lora == "shared":
         choice, reason = "shared", "shared (serving.lora: shared)"
+    elif merged_only:
+        choice, reason = "merged", f"merged: {merged_only}"
     elif plans[t.name].speculative.method in ("medusa", "eagle"):
         method = plans[t.name].speculative.method
         choice, reason = "merged", f"merged: {where}, and its {method} heads need an engine of their own"

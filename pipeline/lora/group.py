@@ -32,7 +32,7 @@ from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.lora.memory import LoraCacheSize, adapter_bytes, cache_size
-from pipeline.lora.rules import HF_TO_TRTLLM, MODULE_IDS, speculative_refusal
+from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM, MODULE_IDS, speculative_refusal
 from pipeline.memory import BYTES_PER_ELEMENT
 
 
@@ -161,6 +161,8 @@ def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
             "merge the list into one adapter, or use serving.lora: merged",
         )
         return variant
+    if variant.target == "tensorrt" and variant.model.dtype == "bfloat16":
+        problems.error(("serving", "lora"), f"shared on a bfloat16 engine: {BFLOAT16_REFUSAL}")
     method = variant.speculative.method
     if method == "auto":
         problems.note(

@@ -26,6 +26,14 @@ resolved here, these are the 1.2-era versions of the files in the public index):
 * ``cpp/tensorrt_llm/runtime/loraCache.cpp`` @ 063e02f73410f2f9172a581ca5e3f41d0d3dab8e: eviction
   takes the least recently used *done* tasks (no request in flight); when only in-progress tasks
   remain: "Cache is full. There are no done tasks to evict" (:data:`CACHE_FULL`).
+* bfloat16: ``cpp/tensorrt_llm/runtime/utils/numpyUtils.cpp`` @ 05316d3313360012536ace46c781518f5afae75e
+  (``typeFromNumpyDesc``: bool, u1, i1, i4, i8, f2, f4; numpy has no bfloat16) is what
+  ``lora_prefetch_dir`` reads with, and the prefetch path puts the file's tensor into the cache
+  unchecked; a float16 adapter prefetched into a bfloat16 engine is silently not applied
+  (triton-inference-server/tensorrtllm_backend#791), and sent with a request it is refused by the
+  dtype check (NVIDIA/TensorRT-LLM#2434); NVIDIA's ``tensorrt_llm`` config declares ``lora_weights``
+  FP16 and its ``hf_lora_convert.py`` cannot write bfloat16 (tensorrtllm_backend#403). So a shared
+  LoRA engine on GPUs is float16 or float32 (:data:`BFLOAT16_REFUSAL`).
 * Speculative decoding: ``tensorrt_llm/models/eagle/model.py`` @ 06255cb759835a9797b656aa5d1dc8f7e75fdca6
   runs its EagleNets (``EagleNet.forward``) without ``lora_params``: the drafter of a LoRA engine
   is the unadapted base drafter; ``tensorrt_llm/models/medusa/model.py`` @
@@ -90,6 +98,13 @@ HOST_CACHE_DEFAULT_BYTES = 1 << 30  # kDefaultHostCacheSize
 GPU_CACHE_DEFAULT_FRACTION = 0.05  # kDefaultDeviceCachePercent
 OPTIMAL_ADAPTER_SIZE_DEFAULT = 8
 MAX_ADAPTER_SIZE_DEFAULT = 64
+
+
+BFLOAT16_REFUSAL = (
+    "TensorRT-LLM 1.2.1 cannot serve adapters to a bfloat16 engine: lora_prefetch_dir reads numpy files, which "
+    "have no bfloat16 (numpyUtils.cpp), and a float16 adapter there is silently not applied "
+    "(tensorrtllm_backend#791); set model.dtype: float16 for the base and its fine-tunes, or serving.lora: merged"
+)
 
 
 def speculative_refusal(method: str) -> str | None:

@@ -3,8 +3,8 @@
 ``<engines>/<base>/lora/<task id>/model.lora_{weights,config}.npy``, the layout TensorRT-LLM's
 ``lora_prefetch_dir`` loads at startup (see :mod:`pipeline.lora.rules`), in the engine's dtype:
 float32 and float16 as they are; numpy has no bfloat16, so a bfloat16 engine's adapters are written
-in float16 (TensorRT-LLM checks that the weights' dtype equals the engine's: such a group is not
-yet servable on GPUs, the plan notes it).
+in float16, which only the CPU reference target serves (widened); on GPUs the planner refuses a
+bfloat16 group (:data:`pipeline.lora.rules.BFLOAT16_REFUSAL`).
 """
 
 from __future__ import annotations

@@ -30,11 +30,11 @@ def tiny(tmp_path_factory):
     return root
 
 
-def gpu_plan(write_spec, tmp_path, root, variants: str):
+def gpu_plan(write_spec, tmp_path, root, variants: str, dtype: str = "float16"):
     spec = write_spec(
         f"""
         name: fleet
-        model: {{path: {root / "hf"}, dtype: bfloat16}}
+        model: {{path: {root / "hf"}, dtype: {dtype}}}
         build: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
         target: tensorrt
         gpu: {{type: l40s, count: 1}}
@@ -61,6 +61,30 @@ def test_a_fine_tune_whose_merged_engine_is_faster_and_fits_is_merged(tiny, writ
     assert chosen["predicted_speedup"] > 1.0 and chosen["reason"].startswith("merged: lookahead")
     assert "acceptance length 1.63 assumed (published median)" in chosen["reason"]
     assert [s.name for s in next(v for v in plan.variants if v.name == "qv").stages][0] == "merge"
+
+
+def test_on_a_bfloat16_gpu_engine_every_auto_fine_tune_is_merged(tiny, write_spec, tmp_path):
+    # TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine (numpy files have no bfloat16), so the
+    # traffic-free fine-tune that would share on float16 (as `idle` does in the next test) is merged.
+    fine_tune = (
+        f"\n          - name: qv\n            model: {{adapter: {tiny / 'qv4'}}}\n            traffic: {{share: 0}}\n"
+    )
+    plan = gpu_plan(write_spec, tmp_path, tiny, fine_tune, dtype="bfloat16")
+    assert plan.lora_groups == ()
+    chosen = decision_of(plan, "qv")
+    assert chosen["choice"] == "merged"
+    assert chosen["reason"] == "merged: TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine"
+    assert "set model.dtype: float16" in json.loads(plan.to_json())["lora_decisions"][0]["rule"]
+
+
+def test_shared_on_a_bfloat16_gpu_engine_is_refused_at_its_line(tiny, write_spec, tmp_path):
+    adapter = tiny / "qv4"
+    fine_tune = f"\n          - name: qv\n            model: {{adapter: {adapter}}}\n"
+    fine_tune += "            serving: {lora: shared}\n"
+    with pytest.raises(InputError) as err:
+        gpu_plan(write_spec, tmp_path, tiny, fine_tune, dtype="bfloat16")
+    assert "[variant qv]" in str(err.value) and "serving.lora: shared on a bfloat16 engine" in str(err.value)
+    assert "set model.dtype: float16" in str(err.value)
 
 
 def test_a_fine_tune_without_traffic_shares_the_engine(tiny, write_spec, tmp_path):
