@@ -248,7 +248,9 @@ class ServingSpec(_Strict):
     model_name: str = Field("ensemble", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     """Name clients send requests to (the Triton ensemble)."""
     decoupled: bool = True
-    """Streaming responses (Triton decoupled mode)."""
+    """Streaming responses (Triton decoupled mode). false: the Python ensemble and the BLS model take
+    one request per Python process, one per batch slot up to 32 (the Python backend runs requests
+    concurrently only in decoupled models)."""
     preprocessing_instances: int = Field(1, ge=1, le=64)
     """Tokenizer model instances."""
     postprocessing_instances: int = Field(1, ge=1, le=64)

@@ -34,6 +34,8 @@ BLS = "tensorrt_llm_bls"
 # Parameter of the BLS-code models: the ensemble's steps, which they run themselves.
 BLS_STEPS_PARAMETER = "specdeploy_steps"
 ENSEMBLE_KINDS = ("python", "triton")
+# Python stub processes per non-decoupled BLS-code model: requests beyond it wait (decoupled: no limit).
+MAX_BLS_INSTANCES = 32
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,9 @@ class RepositorySettings:
     def bls_instances(self) -> int:
         """Instances of the BLS-code models. A non-decoupled Python model handles one request per
         instance at a time (the Python backend runs async execute for decoupled models only), so they
-        get one per batch slot, as NVIDIA's docs say for bls_instance_count; a decoupled one runs a
-        thread per request."""
-        return 1 if self.decoupled else self.max_batch_size
+        get one per batch slot, as NVIDIA's docs say for bls_instance_count, up to
+        MAX_BLS_INSTANCES stub processes; a decoupled one runs a thread per request."""
+        return 1 if self.decoupled else min(self.max_batch_size, MAX_BLS_INSTANCES)
 
     @property
     def preprocessing_sets_lora_task(self) -> bool:
