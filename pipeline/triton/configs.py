@@ -192,10 +192,10 @@ def ensemble_config(settings: RepositorySettings) -> mc.ModelConfig:
     return config
 
 
-def bls_steps(settings: RepositorySettings, model: str = BLS) -> list[dict]:
-    """The ensemble's steps as a BLS-code model runs them, reading only tensors ``model`` (the
-    contract's key: ``tensorrt_llm_bls`` or ``ensemble``) declares."""
-    declared = {t.name for t in contract.CONTRACT[model][0] + contract.extensions(model, settings.lookahead)[0]}
+def bls_steps(settings: RepositorySettings, kind: str = BLS) -> list[dict]:
+    """The ensemble's steps as a BLS-code model runs them, reading only tensors the model declares
+    (``kind``: its contract key, ``tensorrt_llm_bls`` or ``ensemble``)."""
+    declared = {t.name for t in contract.CONTRACT[kind][0] + contract.extensions(kind, settings.lookahead)[0]}
     steps = []
     for model, inputs, outputs in ensemble_steps(settings):
         kept = {inner: outer for inner, outer in inputs.items() if outer.startswith("_") or outer in declared}
@@ -203,10 +203,10 @@ def bls_steps(settings: RepositorySettings, model: str = BLS) -> list[dict]:
     return steps
 
 
-def _bls_code_parameters(settings: RepositorySettings, model: str) -> dict[str, str]:
+def _bls_code_parameters(settings: RepositorySettings, kind: str) -> dict[str, str]:
     parameters = {
         "tensorrt_llm_model_name": settings.names.tensorrt_llm,
-        BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings, model), separators=(",", ":")),
+        BLS_STEPS_PARAMETER: json.dumps(bls_steps(settings, kind), separators=(",", ":")),
     }
     if settings.lora_task_id is not None:
         parameters["lora_task_id"] = str(settings.lora_task_id)
