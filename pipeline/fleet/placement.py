@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from pipeline.errors import InputError
+from pipeline.fleet.assign import Engine, assign_gpus
 from pipeline.gpus import GpuType
 from pipeline.memory import GIB, RESERVE_FRACTION
 from pipeline.plan import Plan, VariantPlan
@@ -99,24 +100,17 @@ def place_fleet(plan: Plan) -> FleetPlacement | None:
         return None
     gpu, count = _server_gpus(variants)
     needs = [_need(v) for v in variants]
-    gpus_of: dict[str, tuple[int, ...]] = {}
-    load = [0.0] * count
-    for need in needs:  # the spec's device ids first: they are not ours to move
-        ids = need.variant.serving.gpu_device_ids
-        if ids is not None:
-            gpus_of[need.variant.name] = _given_ids(need.variant, ids, count)
-            for index in ids:
-                load[index] += need.total_gib
-    for need in sorted((n for n in needs if n.variant.name not in gpus_of), key=lambda n: -n.total_gib):
-        if need.variant.world_size > count:
+    engines = []
+    for need in needs:
+        v, ids = need.variant, need.variant.serving.gpu_device_ids
+        if ids is None and v.world_size > count:
             raise InputError(
-                f"variant {need.variant.name} has {need.variant.world_size} ranks but the server has "
+                f"variant {v.name} has {v.world_size} ranks but the server has "
                 f"{count} GPUs (gpu.count); raise gpu.count or lower tp x pp"
             )
-        chosen = sorted(sorted(range(count), key=lambda i: (load[i], i))[: need.variant.world_size])
-        gpus_of[need.variant.name] = tuple(chosen)
-        for index in chosen:
-            load[index] += need.total_gib
+        given = None if ids is None else _given_ids(v, ids, count)
+        engines.append(Engine(v.name, v.world_size, need.total_gib, given))
+    gpus_of, _ = assign_gpus(engines, count)
     usable = gpu.memory_gib * (1 - RESERVE_FRACTION)
     _check_fits(needs, gpus_of, gpu, count, usable)
     return FleetPlacement(gpu, count, tuple(_limits(need, gpus_of, needs, usable) for need in needs))

@@ -15,7 +15,7 @@ by ``model.adapter``), every auto fine-tune first planned as merged:
   rehearsal when one ran, else the median of the published results for that method
   (:data:`PRIOR_ACCEPTANCE`, said in the reason), and its per-GPU memory estimate;
 * the GPUs: each one's usable memory (less the placement's reserve) less what the spec's other
-  engines need, placed the way :mod:`pipeline.fleet.placement` places them (least loaded first);
+  engines need, placed by the placement's rule (:func:`pipeline.fleet.assign.assign_gpus`);
 * the concurrency: ``evaluation.batch_sizes[0]`` of the base variant, else :data:`DEFAULT_CONCURRENCY`;
 * the traffic: each fine-tune's ``traffic.share``.
 
@@ -42,6 +42,7 @@ from pipeline.costmodel.predict import predict
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, calibration
 from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.errors import InputError
+from pipeline.fleet.assign import Engine, assign_gpus
 from pipeline.fleet.lora_decision import (
     FineTune,
     LoraDecision,
@@ -255,17 +256,12 @@ def _merged(plan: Any, concurrency: int) -> tuple[MergedOption, str]:
 
 
 def _free_after(others: Sequence[Any], count: int, usable: float) -> list[float]:
-    """Each GPU's memory left after the other engines, placed as the fleet placement places them: the
-    spec's device ids first, then the largest engines on the least loaded GPUs."""
-    load = [0.0] * count
-    engines = [p for p in others if p.target == "tensorrt"]
-    for p in engines:
-        ids = p.serving.gpu_device_ids
-        if ids is not None:
-            for index in ids:
-                if 0 <= index < count:
-                    load[index] += p.memory.total_gib
-    for p in sorted((p for p in engines if p.serving.gpu_device_ids is None), key=lambda p: -p.memory.total_gib):
-        for index in sorted(sorted(range(count), key=lambda i: (load[i], i))[: p.world_size]):
-            load[index] += p.memory.total_gib
+    """Each GPU's memory left after the other engines, placed as the fleet placement places them
+    (:func:`pipeline.fleet.assign.assign_gpus`)."""
+    engines = []
+    for p in others:
+        if p.target == "tensorrt":
+            ids = p.serving.gpu_device_ids
+            engines.append(Engine(p.name, p.world_size, p.memory.total_gib, None if ids is None else tuple(ids)))
+    _, load = assign_gpus(engines, count)
     return [max(usable - used, 0.0) for used in load]
