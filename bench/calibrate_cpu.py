@@ -33,7 +33,6 @@ from bench.serve import free_ports, process_tree_stat
 from pipeline.cli import main as cli
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.costmodel import calibrate
-from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.step import Deployment, method_step
 from pipeline.geometry import ModelGeometry
 from pipeline.plan import OutputRoots, VariantPlan, make_plan
@@ -124,7 +123,8 @@ def predicted_tps(content: dict, run: calibrate.Run) -> float:
 
     profile = Calibration.from_dict(content["calibration"]).profile
     s = run.served
-    d = Deployment(ModelGeometry(**s["arch"]), gpu_perf("cpu"), context_len=content["context_len"], profile=profile)
+    device = calibrate.priced_on(content)  # the CPU device with the GEMMs the calibration measured
+    d = Deployment(ModelGeometry(**s["arch"]), device, context_len=content["context_len"], profile=profile)
     step = method_step(d, calibrate.drafting(run, "cpu"), run.concurrency).total_s
     return run.concurrency * run.acceptance_length / step
 

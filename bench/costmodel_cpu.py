@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline import presets, trees
-from pipeline.costmodel.cpu import CpuProfile, interpolate, predicted_cpu_speedup, probe
+from pipeline.costmodel.cpu import interpolate, predicted_cpu_speedup
+from pipeline.costmodel.gemm_probe import CpuProfile, probe
 from pipeline.costmodel.step import Drafting
 from pipeline.speculative import LookaheadConfig
 

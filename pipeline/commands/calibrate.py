@@ -6,7 +6,8 @@ Each RUN_DIR is what `specdeploy bench --repository DIR` wrote (bench.json: toke
 concurrency and what the server served). Plain decoding and at least one speculative method, each at
 two concurrencies or more, on one model: anything less is refused with what to bench
 (pipeline/costmodel/calibrate.py). The file goes into a spec as `gpu: {type: ..., calibration: PATH}`:
-predictions, `best` and the release gates then use it, intervals from its own residuals.
+predictions, `best` and the release gates then use it, intervals from its own residuals. With
+``--gpu cpu`` (the CPU reference backend) it also measures this host's GEMMs by rows, a few seconds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
     try:
         runs = [calibrate.read_run(Path(r)) for r in args.runs]
-        content = calibrate.calibrate(runs, args.gpu, args.runtime, args.context_len)
+        device = None
+        if args.gpu == "cpu":
+            calibrate.refuse_undetermined(runs)  # before measuring anything
+            console.print("measuring this host's GEMMs by rows (calibrate on the host that served the runs)")
+            device = calibrate.cpu_device(runs)
+        content = calibrate.calibrate(runs, args.gpu, args.runtime, args.context_len, device)
     except calibrate.CalibrationError as exc:
         raise InputError(str(exc)) from None
     out = Path(args.out)

@@ -18,10 +18,13 @@ Then the constants are taken greedily in order (the served methods' own terms, t
 host work a step, a layer) as long as each adds a dimension the observations resolve; the others keep
 the shipped profile's values.
 
-The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way with two
+The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way with three
 differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
 every run, plain decoding's too, is one observed step time (concurrency x acceptance length /
-tokens/s) and the residuals are relative errors of tokens/s. And it starts from no constants at all
+tokens/s) and the residuals are relative errors of tokens/s. Its device has no datasheet: the weight
+GEMMs are measured by rows on the host calibrating (:func:`cpu_device`; the file records them, and
+predictions from it are priced on them: :func:`priced_on`), since a CPU GEMM's cost per row falls as
+its rows grow and no constant can say so. And it starts from no constants at all
 (``CPU_BASE``: a constant the runs do not determine costs nothing), taking the physical terms first
 (a row's FLOPs, a request's host work, the weight streaming a layer, the host work a step) and the
 methods' own terms after them: on the CPU a draft row costs what any row costs, so a method's row
@@ -44,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.costmodel import fit, served
-from pipeline.costmodel.hardware import CPU, gpu_perf
+from pipeline.costmodel import fit, gemm_probe, served
+from pipeline.costmodel.hardware import CPU, GpuPerf, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
 from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.geometry import ModelGeometry
@@ -114,8 +117,8 @@ def _model_key(s: dict[str, Any]) -> tuple:
     return (json.dumps(arch, sort_keys=True), s["dtype"], s["kv_dtype"], s["tp"], s["pp"])
 
 
-def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Observation]:
-    """One observation per speculative run with a plain run at its concurrency; refusals as documented."""
+def refuse_undetermined(runs: Sequence[Run]) -> None:
+    """CalibrationError for runs that cannot determine the constants (see the module docstring)."""
     if len({_model_key(r.served) for r in runs}) > 1:
         raise CalibrationError(
             "the runs serve different models or engines (shape, dtype or tp/pp): calibrate one model at a time"
@@ -132,6 +135,20 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
             f"the runs serve {' and '.join(methods)} only: a speedup needs plain decoding and a speculative "
             "method on the same model at the same concurrency; bench both"
         )
+    plain = {r.concurrency for r in runs if r.served["method"] == "none"}
+    if len({r.concurrency for r in runs if r.served["method"] != "none" and r.concurrency in plain}) < 2:
+        raise CalibrationError(
+            "no speculative run has a plain-decoding run at two concurrencies: bench plain decoding at the "
+            "speculative runs' concurrencies"
+        )
+
+
+def observations(
+    runs: Sequence[Run], gpu: str, context_len: int, device: GpuPerf | None = None
+) -> list[fit.Observation]:
+    """One observation per speculative run with a plain run at its concurrency, priced on ``device``
+    (default: ``gpu``'s figures); refusals as documented."""
+    refuse_undetermined(runs)
     plain = {r.concurrency: r for r in runs if r.served["method"] == "none"}
     found = []
     for r in runs:
@@ -141,7 +158,7 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
         s = r.served
         deployment = Deployment(
             ModelGeometry(**s["arch"]),
-            gpu_perf(gpu),
+            device or gpu_perf(gpu),
             served.priced_dtype(s["dtype"]),
             served.priced_dtype(s["kv_dtype"]),
             s["tp"],
@@ -162,11 +179,6 @@ def observations(runs: Sequence[Run], gpu: str, context_len: int) -> list[fit.Ob
                 r.concurrency * r.acceptance_length / r.tokens_per_second if absolute else None,
             )
         )
-    if len({o.batch for o in found if o.method != "none"}) < 2:
-        raise CalibrationError(
-            "no speculative run has a plain-decoding run at two concurrencies: bench plain decoding at the "
-            "speculative runs' concurrencies"
-        )
     return found
 
 
@@ -186,9 +198,28 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu
     return chosen
 
 
-def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> dict[str, Any]:
-    """The calibration file's content (see :func:`write`)."""
-    found = observations(runs, gpu, context_len)
+def cpu_device(runs: Sequence[Run], repeats: int = 3) -> GpuPerf:
+    """The CPU device with this host's GEMMs measured by rows for the runs' model and dtype
+    (gemm_probe.probe, a few seconds): calibrate on the host that served the runs."""
+    served = runs[0].served
+    gemms = gemm_probe.probe(ModelGeometry(**served["arch"]), bf16=served["dtype"] == "bfloat16", repeats=repeats)
+    return dataclasses.replace(gpu_perf(CPU), gemms=gemms)
+
+
+def priced_on(content: dict[str, Any]) -> GpuPerf:
+    """The device a calibration file's predictions are priced on (the CPU device with its probe)."""
+    found = gpu_perf(content["gpu"])
+    if content.get("gemms"):
+        return dataclasses.replace(found, gemms=gemm_probe.CpuProfile.from_dict(content["gemms"]))
+    return found
+
+
+def calibrate(
+    runs: Sequence[Run], gpu: str, runtime: str, context_len: int, device: GpuPerf | None = None
+) -> dict[str, Any]:
+    """The calibration file's content (see :func:`write`); ``device`` as in :func:`observations`
+    (`specdeploy calibrate --gpu cpu` passes :func:`cpu_device`)."""
+    found = observations(runs, gpu, context_len, device)
     base = CPU_BASE if gpu == CPU else calibration(runtime).profile
     names = choose_constants(found, base, cpu=gpu == CPU)
     if not names:
@@ -220,6 +251,7 @@ def calibrate(runs: Sequence[Run], gpu: str, runtime: str, context_len: int) -> 
         "gpu": gpu,
         "runtime": runtime,
         "context_len": context_len,
+        "gemms": device.gemms.to_dict() if device is not None and device.gemms is not None else None,
         "calibration": Calibration(profile, bands, source).to_dict(),
         "fitted": names,
         "observations": [

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline import gpus
+from pipeline.costmodel.gemm_probe import CpuProfile
 
 # Fraction of peak HBM bandwidth a decode-phase GEMV/GEMM or attention kernel streams at (an
 # assumption: memory-bound kernels reach 80-90% of peak on A100/H100 in NVIDIA's own STREAM-like
@@ -60,6 +61,9 @@ class GpuPerf:
     link_gbps: float  # GPU-to-GPU bandwidth per direction, GB/s
     nvlink: bool
     kind: str = "gpu"  # "cpu": the reference backend's device, priced by step.py's CPU step model
+    # The CPU device's weight GEMMs measured by rows on its host (gemm_probe.probe); None: a GEMM costs
+    # its FLOPs at the nominal peak.
+    gemms: CpuProfile | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """FLOP/s of the tensor cores for this weight dtype (fp8 falls back to bf16 where absent)."""
@@ -94,9 +98,10 @@ GPU_PERF: dict[str, GpuPerf] = {
 }
 
 
-# The CPU the reference backend runs on: no datasheet, so a nominal 1 TFLOP/s "peak" (the CPU step
-# model's ``row_compute`` is then seconds per TFLOP of a pass's GEMMs) and no bandwidth figure (its
-# weight streaming is the fitted ``host_layer_s``). Only `specdeploy calibrate --gpu cpu` uses it.
+# The CPU the reference backend runs on: no datasheet and no bandwidth figure (its weight streaming is
+# the fitted ``host_layer_s``). `specdeploy calibrate --gpu cpu` measures its GEMMs by rows on the host
+# (``gemms``: ``row_compute`` is then how many times their measured seconds a pass pays); without
+# them a nominal 1 TFLOP/s "peak" (``row_compute`` in seconds per TFLOP of a pass's GEMMs).
 CPU = "cpu"
 CPU_DEVICE = GpuPerf(CPU, 0.0, 1.0, None, 0.0, False, kind="cpu")
 

@@ -43,7 +43,10 @@ same constants with CPU meanings (``specdeploy calibrate --gpu cpu`` fits them o
 
 * ``host_layer_s`` per decoder layer's worth of weights a pass reads (the target's layers and
   lm_head; a Medusa heads pass; an EAGLE drafter level's fc, layer and lm_head);
-* ``row_compute`` seconds per TFLOP of the pass's GEMMs and attention, all rows of all requests;
+* ``row_compute`` times the pass's weight GEMMs over all rows of all requests (one GEMM per weight)
+  as the device's probe measured them by rows (``GpuPerf.gemms``, gemm_probe.probe: the engine's own
+  GEMMs on the host, in cache; a CPU GEMM gets cheaper per row as the rows grow, and the step with
+  it), its attention at the qkv GEMM's measured rate; without a probe, seconds per TFLOP of them;
 * ``request_s`` per request a step (its sequence's attention, sampling and streamed response);
 * ``host_step_s`` per step; ``level_s``, ``tree_row_s`` and ``lookahead_row_s`` as on a GPU.
 
@@ -57,6 +60,7 @@ from typing import Literal
 
 from pipeline import trees
 from pipeline.costmodel import hardware
+from pipeline.costmodel.gemm_probe import LAYER_GEMMS, gemm_shapes
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.geometry import ModelGeometry
@@ -179,10 +183,31 @@ def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
     return roofline_s(d.gpu, kv_bytes, flops, "bfloat16", d.constants())
 
 
-def cpu_pass_s(d: Deployment, params: float, flops: float) -> float:
-    """One pass of the CPU device: streaming ``params`` weights, then ``flops`` of work."""
+Gemms = tuple[tuple[str, int, float], ...]  # (gemm_probe shape, calls, rows a call)
+
+
+def cpu_pass_s(d: Deployment, params: float, gemms: Gemms, attention_flops: float = 0.0) -> float:
+    """One pass of the CPU device: streaming ``params`` weights, then its ``gemms`` and attention."""
     k = d.constants()
-    return k.host_layer_s * params / d.arch.decoder_layer_params() + k.row_compute * flops / d.gpu.peak_flops("fp32")
+    return k.host_layer_s * params / d.arch.decoder_layer_params() + k.row_compute * _cpu_compute_s(
+        d, gemms, attention_flops
+    )
+
+
+def _cpu_compute_s(d: Deployment, gemms: Gemms, attention_flops: float) -> float:
+    """Seconds of ``gemms`` as the device's probe measured them (attention at the qkv GEMM's measured
+    rate over the pass's rows), or their FLOPs at its nominal peak."""
+    shapes = gemm_shapes(d.arch)
+    flops = [calls * 2 * shapes[name][0] * shapes[name][1] * rows for name, calls, rows in gemms]
+    measured = d.gpu.gemms
+    if not gemms:
+        return attention_flops / d.gpu.peak_flops("fp32") if measured is None else 0.0
+    if measured is None:
+        return (sum(flops) + attention_flops) / d.gpu.peak_flops("fp32")
+    rows = gemms[0][2]
+    out, inputs = shapes["qkv"]
+    attention_rate = measured.gemm_s("qkv", rows) / (2 * out * inputs * rows)  # seconds per FLOP
+    return sum(calls * measured.gemm_s(name, rows) for name, calls, rows in gemms) + attention_flops * attention_rate
 
 
 def _attention_flops(d: Deployment, batch: int, rows: int, layers: int) -> float:
@@ -190,14 +215,19 @@ def _attention_flops(d: Deployment, batch: int, rows: int, layers: int) -> float
     return 4 * batch * rows * d.context_len * (arch.num_heads / d.tp) * arch.head_dim * layers
 
 
+def _layer_gemms(calls: int, rows: float) -> Gemms:
+    return tuple((name, calls, rows) for name in LAYER_GEMMS)
+
+
 def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> StepCost:
-    """The CPU device's target pass (see the module docstring)."""
+    """The CPU device's target pass (see the module docstring): every request's rows in one GEMM."""
     arch, cost, k = d.arch, StepCost(), d.constants()
     decoder = arch.num_layers * arch.decoder_layer_params()
     lm_head = arch.vocab_size * arch.hidden_size
-    cost.add("weight streaming", cpu_pass_s(d, decoder + lm_head, 0.0))
-    flops = 2 * (decoder * batch * rows + lm_head * batch * logit_rows)
-    cost.add("GEMMs and attention", cpu_pass_s(d, 0.0, flops + _attention_flops(d, batch, rows, arch.num_layers)))
+    cost.add("weight streaming", cpu_pass_s(d, decoder + lm_head, ()))
+    gemms = (*_layer_gemms(arch.num_layers, batch * rows), ("lm_head", 1, batch * logit_rows))
+    attention = _attention_flops(d, batch, rows, arch.num_layers)
+    cost.add("GEMMs and attention", cpu_pass_s(d, 0.0, gemms, attention))
     cost.add("step overhead", k.host_step_s)
     if k.request_s:
         cost.add("per-request work", k.request_s * batch)
@@ -213,13 +243,15 @@ def cpu_method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     h, lm_head = arch.hidden_size, arch.vocab_size * arch.hidden_size
     drafts = batch * (drafting.rows - 1)
     if drafting.method == "medusa":
-        params = drafting.medusa_heads * h * h + lm_head
-        cost.add("medusa heads", cpu_pass_s(d, params, 2 * batch * drafting.medusa_heads * (h * h + lm_head)))
+        heads = drafting.medusa_heads
+        heads_gemms: Gemms = (("medusa_resblock", heads, batch), ("lm_head", 1, batch * heads))
+        cost.add("medusa heads", cpu_pass_s(d, heads * h * h + lm_head, heads_gemms))
     elif drafting.method == "eagle":
         params = arch.decoder_layer_params() + 2 * h * h + lm_head
         for rows in drafting.eagle_level_rows:
-            flops = 2 * batch * rows * params + _attention_flops(d, batch, rows, 1)
-            cost.add("eagle drafter", cpu_pass_s(d, params, flops) + k.level_s)
+            gemms = (("eagle_fc", 1, batch * rows), *_layer_gemms(1, batch * rows), ("lm_head", 1, batch * rows))
+            attention = _attention_flops(d, batch, rows, 1)
+            cost.add("eagle drafter", cpu_pass_s(d, params, gemms, attention) + k.level_s)
     if drafting.method in ("medusa", "eagle") and k.tree_row_s:
         cost.add("tree mask and acceptance", k.tree_row_s * drafts)
     if drafting.method == "lookahead" and k.lookahead_row_s:

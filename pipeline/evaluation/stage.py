@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pipeline.costmodel.cpu import probe
+from pipeline.costmodel.gemm_probe import probe
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, Calibration, calibration
@@ -221,7 +221,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             "acceptance_batch": ACCEPTANCE_BATCH,
             "acceptance_threads": min(ACCEPTANCE_THREADS, os.cpu_count() or 1),
             "cpu_forward_s": forward_s,  # one engine pass by rows fed (measure.forward_probe)
-            "cpu_gemm_probe": gemms.to_dict() if gemms is not None else None,  # costmodel.cpu.probe
+            "cpu_gemm_probe": gemms.to_dict() if gemms is not None else None,  # costmodel.gemm_probe.probe
             "probe_prompts": min(PROBE_PROMPTS, len(prompts)),
         },
         "candidates": records,

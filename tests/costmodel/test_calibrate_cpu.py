@@ -1,17 +1,18 @@
 """`specdeploy calibrate --gpu cpu`: bench runs of a CPU reference backend with known step constants
-calibrate back to them, predict a held-out method (EAGLE) and concurrency exactly, and data that
-cannot determine the constants is refused in one line."""
+calibrate back to them, predict a held-out method (EAGLE) and concurrency exactly, on a device whose
+GEMMs were measured by rows too, and data that cannot determine the constants is refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from pipeline import presets, trees
-from pipeline.costmodel import calibrate, served
-from pipeline.costmodel.hardware import CPU_DEVICE, gpu_perf
+from pipeline.costmodel import calibrate, gemm_probe, served
+from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.costmodel.step import Deployment, method_step
 
@@ -45,18 +46,26 @@ def server(method: str) -> dict:
     return {**SERVED[method], "arch": arch, "dtype": "bfloat16", "kv_dtype": "bfloat16", "tp": 1, "pp": 1}
 
 
-def measured_tps(method: str, concurrency: int) -> float:
+# A measured CPU whose GEMMs get cheaper per row as the rows grow (seconds ~ rows^0.6, the shape a
+# float32 GEMM has here), which no constant times the FLOPs can follow.
+ROWS = gemm_probe.PROBE_ROWS
+SHAPES = gemm_probe.gemm_shapes(ARCH)
+CURVE = {name: tuple(2 * o * i * 2e-12 * r**0.6 for r in ROWS) for name, (o, i) in SHAPES.items()}
+MEASURED = dataclasses.replace(CPU_DEVICE, gemms=gemm_probe.CpuProfile(ROWS, CURVE))
+
+
+def measured_tps(method: str, concurrency: int, device: GpuPerf = CPU_DEVICE) -> float:
     """tokens/s a CPU with the TRUE constants gives: concurrency x AL / step time."""
-    d = Deployment(ARCH, CPU_DEVICE, context_len=CONTEXT, profile=TRUE)
+    d = Deployment(ARCH, device, context_len=CONTEXT, profile=TRUE)
     return concurrency * AL[method] / method_step(d, served.drafting(server(method)), concurrency).total_s
 
 
-def bench_run(folder: Path, method: str, concurrency: int, scale: float = 1.0) -> Path:
+def bench_run(folder: Path, method: str, concurrency: int, device: GpuPerf = CPU_DEVICE) -> Path:
     folder.mkdir(parents=True)
     body = {
         "concurrency": concurrency,
         "completed": 8,
-        "tokens_per_second": measured_tps(method, concurrency) * scale,
+        "tokens_per_second": measured_tps(method, concurrency, device),
         "acceptance": {"mean_acceptance_length": None if method == "none" else AL[method]},
         "server": server(method),
     }
@@ -91,6 +100,36 @@ def test_cpu_runs_calibrate_back_to_their_constants_and_predict_what_was_held_ou
         assert 8 * AL[method] / step == pytest.approx(measured_tps(method, 8), rel=1e-6), method
 
 
+def test_a_cpu_measured_by_rows_calibrates_back_and_predicts_through_its_file(tmp_path):
+    methods, concurrencies = ("none", "lookahead", "medusa"), (1, 2, 4)
+    paths = [bench_run(tmp_path / f"{m}-{c}", m, c, MEASURED) for m in methods for c in concurrencies]
+    found = [calibrate.read_run(p) for p in paths]
+    content = calibrate.calibrate(found, "cpu", "trtllm", CONTEXT, MEASURED)
+    profile = content["calibration"]["profile"]
+    for name in ("row_compute", "request_s", "host_layer_s", "host_step_s"):
+        assert profile[name] == pytest.approx(getattr(TRUE, name), rel=1e-6, abs=1e-9), name
+    # The file keeps the measured GEMMs: what it predicts (EAGLE, concurrency 8) is priced on them.
+    path = tmp_path / "cal.json"
+    calibrate.write(content, path)
+    device = calibrate.priced_on(json.loads(path.read_text()))
+    d = Deployment(ARCH, device, context_len=CONTEXT, profile=calibrate.load(path, "cpu").profile)
+    for method in ("none", "medusa", "eagle"):
+        step = method_step(d, served.drafting(server(method)), 8).total_s
+        assert 8 * AL[method] / step == pytest.approx(measured_tps(method, 8, MEASURED), rel=1e-6), method
+    # Priced by FLOPs instead, the same runs leave residuals: the rows' curve is what the probe adds.
+    flops = calibrate.calibrate(found, "cpu", "trtllm", CONTEXT)
+    assert flops["gemms"] is None and max(abs(o["residual"]) for o in flops["observations"]) > 0.02
+
+
+def test_cpu_device_measures_the_runs_model_on_this_host(tmp_path):
+    tiny = presets.preset("smollm2-135m-instruct").to_dict() | {"num_layers": 1, "vocab_size": 512}
+    run = calibrate.read_run(bench_run(tmp_path / "none-1", "none", 1))
+    run = dataclasses.replace(run, served=run.served | {"arch": tiny})
+    gemms = calibrate.cpu_device([run], repeats=1).gemms
+    assert gemms is not None and gemms.rows == ROWS
+    assert set(gemms.seconds) == set(SHAPES) and min(min(s) for s in gemms.seconds.values()) > 0
+
+
 def test_noisy_cpu_runs_show_their_noise_in_the_leave_one_out_residuals(tmp_path):
     found = runs(tmp_path, concurrencies=(1, 2, 4))
     noisy = [run if i % 3 else calibrate.Run(run.path, run.served, run.concurrency, run.tokens_per_second * 1.08,
@@ -114,12 +153,15 @@ def test_cpu_refusals(tmp_path):
     refused(mixed, "no speculative run has a plain-decoding run at two concurrencies")
 
 
-def test_calibrate_cli_takes_the_cpu_device(cli, tmp_path):
+def test_calibrate_cli_takes_the_cpu_device(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(calibrate, "cpu_device", lambda runs: MEASURED)  # the host's probe takes seconds
     paths = [str(r.path.parent) for r in runs(tmp_path)]
     out = tmp_path / "cal.json"
     rc, stdout, err = cli("calibrate", "--gpu", "cpu", "--context-len", str(CONTEXT), *paths, "--out", str(out))
     assert rc == 0, err
-    assert json.loads(out.read_text())["gpu"] == "cpu" and "host_layer_s" in stdout
+    written = json.loads(out.read_text())
+    assert written["gpu"] == "cpu" and written["gemms"]["rows"] == list(ROWS)
+    assert "host_layer_s" in stdout and "measuring this host's GEMMs" in stdout
     rc, _, err = cli("calibrate", "--gpu", "cpu", *paths[:1], *paths[3:4])
     assert rc == 2 and err.count("\n") == 1, err
 

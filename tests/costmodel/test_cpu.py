@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline import trees
-from pipeline.costmodel.cpu import (
-    CpuProfile,
-    drafting_gemms_s,
-    gemm_shapes,
-    interpolate,
-    method_gemms_s,
-    predicted_cpu_speedup,
-    probe,
-)
+from pipeline.costmodel.cpu import drafting_gemms_s, interpolate, method_gemms_s, predicted_cpu_speedup
+from pipeline.costmodel.gemm_probe import CpuProfile, gemm_shapes, probe
 from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig

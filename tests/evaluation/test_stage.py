@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.costmodel.cpu import CpuProfile
+from pipeline.costmodel.gemm_probe import CpuProfile
 from pipeline.evaluation.result import RELEASE_EXIT_CODE
 from tests.runtime import fixtures as sf
 

@@ -1,0 +1,92 @@
+"""What each weight GEMM of a model costs on this CPU by row count: the reference backend's device,
+measured, because a CPU is no roofline machine for these shapes (float32 GEMMs turn compute-bound
+within a few rows, oneDNN's bf16 ones step up at 16/32 rows).
+
+:func:`probe` times the reference engine's own ``Gemm`` class (pipeline/runtime/model/gemm.py) on
+each shape of one decoder layer, the lm_head and the drafters' own weights, one thread (as the
+reference backend runs on a small host), row counts interleaved within every repeat (the host's speed
+drifts); :class:`CpuProfile` holds the medians and interpolates between the probed row counts. The
+probe calls one weight again and again, so the weight sits in cache: the time to stream a pass's
+weights from memory is not in it (the CPU step models price that on their own).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from pipeline.geometry import ModelGeometry
+
+PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
+LAYER_GEMMS = ("qkv", "dense", "fc", "gate", "proj")  # one decoder layer's weight GEMMs
+
+
+def gemm_shapes(arch: ModelGeometry) -> dict[str, tuple[int, int]]:
+    """(out, in) of each weight GEMM of one decoder layer, the lm_head and the EAGLE fc."""
+    h, d = arch.hidden_size, arch.head_dim
+    return {
+        "qkv": ((arch.num_heads + 2 * arch.num_kv_heads) * d, h),
+        "dense": (h, arch.num_heads * d),
+        "fc": (arch.intermediate_size, h),
+        "gate": (arch.intermediate_size, h),
+        "proj": (h, arch.intermediate_size),
+        "lm_head": (arch.vocab_size, h),
+        "eagle_fc": (h, 2 * h),
+        "medusa_resblock": (h, h),
+    }
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    """Measured seconds of each GEMM shape at the probed row counts."""
+
+    rows: tuple[int, ...]
+    seconds: dict[str, tuple[float, ...]]  # by shape name, one per probed row count
+
+    def to_dict(self) -> dict:
+        return {"rows": list(self.rows), "seconds": {name: list(s) for name, s in self.seconds.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CpuProfile:
+        return cls(tuple(data["rows"]), {name: tuple(s) for name, s in data["seconds"].items()})
+
+    def gemm_s(self, name: str, rows: float) -> float:
+        if rows <= 0:
+            return 0.0
+        xs, ys = self.rows, self.seconds[name]
+        if rows >= xs[-1]:  # beyond the probe: linear in the rows from the last two points
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return ys[-1] + slope * (rows - xs[-1])
+        i = max(bisect_left(xs, rows), 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+
+
+def probe(arch: ModelGeometry, bf16: bool, repeats: int = 5, rows: tuple[int, ...] = PROBE_ROWS) -> CpuProfile:
+    """Time the engine's Gemm for every shape and row count, one thread, row counts interleaved."""
+    import torch
+
+    from pipeline.runtime.model.gemm import Gemm
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        out: dict[str, tuple[float, ...]] = {}
+        for name, (n_out, n_in) in gemm_shapes(arch).items():
+            gemm = Gemm(torch.randn(n_out, n_in, generator=gen) * 0.02, bf16=bf16)
+            inputs = {m: torch.randn(m, n_in, generator=gen) for m in rows}
+            calls = max(1, min(1000, 20_000_000 // (n_out * n_in)))  # ~1 ms or more per timing
+            times: dict[int, list[float]] = {m: [] for m in rows}
+            for _ in range(repeats):
+                for m in rows:
+                    start = time.thread_time()
+                    for _ in range(calls):
+                        gemm(inputs[m])
+                    times[m].append((time.thread_time() - start) / calls)
+            out[name] = tuple(statistics.median(times[m]) for m in rows)
+        return CpuProfile(tuple(rows), out)
+    finally:
+        torch.set_num_threads(before)
