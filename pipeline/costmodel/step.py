@@ -197,13 +197,12 @@ def cpu_pass_s(d: Deployment, params: float, gemms: Gemms, attention_flops: floa
 def _cpu_compute_s(d: Deployment, gemms: Gemms, attention_flops: float) -> float:
     """Seconds of ``gemms`` as the device's probe measured them (attention at the qkv GEMM's measured
     rate over the pass's rows), or their FLOPs at its nominal peak."""
-    shapes = gemm_shapes(d.arch)
-    flops = [calls * 2 * shapes[name][0] * shapes[name][1] * rows for name, calls, rows in gemms]
-    measured = d.gpu.gemms
-    if not gemms:
-        return attention_flops / d.gpu.peak_flops("fp32") if measured is None else 0.0
+    shapes, measured = gemm_shapes(d.arch), d.gpu.gemms
     if measured is None:
-        return (sum(flops) + attention_flops) / d.gpu.peak_flops("fp32")
+        flops = sum(calls * 2 * shapes[name][0] * shapes[name][1] * rows for name, calls, rows in gemms)
+        return (flops + attention_flops) / d.gpu.peak_flops("fp32")
+    if not gemms:  # a pass that only streams its weights
+        return 0.0
     rows = gemms[0][2]
     out, inputs = shapes["qkv"]
     attention_rate = measured.gemm_s("qkv", rows) / (2 * out * inputs * rows)  # seconds per FLOP
