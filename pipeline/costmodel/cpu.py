@@ -28,27 +28,22 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from pipeline.costmodel.gemm_probe import LAYER_GEMMS, CpuProfile
+from pipeline.costmodel.gemm_probe import CpuProfile, eagle_level_gemms, medusa_gemms, target_gemms
 from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
 
 
 def target_gemms_s(profile: CpuProfile, arch: ModelGeometry, rows: float, logit_rows: float) -> float:
-    layer = sum(profile.gemm_s(name, rows) for name in LAYER_GEMMS)
-    return arch.num_layers * layer + profile.gemm_s("lm_head", logit_rows)
+    return profile.total_s(target_gemms(arch.num_layers, rows, logit_rows))
 
 
 def drafting_gemms_s(profile: CpuProfile, drafting: Drafting) -> float:
     """A method's own GEMM seconds beyond the target pass: Medusa's heads, EAGLE's drafter levels."""
-    total = 0.0
     if drafting.method == "medusa":
-        total += drafting.medusa_heads * profile.gemm_s("medusa_resblock", 1)
-        total += profile.gemm_s("lm_head", drafting.medusa_heads)  # one pass over every head's row
+        return profile.total_s(medusa_gemms(drafting.medusa_heads, 1))
     if drafting.method == "eagle":
-        for level_rows in drafting.eagle_level_rows:
-            total += profile.gemm_s("eagle_fc", level_rows) + sum(profile.gemm_s(n, level_rows) for n in LAYER_GEMMS)
-            total += profile.gemm_s("lm_head", level_rows)
-    return total
+        return sum(profile.total_s(eagle_level_gemms(rows)) for rows in drafting.eagle_level_rows)
+    return 0.0
 
 
 def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float) -> float:

@@ -21,6 +21,23 @@ from pipeline.geometry import ModelGeometry
 
 PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 LAYER_GEMMS = ("qkv", "dense", "fc", "gate", "proj")  # one decoder layer's weight GEMMs
+Gemms = tuple[tuple[str, int, float], ...]  # the weight GEMMs of one pass: (shape, calls, rows a call)
+
+
+def target_gemms(layers: int, rows: float, logit_rows: float) -> Gemms:
+    """The target pass: every decoder layer's GEMMs over ``rows``, the lm_head over ``logit_rows``."""
+    return (*((name, layers, rows) for name in LAYER_GEMMS), ("lm_head", 1, logit_rows))
+
+
+def medusa_gemms(heads: int, batch: int) -> Gemms:
+    """Medusa's heads pass: each head's ResBlock over one row a request, then one lm_head call over
+    every head's rows (specdeploy's heads share the base lm_head)."""
+    return (("medusa_resblock", heads, batch), ("lm_head", 1, batch * heads))
+
+
+def eagle_level_gemms(rows: float) -> Gemms:
+    """One EAGLE drafter level over ``rows``: its fc, one decoder layer, the lm_head."""
+    return (("eagle_fc", 1, rows), *((name, 1, rows) for name in LAYER_GEMMS), ("lm_head", 1, rows))
 
 
 def gemm_shapes(arch: ModelGeometry) -> dict[str, tuple[int, int]]:
@@ -51,6 +68,9 @@ class CpuProfile:
     @classmethod
     def from_dict(cls, data: dict) -> CpuProfile:
         return cls(tuple(data["rows"]), {name: tuple(s) for name, s in data["seconds"].items()})
+
+    def total_s(self, gemms: Gemms) -> float:
+        return sum(calls * self.gemm_s(name, rows) for name, calls, rows in gemms)
 
     def gemm_s(self, name: str, rows: float) -> float:
         if rows <= 0:

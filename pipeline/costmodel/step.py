@@ -60,7 +60,7 @@ from typing import Literal
 
 from pipeline import trees
 from pipeline.costmodel import hardware
-from pipeline.costmodel.gemm_probe import LAYER_GEMMS, gemm_shapes
+from pipeline.costmodel.gemm_probe import Gemms, eagle_level_gemms, gemm_shapes, medusa_gemms, target_gemms
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.geometry import ModelGeometry
@@ -183,9 +183,6 @@ def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
     return roofline_s(d.gpu, kv_bytes, flops, "bfloat16", d.constants())
 
 
-Gemms = tuple[tuple[str, int, float], ...]  # (gemm_probe shape, calls, rows a call)
-
-
 def cpu_pass_s(d: Deployment, params: float, gemms: Gemms, attention_flops: float = 0.0) -> float:
     """One pass of the CPU device: streaming ``params`` weights, then its ``gemms`` and attention."""
     k = d.constants()
@@ -206,16 +203,12 @@ def _cpu_compute_s(d: Deployment, gemms: Gemms, attention_flops: float) -> float
     rows = gemms[0][2]
     out, inputs = shapes["qkv"]
     attention_rate = measured.gemm_s("qkv", rows) / (2 * out * inputs * rows)  # seconds per FLOP
-    return sum(calls * measured.gemm_s(name, rows) for name, calls, rows in gemms) + attention_flops * attention_rate
+    return measured.total_s(gemms) + attention_flops * attention_rate
 
 
 def _attention_flops(d: Deployment, batch: int, rows: int, layers: int) -> float:
     arch = d.arch
     return 4 * batch * rows * d.context_len * (arch.num_heads / d.tp) * arch.head_dim * layers
-
-
-def _layer_gemms(calls: int, rows: float) -> Gemms:
-    return tuple((name, calls, rows) for name in LAYER_GEMMS)
 
 
 def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> StepCost:
@@ -224,7 +217,7 @@ def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> St
     decoder = arch.num_layers * arch.decoder_layer_params()
     lm_head = arch.vocab_size * arch.hidden_size
     cost.add("weight streaming", cpu_pass_s(d, decoder + lm_head, ()))
-    gemms = (*_layer_gemms(arch.num_layers, batch * rows), ("lm_head", 1, batch * logit_rows))
+    gemms = target_gemms(arch.num_layers, batch * rows, batch * logit_rows)
     attention = _attention_flops(d, batch, rows, arch.num_layers)
     cost.add("GEMMs and attention", cpu_pass_s(d, 0.0, gemms, attention))
     cost.add("step overhead", k.host_step_s)
@@ -243,14 +236,12 @@ def cpu_method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     drafts = batch * (drafting.rows - 1)
     if drafting.method == "medusa":
         heads = drafting.medusa_heads
-        heads_gemms: Gemms = (("medusa_resblock", heads, batch), ("lm_head", 1, batch * heads))
-        cost.add("medusa heads", cpu_pass_s(d, heads * h * h + lm_head, heads_gemms))
+        cost.add("medusa heads", cpu_pass_s(d, heads * h * h + lm_head, medusa_gemms(heads, batch)))
     elif drafting.method == "eagle":
         params = arch.decoder_layer_params() + 2 * h * h + lm_head
         for rows in drafting.eagle_level_rows:
-            gemms = (("eagle_fc", 1, batch * rows), *_layer_gemms(1, batch * rows), ("lm_head", 1, batch * rows))
             attention = _attention_flops(d, batch, rows, 1)
-            cost.add("eagle drafter", cpu_pass_s(d, params, gemms, attention) + k.level_s)
+            cost.add("eagle drafter", cpu_pass_s(d, params, eagle_level_gemms(batch * rows), attention) + k.level_s)
     if drafting.method in ("medusa", "eagle") and k.tree_row_s:
         cost.add("tree mask and acceptance", k.tree_row_s * drafts)
     if drafting.method == "lookahead" and k.lookahead_row_s:
