@@ -88,8 +88,164 @@ def test_a_broken_cancellation_check_counts_as_gone(bls):
 
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_stop_is_tensorrt_llms_cancel_message(bls, decoupled):
-    bls._stop("first-tensorrt_llm", "client-7", decoupled=decoupled)
+    kept = []
+    bls._stop("first-tensorrt_llm", "client-7", decoupled=decoupled, keep=kept.append)
     (stop,) = Sent.requests
     assert (stop.model_name, stop.request_id, stop.decoupled) == ("first-tensorrt_llm", "client-7", decoupled)
     assert stop.inputs["stop"].tolist() == [[True]] and stop.inputs["input_ids"].shape == (1, 0)
     assert stop.inputs["input_lengths"].dtype == np.int32 and stop.inputs["request_output_len"].tolist() == [[0]]
+    assert len(kept) == 1  # its replies, read out, go to the keeper
+
+
+# -- one streaming request end to end, with fake models: preprocessing, an inner stream, postprocessing --
+
+STEPS = [
+    {"model": "pre", "inputs": {"QUERY": "text_input"}, "outputs": {"INPUT_ID": "_INPUT_ID"}},
+    {"model": "llm", "inputs": {"input_ids": "_INPUT_ID"}, "outputs": {"output_ids": "_TOKENS"}},
+    {"model": "post", "inputs": {"TOKENS": "_TOKENS"}, "outputs": {"OUTPUT": "text_output"}},
+]
+
+
+class Out:
+    """A response tensor as the Python backend hands it over (``name()``, ``as_numpy()``)."""
+
+    def __init__(self, name, array):
+        self._name, self._array = name, np.asarray(array)
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+def reply(**tensors):
+    outputs = [Out(name, array) for name, array in tensors.items()]
+    return types.SimpleNamespace(has_error=lambda: False, output_tensors=lambda: outputs)
+
+
+class InnerStream:
+    """The inner request's responses: ``tokens`` one-token responses, then the empty final one; a
+    ``stop`` for its id ends it early (as the backend does). Records how far it was read."""
+
+    def __init__(self, tokens):
+        self.tokens, self.read, self.stopped, self.ended = tokens, 0, False, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.ended:
+            raise StopIteration
+        if self.stopped or self.read == self.tokens:
+            self.ended = True
+            return reply()
+        self.read += 1
+        return reply(output_ids=[[self.read]])
+
+
+@pytest.fixture
+def bls_model(bls, monkeypatch):
+    """A decoupled model over the fake steps; ``stream`` is the inner request's stream, ``stops`` the
+    ids of the stop requests it got, and ``post`` fails on the token it names."""
+    state = types.SimpleNamespace(stream=InnerStream(5), stops=[], post_fails_on=None)
+
+    class Request(Sent):
+        def exec(self, decoupled=False):
+            self.decoupled = decoupled
+            if self.model_name == "pre":
+                return reply(INPUT_ID=[[1, 2]])
+            if self.model_name == "post":
+                token = int(self.inputs["TOKENS"].reshape(-1)[0])
+                if token == state.post_fails_on:
+                    return types.SimpleNamespace(
+                        has_error=lambda: True, error=lambda: types.SimpleNamespace(message=lambda: "post broke")
+                    )
+                return reply(OUTPUT=[[f"t{token}"]])
+            if "stop" in self.inputs:
+                state.stops.append(self.request_id)
+                state.stream.stopped = True
+                return [types.SimpleNamespace(has_error=lambda: False)]
+            return state.stream
+
+    fake = sys.modules["triton_python_backend_utils"]
+    fake.InferenceRequest = Request
+    fake.InferenceResponse = lambda output_tensors, error=None: types.SimpleNamespace(
+        outputs={t.name: t.array for t in output_tensors}, error=error
+    )
+    fake.TritonError = lambda message: message
+    model = bls.TritonPythonModel()
+    parameters = {
+        "specdeploy_steps": {"string_value": __import__("json").dumps(STEPS)},
+        "tensorrt_llm_model_name": {"string_value": "llm"},
+        "cancellation_check_period_ms": {"string_value": "10"},
+    }
+    config = {"name": "ensemble", "model_transaction_policy": {"decoupled": True}, "parameters": parameters}
+    config["output"] = [{"name": "text_output"}]
+    model.initialize({"model_config": __import__("json").dumps(config)})
+    state.model = model
+    return state
+
+
+class Client:
+    """A response sender whose client vanishes after ``lasts`` responses: later sends raise."""
+
+    def __init__(self, lasts=1_000):
+        self.lasts, self.sent, self.final = lasts, [], False
+
+    def send(self, response=None, flags=0):
+        if flags:
+            self.final = True
+        if len(self.sent) >= self.lasts:
+            raise RuntimeError("Unable to send response: the client is gone")
+        if response is not None:
+            self.sent.append(response)
+
+    def is_cancelled(self):
+        return False
+
+
+def request(text="hi", request_id="client-1"):
+    inputs = [Out("text_input", np.array([[text]], dtype=object))]
+    return types.SimpleNamespace(inputs=lambda: inputs, request_id=lambda: request_id)
+
+
+def test_a_stream_is_post_processed_response_by_response(bls_model):
+    client = Client()
+    bls_model.model._stream(request(), client)
+    assert [r.outputs["text_output"].tolist() for r in client.sent] == [[[f"t{i}"]] for i in range(1, 6)]
+    assert client.final and bls_model.stream.ended and bls_model.stops == []
+
+
+def test_a_vanished_client_cancels_the_inner_stream_which_is_still_read_to_its_end(bls_model):
+    bls_model.stream = InnerStream(10_000)
+    client = Client(lasts=2)  # the third send raises
+    bls_model.model._stream(request(), client)
+    assert len(client.sent) == 2 and client.final  # the final flag is still tried
+    assert bls_model.stops == ["client-1"]  # TensorRT-LLM's cancel, with the inner request's id
+    assert bls_model.stream.ended and bls_model.stream.read < 10_000  # stopped early, read out
+
+
+def test_a_failed_postprocessing_ends_the_request_and_cancels_the_inner_one(bls_model):
+    bls_model.stream, bls_model.post_fails_on = InnerStream(10_000), 3
+    client = Client()
+    bls_model.model._stream(request(), client)
+    assert [getattr(r, "error", None) for r in client.sent] == [None, None, "post broke"] and client.final
+    assert bls_model.stops == ["client-1"] and bls_model.stream.ended
+
+
+def test_finished_streams_are_held_for_the_grace_period_then_let_go(bls):
+    import weakref
+
+    class Replies:
+        pass
+
+    kept = bls._Kept(grace_s=0.05)
+    first = Replies()
+    gone = weakref.ref(first)
+    kept.keep(first)
+    del first
+    assert gone() is not None  # held: the Python backend's own reference goes first
+    time.sleep(0.1)
+    kept.keep(Replies())  # the next stream lets the expired ones go
+    assert gone() is None

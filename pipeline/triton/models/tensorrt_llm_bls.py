@@ -25,7 +25,10 @@ Python backend has it (triton-inference-server/python_backend#398, 2025) and alw
 TensorRT-LLM's own cancel message, a ``stop`` request with the inner request's id (Triton 2.51
 has no ``cancel()``; both backends honour ``stop``). The inner request carries the client's id,
 so a client's own ``stop`` to ``tensorrt_llm`` reaches it too; a request without one gets a
-unique id, since ``stop`` needs one.
+unique id, since ``stop`` needs one. The inner stream is always read to its final response: a send
+to a vanished client or a failed postprocessing cancels it first, and nothing is left half-read in
+the Python backend. Finished inner streams are held a while before they are let go (``_Kept``: a
+Python backend defect in Triton 2.51 otherwise frees their arrays without the GIL).
 
 What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
 draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
@@ -36,7 +39,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
+from collections import deque
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -69,6 +74,7 @@ class TritonPythonModel:
         self.lora_task_id = int(task) if task else None
         self.cancel_period_s = int(parameter(config, "cancellation_check_period_ms", "100") or 100) / 1000
         self.threads: list[threading.Thread] = []
+        self.kept = _Kept()
 
     def execute(self, requests: list) -> list | None:
         if not self.decoupled:
@@ -98,15 +104,30 @@ class TritonPythonModel:
         return responses[0]
 
     def _stream(self, request, sender) -> None:
+        """Answer a decoupled request through its sender. A send that fails means the client is gone:
+        nothing more is sent to it, and the watcher cancels the inner request (``_run`` still reads
+        the inner stream to its end). The final flag is always attempted, so Triton ends the request."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        gone = threading.Event()
+
+        def send(response=None, flags: int = 0) -> None:
+            if gone.is_set() and not flags:
+                return
+            try:
+                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+            except Exception as exc:  # noqa: BLE001 - a vanished client must not end the inner stream early
+                if not gone.is_set():
+                    pb_utils.Logger.log_warn(f"{self.name}: sending a response failed, cancelling the request: {exc}")
+                gone.set()
+
         try:
-            for response in self._run(request, cancelled=sender.is_cancelled):
-                sender.send(response)
+            for response in self._run(request, cancelled=lambda: gone.is_set() or sender.is_cancelled()):
+                send(response)
         except RequestError as exc:
-            sender.send(_error(str(exc)))
+            send(_error(str(exc)))
         except Exception as exc:  # noqa: BLE001 - a failed request must still end its stream
-            sender.send(_error(f"{self.name}: {type(exc).__name__}: {exc}"))
-        sender.send(flags=final)
+            send(_error(f"{self.name}: {type(exc).__name__}: {exc}"))
+        send(flags=final)
 
     def _run(self, request, cancelled=lambda: False):
         """The request's responses: one per ``tensorrt_llm`` response, post-processed."""
@@ -128,12 +149,22 @@ class TritonPythonModel:
         inference = _request(llm, tensors, inner_id)
         with _Watch(cancelled, self.cancel_period_s, self.name) as watch:
             replies = self._start(inference, watch, llm["model"], inner_id)
-            for reply in replies:
-                if watch.fired:
-                    continue  # drain: the backend ends the cancelled request with a final response
-                response = self._reply(reply, llm, post, tensors)
-                if response is not None:
-                    yield response
+            stream, ended = iter(replies), False
+            try:
+                for reply in stream:
+                    if watch.fired:
+                        continue  # drain: the backend ends the cancelled request with a final response
+                    response = self._reply(reply, llm, post, tensors)
+                    if response is not None:
+                        yield response
+                ended = True
+            finally:
+                if not ended:  # an error, or the consumer left: cancel the inner request, read it out
+                    watch.fire()
+                    for _ in stream:
+                        pass
+                if self.decoupled:
+                    self.kept.keep(replies)
 
     def _start(self, inference, watch: _Watch, model: str, inner_id: str):
         """Run the ``tensorrt_llm`` request; once the client is gone, cancel it there."""
@@ -146,7 +177,7 @@ class TritonPythonModel:
             cancel_iterator = getattr(replies, "cancel", None)  # python_backend#398; not in Triton 2.51
             if cancel_iterator is not None:
                 cancel_iterator()
-            _stop(model, inner_id, decoupled=True)
+            _stop(model, inner_id, decoupled=True, keep=self.kept.keep)
 
         watch.start(cancel)
         return replies
@@ -178,15 +209,20 @@ class TritonPythonModel:
 
 class _Watch:
     """Polls ``cancelled`` every ``period_s`` from a thread of its own (the request's thread is
-    blocked reading ``tensorrt_llm``'s responses) and runs ``on_cancel`` once when it turns true."""
+    blocked reading ``tensorrt_llm``'s responses) and runs ``on_cancel`` once when it turns true, or
+    when the request's thread calls ``fire`` (a failed request)."""
 
     def __init__(self, cancelled, period_s: float, model: str = "tensorrt_llm_bls") -> None:
         self.cancelled, self.period_s, self.model = cancelled, period_s, model
         self.fired = False
+        self._on_cancel = None
+        self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, on_cancel) -> None:
+        self._on_cancel = on_cancel
+
         def watch() -> None:
             while not self._done.wait(self.period_s):
                 try:
@@ -194,15 +230,22 @@ class _Watch:
                 except Exception:  # noqa: BLE001 - a request whose state cannot be read is gone
                     gone = True
                 if gone:
-                    self.fired = True
-                    try:
-                        on_cancel()
-                    except Exception as exc:  # noqa: BLE001 - log and let the request run out
-                        pb_utils.Logger.log_warn(f"{self.model}: cancelling the request failed: {exc}")
+                    self.fire()
                     return
 
         self._thread = threading.Thread(target=watch, name="bls-cancel-watch", daemon=True)
         self._thread.start()
+
+    def fire(self) -> None:
+        """Cancel the inner request now (once; a no-op before ``start``)."""
+        with self._lock:
+            if self.fired or self._on_cancel is None:
+                return
+            self.fired = True
+        try:
+            self._on_cancel()
+        except Exception as exc:  # noqa: BLE001 - log and let the request run out
+            pb_utils.Logger.log_warn(f"{self.model}: cancelling the request failed: {exc}")
 
     def __enter__(self) -> _Watch:
         return self
@@ -211,9 +254,36 @@ class _Watch:
         self._done.set()
 
 
-def _stop(model: str, request_id: str, decoupled: bool) -> None:
+class _Kept:
+    """Finished decoupled response iterators, held ``grace_s`` before they are let go.
+
+    The Python backend keeps a reference of its own to every decoupled response iterator, with all
+    of its responses, and drops it from a thread of its own that does not hold the GIL once the
+    stream has ended. Where that is the last reference, the responses' numpy arrays are freed
+    without the GIL, which now and then corrupts the stub's allocator and crashes it (fixed upstream
+    after Triton 2.51: ``PbTensor::~PbTensor`` takes the GIL since triton-inference-server/python_backend#390).
+    Holding ours a while makes the backend's reference go first, so the last one is dropped here,
+    by Python, with the GIL held."""
+
+    def __init__(self, grace_s: float = 10.0) -> None:
+        self.grace_s = grace_s
+        self._held: deque[tuple[float, object]] = deque()
+        self._lock = threading.Lock()
+
+    def keep(self, replies) -> None:
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            self._held.append((now + self.grace_s, replies))
+            while self._held[0][0] <= now:
+                expired.append(self._held.popleft())
+        expired.clear()  # dropped outside the lock: freeing an iterator may take a while
+
+
+def _stop(model: str, request_id: str, decoupled: bool, keep=lambda replies: None) -> None:
     """TensorRT-LLM's cancel message: ``stop=true`` with the id of the request to cancel (and the
-    required inputs, empty, as NVIDIA's inflight_batcher_llm_client sends them)."""
+    required inputs, empty, as NVIDIA's inflight_batcher_llm_client sends them). A decoupled
+    model takes only decoupled requests; their replies are read to the end and handed to ``keep``."""
     inputs = [
         pb_utils.Tensor("input_ids", np.zeros((1, 0), dtype=np.int32)),
         pb_utils.Tensor("input_lengths", np.zeros((1, 1), dtype=np.int32)),
@@ -222,9 +292,10 @@ def _stop(model: str, request_id: str, decoupled: bool) -> None:
     ]
     stop = pb_utils.InferenceRequest(model_name=model, inputs=inputs, request_id=request_id, requested_output_names=[])
     replies = stop.exec(decoupled=True) if decoupled else [stop.exec()]
-    for reply in replies:
-        if reply.has_error():
-            raise RuntimeError(reply.error().message())
+    errors = [reply.error().message() for reply in replies if reply.has_error()]
+    keep(replies)
+    if errors:
+        raise RuntimeError(errors[0])
 
 
 def _batched(array: np.ndarray) -> np.ndarray:
