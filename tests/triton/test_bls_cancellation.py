@@ -1,14 +1,17 @@
 """The tensorrt_llm_bls model's cancellation pieces, with a fake ``triton_python_backend_utils`` (no server):
-the watcher that notices a client has gone, and TensorRT-LLM's cancel message it sends.
+the watcher that notices a client has gone, TensorRT-LLM's cancel message it sends, and one streaming
+request end to end over fake models (a vanished client, a failed postprocessing).
 tests/triton/test_server_cancellation.py runs them in a real tritonserver."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import threading
 import time
 import types
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -176,13 +179,13 @@ def bls_model(bls, monkeypatch):
     fake.TritonError = lambda message: message
     model = bls.TritonPythonModel()
     parameters = {
-        "specdeploy_steps": {"string_value": __import__("json").dumps(STEPS)},
+        "specdeploy_steps": {"string_value": json.dumps(STEPS)},
         "tensorrt_llm_model_name": {"string_value": "llm"},
         "cancellation_check_period_ms": {"string_value": "10"},
     }
     config = {"name": "ensemble", "model_transaction_policy": {"decoupled": True}, "parameters": parameters}
     config["output"] = [{"name": "text_output"}]
-    model.initialize({"model_config": __import__("json").dumps(config)})
+    model.initialize({"model_config": json.dumps(config)})
     state.model = model
     return state
 
@@ -235,8 +238,6 @@ def test_a_failed_postprocessing_ends_the_request_and_cancels_the_inner_one(bls_
 
 
 def test_finished_streams_are_held_for_the_grace_period_then_let_go(bls):
-    import weakref
-
     class Replies:
         pass
 
