@@ -151,7 +151,7 @@ class InnerStream:
 def bls_model(bls, monkeypatch):
     """A decoupled model over the fake steps; ``stream`` is the inner request's stream, ``stops`` the
     ids of the stop requests it got, and ``post`` fails on the token it names."""
-    state = types.SimpleNamespace(stream=InnerStream(5), stops=[], post_fails_on=None)
+    state = types.SimpleNamespace(stream=InnerStream(5), stops=[], stop_threads=[], post_fails_on=None)
 
     class Request(Sent):
         def exec(self, decoupled=False):
@@ -167,6 +167,7 @@ def bls_model(bls, monkeypatch):
                 return reply(OUTPUT=[[f"t{token}"]])
             if "stop" in self.inputs:
                 state.stops.append(self.request_id)
+                state.stop_threads.append(threading.current_thread())
                 state.stream.stopped = True
                 return [types.SimpleNamespace(has_error=lambda: False)]
             return state.stream
@@ -191,10 +192,11 @@ def bls_model(bls, monkeypatch):
 
 
 class Client:
-    """A response sender whose client vanishes after ``lasts`` responses: later sends raise."""
+    """A response sender whose client vanishes after ``lasts`` responses (later sends raise), or
+    cancels after ``cancels_after`` (Triton then reports the request cancelled)."""
 
-    def __init__(self, lasts=1_000):
-        self.lasts, self.sent, self.final = lasts, [], False
+    def __init__(self, lasts=1_000, cancels_after=1_000):
+        self.lasts, self.cancels_after, self.sent, self.final = lasts, cancels_after, [], False
 
     def send(self, response=None, flags=0):
         if flags:
@@ -205,7 +207,7 @@ class Client:
             self.sent.append(response)
 
     def is_cancelled(self):
-        return False
+        return len(self.sent) >= self.cancels_after
 
 
 def request(text="hi", request_id="client-1"):
@@ -227,6 +229,15 @@ def test_a_vanished_client_cancels_the_inner_stream_which_is_still_read_to_its_e
     assert len(client.sent) == 2 and client.final  # the final flag is still tried
     assert bls_model.stops == ["client-1"]  # TensorRT-LLM's cancel, with the inner request's id
     assert bls_model.stream.ended and bls_model.stream.read < 10_000  # stopped early, read out
+
+
+def test_a_cancelled_stream_is_stopped_from_its_reading_thread(bls_model):
+    bls_model.stream = InnerStream(10_000)
+    client = Client(cancels_after=3)
+    bls_model.model._stream(request(), client)
+    assert bls_model.stops == ["client-1"] and bls_model.stream.ended and client.final
+    # Not from the watcher's thread while the stream's responses arrive: see _stop.
+    assert bls_model.stop_threads == [threading.current_thread()]
 
 
 def test_a_failed_postprocessing_ends_the_request_and_cancels_the_inner_one(bls_model):

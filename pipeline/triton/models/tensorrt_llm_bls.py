@@ -152,6 +152,7 @@ class TritonPythonModel:
             stream, ended = iter(replies), False
             try:
                 for reply in stream:
+                    watch.run_pending()
                     if watch.fired:
                         continue  # drain: the backend ends the cancelled request with a final response
                     response = self._reply(reply, llm, post, tensors)
@@ -167,11 +168,13 @@ class TritonPythonModel:
                     self.kept.keep(replies)
 
     def _start(self, inference, watch: _Watch, model: str, inner_id: str):
-        """Run the ``tensorrt_llm`` request; once the client is gone, cancel it there."""
+        """Run the ``tensorrt_llm`` request; once the client is gone, cancel it there: from the
+        watcher's thread while the request starts, from this thread between responses once it
+        streams (``_Watch.read_here``; why in ``_stop``)."""
         if not self.decoupled:
             watch.start(lambda: _stop(model, inner_id, decoupled=False))
             return [inference.exec()]
-        replies = inference.exec(decoupled=True)
+        replies = None
 
         def cancel() -> None:
             cancel_iterator = getattr(replies, "cancel", None)  # python_backend#398; not in Triton 2.51
@@ -180,6 +183,8 @@ class TritonPythonModel:
             _stop(model, inner_id, decoupled=True, keep=self.kept.keep)
 
         watch.start(cancel)
+        replies = inference.exec(decoupled=True)
+        watch.read_here()
         return replies
 
     def _reply(self, reply, llm: dict, post: dict, tensors: dict):
@@ -209,13 +214,17 @@ class TritonPythonModel:
 
 class _Watch:
     """Polls ``cancelled`` every ``period_s`` from a thread of its own (the request's thread is
-    blocked reading ``tensorrt_llm``'s responses) and runs ``on_cancel`` once when it turns true, or
-    when the request's thread calls ``fire`` (a failed request)."""
+    blocked in ``tensorrt_llm``) and runs ``on_cancel`` once when it turns true, or when the
+    request's thread calls ``fire`` (a failed request). Once a thread has said it reads the inner
+    stream (``read_here``), a cancellation the watcher notices is left for that thread, which runs it
+    between two responses (``run_pending``)."""
 
     def __init__(self, cancelled, period_s: float, model: str = "tensorrt_llm_bls") -> None:
         self.cancelled, self.period_s, self.model = cancelled, period_s, model
         self.fired = False
         self._on_cancel = None
+        self._reader: threading.Thread | None = None
+        self._pending = False
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,12 +245,30 @@ class _Watch:
         self._thread = threading.Thread(target=watch, name="bls-cancel-watch", daemon=True)
         self._thread.start()
 
+    def read_here(self) -> None:
+        with self._lock:
+            self._reader = threading.current_thread()
+
     def fire(self) -> None:
-        """Cancel the inner request now (once; a no-op before ``start``)."""
+        """Cancel the inner request (once; a no-op before ``start``): now, or, called from another
+        thread than the reader, at the reader's next ``run_pending``."""
         with self._lock:
             if self.fired or self._on_cancel is None:
                 return
             self.fired = True
+            if self._reader not in (None, threading.current_thread()):
+                self._pending = True
+                return
+        self._cancel()
+
+    def run_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, False
+        if pending:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        assert self._on_cancel is not None  # fire() runs it only after start()
         try:
             self._on_cancel()
         except Exception as exc:  # noqa: BLE001 - log and let the request run out
@@ -283,7 +310,15 @@ class _Kept:
 def _stop(model: str, request_id: str, decoupled: bool, keep=lambda replies: None) -> None:
     """TensorRT-LLM's cancel message: ``stop=true`` with the id of the request to cancel (and the
     required inputs, empty, as NVIDIA's inflight_batcher_llm_client sends them). A decoupled
-    model takes only decoupled requests; their replies are read to the end and handed to ``keep``."""
+    model takes only decoupled requests; their replies are read to the end and handed to ``keep``.
+
+    A decoupled request that returns while another thread of the stub is woken in a stream it reads
+    can deadlock Triton 2.51's Python backend: ``exec`` returns into ``Stub::GetResponseIterator``
+    with the GIL held and waits for the stub's iterator map, which the stub's response thread holds
+    while it waits for the reading thread's iterator lock, which that thread holds while it waits for
+    the GIL (``ProcessBLSResponseDecoupled``, ``ResponseIterator::Next``). A stop sent from the watcher
+    while the stopped stream's own responses arrive is the likeliest moment for it, so once a stream
+    is read, its stop goes out from the reading thread, between two responses."""
     inputs = [
         pb_utils.Tensor("input_ids", np.zeros((1, 0), dtype=np.int32)),
         pb_utils.Tensor("input_lengths", np.zeros((1, 1), dtype=np.int32)),
