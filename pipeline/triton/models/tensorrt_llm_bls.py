@@ -105,8 +105,9 @@ class TritonPythonModel:
 
     def _stream(self, request, sender) -> None:
         """Answer a decoupled request through its sender. A send that fails means the client is gone:
-        nothing more is sent to it, and the watcher cancels the inner request (``_run`` still reads
-        the inner stream to its end). The final flag is always attempted, so Triton ends the request."""
+        nothing more is sent to it, and the inner request is cancelled as for a client that cancels
+        (``_run`` still reads the inner stream to its end). The final flag is always attempted, so
+        Triton ends the request."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         gone = threading.Event()
 
@@ -114,7 +115,10 @@ class TritonPythonModel:
             if gone.is_set() and not flags:
                 return
             try:
-                sender.send(response, flags=flags) if response is not None else sender.send(flags=flags)
+                if response is None:
+                    sender.send(flags=flags)
+                else:
+                    sender.send(response, flags=flags)
             except Exception as exc:  # noqa: BLE001 - a vanished client must not end the inner stream early
                 if not gone.is_set():
                     pb_utils.Logger.log_warn(f"{self.name}: sending a response failed, cancelling the request: {exc}")
