@@ -16,7 +16,7 @@ weights from ``weights`` (FP8 dequantized at load); this module adds what servin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -113,29 +113,23 @@ _QKV, _Q, _K, _V = (MODULE_IDS[m] for m in ("attn_qkv", "attn_q", "attn_k", "att
 _DENSE, _H_TO_4H, _4H_TO_H, _GATE = (MODULE_IDS[m] for m in ("attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate"))
 
 
-def _plus(y: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-    return y if delta is None else y + delta
-
-
 def _lora_mlp(w: LayerShard, x: torch.Tensor, lora: LoraStep, layer: int) -> torch.Tensor:
     """The gated MLP with each row's adapter: fc is mlp_h_to_4h (HF gate_proj), gate is mlp_gate
     (HF up_proj), proj is mlp_4h_to_h (HF down_proj)."""
-    fc, gate = w.fc(x), w.gate(x)
-    fc = _plus(fc, lora.delta(layer, _H_TO_4H, x, fc.shape[1]))
-    gate = _plus(gate, lora.delta(layer, _GATE, x, gate.shape[1]))
+    fc = lora.add(w.fc(x), layer, _H_TO_4H, x)
+    gate = lora.add(w.gate(x), layer, _GATE, x)
     inner = F.silu(fc) * gate
-    out = w.proj(inner)
-    return _plus(out, lora.delta(layer, _4H_TO_H, inner, out.shape[1]))
+    return lora.add(w.proj(inner), layer, _4H_TO_H, inner)
 
 
 def _lora_qkv(qkv: torch.Tensor, x: torch.Tensor, geo: Geometry, lora: LoraStep, layer: int) -> torch.Tensor:
+    """The fused qkv projection's output with each row's adapter: the fused module's update, then
+    the q, k and v modules' updates on their columns."""
     q, kv = geo.heads * geo.head_size, geo.kv_heads * geo.head_size
-    qkv = _plus(qkv, lora.delta(layer, _QKV, x, q + 2 * kv))
-    parts = [
-        _plus(part, lora.delta(layer, module, x, part.shape[1]))
-        for part, module in zip(qkv.split([q, kv, kv], dim=-1), (_Q, _K, _V))
-    ]
-    return torch.cat(parts, dim=-1)
+    lora.add(qkv, layer, _QKV, x)
+    for part, module in zip(qkv.split([q, kv, kv], dim=-1), (_Q, _K, _V)):
+        lora.add(part, layer, module, x)  # a view: the update lands in qkv's columns
+    return qkv
 
 
 def attention(
@@ -173,12 +167,14 @@ def attention(
         ctx[a:b] = out[0].transpose(0, 1)
     flat = ctx.view(T, geo.heads * d)
     out = w.dense(flat)
-    return out if lora is None else _plus(out, lora.delta(layer, _DENSE, flat, out.shape[1]))
+    return out if lora is None else lora.add(out, layer, _DENSE, flat)
 
 
 class Engine:
     def __init__(self, config: EngineConfig, ranks: list[RankWeights]):
         self.config = config
+        # what applies a step's adapters (a probe of their CPU cost swaps in one that times them)
+        self.lora_step: Callable[[list[LoraWeights | None], list[Span]], LoraStep] = LoraStep
         shape = config.model
         self.tp, self.pp = config.parallel.tp, config.parallel.pp
         self.ranks = ranks  # by rank = pp_rank * tp + tp_rank
@@ -295,7 +291,7 @@ class Engine:
         rope = rope_tables(torch.cat(positions), self.inv_freq)
         masks = [_mask(item, len(item.token_ids), item.cache.length + len(item.token_ids)) for item in items]
         caches = [item.cache for item in items]
-        lora = LoraStep([item.lora for item in items], spans) if any(item.lora for item in items) else None
+        lora = self.lora_step([item.lora for item in items], spans) if any(item.lora for item in items) else None
         if lora is not None and self.lora is None:
             raise InputError("a request carries a LoRA adapter, but the engine was built without the LoRA plugin")
         h = self.embedding[ids]

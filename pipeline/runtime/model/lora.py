@@ -11,7 +11,7 @@ share them.
 :class:`LoraWeights` parses one adapter from the runtime's tensors (``lora_weights`` [1, rows,
 width], ``lora_config`` [1, rows, 3], see :mod:`pipeline.lora.convert`) with TensorRT-LLM's request
 checks and messages (loraUtils.cpp); :class:`LoraCache` keeps them by task id with the C++
-runtime's semantics (peftCacheManager.cpp, loraCache.cpp); :class:`LoraStep` is one step's gather.
+runtime's semantics (peftCacheManager.cpp, loraCache.cpp); :class:`LoraStep` is one step's grouping.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,11 @@ class LoraWeights:
     @property
     def max_rank(self) -> int:
         return max(a.shape[0] for a, _ in self.modules.values())
+
+    @cached_property
+    def module_ids(self) -> frozenset[int]:
+        """The module ids it adapts on any layer."""
+        return frozenset(module_id for _, module_id in self.modules)
 
     @classmethod
     def parse(
@@ -221,14 +227,15 @@ def prefetch(
 
 
 class LoraStep:
-    """One step's LoRA updates, grouped by adapter: ``delta(layer, module, x)`` is every row's update.
+    """One step's LoRA updates, grouped by adapter: ``add(y, layer, module, x)`` adds every row's update.
 
     ``adapters[i]`` is item i's adapter (None: the base), ``spans[i]`` its rows [a, b). The rows are
     grouped once per step by adapter, as Punica's SGMV kernel segments them (Chen et al., arXiv
     2310.18547, section 4): per module, each distinct adapter's rows go through its own two thin GEMMs
-    ``(x_rows @ A^T) @ B^T`` and land in their rows of the update; the base's rows stay zero. Nothing
-    is copied per row (a per-row gather of A and B, BGMV's shape, costs an [rows, out, r] copy per
-    module and made a batch-8 step with one adapter 1.34x the base step).
+    ``(x_rows @ A^T) @ B^T``, added in place to those rows of the projection's output; the base's rows
+    are not touched. Nothing is copied per row (a per-row gather of A and B, BGMV's shape, costs an
+    [rows, out, r] copy per module and made a batch-8 step with one adapter 1.34x the base step), and
+    nothing per step beyond the adapters' rows (no zero-filled update over every row).
     """
 
     def __init__(self, adapters: Sequence[LoraWeights | None], spans: Sequence[tuple[int, int]]):
@@ -239,21 +246,27 @@ class LoraStep:
                 distinct.setdefault(adapter.task_id, adapter)
                 rows_of.setdefault(adapter.task_id, []).append(span)
         self.adapters = list(distinct.values())
+        self.module_ids = frozenset().union(*(a.module_ids for a in self.adapters))  # what any adapter adapts
         # per distinct adapter: its rows, a slice when they are one run (the usual case) else an index
         self.rows: list[slice | torch.Tensor] = [_rows(rows_of[a.task_id]) for a in self.adapters]
 
-    def delta(self, layer: int, module_id: int, x: torch.Tensor, n_out: int) -> torch.Tensor | None:
-        """[T, n_out] update for the rows' adapters (zero rows for the base), or None when no adapter of
-        the step has this (layer, module). ``x`` [T, in]."""
-        found = [(rows, a.modules.get((layer, module_id))) for rows, a in zip(self.rows, self.adapters)]
-        if all(pair is None for _, pair in found):
-            return None
-        out = x.new_zeros(x.shape[0], n_out)  # [T, out]
-        for rows, pair in found:
-            if pair is not None:
-                a, b = pair  # A [r, in], B [out, r] (scale folded in)
-                out[rows] = (x[rows] @ a.T) @ b.T  # [t, in] -> [t, r] -> [t, out]
-        return out
+    def add(self, y: torch.Tensor, layer: int, module_id: int, x: torch.Tensor) -> torch.Tensor:
+        """Adds each adapter's update of this (layer, module) to its rows of ``y`` [T, out] (a
+        projection's output, or a column slice of the fused qkv's), in place, and returns ``y``.
+        ``x`` [T, in] is the projection's input."""
+        if module_id not in self.module_ids:  # no adapter of the step adapts it (k, o... when only q and v are)
+            return y
+        for rows, adapter in zip(self.rows, self.adapters):
+            pair = adapter.modules.get((layer, module_id))
+            if pair is None:
+                continue
+            a, b = pair  # A [r, in], B [out, r] (scale folded in)
+            update = (x[rows] @ a.T) @ b.T  # [t, in] -> [t, r] -> [t, out]
+            if isinstance(rows, slice):
+                y[rows] += update
+            else:
+                y.index_add_(0, rows, update)
+        return y
 
 
 def _rows(spans: list[tuple[int, int]]) -> slice | torch.Tensor:
