@@ -1,78 +1,50 @@
-"""The LoRA step price on this host's CPU, from a probe of one module's LoRA work by rows.
+"""The LoRA step price on this host's CPU, from a probe of the reference engine's LoRA work by rows.
 
-As :mod:`pipeline.costmodel.cpu` does for the base GEMMs, the CPU model does not use a roofline: it
-times the real unmerged LoRA computation of each target module (:func:`lora_update`, float32 torch,
-one thread) at each probed row count, in its place after the module's base projection (a probe of a
-few layers: see :func:`probe`), as one group over every row (a step of one adapter: ``whole``) and
-as gathered groups (a step mixing adapters: each group's rows gathered, the two thin GEMMs, the
-result scattered back; the ``first`` group after the base projection, and each ``next`` one), and
-predicts a step as
+As the CPU model of the base passes does (it takes the engine's own passes, timed by rows fed), the
+LoRA price on CPU is no roofline: :func:`probe` runs the reference engine's own decoding passes
+with random adapters and times its LoRA code where it runs (``LoraStep.add``: per adapter, its rows'
+two thin GEMMs added in place to each target projection's output; one thread), per target module,
+at each probed row count, three ways:
+
+* ``whole``: one adapter on every row of the step (its rows one run: a slice);
+* ``first``: one adapter on every other row, the others the base's (its rows gathered by index);
+* ``next``: what a second adapter on the rows between adds to ``first``;
+
+and :meth:`LoraCpuProfile.step_s` predicts a step as
 
     one adapter:  layers x sum over modules of whole(module, rows)
     N adapters:   layers x sum over modules of first(module, rows_1) + sum over groups 2..N of
                   next(module, rows_g)
 
 with the rows split as evenly as the requests allow (interpolated between probed row counts).
-bench/costmodel_lora.py measures the same computation over a whole step (every layer's own weights,
-the base projections around it) and prints predicted against measured.
+bench/costmodel_lora.py measures decode steps of other batches, mixing more adapters, and prints
+the predicted against the measured LoRA time of each step.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from pipeline.costmodel.cpu import interpolate
-from pipeline.costmodel.lora import LORA_MODULES, LoraLoad, module_features
+from pipeline.costmodel.lora import LoraLoad, module_features
 from pipeline.geometry import ModelGeometry
+from pipeline.lora.rules import HF_TO_TRTLLM, MODULE_IDS
+from pipeline.runtime.model.engine import Engine, StepInput
+from pipeline.runtime.model.kv_cache import KVCache
+from pipeline.runtime.model.lora import LoraStep, LoraWeights
 
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
-class Group:
-    """The rows of one adapter in a step."""
-
-    adapter: int
-    rows: torch.Tensor  # [n] int64 row indices, None-free; every row when the step has one adapter
-
-
-def groups_of(adapter_per_row: torch.Tensor) -> list[Group]:
-    """One group per distinct adapter, rows in order (what S-LoRA / Punica batch together).
-
-    >>> [(g.adapter, g.rows.tolist()) for g in groups_of(torch.tensor([2, 0, 2, 1]))]
-    [(0, [1]), (1, [3]), (2, [0, 2])]
-    """
-    order = torch.argsort(adapter_per_row, stable=True)
-    ids, counts = torch.unique_consecutive(adapter_per_row[order], return_counts=True)
-    return [Group(int(a), rows) for a, rows in zip(ids.tolist(), order.split(counts.tolist()))]
-
-
-def lora_update(
-    y: torch.Tensor,  # [rows, out] the base projection's output, updated in place
-    x: torch.Tensor,  # [rows, in]
-    a: list[torch.Tensor],  # per adapter [r, in]
-    b: list[torch.Tensor],  # per adapter [out, r], the scaling alpha / r folded in
-    groups: list[Group],
-) -> torch.Tensor:
-    """``y[rows_g] += x[rows_g] @ A_g^T @ B_g^T`` for every group g; one group over every row skips the
-    gather and scatter."""
-    if len(groups) == 1 and groups[0].rows.numel() == x.shape[0]:
-        g = groups[0].adapter
-        return y.addmm_(x @ a[g].T, b[g].T)
-    for group in groups:
-        shrunk = x.index_select(0, group.rows) @ a[group.adapter].T
-        y.index_add_(0, group.rows, shrunk @ b[group.adapter].T)
-    return y
-
-
-@dataclass(frozen=True)
 class LoraCpuProfile:
-    """Seconds of one module's LoRA work by rows, right after the module's base projection: whole (one
-    adapter over every row), the first gathered group, and each further group."""
+    """Seconds of one module's LoRA work in a layer, by rows, as the engine's passes spend it: whole
+    (one adapter over every row), the first gathered group, and each further group (module docstring)."""
 
     rank: int
     whole: dict[str, dict[int, float]]  # by module, by rows
@@ -106,66 +78,105 @@ class LoraCpuProfile:
         return arch.num_layers * per_layer
 
 
-LAYERS = 4  # decoder layers the probe walks, each with its own base and adapter weights
+CONTEXT = 16  # tokens in each probed request's cache before its timed passes
+DECODED = 2  # the token each decode pass feeds (any id of the vocabulary)
 
 
-def probe(arch: ModelGeometry, load: LoraLoad, repeats: int = 5, rows: tuple[int, ...] = PROBE_ROWS) -> LoraCpuProfile:
-    """Time :func:`lora_update` of each target module at each row count in its place in a pass: a walk
-    over ``LAYERS`` layers of every module's base projection (the engine's float32 Gemm) with the
-    target modules' LoRA updates after theirs, so each update finds the caches a pass leaves it (the
-    base GEMMs stream megabytes of weights between updates). One thread; the median of every call."""
-    from pipeline.runtime.model.gemm import Gemm
+def random_adapters(
+    arch: ModelGeometry, rank: int, modules: tuple[str, ...], n: int, gen: torch.Generator
+) -> list[LoraWeights]:
+    """n adapters (task ids 1..n) of ``rank`` on ``modules`` of every layer, as the engine's LoRA cache
+    holds them: per (layer, module id) A [r, in] and B [out, r], scale folded in."""
+    adapters = []
+    for task in range(1, n + 1):
+        weights = {}
+        for layer in range(arch.num_layers):
+            for m in modules:
+                n_in, n_out = module_features(arch, m)
+                a = torch.randn(rank, n_in, generator=gen) * 0.02
+                weights[layer, MODULE_IDS[HF_TO_TRTLLM[m]]] = (a, torch.randn(n_out, rank, generator=gen) * 0.02)
+        adapters.append(LoraWeights(task, weights, sum(4 * (a.numel() + b.numel()) for a, b in weights.values())))
+    return adapters
 
+
+def clock_pair_s() -> float:
+    """What one ``time.thread_time()`` pair costs, to take out of every timed call."""
+    n = 20000
+    start = time.thread_time()
+    for _ in range(n):
+        time.thread_time()
+    return (time.thread_time() - start) / n
+
+
+def timed_lora_step(spent: dict[int, float]) -> Callable[..., LoraStep]:
+    """An ``Engine.lora_step`` that adds the CPU seconds of every ``add`` that has work (a module some
+    adapter of the step adapts) to ``spent[module id]``; the others return at once, untimed (a clock
+    around them would cost more than they do)."""
+    clock = clock_pair_s()
+
+    class Timed(LoraStep):
+        def add(self, y: torch.Tensor, layer: int, module_id: int, x: torch.Tensor) -> torch.Tensor:
+            if module_id not in self.module_ids:
+                return y
+            start = time.thread_time()
+            super().add(y, layer, module_id, x)
+            spent[module_id] = spent.get(module_id, 0.0) + time.thread_time() - start - clock
+            return y
+
+    return Timed
+
+
+def prefilled(engine: Engine, requests: int, steps: int) -> list[KVCache]:
+    """Caches of ``requests`` requests with their ``CONTEXT``-token prompts in, room for ``steps``
+    more tokens."""
+    caches = [engine.new_cache(CONTEXT + steps) for _ in range(requests)]
+    engine.forward([StepInput(c, list(range(1, 1 + CONTEXT))) for c in caches])
+    return caches
+
+
+def decode_passes(engine: Engine, loras: list[LoraWeights | None], passes: int) -> list[dict[int, float]]:
+    """``passes`` decode steps of ``len(loras)`` requests (one row each, ``CONTEXT`` tokens cached), the
+    i-th with adapter ``loras[i]`` (None: the base): per step, the engine's LoRA seconds per module id."""
+    caches = prefilled(engine, len(loras), passes)
+    found = []
+    spent: dict[int, float] = {}
+    before, engine.lora_step = engine.lora_step, timed_lora_step(spent)
+    try:
+        for _ in range(passes):
+            spent.clear()
+            engine.forward([StepInput(c, [DECODED], lora=lora) for c, lora in zip(caches, loras)])
+            found.append(dict(spent))
+    finally:
+        engine.lora_step = before
+    return found
+
+
+def probe(engine: Engine, load: LoraLoad, repeats: int = 3, rows: tuple[int, ...] = PROBE_ROWS) -> LoraCpuProfile:
+    """Time the engine's LoRA code per target module in its own decoding passes (module docstring)
+    at each row count: ``repeats`` passes each way, the median. One thread."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gen = torch.Generator().manual_seed(0)
-        layers = []
-        for _ in range(LAYERS):
-            base, adapters = {}, {}
-            for module in LORA_MODULES:
-                n_in, n_out = module_features(arch, module)
-                base[module] = Gemm(torch.randn(n_out, n_in, generator=gen) * 0.02)
-                adapters[module] = (
-                    [torch.randn(load.rank, n_in, generator=gen) * 0.02 for _ in range(2)],
-                    [torch.randn(n_out, load.rank, generator=gen) * 0.02 for _ in range(2)],
-                )
-            layers.append((base, adapters))
-        widths = {module_features(arch, m)[0] for m in LORA_MODULES}
-        xs = {m: {n: torch.randn(2 * m, n, generator=gen) for n in widths} for m in rows}
-        times: dict[tuple[str, str, int], list[float]] = {
-            (kind, module, m): [] for kind in ("whole", "first", "next") for module in load.modules for m in rows
-        }
-        for _ in range(repeats):
-            for m in rows:
-                whole = [Group(0, torch.arange(m))]
-                mixed = [Group(0, torch.arange(0, 2 * m, 2)), Group(1, torch.arange(1, 2 * m, 2))]
-                for base, adapters in layers:  # one adapter over m rows
-                    for module in LORA_MODULES:
-                        x = xs[m][module_features(arch, module)[0]][:m]
-                        y = base[module](x)
-                        if module in load.modules:
-                            a, b = adapters[module]
-                            start = time.thread_time()
-                            lora_update(y, x, a, b, whole)
-                            times["whole", module, m].append(time.thread_time() - start)
-                for base, adapters in layers:  # two adapters of m rows each, interleaved
-                    for module in LORA_MODULES:
-                        x = xs[m][module_features(arch, module)[0]]
-                        y = base[module](x)
-                        if module in load.modules:
-                            a, b = adapters[module]
-                            t0 = time.thread_time()
-                            lora_update(y, x, a, b, mixed[:1])
-                            t1 = time.thread_time()
-                            lora_update(y, x, a, b, mixed[1:])
-                            t2 = time.thread_time()
-                            times["first", module, m].append(t1 - t0)
-                            times["next", module, m].append(t2 - t1)
-        out: dict[str, dict[str, dict[int, float]]] = {
-            kind: {module: {m: statistics.median(times[kind, module, m]) for m in rows} for module in load.modules}
-            for kind in ("whole", "first", "next")
-        }
-        return LoraCpuProfile(load.rank, out["whole"], out["first"], out["next"])
+        arch = engine.config.model
+        one, two = random_adapters(arch, load.rank, load.modules, 2, torch.Generator().manual_seed(0))
+        # per way, the requests' adapters of one pass, repeated m times
+        ways: dict[str, list[LoraWeights | None]] = {"whole": [one], "first": [one, None], "pair": [one, two]}
+        med: dict[tuple[str, str, int], float] = {}
+        for m in rows:
+            for kind, pattern in ways.items():
+                steps = decode_passes(engine, pattern * m, repeats)
+                for module in load.modules:
+                    module_id = MODULE_IDS[HF_TO_TRTLLM[module]]
+                    med[kind, module, m] = statistics.median(s[module_id] for s in steps) / arch.num_layers
+
+        def table(of: Callable[[str, int], float]) -> dict[str, dict[int, float]]:
+            return {module: {m: of(module, m) for m in rows} for module in load.modules}
+
+        return LoraCpuProfile(
+            load.rank,
+            whole=table(lambda module, m: med["whole", module, m]),
+            first=table(lambda module, m: med["first", module, m]),
+            next=table(lambda module, m: max(med["pair", module, m] - med["first", module, m], 0.0)),
+        )
     finally:
         torch.set_num_threads(before)

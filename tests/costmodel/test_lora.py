@@ -1,17 +1,16 @@
-"""The LoRA step price on literal shapes (hand-computed numbers), the reference update, the CLI."""
+"""The LoRA step price on literal shapes (hand-computed numbers), the CPU step's composition, the CLI."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
 
 from pipeline import presets
 from pipeline.costmodel import hardware, lora
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.lora import LoraLoad, add_lora, lora_bytes, lora_flops, module_features
-from pipeline.costmodel.lora_cpu import LoraCpuProfile, groups_of, lora_update
+from pipeline.costmodel.lora_cpu import LoraCpuProfile
 from pipeline.costmodel.step import Deployment, StepCost
 from pipeline.geometry import ModelGeometry
 
@@ -86,20 +85,6 @@ def test_tensor_parallel_splits_the_adapter():
 def test_bad_loads_are_refused(kwargs, expected):
     with pytest.raises(ValueError, match=expected):
         LoraLoad(**kwargs)
-
-
-def test_the_grouped_update_is_each_rows_own_adapter():
-    # Against the dense per-row definition: y_i + x_i @ (B_a A_a)^T for row i's adapter a.
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(6, 10, generator=gen), torch.randn(6, 7, generator=gen)
-    a = [torch.randn(3, 10, generator=gen) for _ in range(3)]
-    b = [torch.randn(7, 3, generator=gen) for _ in range(3)]
-    ids = torch.tensor([2, 0, 2, 1, 0, 2])
-    expected = torch.stack([y[i] + x[i] @ (b[int(k)] @ a[int(k)]).T for i, k in enumerate(ids)])
-    got = lora_update(y.clone(), x, a, b, groups_of(ids))
-    torch.testing.assert_close(got, expected)
-    one = lora_update(y.clone(), x, a, b, groups_of(torch.zeros(6, dtype=torch.long)))
-    torch.testing.assert_close(one, y + x @ (b[0] @ a[0]).T)
 
 
 def test_the_cpu_step_composes_the_probe():
