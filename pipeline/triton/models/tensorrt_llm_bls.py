@@ -156,6 +156,7 @@ class TritonPythonModel:
             stream, ended = iter(replies), False
             try:
                 for reply in stream:
+                    watch.read_here()  # from the first response on, the stop goes out from here (_stop)
                     watch.run_pending()
                     if watch.fired:
                         continue  # drain: the backend ends the cancelled request with a final response
@@ -173,8 +174,9 @@ class TritonPythonModel:
 
     def _start(self, inference, watch: _Watch, model: str, inner_id: str):
         """Run the ``tensorrt_llm`` request; once the client is gone, cancel it there: from the
-        watcher's thread while the request starts, from this thread between responses once it
-        streams (``_Watch.read_here``; why in ``_stop``)."""
+        watcher's thread until its first response (it may wait in the queue for a slot, with no
+        response to cancel it between), from the reading thread between responses once it streams
+        (``_Watch.read_here``; why in ``_stop``)."""
         if not self.decoupled:
             watch.start(lambda: _stop(model, inner_id, decoupled=False))
             return [inference.exec()]
@@ -188,7 +190,6 @@ class TritonPythonModel:
 
         watch.start(cancel)
         replies = inference.exec(decoupled=True)
-        watch.read_here()
         return replies
 
     def _reply(self, reply, llm: dict, post: dict, tensors: dict):
