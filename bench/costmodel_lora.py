@@ -8,9 +8,10 @@ float32, one thread), for each rank, target modules (q,v or all 7), batch and nu
 adapters in the step:
 
 * predicted: pipeline/costmodel/lora_cpu.py's price, from its probe of the engine's LoRA code in
-  decode passes of 1 row up to the largest batch with one adapter, or two (whole, first and next group), composed over
-  the step's modules, layers and adapter groups; the default batches are off the probed row counts,
-  and the steps mix up to 8 adapters, so both the interpolation and the composition are tested;
+  decode passes of 1 row up to the largest batch with one adapter, or two (whole, first and next
+  group), composed over the step's modules, layers and adapter groups; the default batches are off
+  the probed row counts, and the steps mix up to 8 adapters, so both the interpolation and the
+  composition are tested;
 * measured: real decode steps of the reference engine (``Engine.forward``: every layer, attention
   over a 16-token context, the lm_head), each request with an adapter of its own draw (every one of
   the N used; random A and B on every layer, given to the engine as its LoRA cache holds them), with
@@ -71,16 +72,18 @@ def measure(engine: Engine, adapter_of_row: list[LoraWeights], steps: int) -> di
         return time.thread_time() - start
 
     found: dict[str, list[float]] = {"lora": [], "base": [], "difference": []}
-    for i in range(steps):
-        first_base = i % 2 == 0  # alternate which goes first, so a drift within the pair cancels
-        base = step([None] * batch) if first_base else 0.0
-        adapted = step(adapter_of_row)
-        found["lora"].append(sum(spent.values()))
-        if not first_base:
-            base = step([None] * batch)
-        found["base"].append(base)
-        found["difference"].append(adapted - base)
-    engine.lora_step = before
+    try:
+        for i in range(steps):
+            first_base = i % 2 == 0  # alternate which goes first, so a drift within the pair cancels
+            base = step([None] * batch) if first_base else 0.0
+            adapted = step(adapter_of_row)
+            found["lora"].append(sum(spent.values()))
+            if not first_base:
+                base = step([None] * batch)
+            found["base"].append(base)
+            found["difference"].append(adapted - base)
+    finally:
+        engine.lora_step = before
     return found
 
 
