@@ -492,8 +492,10 @@ def _cancelled(entry: _Entry, period_ns: int) -> bool:
         return False
     entry.checked_ns = now
     try:
-        entry.cancelled = bool(entry.is_cancelled())
+        gone = bool(entry.is_cancelled())
     except Exception:  # a broken connection check means the client is gone
+        gone = True
+    if gone:  # only ever set: a stop that cancel() set during the check (an IPC round trip) must stay set
         entry.cancelled = True
     return entry.cancelled
 

@@ -165,6 +165,21 @@ def test_cancellation_by_id_and_by_disconnect(engine, greedy):
     assert got.final("keep").tokens == greedy[0]
 
 
+def test_a_stop_during_the_disconnect_check_is_not_lost(engine):
+    """Triton's is_cancelled is an IPC round trip: a stop for the same request may arrive on another
+    thread while the scheduler waits for it, and the check's "still connected" must not undo it."""
+    sched, got = Scheduler(engine, cancel_check_period_s=0.0), Collector()
+
+    def connected_while_stopped() -> bool:
+        sched.cancel("stopped")  # the stop arrives during the check
+        return False  # the client is still connected
+
+    sched.submit(req("stopped", PROMPTS[0], 50), got.sink("stopped"), connected_while_stopped)
+    sched.run_until_idle()
+    assert got.final("stopped").reason is FinishReason.CANCELLED
+    assert len(got.final("stopped").tokens) < 50
+
+
 def test_failing_sink_cancels_only_its_request(engine, greedy):
     sched, got = Scheduler(engine), Collector()
 
