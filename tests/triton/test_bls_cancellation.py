@@ -78,6 +78,27 @@ def test_the_watcher_stops_with_its_request(bls):
     assert not watch._thread.is_alive()
 
 
+def test_no_cancellation_check_outlives_its_request(bls):
+    """Triton frees a request's sender once it is answered: a check still under way when the
+    request ends is waited for, and none starts after."""
+    checking, release, checks = threading.Event(), threading.Event(), []
+
+    def slow_check() -> bool:  # an IPC round trip that takes a while
+        checks.append("started")
+        checking.set()
+        release.wait(5)
+        checks.append("returned")
+        return False
+
+    with bls._Watch(slow_check, period_s=0.01) as watch:
+        watch.start(lambda: None)
+        assert checking.wait(5)
+        threading.Timer(0.1, release.set).start()
+    checks.append("request ended")
+    time.sleep(0.05)
+    assert checks == ["started", "returned", "request ended"]
+
+
 def test_a_broken_cancellation_check_counts_as_gone(bls):
     def broken() -> bool:
         raise RuntimeError("the request is gone")

@@ -283,7 +283,12 @@ class _Watch:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Stop watching, and wait for a check under way: Triton frees the request (and its response
+        sender) once it is answered, and a check that reaches it after that crashes the server (in
+        ``TRITONBACKEND_ResponseFactoryIsCancelled``)."""
         self._done.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class _Kept:
