@@ -237,10 +237,11 @@ def _plan_variants(spec: Spec, variants: list[VariantSpec], roots: OutputRoots) 
 
 
 def _decide_lora(
-    spec: Spec, variants: list[VariantSpec], plans: list[VariantPlan]
+    spec: Spec, variants: list[VariantSpec], plans: list[VariantPlan], roots: OutputRoots
 ) -> tuple[list[AutoDecision], list[VariantSpec]]:
     """serving.lora auto: the planner's choice per fine-tune (pipeline/lora/auto.py), every auto fine-tune
-    planned as merged first; the variants to plan, the ones it shares set to serving.lora shared."""
+    planned as merged first; the variants to plan, the ones it shares set to serving.lora shared. The
+    shared engine is weighed as the base decoding plainly (a LoRA engine's only method)."""
     by_name = {p.name: p for p in plans}
     decisions = []
     shared: set[str] = set()
@@ -249,11 +250,19 @@ def _decide_lora(
             continue  # reported: the plan fails anyway
         family = {base.name, *(t.name for t in tunes)}
         others = [p for p in plans if p.name not in family and p.name not in shared]
-        decision = lora_auto.decide_family(spec, base, tunes, by_name, others, by_name[base.name].weights_present)
+        engine = by_name[base.name]
+        if engine.speculative.method != "none":
+            plain = variant_with_method(base, "none")
+            engine = _plan_variant(spec, plain, roots, _Problems(spec, base.name)) or engine
+        decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine)
         decisions.append(decision)
         shared |= {c.name for c in decision.choices if c.choice == "shared" and c.name in family}
     serving = {v.name: v.serving.model_copy(update={"lora": "shared"}) for v in variants if v.name in shared}
     return decisions, [v.model_copy(update={"serving": serving[v.name]}) if v.name in serving else v for v in variants]
+
+
+def variant_with_method(variant: VariantSpec, method: str) -> VariantSpec:
+    return variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": method})})
 
 
 def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
@@ -261,7 +270,7 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
     plans, errors = _plan_variants(spec, variants, roots)
     decisions: list[AutoDecision] = []
     if not errors:
-        decisions, decided = _decide_lora(spec, variants, plans)
+        decisions, decided = _decide_lora(spec, variants, plans, roots)
         if decided != variants:
             variants = decided
             plans, errors = _plan_variants(spec, variants, roots)
@@ -362,7 +371,7 @@ def _plan_variant(
     variant = check_shared_variant(spec, variant, problems)
     if lora is not None and variant.speculative.method == "auto":
         problems.note(f"the engine of LoRA group {lora.name}: speculative.method auto resolves to none")
-        variant = variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
+        variant = variant_with_method(variant, "none")
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
     if arch is None:
         return None

@@ -23,11 +23,13 @@ decoding's rate under its choice. The engines time-share the GPUs, so one token 
 over x_i in {shared} and {merged on g} for every set g of world_size GPUs. S is maximized, i.e.
 ``sum_i w_i / s_i(x_i)`` minimized (linear in the choices), subject to, on every GPU j:
 
-    [some fine-tune shared or the base served] x shared_gib_j + sum_{i shared} adapter_gib_i
+    [some fine-tune shared or the base served] x shared_gib_j + min(sum_{i shared} adapter_gib_i, cap)
         + sum_{i merged on a set holding j} per_gpu_gib_i  <=  free_gib_j
 
 (the shared engine, base weights + KV cache + the LoRA cache's workspace, is paid once when anything
-uses it; "<=" holds to 1e-9 GiB: the memory rows go to the solver in KiB, below its own tolerance).
+uses it; its LoRA cache holds each shared adapter, but never more than ``cache_cap_gib``: one batch's
+worth of adapters is all a step needs on the GPU, the rest wait in the host cache; "<=" holds to
+1e-9 GiB: the memory rows go to the solver in KiB, below its own tolerance).
 Among equal objectives the choice with the least merged memory wins, then the one with the fewest
 merged engines.
 
@@ -101,6 +103,7 @@ class SharedEngine:
     gpus: tuple[int, ...]  # the GPUs its ranks run on
     per_gpu_gib: float  # base weights / tp + KV cache + LoRA workspace, on each of those GPUs
     required: bool = False  # True when the base itself is served from it
+    cache_cap_gib: float = math.inf  # the most its LoRA cache takes per GPU, however many adapters share
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,8 @@ def _validate(fleet: LoraFleet) -> None:
     if gpus < 1 or not fleet.shared.gpus or any(not 0 <= g < gpus for g in fleet.shared.gpus):
         raise LoraDecisionError(f"the shared engine's GPUs {list(fleet.shared.gpus)} must be among 0..{gpus - 1}")
     values = [fleet.shared.per_gpu_gib, *fleet.free_gib]
+    if not (fleet.shared.cache_cap_gib >= 0):
+        raise LoraDecisionError("memory figures must be finite and >= 0 GiB")
     for f in fleet.fine_tunes:
         values += [f.adapter_gib] + ([f.merged.per_gpu_gib] if f.merged else [])
     if any(not (math.isfinite(v) and v >= 0) for v in values):
@@ -259,13 +264,13 @@ def decide(fleet: LoraFleet) -> LoraDecision:
     options = _options(fleet, weights)
     flat = [o for per in options for o in per]
     program = _Program(fleet, options, flat)
-    cost = np.array([o.cost for o in flat] + [0.0])
+    cost = np.array([o.cost for o in flat])
     first = program.solve(cost)
     if first is None:
         raise LoraDecisionError(_infeasible(fleet, options))
     best = float(cost @ first)
     # among the optimal choices: the least merged memory, then the fewest merged engines
-    merged = np.array([sum(o.memory.values()) + 1e-6 if o.choice == "merged" else 0.0 for o in flat] + [0.0])
+    merged = np.array([sum(o.memory.values()) + 1e-6 if o.choice == "merged" else 0.0 for o in flat])
     second = program.solve(merged, extra=(cost * _ROW_SCALE, (best + _TOLERANCE) * _ROW_SCALE))
     chosen = first if second is None else second  # second is never None: the first optimum is feasible
     picked = [flat[k] for k in range(len(flat)) if chosen[k] > 0.5]
@@ -273,10 +278,13 @@ def decide(fleet: LoraFleet) -> LoraDecision:
 
 
 class _Program:
-    """The 0/1 program over z = (one binary per option, y = the shared engine is used)."""
+    """The program over (one binary per option, y: the shared engine is used, c: the LoRA cache's GiB per
+    GPU, z: the cache is at its cap). c >= sum of the shared adapters' GiB unless z, c >= cap if z: the
+    solver takes the smaller, min(sum, cap), whenever memory binds."""
 
     def __init__(self, fleet: LoraFleet, options: list[list[_Option]], flat: list[_Option]):
-        n = len(flat) + 1
+        n = len(flat) + 3
+        self.y, self.c, self.z = len(flat), len(flat) + 1, len(flat) + 2
         rows: list[np.ndarray] = []
         low: list[float] = []
         high: list[float] = []
@@ -295,42 +303,56 @@ class _Program:
         for k, o in enumerate(flat):  # a shared choice needs the shared engine: x_k - y <= 0
             if o.choice == "shared":
                 row = np.zeros(n)
-                row[k], row[-1] = 1.0, -1.0
+                row[k], row[self.y] = 1.0, -1.0
                 add(row, -np.inf, 0.0)
+        adapters = np.array([fleet.fine_tunes[o.variant].adapter_gib if o.choice == "shared" else 0.0 for o in flat])
+        cap = min(fleet.shared.cache_cap_gib, float(adapters.sum()))
+        row = np.r_[-adapters, 0.0, 1.0, float(adapters.sum())]  # c - sum_shared a_k x_k + (sum a) z >= 0
+        add(row * _ROW_SCALE, 0.0, np.inf)
+        row = np.zeros(n)
+        row[self.c], row[self.z] = 1.0, -cap  # c - cap z >= 0
+        add(row * _ROW_SCALE, 0.0, np.inf)
         for g, free in enumerate(fleet.free_gib):  # every GPU's memory
-            row = np.array([o.memory.get(g, 0.0) for o in flat] + [0.0])
-            row[-1] = fleet.shared.per_gpu_gib if g in fleet.shared.gpus else 0.0
+            row = np.array([o.memory.get(g, 0.0) if o.choice == "merged" else 0.0 for o in flat] + [0.0] * 3)
+            if g in fleet.shared.gpus:
+                row[self.y], row[self.c] = fleet.shared.per_gpu_gib, 1.0
             add(row * _ROW_SCALE, -np.inf, (free + _TOLERANCE) * _ROW_SCALE)
         self.a, self.low, self.high = np.array(rows), np.array(low), np.array(high)
-        self.bounds = Bounds(np.zeros(n), np.ones(n))
-        if fleet.shared.required:
-            self.bounds = Bounds(np.r_[np.zeros(n - 1), 1.0], np.ones(n))
+        low_bounds, high_bounds = np.zeros(n), np.ones(n)
+        low_bounds[self.y] = 1.0 if fleet.shared.required else 0.0
+        high_bounds[self.c] = np.inf
+        self.bounds = Bounds(low_bounds, high_bounds)
+        self.integrality = np.ones(n)
+        self.integrality[self.c] = 0
 
     def solve(self, objective: np.ndarray, extra: tuple[np.ndarray, float] | None = None) -> np.ndarray | None:
-        """The minimizing 0/1 vector, or None when none is feasible; ``extra``: (row, upper bound)."""
+        """The options' minimizing 0/1 vector, or None when none is feasible; ``objective`` and ``extra``
+        (row, upper bound) over the options."""
         a, low, high = self.a, self.low, self.high
         if extra is not None:
-            a, low, high = np.vstack([a, extra[0]]), np.r_[low, -np.inf], np.r_[high, extra[1]]
+            a, low, high = np.vstack([a, np.r_[extra[0], 0.0, 0.0, 0.0]]), np.r_[low, -np.inf], np.r_[high, extra[1]]
         result = milp(
-            objective,
-            integrality=np.ones(len(objective)),
+            np.r_[objective, 0.0, 0.0, 0.0],
+            integrality=self.integrality,
             bounds=self.bounds,
             constraints=LinearConstraint(a, low, high),
             options={"mip_rel_gap": 0.0},
         )
         if result.status != 0:  # 0: optimal (HiGHS proved it); 2: infeasible
             return None
-        return np.round(result.x)
+        return np.round(result.x[: self.y])
 
 
 def _used(fleet: LoraFleet, picked: Sequence[_Option]) -> list[float]:
     used = [0.0] * len(fleet.free_gib)
     if fleet.shared.required or any(o.choice == "shared" for o in picked):
+        cache = sum(fleet.fine_tunes[o.variant].adapter_gib for o in picked if o.choice == "shared")
         for g in fleet.shared.gpus:
-            used[g] += fleet.shared.per_gpu_gib
+            used[g] += fleet.shared.per_gpu_gib + min(cache, fleet.shared.cache_cap_gib)
     for o in picked:
-        for g, gib in o.memory.items():
-            used[g] += gib
+        if o.choice == "merged":
+            for g, gib in o.memory.items():
+                used[g] += gib
     return used
 
 
@@ -392,7 +414,7 @@ def _reason(
         return f"shared: {f.shared_speedup:.2f}x >= merged {m.method} {m.speedup:.2f}x"
     # would merging this one alone (the others kept) fit anywhere?
     others = [p for p in picked if p.variant != o.variant]
-    free_now = [fleet.free_gib[g] - used[g] for g in range(len(used))]
+    without = _used(fleet, others)  # its cache slot freed, if the cache is under its cap
     for alt in (a for a in mine if a.choice == "merged"):
         after = _used(fleet, [*others, alt])
         if all(after[g] <= fleet.free_gib[g] + _TOLERANCE for g in range(len(after))):
@@ -404,7 +426,7 @@ def _reason(
                 else f"shared: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) and "
                 "gain no more than its memory costs (a tie; the leaner choice wins)"
             )
-    room = ", ".join(f"GPU {g} {free_now[g] + o.memory.get(g, 0.0):.1f} GiB free" for g in range(len(used)))
+    room = ", ".join(f"GPU {g} {fleet.free_gib[g] - without[g]:.1f} GiB free" for g in range(len(used)))
     return (
         f"shared: merged {m.method} {m.speedup:.2f}x needs +{m.per_gpu_gib:.1f} GiB on {m.world_size} GPU(s) "
         f"beside the engines chosen ({room})"

@@ -5,8 +5,8 @@ its proof of optimality are documented there). This module gathers its inputs fr
 variants of one base (a "LoRA family": the base variant and the fine-tunes that differ from it only
 by ``model.adapter``), every auto fine-tune first planned as merged:
 
-* **shared option**: the adapter's memory per GPU of the shared engine (:func:`pipeline.lora.memory.
-  adapter_bytes` of its rank and target modules) and its predicted speedup there
+* **shared option**: the adapter's memory per GPU of the shared engine (one slot of the LoRA cache the
+  group will get, the cache capped at one batch's adapters: :func:`_cache`) and its predicted speedup there
   (:func:`pipeline.costmodel.lora.shared_speedup`: plain decoding plus the LoRA GEMMs and the mixing of
   ``min(fine-tunes, concurrency)`` adapters in a step);
 * **merged option**: the merged variant's planned method (its ``speculative.method``, ``auto``
@@ -54,7 +54,7 @@ from pipeline.fleet.lora_decision import (
     decide,
 )
 from pipeline.lora.group import base_key, hf_modules
-from pipeline.lora.memory import adapter_bytes
+from pipeline.lora.memory import LoraCacheSize, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 
@@ -109,11 +109,12 @@ def families(variants: Sequence[Any]) -> list[tuple[Any, list[Any]]]:
 
 
 def decide_family(
-    spec: Any, base: Any, tunes: list[Any], plans: dict[str, Any], others: Sequence[Any], weights_present: bool
+    spec: Any, base: Any, tunes: list[Any], plans: dict[str, Any], others: Sequence[Any], engine: Any
 ) -> AutoDecision:
     """The choice for each fine-tune of ``base`` (``plans``: every variant planned, auto ones as merged;
-    ``others``: the planned variants outside this family, whose engines take GPU memory first).
-    InputError (one line) when even the leanest choice does not fit."""
+    ``others``: the planned variants outside this family, whose engines take GPU memory first; ``engine``:
+    the base planned as the shared engine, decoding plainly). InputError (one line) when even the
+    leanest choice does not fit."""
     base_plan = plans[base.name]
     gpu = base_plan.gpu
     if base_plan.target == "tensorrt" and base.model.dtype == "bfloat16":
@@ -130,19 +131,21 @@ def decide_family(
     arch, tp = base_plan.arch, base_plan.tp
     dtype_bytes = BYTES_PER_ELEMENT[base.model.dtype]
     deployment = _deployment(base_plan)
-    loads = {t.name: _load(spec, t, arch.num_layers, weights_present) for t in tunes}
-    mixed = min(sum(1 for t in tunes if t.serving.lora != "merged"), concurrency) or 1
+    loads = {t.name: _load(spec, t, arch.num_layers, base_plan.weights_present) for t in tunes}
+    candidates = [loads[t.name] for t in tunes if t.serving.lora != "merged"]
+    mixed = min(len(candidates), concurrency) or 1
+    cache = _cache(candidates, arch, dtype_bytes, base_plan.build.max_batch_size, tp)
+    slot_gib = cache.max_adapter_bytes / GIB if cache else 0.0
     fine_tunes, notes = [], {}
     for t in tunes:
         load = loads[t.name]
-        modules = [HF_TO_TRTLLM[m] for m in load.modules]
         merged = None
         if t.serving.lora != "shared":
             merged, notes[t.name] = _merged(plans[t.name], concurrency)
         fine_tunes.append(
             FineTune(
                 t.name,
-                adapter_bytes(arch, load.rank, modules, dtype_bytes, tp) / GIB,
+                slot_gib,
                 shared_speedup(deployment, LoraLoad(load.rank, load.modules, mixed), concurrency),
                 merged,
                 t.traffic.share,
@@ -152,7 +155,8 @@ def decide_family(
     count = base_plan.gpu_count or 1
     usable = gpu.memory_gib * (1 - RESERVE_FRACTION)
     free = _free_after(others, count, usable)
-    shared = SharedEngine(tuple(range(base_plan.world_size)), base_plan.memory.total_gib, required=True)
+    cap = cache.gpu_gib if cache else 0.0
+    shared = SharedEngine(tuple(range(base_plan.world_size)), engine.memory.total_gib, True, cap)
     try:
         decision = decide(LoraFleet(fine_tunes, shared, tuple(free), concurrency))
     except LoraDecisionError as exc:
@@ -198,6 +202,21 @@ def _deployment(plan: Any) -> Deployment:
 class _Load:
     rank: int
     modules: tuple[str, ...]  # PEFT's projection names
+
+
+def _cache(
+    candidates: Sequence[_Load], arch: Any, dtype_bytes: int, max_batch_size: int, tp: int
+) -> LoraCacheSize | None:
+    """The LoRA cache the group would get if every fine-tune that may share did
+    (:func:`pipeline.lora.memory.cache_size`: ``min(adapters, max_batch_size)`` slots of the largest rank
+    on the union of the target modules). Each shared fine-tune is charged one slot, up to that cache:
+    for whichever set S shares, min(|S| slots, the cap) is never less than the cache S's group gets
+    (min(|S|, max_batch_size) slots of S's own largest), and equal to it when the adapters share a
+    rank and modules."""
+    if not candidates:
+        return None
+    modules = sorted({HF_TO_TRTLLM[m] for c in candidates for m in c.modules})
+    return cache_size(arch, [c.rank for c in candidates], modules, dtype_bytes, max_batch_size, tp)
 
 
 def _load(spec: Any, variant: Any, num_layers: int, weights_present: bool) -> _Load:

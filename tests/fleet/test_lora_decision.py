@@ -139,6 +139,27 @@ def test_a_two_rank_merged_engine_needs_room_on_both_gpus():
     assert "GPU 1 2.0 GiB free" in d.choices[0].reason  # 12 - 10 once its own adapter leaves
 
 
+def test_the_lora_cache_stops_growing_at_its_cap():
+    # GPU 0: 22 GiB free, the shared engine 20 GiB; four fine-tunes of 1 GiB adapters, each slower merged
+    # (so all share). Uncapped, their cache would take 4 GiB: 24 > 22, nothing fits. With the cache
+    # capped at one batch's two adapters (2 GiB), 20 + 2 = 22 fits.
+    tunes = [FineTune(f"ft{i}", 1.0, 0.95, None, allowed="shared") for i in range(4)]
+    with pytest.raises(LoraDecisionError, match="do not fit"):
+        decide(LoraFleet(tunes, SharedEngine((0,), 20.0, required=True), free_gib=(22.0,), concurrency=2))
+    d = decide(LoraFleet(tunes, SharedEngine((0,), 20.0, True, cache_cap_gib=2.0), free_gib=(22.0,), concurrency=2))
+    assert [c.choice for c in d.choices] == ["shared"] * 4 and d.used_gib == pytest.approx((22.0,))
+
+
+def test_a_capped_cache_frees_nothing_when_one_more_merges():
+    # The cap binds (3 adapters of 1 GiB, cap 1 GiB): merging ft0 takes its 10 GiB and frees none of the
+    # cache, so with 31.5 GiB free (20 + 1 + 10 = 31 fits, and it is faster merged) ft0 merges and the
+    # cache still takes 1 GiB.
+    tunes = [FineTune("ft0", 1.0, 0.9, MergedOption("eagle", 2.0, 10.0))]
+    tunes += [FineTune(f"ft{i}", 1.0, 0.9, None, allowed="shared") for i in (1, 2)]
+    d = decide(LoraFleet(tunes, SharedEngine((0,), 20.0, True, cache_cap_gib=1.0), free_gib=(31.5,), concurrency=4))
+    assert by_name(d)["ft0"].choice == "merged" and d.used_gib == pytest.approx((31.0,))
+
+
 def test_serving_lora_fixed_per_variant_is_obeyed():
     # "merged" is forced although shared is faster; "shared" although merged is faster and fits.
     d = decide(
@@ -246,14 +267,12 @@ def brute_force(fleet: LoraFleet) -> float | None:
     for combo in itertools.product(*per_variant):
         used = [0.0] * gpus
         shared = fleet.shared.required or any(c[0] == "shared" for c in combo)
-        if shared:
+        if shared:  # the engine, and its LoRA cache: the shared adapters up to the cap
+            cache = sum(f.adapter_gib for f, (kind, _, _) in zip(fleet.fine_tunes, combo) if kind == "shared")
             for g in fleet.shared.gpus:
-                used[g] += fleet.shared.per_gpu_gib
+                used[g] += fleet.shared.per_gpu_gib + min(cache, fleet.shared.cache_cap_gib)
         for f, (kind, where, _) in zip(fleet.fine_tunes, combo):
-            if kind == "shared":
-                for g in fleet.shared.gpus:
-                    used[g] += f.adapter_gib
-            else:
+            if kind == "merged":
                 for g in where:
                     used[g] += f.merged.per_gpu_gib
         if any(u > free + 1e-9 for u, free in zip(used, fleet.free_gib)):
@@ -282,7 +301,8 @@ def fleets(draw):
         ]
     shared_gpus = tuple(sorted(draw(st.sets(st.integers(0, gpus - 1), min_size=1))))
     free = tuple(draw(st.floats(0.0, 80.0)) for _ in range(gpus))
-    return LoraFleet(fine_tunes, SharedEngine(shared_gpus, draw(memory), draw(st.booleans())), free, 4)
+    cap = draw(st.just(math.inf) | st.floats(0.0, 6.0))  # the LoRA cache's most: none, or a batch's adapters
+    return LoraFleet(fine_tunes, SharedEngine(shared_gpus, draw(memory), draw(st.booleans()), cap), free, 4)
 
 
 @settings(max_examples=120, deadline=None)
@@ -299,11 +319,12 @@ def test_the_solver_matches_a_brute_force(fleet):
         assert used <= free + 1e-6, f"GPU {g} over its memory"
     recomputed = [0.0] * len(fleet.free_gib)
     if d.shared_engine_used:
+        cache = sum(c.memory_gib[fleet.shared.gpus[0]] for c in d.choices if c.choice == "shared")
         for g in fleet.shared.gpus:
-            recomputed[g] += fleet.shared.per_gpu_gib
+            recomputed[g] += fleet.shared.per_gpu_gib + min(cache, fleet.shared.cache_cap_gib)
     for c in d.choices:
         for g, gib in c.memory_gib.items():
-            recomputed[g] += gib
+            recomputed[g] += gib if c.choice == "merged" else 0.0
     assert recomputed == pytest.approx(list(d.used_gib))
 
 

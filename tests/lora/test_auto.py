@@ -27,6 +27,13 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora-auto")
     model = LlamaForCausalLM.from_pretrained(make_hf_model(root / "hf")).eval()
     make_adapter(model, root / "qv4", 1, r=4, target_modules=["q_proj", "v_proj"])
+    make_adapter(
+        model,
+        root / "all16",
+        2,
+        r=16,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     return root
 
 
@@ -106,6 +113,32 @@ def test_a_fine_tune_without_traffic_shares_the_engine(tiny, write_spec, tmp_pat
     assert idle["choice"] == "shared" and "traffic share 0" in idle["reason"] and idle["traffic_share"] == 0
     (group,) = plan.lora_groups
     assert [m.variant for m in group.members] == ["idle"]
+
+
+def test_the_decision_charges_the_cache_the_group_gets(tiny, write_spec, tmp_path):
+    # rank 4 on q,v beside rank 16 on every projection: the group's cache holds min(2, max_batch_size 4)
+    # slots of the largest (rank 16 on the union of modules), so each shared fine-tune is charged one
+    # such slot, not its own adapter's bytes (which would under-count the cache by the rank-4 one's gap)
+    fine_tunes = f"""
+          - name: small
+            model: {{adapter: {tiny / "qv4"}}}
+            traffic: {{share: 0}}
+          - name: large
+            model: {{adapter: {tiny / "all16"}}}
+            serving: {{lora: shared}}
+"""
+    plan = gpu_plan(write_spec, tmp_path, tiny, fine_tunes)
+    (group,) = plan.lora_groups
+    assert sorted(m.variant for m in group.members) == ["large", "small"]
+    small, large = sorted(group.members, key=lambda m: m.rank)
+    assert small.bytes_per_gpu < large.bytes_per_gpu == group.cache.max_adapter_bytes
+    assert group.cache.gpu_bytes == 2 * large.bytes_per_gpu
+    (decision,) = plan.lora_decisions
+    base = next(v for v in plan.variants if v.name == "base")  # the group's engine, with its LoRA cache
+    assert decision.decision.used_gib[0] == pytest.approx(base.memory.total_gib, rel=1e-9)
+    assert {c.name: c.memory_gib[0] for c in decision.choices} == pytest.approx(
+        {"small": group.cache.max_adapter_bytes / 2**30, "large": group.cache.max_adapter_bytes / 2**30}
+    )
 
 
 def test_fixed_choices_are_kept_and_weighed(tiny, write_spec, tmp_path):
