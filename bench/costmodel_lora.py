@@ -45,10 +45,10 @@ from pipeline.costmodel.lora_cpu import (
     PROBE_ROWS,
     LoraCpuProfile,
     clock_pair_s,
+    lora_timed,
     prefilled,
     probe,
     random_adapters,
-    timed_lora_step,
 )
 from pipeline.runtime.model.engine import Engine, StepInput
 from pipeline.runtime.model.lora import LoraWeights
@@ -62,17 +62,15 @@ def measure(engine: Engine, adapter_of_row: list[LoraWeights], steps: int) -> di
     whole-step difference (``difference``)."""
     batch = len(adapter_of_row)
     caches = prefilled(engine, batch, 2 * steps)  # the prompts, untimed
-    spent: dict[int, float] = {}
-    before, engine.lora_step = engine.lora_step, timed_lora_step(spent)
-
-    def step(loras) -> float:
-        spent.clear()
-        start = time.thread_time()
-        engine.forward([StepInput(c, [DECODED], lora=lora) for c, lora in zip(caches, loras)])
-        return time.thread_time() - start
-
     found: dict[str, list[float]] = {"lora": [], "base": [], "difference": []}
-    try:
+    with lora_timed(engine) as spent:
+
+        def step(loras) -> float:
+            spent.clear()
+            start = time.thread_time()
+            engine.forward([StepInput(c, [DECODED], lora=lora) for c, lora in zip(caches, loras)])
+            return time.thread_time() - start
+
         for i in range(steps):
             first_base = i % 2 == 0  # alternate which goes first, so a drift within the pair cancels
             base = step([None] * batch) if first_base else 0.0
@@ -82,8 +80,6 @@ def measure(engine: Engine, adapter_of_row: list[LoraWeights], steps: int) -> di
                 base = step([None] * batch)
             found["base"].append(base)
             found["difference"].append(adapted - base)
-    finally:
-        engine.lora_step = before
     return found
 
 

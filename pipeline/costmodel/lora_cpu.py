@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -108,10 +109,13 @@ def clock_pair_s() -> float:
     return (time.thread_time() - start) / n
 
 
-def timed_lora_step(spent: dict[int, float]) -> Callable[..., LoraStep]:
-    """An ``Engine.lora_step`` that adds the CPU seconds of every ``add`` that has work (a module some
-    adapter of the step adapts) to ``spent[module id]``; the others return at once, untimed (a clock
-    around them would cost more than they do)."""
+@contextmanager
+def lora_timed(engine: Engine) -> Iterator[dict[int, float]]:
+    """The engine's LoRA code timed where it runs, while in the block: every ``add`` that has work (a
+    module some adapter of the step adapts) adds its CPU seconds to the yielded ``spent[module id]``
+    (clear it between steps); the others return at once, untimed (a clock around them would cost
+    more than they do)."""
+    spent: dict[int, float] = {}
     clock = clock_pair_s()
 
     class Timed(LoraStep):
@@ -123,7 +127,11 @@ def timed_lora_step(spent: dict[int, float]) -> Callable[..., LoraStep]:
             spent[module_id] = spent.get(module_id, 0.0) + time.thread_time() - start - clock
             return y
 
-    return Timed
+    before, engine.lora_step = engine.lora_step, Timed
+    try:
+        yield spent
+    finally:
+        engine.lora_step = before
 
 
 def prefilled(engine: Engine, requests: int, steps: int) -> list[KVCache]:
@@ -139,15 +147,11 @@ def decode_passes(engine: Engine, loras: list[LoraWeights | None], passes: int) 
     i-th with adapter ``loras[i]`` (None: the base): per step, the engine's LoRA seconds per module id."""
     caches = prefilled(engine, len(loras), passes)
     found = []
-    spent: dict[int, float] = {}
-    before, engine.lora_step = engine.lora_step, timed_lora_step(spent)
-    try:
+    with lora_timed(engine) as spent:
         for _ in range(passes):
             spent.clear()
             engine.forward([StepInput(c, [DECODED], lora=lora) for c, lora in zip(caches, loras)])
             found.append(dict(spent))
-    finally:
-        engine.lora_step = before
     return found
 
 
