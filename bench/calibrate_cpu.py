@@ -1,14 +1,16 @@
 """Calibration round trip on the CPU reference backend: bench, calibrate, predict what was held out.
 
     .venv/bin/python bench/calibrate_cpu.py [--fit none,lookahead] [--held-out medusa,eagle]
-        [--fit-concurrency 1,4] [--held-out-concurrency 2] [--requests 4] [--max-tokens 64]
+        [--fit-concurrency 1,4] [--held-out-concurrency 2] [--requests 4] [--max-tokens 64] [--rounds 3]
 
 Builds the shipped SmolLM2 specs through the pipeline (specs/smollm2-{lookahead,medusa,eagle}.yaml,
 and the Lookahead spec with ``speculative.method: none`` for plain decoding; under
-bench/out/calibrate-cpu, up-to-date stages are skipped), serves each variant's repository with the
-real tritonserver and the reference backend on free ports, and runs ``specdeploy bench
---repository`` for every method at every concurrency. Then ``specdeploy calibrate --gpu cpu`` on
-the runs of the fitted methods at the fitted concurrencies alone, and prints for every run the
+bench/out/calibrate-cpu, up-to-date stages are skipped), serves every variant's repository at once
+with the real tritonserver and the reference backend on free ports, and runs ``specdeploy bench
+--repository`` for every method at every concurrency, in ``--rounds`` rounds whose order of methods
+rotates: a slow minute of the host then falls on each method in turn, not on one, and the round with
+the median tokens/s stands for each method and concurrency. Then ``specdeploy calibrate --gpu cpu``
+on the runs of the fitted methods at the fitted concurrencies alone, and prints for every run the
 tokens/s the calibration predicts (at the run's measured acceptance length, as a rehearsal would
 give it) beside the measured tokens/s, and their ratio; the target is within 10% for the held-out
 methods and concurrency. Not a test: the machine's load moves every figure (the load average is
@@ -23,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,35 +90,67 @@ def tree_cpu_seconds(pid: int) -> float:
     return process_tree_stat(pid, (11, 12)) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_variant(variant: VariantPlan, concurrencies: list[int], args: argparse.Namespace) -> dict[int, Path]:
-    """One `specdeploy bench --repository` run per concurrency against a fresh server of ``variant``."""
-    repo = variant.stage("package").output
-    http, grpc, metrics = free_ports(3)
+def bench_rounds(variants: dict[str, VariantPlan], concurrencies: list[int], args: argparse.Namespace) -> dict:
+    """Every variant served at once (a fresh server each), then ``args.rounds`` rounds of one `specdeploy
+    bench --repository` run per variant and concurrency, the variants' order rotated each round: a
+    drift of the host lands on every method alike. Per (method, concurrency), the round with the
+    median rate stands for it (:func:`median_round`)."""
     cache = Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
-    config = CpuServerConfig(
-        repositories=(repo,), cache_dir=cache, http_port=http, grpc_port=grpc, metrics_port=metrics,
-        models=(variant.serving.model_name,),
-    )  # fmt: skip
     prompts = OUT / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    runs = {}
-    with CpuTritonServer(config) as server:
-        with TritonClient(server.grpc_url, variant.serving.model_name) as client:  # warm-up (first-call costs)
-            client.generate(GenerationRequest(PROMPTS[0], max_tokens=8))
-        for c in concurrencies:
-            out = OUT / "runs" / f"{variant.method}-c{c}"
-            cpu_before = tree_cpu_seconds(server.process.pid)
-            code = cli(
-                ["bench", "--url", server.grpc_url, "--model", variant.serving.model_name, "--prompts", str(prompts),
-                 "--concurrency", str(c), "--requests", str(max(args.requests, 2 * c)), "--max-tokens",
-                 str(args.max_tokens), "--ignore-eos", "--repository", str(repo), "--out", str(out)]
+    rounds: dict[tuple[str, int], list[Path]] = {}
+    with ExitStack() as stack:
+        servers = {}
+        for method, variant in variants.items():
+            http, grpc, metrics = free_ports(3)
+            repo = variant.stage("package").output
+            config = CpuServerConfig(
+                repositories=(repo,), cache_dir=cache, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                models=(variant.serving.model_name,),
             )  # fmt: skip
-            if code:
-                raise SystemExit(f"bench {variant.name} at concurrency {c} failed ({code})")
-            cpu = tree_cpu_seconds(server.process.pid) - cpu_before
-            (out / "server_cpu.json").write_text(json.dumps({"server_cpu_seconds": cpu}))
-            runs[c] = out
-    return runs
+            server = stack.enter_context(CpuTritonServer(config))
+            with TritonClient(server.grpc_url, variant.serving.model_name) as client:  # warm-up (first-call costs)
+                client.generate(GenerationRequest(PROMPTS[0], max_tokens=8))
+            servers[method] = server
+        methods = list(variants)
+        for k in range(args.rounds):
+            for method in methods[k % len(methods) :] + methods[: k % len(methods)]:
+                variant, server = variants[method], servers[method]
+                for c in concurrencies:
+                    out = OUT / "runs" / f"{method}-c{c}" / f"round{k}"
+                    cpu_before = tree_cpu_seconds(server.process.pid)
+                    code = cli(
+                        ["bench", "--url", server.grpc_url, "--model", variant.serving.model_name, "--prompts",
+                         str(prompts), "--concurrency", str(c), "--requests", str(max(args.requests, 2 * c)),
+                         "--max-tokens", str(args.max_tokens), "--ignore-eos", "--repository",
+                         str(variant.stage("package").output), "--out", str(out)]
+                    )  # fmt: skip
+                    if code:
+                        raise SystemExit(f"bench {variant.name} at concurrency {c} failed ({code})")
+                    cpu = tree_cpu_seconds(server.process.pid) - cpu_before
+                    (out / "server_cpu.json").write_text(json.dumps({"server_cpu_seconds": cpu}))
+                    rounds.setdefault((method, c), []).append(out)
+    return rounds
+
+
+def median_round(rounds: list[Path], per_cpu: bool) -> Path:
+    """The round whose tokens/s (wall clock, or per server CPU-second) is the median of the rounds
+    (the lower middle of an even count), as a run folder of its own next to them."""
+
+    def rate(path: Path) -> float:
+        body = json.loads((path / "bench.json").read_text())
+        if not per_cpu:
+            return body["tokens_per_second"]
+        return body["output_tokens"] / json.loads((path / "server_cpu.json").read_text())["server_cpu_seconds"]
+
+    chosen = sorted(rounds, key=rate)[(len(rounds) - 1) // 2]
+    body = json.loads((chosen / "bench.json").read_text())
+    body["tokens_per_second"] = rate(chosen)
+    body["median_of_rounds"] = {"rounds": len(rounds), "rates": sorted(rate(r) for r in rounds)}
+    folder = OUT / ("runs-per-cpu-second" if per_cpu else "runs-median") / chosen.parent.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bench.json").write_text(json.dumps(body))
+    return folder
 
 
 def predicted_tps(content: dict, run: calibrate.Run) -> float:
@@ -138,40 +174,35 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=4, help="requests per run (at least twice the concurrency)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--context-len", type=int, default=64, help="mean cached tokens per request")
+    parser.add_argument("--rounds", type=int, default=3, help="bench rounds of every method (the median stands)")
     parser.add_argument("--reuse", action="store_true", help="keep the runs already under bench/out/calibrate-cpu")
     args = parser.parse_args()
     fit_methods, held_methods = args.fit.split(","), args.held_out.split(",")
     fit_c = [int(c) for c in args.fit_concurrency.split(",")]
     held_c = [int(c) for c in args.held_out_concurrency.split(",")]
     print(f"load average before: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} CPUs", flush=True)
-    runs: dict[tuple[str, int], Path] = {}
     concurrencies = sorted(set(fit_c + held_c))
-    for method in fit_methods + held_methods:
-        done = {c: OUT / "runs" / f"{method}-c{c}" for c in concurrencies}
-        if args.reuse and all((path / "bench.json").exists() for path in done.values()):
-            runs |= {(method, c): path for c, path in done.items()}
-            continue
-        print(f"building and benching {method}", flush=True)
-        for c, path in bench_variant(build(method), concurrencies, args).items():
-            runs[method, c] = path
+    keys = [(m, c) for m in fit_methods + held_methods for c in concurrencies]
+    found = {key: sorted((OUT / "runs" / f"{key[0]}-c{key[1]}").glob("round*/bench.json")) for key in keys}
+    if args.reuse and all(found.values()):
+        rounds = {key: [p.parent for p in paths] for key, paths in found.items()}
+    else:
+        variants = {}
+        for method in fit_methods + held_methods:
+            print(f"building {method}", flush=True)
+            variants[method] = build(method)
+        print(f"benching {', '.join(variants)} at concurrency {concurrencies}, {args.rounds} rounds", flush=True)
+        shutil.rmtree(OUT / "runs", ignore_errors=True)  # no round of an earlier run mixes in
+        rounds = bench_rounds(variants, concurrencies, args)
     print(f"load average after: {os.getloadavg()[0]:.1f} (1 min)")
-    worst = round_trip(runs, "wall-clock tokens/s", fit_methods, fit_c, held_methods, held_c, args.context_len)
-    per_cpu = {key: cpu_time_run(path) for key, path in runs.items() if (path / "server_cpu.json").exists()}
-    if len(per_cpu) == len(runs):
-        round_trip(per_cpu, "tokens per server CPU-second", fit_methods, fit_c, held_methods, held_c, args.context_len)
+    for key, paths in sorted(rounds.items()):
+        rates = [json.loads((p / "bench.json").read_text())["tokens_per_second"] for p in paths]
+        print(f"  {key[0]:10s} c{key[1]}: tokens/s by round {', '.join(f'{r:.2f}' for r in rates)}")
+    wall = {key: median_round(paths, per_cpu=False) for key, paths in rounds.items()}
+    worst = round_trip(wall, "wall-clock tokens/s", fit_methods, fit_c, held_methods, held_c, args.context_len)
+    per_cpu = {key: median_round(paths, per_cpu=True) for key, paths in rounds.items()}
+    round_trip(per_cpu, "tokens per server CPU-second", fit_methods, fit_c, held_methods, held_c, args.context_len)
     return 0 if worst <= TARGET else 1
-
-
-def cpu_time_run(path: Path) -> Path:
-    """A copy of the run whose tokens/s is per CPU-second of the server's processes: what the run
-    gives with the CPU time it got, whatever else the machine was running."""
-    body = json.loads((path / "bench.json").read_text())
-    cpu = json.loads((path / "server_cpu.json").read_text())["server_cpu_seconds"]
-    body["tokens_per_second"] = body["output_tokens"] / cpu
-    copy = OUT / "runs-per-cpu-second" / path.name
-    copy.mkdir(parents=True, exist_ok=True)
-    (copy / "bench.json").write_text(json.dumps(body))
-    return copy
 
 
 def round_trip(runs: dict[tuple[str, int], Path], rate: str, fit_methods: list[str], fit_c: list[int],

@@ -19,7 +19,9 @@ by ``model.adapter``), every auto fine-tune first planned as merged:
 * the concurrency: ``evaluation.batch_sizes[0]`` of the base variant, else :data:`DEFAULT_CONCURRENCY`;
 * the traffic: each fine-tune's ``traffic.share``.
 
-A bfloat16 base on GPUs cannot share its engine (:data:`pipeline.lora.rules.BFLOAT16_REFUSAL`): its
+A base with an explicit ``speculative.method`` (not ``auto`` or ``none``) cannot become the LoRA
+engine, which decodes plainly: its auto fine-tunes are merged, and the rule says how to let them
+share. A bfloat16 base on GPUs cannot share its engine (:data:`pipeline.lora.rules.BFLOAT16_REFUSAL`): its
 auto fine-tunes are merged. Without a GPU to weigh (``target: reference`` on the CPU, or no
 ``gpu.type``) there is no memory constraint and no GPU speedup to compare: an auto fine-tune whose
 plan runs Medusa or EAGLE heads keeps an engine of its own (the LoRA engine cannot run them), every
@@ -121,6 +123,17 @@ def decide_family(
         rule = f"every auto fine-tune merged: {BFLOAT16_REFUSAL}"
         why = "TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine"
         choices = [_fixed(t, plans, "", merged_only=why) for t in tunes]
+        return AutoDecision(base.name, tuple(choices), None, rule)
+    if base.speculative.method not in ("auto", "none"):  # the group's engine is the base's: it decodes plainly
+        method = base.speculative.method
+        rule = (
+            f"every auto fine-tune merged: the base runs speculative.method {method}, and the LoRA engine it "
+            "would become runs no speculative method; set the base's speculative.method to auto or none to "
+            "let fine-tunes share its engine"
+        )
+        choices = [
+            _fixed(t, plans, "", merged_only=f"the base's engine runs {method}, a LoRA engine none") for t in tunes
+        ]
         return AutoDecision(base.name, tuple(choices), None, rule)
     if base_plan.target == "reference" or gpu is None:
         where = "the CPU reference target" if base_plan.target == "reference" else "no gpu.type"

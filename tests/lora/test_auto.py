@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
     return root
 
 
-def gpu_plan(write_spec, tmp_path, root, variants: str, dtype: str = "float16"):
+def gpu_plan(write_spec, tmp_path, root, variants: str, dtype: str = "float16", base: str = ""):
     spec = write_spec(
         f"""
         name: fleet
@@ -46,8 +46,9 @@ def gpu_plan(write_spec, tmp_path, root, variants: str, dtype: str = "float16"):
         target: tensorrt
         gpu: {{type: l40s, count: 1}}
         variants:
-          - name: base
-        """
+          - name: base"""
+        + base
+        + "\n"
         + variants
     )
     return make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "repo", tmp_path / "cache"))
@@ -138,6 +139,27 @@ def test_the_decision_charges_the_cache_the_group_gets(tiny, write_spec, tmp_pat
     assert decision.decision.used_gib[0] == pytest.approx(base.memory.total_gib, rel=1e-9)
     assert {c.name: c.memory_gib[0] for c in decision.choices} == pytest.approx(
         {"small": group.cache.max_adapter_bytes / 2**30, "large": group.cache.max_adapter_bytes / 2**30}
+    )
+
+
+def test_a_base_with_its_own_method_keeps_it_and_its_fine_tunes_merge(tiny, write_spec, tmp_path):
+    # the LoRA engine is the base's engine and decodes plainly: a base asking for Lookahead cannot be it,
+    # so even a traffic-free fine-tune (which would share, as `idle` does above) gets an engine of its own
+    fine_tune = f"""
+          - name: idle
+            model: {{adapter: {tiny / "qv4"}}}
+            traffic: {{share: 0}}
+"""
+    plan = gpu_plan(write_spec, tmp_path, tiny, fine_tune, base="\n            speculative: {method: lookahead}")
+    assert plan.lora_groups == ()
+    base = next(v for v in plan.variants if v.name == "base")
+    assert base.speculative.method == "lookahead"
+    idle = decision_of(plan, "idle")
+    assert (
+        idle["choice"] == "merged" and idle["reason"] == "merged: the base's engine runs lookahead, a LoRA engine none"
+    )
+    assert (
+        "set the base's speculative.method to auto or none" in json.loads(plan.to_json())["lora_decisions"][0]["rule"]
     )
 
 
