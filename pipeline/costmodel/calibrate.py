@@ -198,11 +198,16 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu
     return chosen
 
 
-def cpu_device(runs: Sequence[Run], repeats: int = 3) -> GpuPerf:
+def cpu_device(runs: Sequence[Run], repeats: int = 5) -> GpuPerf:
     """The CPU device with this host's GEMMs measured by rows for the runs' model and dtype
-    (gemm_probe.probe, a few seconds): calibrate on the host that served the runs."""
+    (gemm_probe.probe, a few seconds): calibrate on the host that served the runs. Each GEMM's figure
+    is the fastest of its repeats: on a shared host noise only adds time, and the fit takes the scale
+    (``row_compute``) itself, so what must hold still is the curve's shape, which moved by up to 4%
+    between fastest-of-5 probes of SmolLM2 minutes apart against up to 13% between median-of-3 ones
+    (a 11-row target pass over a 1-row one: 4.52-4.75x against 4.68-5.26x)."""
     served = runs[0].served
-    gemms = gemm_probe.probe(ModelGeometry(**served["arch"]), bf16=served["dtype"] == "bfloat16", repeats=repeats)
+    arch = ModelGeometry(**served["arch"])
+    gemms = gemm_probe.probe(arch, bf16=served["dtype"] == "bfloat16", repeats=repeats, statistic=min)
     return dataclasses.replace(gpu_perf(CPU), gemms=gemms)
 
 

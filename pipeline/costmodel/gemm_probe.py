@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.geometry import ModelGeometry
@@ -84,8 +85,15 @@ class CpuProfile:
         return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
 
 
-def probe(arch: ModelGeometry, bf16: bool, repeats: int = 5, rows: tuple[int, ...] = PROBE_ROWS) -> CpuProfile:
-    """Time the engine's Gemm for every shape and row count, one thread, row counts interleaved."""
+def probe(
+    arch: ModelGeometry,
+    bf16: bool,
+    repeats: int = 5,
+    rows: tuple[int, ...] = PROBE_ROWS,
+    statistic: Callable[[list[float]], float] = statistics.median,
+) -> CpuProfile:
+    """Time the engine's Gemm for every shape and row count, one thread, row counts interleaved; each
+    figure is ``statistic`` of its ``repeats`` timings."""
     import torch
 
     from pipeline.runtime.model.gemm import Gemm
@@ -106,7 +114,7 @@ def probe(arch: ModelGeometry, bf16: bool, repeats: int = 5, rows: tuple[int, ..
                     for _ in range(calls):
                         gemm(inputs[m])
                     times[m].append((time.thread_time() - start) / calls)
-            out[name] = tuple(statistics.median(times[m]) for m in rows)
+            out[name] = tuple(statistic(times[m]) for m in rows)
         return CpuProfile(tuple(rows), out)
     finally:
         torch.set_num_threads(before)
