@@ -30,7 +30,11 @@ its rows grow and no constant can say so. And it starts from no constants at all
 methods' own terms after them: on the CPU a draft row costs what any row costs, so a method's row
 term is what is left once those are fitted (usually nothing the runs resolve). The weight streaming
 comes before the host work a step: both are fixed per step for the target, but only the first
-prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. The reference
+prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. And it keeps
+at least one observation more than constants: a step time on a shared host is noisy, and an exact
+fit takes one run's noise into every constant (four runs, plain and Lookahead at two concurrencies,
+fitted exactly with Lookahead's row term: held-out Medusa and EAGLE 26-39% off in one bench run; the
+three physical terms by least squares on the same runs: within 9%). The reference
 backend's Lookahead feeds its window's W(N - 1) rows, the root and only the n-grams its pool holds,
 not (W + G)(N - 1) rows every step: a run's rows are taken from its own draft counts
 (:func:`drafting`).
@@ -183,16 +187,18 @@ def observations(
 
 
 def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu: bool = False) -> list[str]:
-    """The constants the observations resolve, greedily in the module's order."""
+    """The constants the observations resolve, greedily in the module's order; on the CPU at least one
+    observation more than constants (see the module docstring)."""
     methods = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())]
     order = [*CPU_SHARED_TERMS, *methods] if cpu else [*methods, *SHARED_TERMS]
+    most = len(found) - 1 if cpu else len(found)
     chosen: list[str] = []
     rank = 0
     for name in dict.fromkeys(order):
         a, _ = fit.design(found, base, [*chosen, name])
         scaled = a / np.maximum(np.abs(a).max(axis=0), 1e-300)
         new_rank = int(np.linalg.matrix_rank(scaled, tol=1e-6))
-        if new_rank > rank and len(chosen) < len(found):
+        if new_rank > rank and len(chosen) < most:
             chosen.append(name)
             rank = new_rank
     return chosen
