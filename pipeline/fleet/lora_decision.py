@@ -34,7 +34,8 @@ Among equal objectives the choice with the least merged memory wins, then the on
 merged engines.
 
 **The method.** A 0/1 integer program (a multiple-choice, multi-dimensional knapsack: one choice per
-fine-tune, one memory constraint per GPU) solved by HiGHS through ``scipy.optimize.milp``. HiGHS's
+fine-tune, one memory constraint per GPU; the LoRA cache's cap adds one binary and one continuous
+variable) solved by HiGHS through ``scipy.optimize.milp``. HiGHS's
 branch and cut proves optimality (status 0 with the relative gap set to zero), the program is exact
 in the GiB figures (no memory quantization, which a DP over memory units would need, and no
 hand-written bound whose proof would be ours to keep), and 64 fine-tunes on 8 GPUs is ~600
