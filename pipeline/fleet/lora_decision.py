@@ -279,7 +279,7 @@ def decide(fleet: LoraFleet) -> LoraDecision:
 
 
 class _Program:
-    """The program over (one binary per option, y: the shared engine is used, c: the LoRA cache's GiB per
+    """The program over (one binary per option, y: the shared engine is used, c: the LoRA cache's KiB per
     GPU, z: the cache is at its cap). c >= sum of the shared adapters' GiB unless z, c >= cap if z: the
     solver takes the smaller, min(sum, cap), whenever memory binds."""
 
@@ -306,17 +306,20 @@ class _Program:
                 row = np.zeros(n)
                 row[k], row[self.y] = 1.0, -1.0
                 add(row, -np.inf, 0.0)
+        # c is in KiB, as the rows are (its coefficient 1 beside GiB x _ROW_SCALE): scaled like the
+        # others, it would sit 2**20 over a small adapter's in one row, which HiGHS does not solve reliably
+        kib = 1.0 / _ROW_SCALE
         adapters = np.array([fleet.fine_tunes[o.variant].adapter_gib if o.choice == "shared" else 0.0 for o in flat])
         cap = min(fleet.shared.cache_cap_gib, float(adapters.sum()))
-        row = np.r_[-adapters, 0.0, 1.0, float(adapters.sum())]  # c - sum_shared a_k x_k + (sum a) z >= 0
+        row = np.r_[-adapters, 0.0, kib, float(adapters.sum())]  # c - sum_shared a_k x_k + (sum a) z >= 0
         add(row * _ROW_SCALE, 0.0, np.inf)
         row = np.zeros(n)
-        row[self.c], row[self.z] = 1.0, -cap  # c - cap z >= 0
+        row[self.c], row[self.z] = kib, -cap  # c - cap z >= 0
         add(row * _ROW_SCALE, 0.0, np.inf)
         for g, free in enumerate(fleet.free_gib):  # every GPU's memory
             row = np.array([o.memory.get(g, 0.0) if o.choice == "merged" else 0.0 for o in flat] + [0.0] * 3)
             if g in fleet.shared.gpus:
-                row[self.y], row[self.c] = fleet.shared.per_gpu_gib, 1.0
+                row[self.y], row[self.c] = fleet.shared.per_gpu_gib, kib
             add(row * _ROW_SCALE, -np.inf, (free + _TOLERANCE) * _ROW_SCALE)
         self.a, self.low, self.high = np.array(rows), np.array(low), np.array(high)
         low_bounds, high_bounds = np.zeros(n), np.ones(n)

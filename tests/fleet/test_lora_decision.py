@@ -160,6 +160,15 @@ def test_a_capped_cache_frees_nothing_when_one_more_merges():
     assert by_name(d)["ft0"].choice == "merged" and d.used_gib == pytest.approx((31.0,))
 
 
+def test_an_adapter_that_just_fills_the_gpu_fits():
+    # 1e-9 GiB of adapter on a GPU with nothing free: within the 1e-9 GiB tolerance of "fits" (the
+    # cache's variable once sat 2**20 over the adapter's coefficient in one row, and HiGHS called it
+    # infeasible)
+    tunes = [FineTune("ft0", 1e-9, 1.0, None)]
+    d = decide(LoraFleet(tunes, SharedEngine((0,), 0.0), free_gib=(0.0,), concurrency=4))
+    assert [c.choice for c in d.choices] == ["shared"]
+
+
 def test_serving_lora_fixed_per_variant_is_obeyed():
     # "merged" is forced although shared is faster; "shared" although merged is faster and fits.
     d = decide(
