@@ -251,7 +251,7 @@ def _decide_lora(
         family = {base.name, *(t.name for t in tunes)}
         others = [p for p in plans if p.name not in family and p.name not in shared]
         engine = by_name[base.name]
-        if engine.speculative.method != "none":
+        if base.speculative.method == "auto" and engine.speculative.method != "none":  # else decided without it
             plain = variant_with_method(base, "none")
             engine = _plan_variant(spec, plain, roots, _Problems(spec, base.name)) or engine
         decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine)
