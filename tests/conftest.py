@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,28 @@ REPO = Path(__file__).resolve().parents[1]
 def no_github_step_summary(monkeypatch):
     """Tests run inside GitHub Actions must not append their runs to the job's real step summary."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture(scope="module")
+def module_tmp(request, tmp_path_factory) -> Iterator[Callable[[str], Path]]:
+    """``tmp_path_factory.mktemp`` for module-scoped fixtures, whose folders are removed when the
+    module ends without a failure (and kept for a look when one failed).
+
+    pytest keeps every ``mktemp`` folder until the session ends (``tmp_path_retention_policy``
+    only judges each test's own ``tmp_path``), so the SmolLM2 checkpoints, engines and model
+    repositories the modules build would pile up over the suite to more than a CI host's disk.
+    """
+    failed_before = request.session.testsfailed
+    made: list[Path] = []
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    if request.session.testsfailed == failed_before:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

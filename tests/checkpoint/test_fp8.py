@@ -45,10 +45,10 @@ def kl_top1(ref_logits: torch.Tensor, test_logits: torch.Tensor) -> tuple[float,
 
 
 @pytest.fixture(scope="module")
-def fp8_tp1(modelopt_fp8, tmp_path_factory):
+def fp8_tp1(modelopt_fp8, module_tmp):
     from pipeline.checkpoint import convert_checkpoint
 
-    out = tmp_path_factory.mktemp("fp8_tp1")
+    out = module_tmp("fp8_tp1")
     summary = convert_checkpoint(modelopt_fp8.hf_fp8_dir, out, tp=1, pp=1, dtype="bfloat16", kv_cache_fp8=True)
     return out, summary
 

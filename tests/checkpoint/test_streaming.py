@@ -46,10 +46,10 @@ print(json.dumps({"base": base, "peak": status("VmHWM")}))
 
 
 @pytest.fixture(scope="module")
-def synthetic_bf16(tmp_path_factory) -> tuple[Path, ModelGeometry, int]:
+def synthetic_bf16(module_tmp) -> tuple[Path, ModelGeometry, int]:
     # 3 layers, vocab 32000 x 1024: the embedding and lm_head are 62.5 MiB each in bf16 (125 MiB as fp32).
     model = dataclasses.replace(DEFAULT_SYNTHETIC, num_layers=3)
-    folder = tmp_path_factory.mktemp("synthetic") / "hf"
+    folder = module_tmp("synthetic") / "hf"
     size = write_synthetic_llama(folder, model, torch.bfloat16)
     return folder, model, size
 

@@ -34,10 +34,10 @@ LIMITS = "build: {max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_nu
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(module_tmp):
     """One local cluster for the module: 2 CPUs, 4 logical GPUs; the stand-in trtllm-build and
     its `tensorrt_llm` package on the workers' PATH and PYTHONPATH."""
-    bin_dir, site = fake_tensorrt_llm(tmp_path_factory.mktemp("standin"))
+    bin_dir, site = fake_tensorrt_llm(module_tmp("standin"))
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p),
@@ -54,8 +54,8 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
+def tiny(module_tmp) -> Path:
+    return build_tiny_llama(module_tmp("tiny") / "model")
 
 
 def plan_of(tmp_path: Path, text: str):

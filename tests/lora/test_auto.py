@@ -21,10 +21,10 @@ SPECS = Path(__file__).resolve().parents[2] / "specs"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(module_tmp):
     from transformers import LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("lora-auto")
+    root = module_tmp("lora-auto")
     model = LlamaForCausalLM.from_pretrained(make_hf_model(root / "hf")).eval()
     make_adapter(model, root / "qv4", 1, r=4, target_modules=["q_proj", "v_proj"])
     make_adapter(

@@ -53,8 +53,8 @@ MIN_MARGIN = 0.05
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> Plan:
-    root = tmp_path_factory.mktemp("lora-fleet")
+def plan(module_tmp) -> Plan:
+    root = module_tmp("lora-fleet")
     spec = load_spec(REPO / "specs" / "smollm2-lora-fleet.yaml")
     plan = make_plan(spec, OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir()))
     outcomes = execute_plan(plan, say=lambda _: None)
@@ -97,13 +97,13 @@ def expected() -> dict[tuple[str, str], tuple[list[int], float]]:
 
 
 @pytest.fixture(scope="module")
-def server(plan, tmp_path_factory):
+def server(plan, module_tmp):
     from tests.triton.triton_fixtures import serve_repository
 
     assert plan.repository is not None
     running = serve_repository(
         plan.repository.output,
-        tmp_path_factory.mktemp("logs") / "server.log",
+        module_tmp("logs") / "server.log",
         models=("base", *FINE_TUNES, "base-tensorrt_llm"),
         ready_timeout=300,
     )

@@ -79,8 +79,8 @@ LORA_BUILD = {
 
 
 @pytest.fixture(scope="module")
-def lora_engine(tmp_path_factory) -> Engine:
-    root = tmp_path_factory.mktemp("probe")
+def lora_engine(module_tmp) -> Engine:
+    root = module_tmp("probe")
     return Engine.load(write_engine(make_hf_model(root / "hf"), root / "engine", **LORA_BUILD))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,17 +90,18 @@ def built(root: Path, text: str) -> Plan:
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> Plan:
-    plan = built(tmp_path_factory.mktemp("lora-group") / "shared", SPEC)
+def plan(module_tmp) -> Plan:
+    plan = built(module_tmp("lora-group") / "shared", SPEC)
     assert execute_spec_repository(plan, {v.name for v in plan.variants}, say=lambda _: None) is not None
     return plan
 
 
 @pytest.fixture(scope="module")
-def expected(plan, tmp_path_factory) -> dict[tuple[str, str], list[int]]:
+def expected(plan, module_tmp) -> dict[tuple[str, str], list[int]]:
     """(variant, prompt) -> greedy ids without Triton: each fine-tune's merged engine, and the base on the
     group's engine without an adapter."""
-    merged = built(tmp_path_factory.mktemp("lora-merged") / "merged", MERGED)
+    root = module_tmp("lora-merged")
+    merged = built(root / "merged", MERGED)
     tokenizer = tokenizer_of(merged)
     out = {}
     for variant in (plan.variants[0], *merged.variants):
@@ -112,6 +114,7 @@ def expected(plan, tmp_path_factory) -> dict[tuple[str, str], list[int]]:
         ]
         outputs = decode(engine, PlainDecoding(), requests, in_flight=2)
         out.update({(variant.name, p): outputs[p].tokens for p in PROMPTS})
+    shutil.rmtree(root)  # two fp32 copies of the model, each merged, converted and built: 3 GB the server does not need
     return out
 
 
@@ -120,14 +123,14 @@ def tokenizer_of(plan):
 
 
 @pytest.fixture(scope="module")
-def server(plan, tmp_path_factory):
+def server(plan, module_tmp):
     from tests.triton.triton_fixtures import serve_repository
 
     assert plan.repository is not None
     repo = plan.repository.output  # every variant by its own name; one tensorrt_llm model for the group
     running = serve_repository(
         repo,
-        tmp_path_factory.mktemp("logs") / "server.log",
+        module_tmp("logs") / "server.log",
         models=("base", "code", "json", "base-tensorrt_llm"),
         ready_timeout=300,
     )

@@ -39,12 +39,12 @@ NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet(module_tmp):
     """The base engine with the LoRA plugin, the adapters in the runtime format, and each adapter's
     merged engine (PEFT's merge_and_unload saved, then converted like any checkpoint)."""
     from transformers import LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("lora")
+    root = module_tmp("lora")
     hf = make_hf_model(root / "hf")
     base = LlamaForCausalLM.from_pretrained(hf).eval()
     runtime, merged = {}, {}

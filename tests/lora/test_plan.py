@@ -20,10 +20,10 @@ peft = pytest.importorskip("peft")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(module_tmp):
     from transformers import LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("lora-plan")
+    root = module_tmp("lora-plan")
     hf = make_hf_model(root / "hf")
     model = LlamaForCausalLM.from_pretrained(hf).eval()
     make_adapter(model, root / "qv4", 1, r=4, target_modules=["q_proj", "v_proj"])

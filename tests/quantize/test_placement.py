@@ -46,8 +46,8 @@ def _export(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def undispatched(tiny_llama_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("plain") / "out"
+def undispatched(tiny_llama_dir, module_tmp):
+    out = module_tmp("plain") / "out"
     return quantize_fp8(tiny_llama_dir, out, **CALIB), out
 
 

@@ -37,10 +37,10 @@ PLAIN = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_fp8(smollm2_dir, tmp_path_factory):
+def smollm2_fp8(smollm2_dir, module_tmp):
     from pipeline.quantize import quantize_fp8
 
-    out = tmp_path_factory.mktemp("smollm2-fp8") / "out"
+    out = module_tmp("smollm2-fp8") / "out"
     summary = quantize_fp8(smollm2_dir, out, kv_cache_fp8=True, calib_path=None, calib_size=512, calib_max_len=256)
     return summary, out
 

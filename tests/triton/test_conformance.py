@@ -111,18 +111,18 @@ def _heads(root: Path, model: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("conformance")
+def tiny(module_tmp) -> tuple[Path, Path]:
+    root = module_tmp("conformance")
     model = tiny_llama(root / "model")
     return model, _heads(root, model)
 
 
 @pytest.fixture(scope="module")
-def repositories(tiny, tmp_path_factory) -> dict[tuple[str, bool], Path]:
+def repositories(tiny, module_tmp) -> dict[tuple[str, bool], Path]:
     model, heads = tiny
     repos = {}
     for method, text in METHOD_SPEC.items():
-        folder = tmp_path_factory.mktemp(method)
+        folder = module_tmp(method)
         plans = {}
         for decoupled in (True, False):
             spec = folder / f"spec-{decoupled}.yaml"
@@ -167,10 +167,10 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture(scope="module")
-def served(request, repositories, tmp_path_factory):
+def served(request, repositories, module_tmp):
     method, decoupled = request.param
     repo = repositories[method, decoupled]
-    log = tmp_path_factory.mktemp("logs") / f"{method}-{decoupled}.log"
+    log = module_tmp("logs") / f"{method}-{decoupled}.log"
 
     server = serve_repository(repo, log, models=(*SERVED, "preprocessing", "postprocessing"))
     try:

@@ -66,9 +66,9 @@ def _plan(folder: Path, decoupled: bool):
 
 
 @pytest.fixture(scope="module")
-def repositories(tmp_path_factory) -> dict[bool, Path]:
+def repositories(module_tmp) -> dict[bool, Path]:
     """decoupled -> repository; both from one engine, built by the pipeline's stages."""
-    root = tmp_path_factory.mktemp("nvidia-clients")
+    root = module_tmp("nvidia-clients")
     plan = _plan(root / "decoupled", True)
     (outcome,) = execute_plan(plan, say=lambda _: None)
     assert outcome.exit_code == 0 and outcome.stopped_at is None, outcome
@@ -86,8 +86,8 @@ def _server(repo: Path, log: Path):
 
 
 @pytest.fixture(scope="module")
-def server(repositories, tmp_path_factory):
-    running = _server(repositories[True], tmp_path_factory.mktemp("logs") / "decoupled.log")
+def server(repositories, module_tmp):
+    running = _server(repositories[True], module_tmp("logs") / "decoupled.log")
     try:
         yield running
     finally:
@@ -95,9 +95,9 @@ def server(repositories, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def offline_server(repositories, tmp_path_factory, server):
+def offline_server(repositories, module_tmp, server):
     server.stop()  # one server at a time on a small host; the decoupled tests have run by now
-    running = _server(repositories[False], tmp_path_factory.mktemp("logs") / "offline.log")
+    running = _server(repositories[False], module_tmp("logs") / "offline.log")
     try:
         yield running
     finally:
@@ -362,10 +362,10 @@ HEADS_SPEC = {
 
 
 @pytest.fixture(scope="module", params=list(HEADS_SPEC))
-def heads_server(request, tmp_path_factory, offline_server):
+def heads_server(request, module_tmp, offline_server):
     offline_server.stop()  # one server at a time
     method = request.param
-    folder = tmp_path_factory.mktemp(method)
+    folder = module_tmp(method)
     spec = (
         f"name: nvidia-{method}\nmodel: {{builtin: smollm2-135m-instruct, dtype: float32}}\n"
         + HEADS_SPEC[method].format(heads=REPO_ROOT / "heads")

@@ -102,8 +102,8 @@ KILLED_CLIENT = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cancellation")
+def server(module_tmp):
+    root = module_tmp("cancellation")
     tiny_llama(root / "model", max_position_embeddings=8192)
     (root / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     plan = plan_spec(root / "spec.yaml", root)

@@ -76,8 +76,8 @@ def _complete(head: bytes, body: bytes) -> bool:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("http")
+def repo(module_tmp) -> Path:
+    folder = module_tmp("http")
     variant = tiny_plan(folder)
     repo = folder / "repo"
     emit_repository(variant, repo, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)

@@ -53,8 +53,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("reference")
+def server(module_tmp):
+    folder = module_tmp("reference")
     tiny_llama(folder / "model")
     (folder / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     variant = plan_spec(folder / "spec.yaml", folder).variants[0]

@@ -36,9 +36,9 @@ PROMPT = "hello world the quick brown"
 
 
 @pytest.fixture(scope="module")
-def packaged(tmp_path_factory) -> tuple[Path, Path]:
+def packaged(module_tmp) -> tuple[Path, Path]:
     """(folder with spec.yaml, the emitted repository)."""
-    folder = tmp_path_factory.mktemp("standin")
+    folder = module_tmp("standin")
     variant = tiny_plan(folder)
     repo = folder / "repo"
     emit_repository(variant, repo, engine_dir=fake_engine(variant), tokenizer_dir=variant.model_dir)

@@ -67,8 +67,8 @@ variants:
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> Plan:
-    root = tmp_path_factory.mktemp("spec-server")
+def plan(module_tmp) -> Plan:
+    root = module_tmp("spec-server")
     (root / "spec.yaml").write_text(textwrap.dedent(SPEC).lstrip())
     plan = make_plan(
         load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir())

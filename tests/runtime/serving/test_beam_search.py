@@ -27,8 +27,8 @@ N = 10
 
 
 @pytest.fixture(scope="module")
-def beam_engine(hf_model, tmp_path_factory) -> Engine:
-    folder = tmp_path_factory.mktemp("beam") / "engine"
+def beam_engine(hf_model, module_tmp) -> Engine:
+    folder = module_tmp("beam") / "engine"
     return Engine.load(write_engine(hf_model, folder, max_beam_width=4, gather_context_logits=True))
 
 

@@ -87,8 +87,8 @@ variants:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory) -> dict[tuple[str, str], Engine]:
-    root = tmp_path_factory.mktemp("smollm2-spec")
+def engines(module_tmp) -> dict[tuple[str, str], Engine]:
+    root = module_tmp("smollm2-spec")
     (root / "spec.yaml").write_text(SPEC)
     plan = make_plan(
         load_spec(root / "spec.yaml"), OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir())

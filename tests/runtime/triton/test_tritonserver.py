@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.tritonserver, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, engine_dir):
-    repo = tmp_path_factory.mktemp("repo")
+def server(module_tmp, engine_dir):
+    repo = module_tmp("repo")
     params = {
         "gpt_model_path": str(engine_dir),
         "exclude_input_in_output": "true",
