@@ -123,7 +123,7 @@ def bench_rounds(variants: dict[str, VariantPlan], concurrencies: list[int], arg
                         ["bench", "--url", server.grpc_url, "--model", variant.serving.model_name, "--prompts",
                          str(prompts), "--concurrency", str(c), "--requests", str(max(args.requests, 2 * c)),
                          "--max-tokens", str(args.max_tokens), "--ignore-eos", "--repository",
-                         str(variant.stage("package").output), "--out", str(out)]
+                         str(variant.stage("package").output), "--probe-host", "--out", str(out)]
                     )  # fmt: skip
                     if code:
                         raise SystemExit(f"bench {variant.name} at concurrency {c} failed ({code})")

@@ -4,7 +4,10 @@ N concurrent streaming clients send M requests in total (bounded also by --time-
 the command prints tokens/s, time to first token, inter-token latency (p50/p90/p99) and
 speculative acceptance, and writes bench.json and bench.png into --out. With --repository (the
 Triton model repository the server loaded) bench.json also records what was served: the method and
-its settings, the engine's shape, dtypes and parallelism, which `specdeploy calibrate` needs.
+its settings, the engine's shape, dtypes and parallelism, which `specdeploy calibrate` needs; with
+--probe-host as well (the server is the CPU reference backend on this host) it then measures the
+host's GEMMs by rows for that model, so `specdeploy calibrate --gpu cpu` prices the runs on probes
+taken beside them.
 """
 
 from __future__ import annotations
@@ -54,7 +57,10 @@ def print_summary(summary: dict, console: Console) -> None:
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from pipeline.commands.query import request_from_args
+    from pipeline.errors import InputError
 
+    if args.probe_host and not args.repository:
+        raise InputError("--probe-host measures the served model's GEMMs: say which with --repository DIR")
     served = None
     if args.repository:
         from pipeline.costmodel.served import describe
@@ -72,6 +78,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         time_limit=args.time_limit,
     )
     summary = summarize(run)
+    host_gemms = None
+    if args.probe_host and served:
+        from pipeline.costmodel.calibrate import probe_host
+
+        console.print("measuring this host's GEMMs by rows for `specdeploy calibrate --gpu cpu` (a few seconds)")
+        host_gemms = probe_host(served).to_dict()
     out = Path(args.out or Path("bench") / "out" / time.strftime("%Y%m%d-%H%M%S"))
     path = write_report(
         run,
@@ -79,7 +91,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         out,
         extra={"url": args.url, "model": ",".join(models), "models": models}
         | {"max_tokens": args.max_tokens, "prompts": str(args.prompts)}
-        | ({"server": served} if served else {}),
+        | ({"server": served} if served else {})
+        | ({"host_gemms": host_gemms} if host_gemms else {}),
     )
     print_summary(summary, console)
     if "per_model" in summary:
@@ -112,6 +125,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--out", help="folder for bench.json and bench.png (default bench/out/<time>)")
     bench.add_argument(
         "--repository", help="the Triton model repository the server loaded: recorded for `specdeploy calibrate`"
+    )
+    bench.add_argument(
+        "--probe-host",
+        action="store_true",
+        help="the server is the CPU reference backend on this host: after the run, measure the host's GEMMs by "
+        "rows for the --repository's model and record them for `specdeploy calibrate --gpu cpu`",
     )
     add_sampling_arguments(bench)
     bench.add_argument(

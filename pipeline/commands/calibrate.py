@@ -7,7 +7,8 @@ concurrency and what the server served). Plain decoding and at least one specula
 two concurrencies or more, on one model: anything less is refused with what to bench
 (pipeline/costmodel/calibrate.py). The file goes into a spec as `gpu: {type: ..., calibration: PATH}`:
 predictions, `best` and the release gates then use it, intervals from its own residuals. With
-``--gpu cpu`` (the CPU reference backend) it also measures this host's GEMMs by rows, a few seconds.
+``--gpu cpu`` (the CPU reference backend) it also needs the host's GEMMs by rows: the probes the runs
+recorded (`specdeploy bench --probe-host`), else it measures this host's, a few seconds.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
         device = None
         if args.gpu == "cpu":
             calibrate.refuse_undetermined(runs)  # before measuring anything
-            console.print("measuring this host's GEMMs by rows (calibrate on the host that served the runs)")
+            if all(r.host_gemms for r in runs):
+                console.print("the host's GEMMs by rows: the fastest of the runs' recorded probes")
+            else:
+                console.print("measuring this host's GEMMs by rows (calibrate on the host that served the runs)")
             device = calibrate.cpu_device(runs)
         content = calibrate.calibrate(runs, args.gpu, args.runtime, args.context_len, device)
     except calibrate.CalibrationError as exc:

@@ -22,13 +22,14 @@ The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way
 differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
 every run, plain decoding's too, is one observed step time (concurrency x acceptance length /
 tokens/s) and the residuals are relative errors of tokens/s. Its device has no datasheet: the weight
-GEMMs are measured by rows on the host calibrating (:func:`cpu_device`; the file records them, and
-predictions from it are priced on them: :func:`priced_on`), since a CPU GEMM's cost per row falls as
-its rows grow and no constant can say so. And it starts from no constants at all
-(``CPU_BASE``: a constant the runs do not determine costs nothing), taking the physical terms first
-(a row's FLOPs, a request's host work, the weight streaming a layer, the host work a step) and the
-methods' own terms after them: on the CPU a draft row costs what any row costs, so a method's row
-term is what is left once those are fitted (usually nothing the runs resolve). The weight streaming
+GEMMs are measured by rows on the host that served the runs (:func:`cpu_device`: recorded by each
+run, or probed when calibrating; the file records them, and predictions from it are priced on them:
+:func:`priced_on`), since a CPU GEMM's cost per row falls as its rows grow and no constant can say
+so. And it starts from no constants at all (``CPU_BASE``: a constant the runs do not determine
+costs nothing), taking the physical terms first (a row's FLOPs, a request's host work, the weight
+streaming a layer, the host work a step) and the methods' own terms after them: on the CPU a
+draft row costs what any row costs, so a method's row term is what is left once those are fitted
+(usually nothing the runs resolve). The weight streaming
 comes before the host work a step: both are fixed per step for the target, but only the first
 prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. And it keeps
 at least one observation more than constants: a step time on a shared host is noisy, and an exact
@@ -77,6 +78,7 @@ class Run:
     acceptance_length: float
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    host_gemms: gemm_probe.CpuProfile | None = None  # `bench --probe-host`: the host's GEMMs after the run
 
 
 def read_run(folder: Path) -> Run:
@@ -96,9 +98,13 @@ def read_run(folder: Path) -> Run:
     if body["server"]["method"] != "none" and not al:
         raise CalibrationError(f"{path}: a {body['server']['method']} run without an acceptance length")
     acceptance = body.get("acceptance") or {}
+    try:
+        gemms = gemm_probe.CpuProfile.from_dict(body["host_gemms"]) if body.get("host_gemms") else None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CalibrationError(f"{path}: host_gemms is not a GEMM probe `specdeploy bench` wrote ({exc})") from None
     return Run(
         path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0),
-        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0),
+        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0), gemms,
     )  # fmt: skip
 
 
@@ -204,16 +210,30 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu
     return chosen
 
 
-def cpu_device(runs: Sequence[Run], repeats: int = 5) -> GpuPerf:
-    """The CPU device with this host's GEMMs measured by rows for the runs' model and dtype
-    (gemm_probe.probe, a few seconds): calibrate on the host that served the runs. Each GEMM's figure
-    is the fastest of its repeats: on a shared host noise only adds time, and the fit takes the scale
-    (``row_compute``) itself, so what must hold still is the curve's shape, which moved by up to 4%
-    between fastest-of-5 probes of SmolLM2 minutes apart against up to 13% between median-of-3 ones
-    (a 11-row target pass over a 1-row one: 4.52-4.75x against 4.68-5.26x)."""
-    served = runs[0].served
+def probe_host(served: dict[str, Any], repeats: int = 5) -> gemm_probe.CpuProfile:
+    """This host's GEMMs measured by rows for the served model and dtype (gemm_probe.probe, a few
+    seconds). Each GEMM's figure is the fastest of its repeats: on a shared host noise only adds
+    time, and the fit takes the scale (``row_compute``) itself, so what must hold still is the
+    curve's shape, which moved by up to 4% between fastest-of-5 probes of SmolLM2 minutes apart
+    against up to 13% between median-of-3 ones (a 11-row target pass over a 1-row one: 4.52-4.75x
+    against 4.68-5.26x)."""
     arch = ModelGeometry(**served["arch"])
-    gemms = gemm_probe.probe(arch, bf16=served["dtype"] == "bfloat16", repeats=repeats, statistic=min)
+    return gemm_probe.probe(arch, bf16=served["dtype"] == "bfloat16", repeats=repeats, statistic=min)
+
+
+def cpu_device(runs: Sequence[Run], repeats: int = 5) -> GpuPerf:
+    """The CPU device with the host's GEMMs by rows: when every run recorded its probe (`specdeploy
+    bench --probe-host`, taken on the host that served it, right after the run), the fastest of
+    them entry by entry, so the same runs always calibrate alike; else measured now
+    (:func:`probe_host`): calibrate on the host that served the runs."""
+    recorded = [r.host_gemms for r in runs]
+    if all(g is not None for g in recorded):
+        try:
+            gemms = gemm_probe.CpuProfile.fastest([g for g in recorded if g is not None])
+        except ValueError as exc:
+            raise CalibrationError(f"the runs' recorded GEMM probes cannot be combined: {exc}") from None
+    else:
+        gemms = probe_host(runs[0].served, repeats)
     return dataclasses.replace(gpu_perf(CPU), gemms=gemms)
 
 

@@ -70,6 +70,15 @@ class CpuProfile:
     def from_dict(cls, data: dict) -> CpuProfile:
         return cls(tuple(data["rows"]), {name: tuple(s) for name, s in data["seconds"].items()})
 
+    @classmethod
+    def fastest(cls, profiles: list[CpuProfile]) -> CpuProfile:
+        """Entry by entry, the fastest of probes of the same shapes and rows taken at different moments
+        (on a shared host noise only adds time)."""
+        first = profiles[0]
+        if any(p.rows != first.rows or p.seconds.keys() != first.seconds.keys() for p in profiles):
+            raise ValueError("the probes differ in their shapes or row counts")
+        return cls(first.rows, {n: tuple(map(min, zip(*(p.seconds[n] for p in profiles)))) for n in first.seconds})
+
     def total_s(self, gemms: Gemms) -> float:
         return sum(calls * self.gemm_s(name, rows) for name, calls, rows in gemms)
 

@@ -176,3 +176,40 @@ def test_cpu_lookahead_is_charged_the_rows_its_run_fed(tmp_path):
     run = calibrate.read_run(path)
     assert calibrate.drafting(run, "cpu").rows == 11
     assert calibrate.drafting(run, "h100-sxm-80gb").rows == 16  # other devices: the configured rows
+
+
+def recorded(run: calibrate.Run, scale: float, rows=ROWS, unscaled=()) -> calibrate.Run:
+    """``run`` as `bench --probe-host` writes it: the MEASURED curve times ``scale`` but on ``unscaled``."""
+    curve = {
+        name: tuple(s * (scale if name not in unscaled else 1) for s in CURVE[name][: len(rows)]) for name in CURVE
+    }
+    return dataclasses.replace(run, host_gemms=gemm_probe.CpuProfile(tuple(rows), curve))
+
+
+def test_cpu_device_takes_the_fastest_of_the_runs_recorded_probes_without_probing(tmp_path, monkeypatch):
+    def no_probe(*args, **kwargs):
+        raise AssertionError("probed, though every run recorded its probe")
+
+    monkeypatch.setattr(gemm_probe, "probe", no_probe)
+    a, b = runs(tmp_path, methods=("none",), concurrencies=(1, 4))
+    # entry by entry: a's probe is faster on qkv, b's on every other shape
+    gemms = calibrate.cpu_device([recorded(a, 1.5, unscaled=("qkv",)), recorded(b, 1.2)]).gemms
+    assert gemms is not None and gemms.rows == ROWS
+    assert gemms.seconds["qkv"] == CURVE["qkv"]
+    assert gemms.seconds["fc"] == pytest.approx([s * 1.2 for s in CURVE["fc"]])
+
+
+def test_cpu_device_probes_the_host_unless_every_run_recorded_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(gemm_probe, "probe", lambda *args, **kwargs: MEASURED.gemms)
+    a, b = runs(tmp_path, methods=("none",), concurrencies=(1, 4))
+    assert calibrate.cpu_device([recorded(a, 2.0), b]).gemms == MEASURED.gemms
+
+
+def test_recorded_probes_that_do_not_match_or_read_are_refused(tmp_path):
+    a, b = runs(tmp_path, methods=("none",), concurrencies=(1, 4))
+    with pytest.raises(calibrate.CalibrationError, match="recorded GEMM probes cannot be combined"):
+        calibrate.cpu_device([recorded(a, 1.0), recorded(b, 1.0, rows=ROWS[:4])])
+    body = json.loads(a.path.read_text())
+    a.path.write_text(json.dumps(body | {"host_gemms": {"rows": [1, 2]}}))  # no seconds
+    with pytest.raises(calibrate.CalibrationError, match=r"bench.json: host_gemms is not a GEMM probe"):
+        calibrate.read_run(a.path)

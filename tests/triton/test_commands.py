@@ -100,6 +100,11 @@ def test_bench_with_a_missing_prompts_file_is_an_input_error(cli, tmp_path):
     assert rc == 2 and "cannot read prompts" in err
 
 
+def test_bench_probe_host_needs_the_repository(cli, tmp_path):
+    rc, _, err = cli("bench", "--prompts", str(tmp_path / "none.txt"), "--url", "127.0.0.1:1", "--probe-host")
+    assert rc == 2 and "--probe-host" in err and "--repository DIR" in err and err.count("\n") == 1
+
+
 def test_prompt_files(tmp_path):
     (tmp_path / "p.txt").write_text("one\n\n two \n")
     (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"text": "b"}\n')

@@ -21,6 +21,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from pipeline.client import GenerationRequest, TritonClient
+from pipeline.costmodel import calibrate, gemm_probe
+from pipeline.geometry import ModelGeometry
 from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest as RuntimeRequest
@@ -156,14 +158,22 @@ def test_nvidia_inflight_client_names_a_variants_tensorrt_llm_model(plan, server
     assert text.endswith(plain_answers(variant)[PROMPTS[0]]), text
 
 
-def test_query_and_bench_address_one_variant(server, cli, tmp_path):
+def test_query_and_bench_address_one_variant(plan, server, cli, tmp_path):
     rc, out, _ = cli("query", PROMPTS[1], "--url", server, "--model", "base-medusa", "--max-tokens", "6", "--perf")
     assert rc == 0 and "mean acceptance length" in out
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     argv = ["bench", "--prompts", str(tmp_path / "prompts.txt"), "--url", server, "--model", "json"]
-    rc, _, _ = cli(*argv, "--requests", "2", "--concurrency", "2", "--max-tokens", "6", "--out", str(tmp_path / "b"))
+    # what was served, and this host's GEMMs for that model after the run (for calibrate --gpu cpu)
+    repository = next(v for v in plan.variants if v.name == "json").stage("package").output
+    rc, out, _ = cli(*argv, "--requests", "2", "--concurrency", "2", "--max-tokens", "6", "--out", str(tmp_path / "b"),
+                     "--repository", str(repository), "--probe-host")  # fmt: skip
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert rc == 0 and report["model"] == "json" and report["completed"] == 2
+    run = calibrate.read_run(tmp_path / "b")
+    assert run.served["method"] == "lookahead" and run.served["arch"]["hidden_size"] == 576
+    assert run.host_gemms is not None and run.host_gemms.rows == gemm_probe.PROBE_ROWS
+    assert set(run.host_gemms.seconds) == set(gemm_probe.gemm_shapes(ModelGeometry(**run.served["arch"])))
+    assert "measuring this host's GEMMs" in out
     # a mix over two variants by name: requests alternate, each variant's figures apart
     mix = [*argv[:-2], "--models", "json,base-medusa", "--requests", "4", "--concurrency", "2", "--max-tokens", "6"]
     mix.append("--ignore-eos")  # every request decodes its 6 tokens
