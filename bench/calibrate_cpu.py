@@ -7,7 +7,8 @@ Builds the shipped SmolLM2 specs through the pipeline (specs/smollm2-{lookahead,
 and the Lookahead spec with ``speculative.method: none`` for plain decoding; under
 bench/out/calibrate-cpu, up-to-date stages are skipped), serves every variant's repository at once
 with the real tritonserver and the reference backend on free ports, and runs ``specdeploy bench
---repository`` for every method at every concurrency, in ``--rounds`` rounds whose order of methods
+--repository --probe-host`` (each run records the host's GEMMs after it) for every method at every
+concurrency, in ``--rounds`` rounds whose order of methods
 rotates: a slow minute of the host then falls on each method in turn, not on one, and the round with
 the median tokens/s stands for each method and concurrency. Then ``specdeploy calibrate --gpu cpu``
 on the runs of the fitted methods at the fitted concurrencies alone, and prints for every run the
