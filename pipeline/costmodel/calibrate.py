@@ -25,20 +25,19 @@ tokens/s) and the residuals are relative errors of tokens/s. Its device has no d
 GEMMs are measured by rows on the host that served the runs (:func:`cpu_device`: recorded by each
 run, or probed when calibrating; the file records them, and predictions from it are priced on them:
 :func:`priced_on`), since a CPU GEMM's cost per row falls as its rows grow and no constant can say
-so. And it starts from no constants at all (``CPU_BASE``: a constant the runs do not determine
-costs nothing), taking the physical terms first (a row's FLOPs, a request's host work, the weight
-streaming a layer, the host work a step) and the methods' own terms after them: on the CPU a
-draft row costs what any row costs, so a method's row term is what is left once those are fitted
-(usually nothing the runs resolve). The weight streaming
-comes before the host work a step: both are fixed per step for the target, but only the first
-prices an EAGLE drafter level, so a held-out EAGLE is not charged its levels at zero. And it keeps
-at least one observation more than constants: a step time on a shared host is noisy, and an exact
-fit takes one run's noise into every constant (four runs, plain and Lookahead at two concurrencies,
-fitted exactly with Lookahead's row term: held-out Medusa and EAGLE 26-39% off in one bench run; the
-three physical terms by least squares on the same runs: within 9%). The reference
-backend's Lookahead feeds its window's W(N - 1) rows, the root and only the n-grams its pool holds,
-not (W + G)(N - 1) rows every step: a run's rows are taken from its own draft counts
-(:func:`drafting`).
+so. And it starts from no constants at all (``CPU_BASE``: a constant the runs do not determine costs
+nothing), taking the physical terms first (a row's FLOPs, a request's host work, the weight
+streaming a layer, the host work a step) and the methods' own terms after them: on the CPU a draft
+row costs what any row costs, so a method's row term is what is left once those are fitted (usually
+nothing the runs resolve). The weight streaming comes before the host work a step: both are fixed
+per step for the target, but only the first prices an EAGLE drafter level, so a held-out EAGLE is
+not charged its levels at zero. And it keeps at least one observation more than constants: a step
+time on a shared host is noisy, and an exact fit takes one run's noise into every constant (four
+runs, plain and Lookahead at two concurrencies, fitted exactly with Lookahead's row term: held-out
+Medusa and EAGLE 26-39% off in one bench run; the three physical terms by least squares on the same
+runs: within 9%). The reference backend's Lookahead feeds its window's W(N - 1) rows, the root and
+only the n-grams its pool holds, not (W + G)(N - 1) rows every step: a run's rows are taken from its
+own draft counts (:func:`drafting`).
 """
 
 from __future__ import annotations
