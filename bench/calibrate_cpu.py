@@ -8,9 +8,9 @@ and the Lookahead spec with ``speculative.method: none`` for plain decoding; und
 bench/out/calibrate-cpu, up-to-date stages are skipped), serves every variant's repository at once
 with the real tritonserver and the reference backend on free ports, and runs ``specdeploy bench
 --repository --probe-host`` (each run records the host's GEMMs after it) for every method at every
-concurrency, in ``--rounds`` rounds whose order of methods
-rotates: a slow minute of the host then falls on each method in turn, not on one, and the round with
-the median tokens/s stands for each method and concurrency. Then ``specdeploy calibrate --gpu cpu``
+concurrency, in ``--rounds`` rounds whose order of methods rotates: a slow minute of the host then
+falls on each method in turn, not on one, and the round with the median tokens/s stands for each
+method and concurrency. Then ``specdeploy calibrate --gpu cpu``
 on the runs of the fitted methods at the fitted concurrencies alone, and prints for every run the
 tokens/s the calibration predicts (at the run's measured acceptance length, as a rehearsal would
 give it) beside the measured tokens/s, and their ratio; the target is within 10% for the held-out

@@ -21,9 +21,9 @@ adapters in the step:
   the in-place timing misses nothing (noisier: it is the difference of two steps tens of ms long).
 
 Prints per case the predicted and measured LoRA ms per step and their ratio, and how far the case's
-measured LoRA ms moved between rounds (``rounds``: the slowest round's median over the fastest's, the
-measurement's own repeatability); the target is within 15% for every case. Probes and steps alternate in rounds,
-so both see the same drift of the host.
+measured LoRA ms moved between rounds (``rounds``: the slowest round's median over the fastest's,
+the measurement's own repeatability); the target is within 15% for every case. Probes and steps
+alternate in rounds, so both see the same drift of the host.
 """
 
 from __future__ import annotations

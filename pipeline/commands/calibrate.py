@@ -47,11 +47,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
         device = None
         if args.gpu == "cpu":
             calibrate.refuse_undetermined(runs)  # before measuring anything
-            if all(r.host_gemms for r in runs):
-                console.print("the host's GEMMs by rows: the fastest of the runs' recorded probes")
-            else:
-                console.print("measuring this host's GEMMs by rows (calibrate on the host that served the runs)")
-            device = calibrate.cpu_device(runs)
+            device = calibrate.cpu_device(runs, say=console.print)
         content = calibrate.calibrate(runs, args.gpu, args.runtime, args.context_len, device)
     except calibrate.CalibrationError as exc:
         raise InputError(str(exc)) from None

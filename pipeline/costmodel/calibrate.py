@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,18 +220,20 @@ def probe_host(served: dict[str, Any], repeats: int = 5) -> gemm_probe.CpuProfil
     return gemm_probe.probe(arch, bf16=served["dtype"] == "bfloat16", repeats=repeats, statistic=min)
 
 
-def cpu_device(runs: Sequence[Run], repeats: int = 5) -> GpuPerf:
+def cpu_device(runs: Sequence[Run], repeats: int = 5, say: Callable[[str], None] = lambda _: None) -> GpuPerf:
     """The CPU device with the host's GEMMs by rows: when every run recorded its probe (`specdeploy
     bench --probe-host`, taken on the host that served it, right after the run), the fastest of
     them entry by entry, so the same runs always calibrate alike; else measured now
-    (:func:`probe_host`): calibrate on the host that served the runs."""
-    recorded = [r.host_gemms for r in runs]
-    if all(g is not None for g in recorded):
+    (:func:`probe_host`): calibrate on the host that served the runs. ``say`` is told which."""
+    recorded = [r.host_gemms for r in runs if r.host_gemms is not None]
+    if len(recorded) == len(runs):
+        say("the host's GEMMs by rows: the fastest of the runs' recorded probes")
         try:
-            gemms = gemm_probe.CpuProfile.fastest([g for g in recorded if g is not None])
+            gemms = gemm_probe.CpuProfile.fastest(recorded)
         except ValueError as exc:
             raise CalibrationError(f"the runs' recorded GEMM probes cannot be combined: {exc}") from None
     else:
+        say("measuring this host's GEMMs by rows (calibrate on the host that served the runs)")
         gemms = probe_host(runs[0].served, repeats)
     return dataclasses.replace(gpu_perf(CPU), gemms=gemms)
 

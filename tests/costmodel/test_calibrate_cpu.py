@@ -154,7 +154,7 @@ def test_cpu_refusals(tmp_path):
 
 
 def test_calibrate_cli_takes_the_cpu_device(cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "cpu_device", lambda runs: MEASURED)  # the host's probe takes seconds
+    monkeypatch.setattr(gemm_probe, "probe", lambda *args, **kwargs: MEASURED.gemms)  # the real one takes seconds
     paths = [str(r.path.parent) for r in runs(tmp_path)]
     out = tmp_path / "cal.json"
     rc, stdout, err = cli("calibrate", "--gpu", "cpu", "--context-len", str(CONTEXT), *paths, "--out", str(out))
