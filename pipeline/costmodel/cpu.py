@@ -42,7 +42,7 @@ def drafting_gemms_s(profile: CpuProfile, drafting: Drafting) -> float:
     if drafting.method == "medusa":
         return profile.total_s(medusa_gemms(drafting.medusa_heads, 1))
     if drafting.method == "eagle":
-        return sum(profile.total_s(eagle_level_gemms(rows)) for rows in drafting.eagle_level_rows)
+        return sum(profile.total_s(eagle_level_gemms(rows, logits)) for rows, logits in drafting.eagle_levels())
     return 0.0
 
 

@@ -6,8 +6,11 @@ within a few rows, oneDNN's bf16 ones step up at 16/32 rows).
 each shape of one decoder layer, the lm_head and the drafters' own weights, one thread (as the
 reference backend runs on a small host), row counts interleaved within every repeat (the host's speed
 drifts); :class:`CpuProfile` holds the medians and interpolates between the probed row counts. The
-probe calls one weight again and again, so the weight sits in cache: the time to stream a pass's
-weights from memory is not in it (the CPU step models price that on their own).
+probe calls one weight again and again, so a weight that fits the host's last-level cache sits in it:
+the time to stream a pass's weights from memory is not in those figures (the CPU step models price
+that on their own). A weight larger than that cache (the lm_head at any real vocabulary: SmolLM2's
+is 113 MB in float32) is read from memory on every call, so its probed time already holds its
+streaming; the profile names those shapes (``out_of_cache``) so a step does not charge them twice.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.geometry import ModelGeometry
 
@@ -36,9 +40,10 @@ def medusa_gemms(heads: int, batch: int) -> Gemms:
     return (("medusa_resblock", heads, batch), ("lm_head", 1, batch * heads))
 
 
-def eagle_level_gemms(rows: float) -> Gemms:
-    """One EAGLE drafter level over ``rows``: its fc, one decoder layer, the lm_head."""
-    return (("eagle_fc", 1, rows), *((name, 1, rows) for name in LAYER_GEMMS), ("lm_head", 1, rows))
+def eagle_level_gemms(rows: float, logit_rows: float) -> Gemms:
+    """One EAGLE drafter level over ``rows``: its fc and one decoder layer, the lm_head over
+    ``logit_rows``."""
+    return (("eagle_fc", 1, rows), *((name, 1, rows) for name in LAYER_GEMMS), ("lm_head", 1, logit_rows))
 
 
 def gemm_shapes(arch: ModelGeometry) -> dict[str, tuple[int, int]]:
@@ -62,22 +67,29 @@ class CpuProfile:
 
     rows: tuple[int, ...]
     seconds: dict[str, tuple[float, ...]]  # by shape name, one per probed row count
+    out_of_cache: frozenset[str] = frozenset()  # shapes whose weight outgrew the last-level cache
 
     def to_dict(self) -> dict:
-        return {"rows": list(self.rows), "seconds": {name: list(s) for name, s in self.seconds.items()}}
+        return {
+            "rows": list(self.rows),
+            "seconds": {name: list(s) for name, s in self.seconds.items()},
+            "out_of_cache": sorted(self.out_of_cache),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> CpuProfile:
-        return cls(tuple(data["rows"]), {name: tuple(s) for name, s in data["seconds"].items()})
+        seconds = {name: tuple(s) for name, s in data["seconds"].items()}
+        return cls(tuple(data["rows"]), seconds, frozenset(data.get("out_of_cache", ())))
 
     @classmethod
     def fastest(cls, profiles: list[CpuProfile]) -> CpuProfile:
         """Entry by entry, the fastest of probes of the same shapes and rows taken at different moments
-        (on a shared host noise only adds time)."""
+        (on a shared host noise only adds time); a shape is out of cache if it was in every probe."""
         first = profiles[0]
         if any(p.rows != first.rows or p.seconds.keys() != first.seconds.keys() for p in profiles):
             raise ValueError("the probes differ in their shapes or row counts")
-        return cls(first.rows, {n: tuple(map(min, zip(*(p.seconds[n] for p in profiles)))) for n in first.seconds})
+        seconds = {n: tuple(map(min, zip(*(p.seconds[n] for p in profiles)))) for n in first.seconds}
+        return cls(first.rows, seconds, frozenset.intersection(*(p.out_of_cache for p in profiles)))
 
     def total_s(self, gemms: Gemms) -> float:
         return sum(calls * self.gemm_s(name, rows) for name, calls, rows in gemms)
@@ -124,6 +136,25 @@ def probe(
                         gemm(inputs[m])
                     times[m].append((time.thread_time() - start) / calls)
             out[name] = tuple(statistic(times[m]) for m in rows)
-        return CpuProfile(tuple(rows), out)
+        cache = last_level_cache_bytes()
+        weight_bytes = 2 if bf16 else 4
+        too_big = frozenset(
+            name for name, (n_out, n_in) in gemm_shapes(arch).items() if cache and n_out * n_in * weight_bytes > cache
+        )
+        return CpuProfile(tuple(rows), out, too_big)
     finally:
         torch.set_num_threads(before)
+
+
+def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of this host's highest cache level (Linux sysfs), or None where it cannot be read."""
+    levels: dict[int, int] = {}
+    for index in sorted(cpu.glob("index*")):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if level.isdigit() and size[:-1].isdigit() and size[-1] in units:
+            levels[int(level)] = max(levels.get(int(level), 0), int(size[:-1]) * units[size[-1]])
+    return levels[max(levels)] if levels else None

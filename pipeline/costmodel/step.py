@@ -26,8 +26,9 @@ Each method adds its own work (:class:`Drafting` says what it is):
   FP8 heads are not supported, TensorRT-LLM#2115), over one row per request (the last accepted
   token's hidden state); rows fed = 1 + tree nodes.
 * EAGLE-1 / EAGLE-2: per tree level, one drafter pass (fc 2 hidden x hidden + one decoder layer) and
-  one lm_head pass over the nodes expanded at that level, each its own roofline, its own KV read
-  (one layer), tp all-reduces and a pass overhead; rows fed = 1 + tree nodes.
+  one lm_head pass over the nodes expanded at that level (level 0, over the accepted tokens, takes
+  the logits of the last one only), each its own roofline, its own KV read (one layer), tp
+  all-reduces and a pass overhead; rows fed = 1 + tree nodes.
 * Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
 
 With a runtime profile, the costs the roofline leaves out are their own parts: the draft rows' GEMM
@@ -42,7 +43,8 @@ streams its weights and then pays for its rows' FLOPs, one after the other. Its 
 same constants with CPU meanings (``specdeploy calibrate --gpu cpu`` fits them on bench runs):
 
 * ``host_layer_s`` per decoder layer's worth of weights a pass reads (the target's layers and
-  lm_head; a Medusa heads pass; an EAGLE drafter level's fc, layer and lm_head);
+  lm_head; a Medusa heads pass; an EAGLE drafter level's fc, layer and lm_head), but for the weights
+  the probe already timed from memory (those larger than the host's last-level cache: the lm_head);
 * ``row_compute`` times the pass's weight GEMMs over all rows of all requests (one GEMM per weight)
   as the device's probe measured them by rows (``GpuPerf.gemms``, gemm_probe.probe: the engine's own
   GEMMs on the host, in cache; a CPU GEMM gets cheaper per row as the rows grow, and the step with
@@ -118,6 +120,12 @@ class Drafting:
     def medusa(cls, tree: trees.Tree, num_heads: int | None = None) -> Drafting:
         return cls("medusa", 1 + len(tree), medusa_heads=num_heads or trees.tree_depth(tree))
 
+    def eagle_levels(self) -> list[tuple[int, int]]:
+        """(drafter rows, lm_head rows) per request of each EAGLE drafter pass: level 0 runs over the
+        accepted tokens and takes the logits of the last (the root's children), each further level
+        over the nodes it expands, with logits for each."""
+        return [(rows, 1 if level == 0 else rows) for level, rows in enumerate(self.eagle_level_rows)]
+
     @classmethod
     def eagle(cls, tree: trees.Tree) -> Drafting:
         """EAGLE-1's static tree: level 0 runs over the accepted tokens (up to depth + 1 rows), level d
@@ -183,12 +191,18 @@ def attention_s(d: Deployment, batch: int, rows: int, layers: int) -> float:
     return roofline_s(d.gpu, kv_bytes, flops, "bfloat16", d.constants())
 
 
-def cpu_pass_s(d: Deployment, params: float, gemms: Gemms, attention_flops: float = 0.0) -> float:
-    """One pass of the CPU device: streaming ``params`` weights, then its ``gemms`` and attention."""
-    k = d.constants()
-    return k.host_layer_s * params / d.arch.decoder_layer_params() + k.row_compute * _cpu_compute_s(
-        d, gemms, attention_flops
-    )
+def cpu_pass_s(d: Deployment, gemms: Gemms, attention_flops: float = 0.0) -> float:
+    """One pass of the CPU device: streaming the weights of its ``gemms``, then the GEMMs and attention."""
+    return cpu_streaming_s(d, gemms) + d.constants().row_compute * _cpu_compute_s(d, gemms, attention_flops)
+
+
+def cpu_streaming_s(d: Deployment, gemms: Gemms) -> float:
+    """``host_layer_s`` per decoder layer's worth of the weights of ``gemms`` (one weight a call),
+    less those the device's probe timed from memory already (gemm_probe: larger than its cache)."""
+    shapes, measured = gemm_shapes(d.arch), d.gpu.gemms
+    timed_streaming = measured.out_of_cache if measured is not None else frozenset()
+    params = sum(calls * shapes[name][0] * shapes[name][1] for name, calls, _ in gemms if name not in timed_streaming)
+    return d.constants().host_layer_s * params / d.arch.decoder_layer_params()
 
 
 def _cpu_compute_s(d: Deployment, gemms: Gemms, attention_flops: float) -> float:
@@ -214,12 +228,10 @@ def _attention_flops(d: Deployment, batch: int, rows: int, layers: int) -> float
 def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> StepCost:
     """The CPU device's target pass (see the module docstring): every request's rows in one GEMM."""
     arch, cost, k = d.arch, StepCost(), d.constants()
-    decoder = arch.num_layers * arch.decoder_layer_params()
-    lm_head = arch.vocab_size * arch.hidden_size
-    cost.add("weight streaming", cpu_pass_s(d, decoder + lm_head, ()))
     gemms = target_gemms(arch.num_layers, batch * rows, batch * logit_rows)
     attention = _attention_flops(d, batch, rows, arch.num_layers)
-    cost.add("GEMMs and attention", cpu_pass_s(d, 0.0, gemms, attention))
+    cost.add("weight streaming", cpu_streaming_s(d, gemms))
+    cost.add("GEMMs and attention", k.row_compute * _cpu_compute_s(d, gemms, attention))
     cost.add("step overhead", k.host_step_s)
     if k.request_s:
         cost.add("per-request work", k.request_s * batch)
@@ -229,19 +241,16 @@ def cpu_target_step(d: Deployment, batch: int, rows: int, logit_rows: int) -> St
 def cpu_method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     """The CPU device's method step: Medusa's ResBlocks and one lm_head pass over its heads' rows (the
     reference backend's heads share the base lm_head), EAGLE's fc + layer + lm_head per level."""
-    arch, k = d.arch, d.constants()
+    k = d.constants()
     plain = drafting.method == "none"
     cost = cpu_target_step(d, batch, drafting.rows, 1 if plain else drafting.rows)
-    h, lm_head = arch.hidden_size, arch.vocab_size * arch.hidden_size
     drafts = batch * (drafting.rows - 1)
     if drafting.method == "medusa":
-        heads = drafting.medusa_heads
-        cost.add("medusa heads", cpu_pass_s(d, heads * h * h + lm_head, medusa_gemms(heads, batch)))
+        cost.add("medusa heads", cpu_pass_s(d, medusa_gemms(drafting.medusa_heads, batch)))
     elif drafting.method == "eagle":
-        params = arch.decoder_layer_params() + 2 * h * h + lm_head
-        for rows in drafting.eagle_level_rows:
-            attention = _attention_flops(d, batch, rows, 1)
-            cost.add("eagle drafter", cpu_pass_s(d, params, eagle_level_gemms(batch * rows), attention) + k.level_s)
+        for rows, logit_rows in drafting.eagle_levels():
+            gemms = eagle_level_gemms(batch * rows, batch * logit_rows)
+            cost.add("eagle drafter", cpu_pass_s(d, gemms, _attention_flops(d, batch, rows, 1)) + k.level_s)
     if drafting.method in ("medusa", "eagle") and k.tree_row_s:
         cost.add("tree mask and acceptance", k.tree_row_s * drafts)
     if drafting.method == "lookahead" and k.lookahead_row_s:
@@ -288,14 +297,16 @@ def medusa_heads_s(d: Deployment, batch: int, heads: int) -> float:
     return roofline_s(d.gpu, params * ACTIVATION_BYTES / d.tp, 2 * params * batch / d.tp, "bfloat16", d.constants())
 
 
-def eagle_level_s(d: Deployment, batch: int, rows: int) -> float:
-    """One EAGLE drafter level: fc + one decoder layer, then the lm_head, over ``rows`` per request."""
+def eagle_level_s(d: Deployment, batch: int, rows: int, logit_rows: int) -> float:
+    """One EAGLE drafter level: fc + one decoder layer over ``rows`` per request, then the lm_head
+    over ``logit_rows`` per request."""
     arch = d.arch
     layer = arch.decoder_layer_params() + 2 * arch.hidden_size * arch.hidden_size
     lm_head = arch.vocab_size * arch.hidden_size
     k = d.constants()
     drafter = roofline_s(d.gpu, layer * DTYPE_BYTES[d.dtype] / d.tp, 2 * layer * batch * rows / d.tp, d.dtype, k)
-    head = roofline_s(d.gpu, lm_head * ACTIVATION_BYTES / d.tp, 2 * lm_head * batch * rows / d.tp, "bfloat16", k)
+    head_flops = 2 * lm_head * batch * logit_rows / d.tp
+    head = roofline_s(d.gpu, lm_head * ACTIVATION_BYTES / d.tp, head_flops, "bfloat16", k)
     comm = 2 * allreduce_s(d.gpu, d.tp, batch * rows * arch.hidden_size * ACTIVATION_BYTES)
     return drafter + head + attention_s(d, batch, rows, 1) + comm
 
@@ -311,8 +322,8 @@ def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     if drafting.method == "medusa":
         cost.add("medusa heads", medusa_heads_s(d, batch, drafting.medusa_heads))
     elif drafting.method == "eagle":
-        for rows in drafting.eagle_level_rows:
-            cost.add("eagle drafter", eagle_level_s(d, batch, rows))
+        for rows, logit_rows in drafting.eagle_levels():
+            cost.add("eagle drafter", eagle_level_s(d, batch, rows, logit_rows))
         cost.add("eagle level launches", len(drafting.eagle_level_rows) * (k.level_s + k.host_layer_s))
     if drafting.method in ("medusa", "eagle") and k.tree_row_s:
         cost.add("tree mask and acceptance", k.tree_row_s * drafts)

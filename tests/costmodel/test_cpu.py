@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipeline import trees
+from pipeline.costmodel import gemm_probe
 from pipeline.costmodel.cpu import drafting_gemms_s, interpolate, method_gemms_s, predicted_cpu_speedup
 from pipeline.costmodel.gemm_probe import CpuProfile, gemm_shapes, probe
 from pipeline.costmodel.step import Drafting
@@ -44,9 +47,10 @@ def test_step_gemms_by_method():
     # medusa chain_3 (4 rows): 10 x 2 + 2 lm_head, 3 ResBlocks x 1, lm_head over 3 rows 1.667
     medusa = Drafting.medusa(trees.CHAIN_3)
     assert method_gemms_s(PROFILE, TINY, medusa, 4) == pytest.approx((22 + 3 + 1 + 2 / 3) * 1e-3)
-    # eagle chain_3: levels (4, 1, 1) rows: each fc + 5 layer GEMMs + lm_head
+    # eagle chain_3: levels (4, 1, 1) rows: each fc + 5 layer GEMMs + lm_head; level 0's lm_head
+    # over its last row only: 6 x 2 + 1
     eagle = Drafting.eagle(trees.CHAIN_3)
-    assert method_gemms_s(PROFILE, TINY, eagle, 4) == pytest.approx((22 + 7 * 2 + 7 + 7) * 1e-3)
+    assert method_gemms_s(PROFILE, TINY, eagle, 4) == pytest.approx((22 + 13 + 7 + 7) * 1e-3)
 
 
 def test_plain_overhead_is_the_one_fitted_parameter():
@@ -72,3 +76,30 @@ def test_measured_engine_passes_are_the_target_pass_when_given():
 def test_probe_times_every_shape():
     profile = probe(TINY, bf16=False, repeats=1, rows=(1, 2))
     assert set(profile.seconds) == set(NAMES) and all(len(v) == 2 and min(v) > 0 for v in profile.seconds.values())
+
+
+def test_probe_names_the_weights_larger_than_the_last_level_cache(monkeypatch):
+    # TINY's lm_head is 100 x 8 float32 = 3200 bytes, its fc 16 x 8 x 4 = 512; a 1 KiB "cache"
+    monkeypatch.setattr(gemm_probe, "last_level_cache_bytes", lambda: 1024)
+    assert probe(TINY, bf16=False, repeats=1, rows=(1,)).out_of_cache == {"lm_head"}
+    monkeypatch.setattr(gemm_probe, "last_level_cache_bytes", lambda: None)  # unknown: none assumed
+    assert probe(TINY, bf16=False, repeats=1, rows=(1,)).out_of_cache == frozenset()
+
+
+def test_last_level_cache_from_sysfs(tmp_path):
+    for index, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "32768K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(level + "\n")
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert gemm_probe.last_level_cache_bytes(tmp_path) == 32 << 20
+    assert gemm_probe.last_level_cache_bytes(tmp_path / "missing") is None
+
+
+def test_profiles_keep_what_was_out_of_cache_through_json_and_the_fastest_of():
+    a = CpuProfile((1, 4), {"qkv": (1.0, 2.0), "lm_head": (5.0, 9.0)}, frozenset({"lm_head"}))
+    b = CpuProfile((1, 4), {"qkv": (0.5, 3.0), "lm_head": (6.0, 8.0)}, frozenset({"lm_head", "qkv"}))
+    assert CpuProfile.from_dict(json.loads(json.dumps(b.to_dict()))) == b
+    assert CpuProfile.from_dict({"rows": [1], "seconds": {"qkv": [1.0]}}).out_of_cache == frozenset()  # older probes
+    fastest = CpuProfile.fastest([a, b])
+    # entry by entry the faster; out of cache only what every probe found out of cache
+    assert fastest.seconds == {"qkv": (0.5, 2.0), "lm_head": (5.0, 8.0)} and fastest.out_of_cache == {"lm_head"}

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from pipeline import gpus, presets, trees
 from pipeline.costmodel import hardware
-from pipeline.costmodel.hardware import GpuPerf, gpu_perf
+from pipeline.costmodel.gemm_probe import CpuProfile, gemm_shapes
+from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
 from pipeline.costmodel.predict import break_even_batch, predict
-from pipeline.costmodel.profile import load_calibrations
+from pipeline.costmodel.profile import RuntimeProfile, load_calibrations
 from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
 from pipeline.geometry import ModelGeometry
 from pipeline.speculative import LookaheadConfig
@@ -101,8 +103,25 @@ def test_eagle_levels():
     # each level reads fc (2 x 100 x 100) + one layer (100200) + the lm_head (100000), x 2 bytes.
     cost = method_step(tiny(), d, 1)
     assert cost.parts["eagle drafter"] == pytest.approx(3 * (120200 + 100000) * 2e-9)
+    # level 0 takes the logits of its last row only (the root's children), the others of every row
+    assert d.eagle_levels() == [(4, 1), (3, 3), (2, 2)]
     dynamic = Drafting.eagle_dynamic(top_k=4, num_layers=3, max_draft_len=12)
     assert dynamic.rows == 13 and dynamic.eagle_level_rows == (4, 4, 4)
+
+
+def test_cpu_passes_stream_only_the_weights_their_probe_timed_in_cache():
+    # 1 ms a decoder layer's worth of weights (100200 params); the GEMMs themselves free. A pass
+    # streams its layers' 2 x 100000 GEMM weights, and the 100000 of the lm_head unless the probe
+    # timed the lm_head out of cache (its seconds then hold its streaming already).
+    profile = RuntimeProfile("reference", row_compute=0.0, host_step_s=0.0, host_layer_s=1e-3, level_s=0.0)
+    for out_of_cache, params in ((frozenset(), 300000), (frozenset({"lm_head"}), 200000)):
+        probed = CpuProfile((1, 2), {name: (0.0, 0.0) for name in gemm_shapes(TINY)}, out_of_cache)
+        d = Deployment(TINY, dataclasses.replace(CPU_DEVICE, gemms=probed), context_len=0, profile=profile)
+        assert target_step(d, 1, 1).parts["weight streaming"] == pytest.approx(params / 100200 * 1e-3)
+        # EAGLE's levels: fc 2 x 100 x 100 + the layer's 100000, and the lm_head's 100000 or not
+        level = 120000 + params - 200000
+        drafter = method_step(d, Drafting.eagle(trees.CPU_SMALL_10_DEPTH_3), 1).parts["eagle drafter"]
+        assert drafter == pytest.approx(3 * level / 100200 * 1e-3)
 
 
 def test_lookahead_rows_are_w_plus_g_times_n_minus_1():
