@@ -235,6 +235,9 @@ def cpu_device(runs: Sequence[Run], repeats: int = 5, say: Callable[[str], None]
     else:
         say("measuring this host's GEMMs by rows (calibrate on the host that served the runs)")
         gemms = probe_host(runs[0].served, repeats)
+    if gemms.out_of_cache:
+        names = ", ".join(sorted(gemms.out_of_cache))
+        say(f"probed from memory (larger than the host's cache), so passes do not stream them again: {names}")
     return dataclasses.replace(gpu_perf(CPU), gemms=gemms)
 
 

@@ -21,7 +21,9 @@ measurement (interpolated at the rows fed) and ``other`` is plain's step minus i
 
 Methods add their own GEMMs as on the GPU: Medusa's ResBlocks and one lm_head pass over K rows (the
 heads share the base lm_head in specdeploy's heads), EAGLE's fc + drafter layer + lm_head per tree
-level.
+level (level 0's lm_head over its last row only). An EAGLE level is a one-layer pass, so with
+``forward_s`` it also pays one target layer's measured work outside its GEMMs (weight streaming,
+norms, rope, attention): ``(forward(1) - the 1-row pass's probed GEMMs) / layers``.
 """
 
 from __future__ import annotations
@@ -74,12 +76,14 @@ def predicted_cpu_speedup(
 ) -> tuple[float, float]:
     """(speedup, step cost in plain steps). With ``forward_s`` (measured engine passes by rows fed): the
     target pass is that measurement at ``rows``, plus the method's own GEMMs from the probe, plus
-    ``other`` = plain's measured step - its 1-row pass. Without: GEMMs from the probe only, ``other`` =
-    plain's measured step - its probed GEMMs."""
+    ``other`` = plain's measured step - its 1-row pass, plus a target layer's non-GEMM work per EAGLE
+    level. Without: GEMMs from the probe only, ``other`` = plain's measured step - its probed GEMMs."""
     fed = 1.0 if drafting.method == "none" else rows
     if forward_s:
         other = max(plain_step_s - interpolate(forward_s, 1), 0.0)
-        step = interpolate(forward_s, fed) + drafting_gemms_s(profile, drafting) + other
+        layer = max(interpolate(forward_s, 1) - target_gemms_s(profile, arch, 1, 1), 0.0) / arch.num_layers
+        drafter_layers = layer * len(drafting.eagle_level_rows)
+        step = interpolate(forward_s, fed) + drafting_gemms_s(profile, drafting) + drafter_layers + other
     else:
         other = max(plain_step_s - method_gemms_s(profile, arch, Drafting.plain(), 1), 0.0)
         step = method_gemms_s(profile, arch, drafting, rows) + other

@@ -184,7 +184,7 @@ def recorded(run: calibrate.Run, scale: float, rows=ROWS, unscaled=()) -> calibr
     curve = {
         name: tuple(s * (scale if name not in unscaled else 1) for s in CURVE[name][: len(rows)]) for name in CURVE
     }
-    return dataclasses.replace(run, host_gemms=gemm_probe.CpuProfile(tuple(rows), curve))
+    return dataclasses.replace(run, host_gemms=gemm_probe.CpuProfile(tuple(rows), curve, MEASURED.gemms.out_of_cache))
 
 
 def test_cpu_device_takes_the_fastest_of_the_runs_recorded_probes_without_probing(tmp_path, monkeypatch):
@@ -194,8 +194,10 @@ def test_cpu_device_takes_the_fastest_of_the_runs_recorded_probes_without_probin
     monkeypatch.setattr(gemm_probe, "probe", no_probe)
     a, b = runs(tmp_path, methods=("none",), concurrencies=(1, 4))
     # entry by entry: a's probe is faster on qkv, b's on every other shape
-    gemms = calibrate.cpu_device([recorded(a, 1.5, unscaled=("qkv",)), recorded(b, 1.2)]).gemms
+    said: list[str] = []
+    gemms = calibrate.cpu_device([recorded(a, 1.5, unscaled=("qkv",)), recorded(b, 1.2)], say=said.append).gemms
     assert gemms is not None and gemms.rows == ROWS
+    assert said[-1].endswith("so passes do not stream them again: lm_head") and gemms.out_of_cache == {"lm_head"}
     assert gemms.seconds["qkv"] == CURVE["qkv"]
     assert gemms.seconds["fc"] == pytest.approx([s * 1.2 for s in CURVE["fc"]])
 
