@@ -8,7 +8,7 @@ float32, one thread), for each rank, target modules (q,v or all 7), batch and nu
 adapters in the step:
 
 * predicted: pipeline/costmodel/lora_cpu.py's price, from its probe of the engine's LoRA code in
-  decode passes of 1 row up to the largest batch with one adapter, or two (whole, first and next
+  decode passes of 1 row up to the largest batch with one adapter, or four (whole, first and next
   group), composed over the step's modules, layers and adapter groups; the default batches are off
   the probed row counts, and the steps mix up to 8 adapters, so both the interpolation and the
   composition are tested;

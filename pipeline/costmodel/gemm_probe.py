@@ -149,12 +149,12 @@ def probe(
 def last_level_cache_bytes(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """The size of this host's highest cache level (Linux sysfs), or None where it cannot be read."""
     levels: dict[int, int] = {}
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for index in sorted(cpu.glob("index*")):
         try:
             level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         if level.isdigit() and size[:-1].isdigit() and size[-1] in units:
             levels[int(level)] = max(levels.get(int(level), 0), int(size[:-1]) * units[size[-1]])
     return levels[max(levels)] if levels else None

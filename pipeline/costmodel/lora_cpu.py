@@ -8,7 +8,9 @@ at each probed row count, three ways:
 
 * ``whole``: one adapter on every row of the step (its rows one run: a slice);
 * ``first``: one adapter on every other row, the others the base's (its rows gathered by index);
-* ``next``: what a second adapter on the rows between adds to ``first``;
+* ``next``: what each further adapter adds, from passes that interleave four adapters' rows:
+  (four groups - ``first``) / 3 (an average over three groups, where the difference of a pair and
+  ``first`` would carry both timings' noise into every group of a many-adapter step);
 
 and :meth:`LoraCpuProfile.step_s` predicts a step as
 
@@ -162,9 +164,9 @@ def probe(engine: Engine, load: LoraLoad, repeats: int = 3, rows: tuple[int, ...
     torch.set_num_threads(1)
     try:
         arch = engine.config.model
-        one, two = random_adapters(arch, load.rank, load.modules, 2, torch.Generator().manual_seed(0))
+        four = random_adapters(arch, load.rank, load.modules, 4, torch.Generator().manual_seed(0))
         # per way, the requests' adapters of one pass, repeated m times
-        ways: dict[str, list[LoraWeights | None]] = {"whole": [one], "first": [one, None], "pair": [one, two]}
+        ways: dict[str, list[LoraWeights | None]] = {"whole": [four[0]], "first": [four[0], None], "four": [*four]}
         med: dict[tuple[str, str, int], float] = {}
         for m in rows:
             for kind, pattern in ways.items():
@@ -180,7 +182,7 @@ def probe(engine: Engine, load: LoraLoad, repeats: int = 3, rows: tuple[int, ...
             load.rank,
             whole=table(lambda module, m: med["whole", module, m]),
             first=table(lambda module, m: med["first", module, m]),
-            next=table(lambda module, m: max(med["pair", module, m] - med["first", module, m], 0.0)),
+            next=table(lambda module, m: max(med["four", module, m] - med["first", module, m], 0.0) / 3),
         )
     finally:
         torch.set_num_threads(before)
