@@ -5,7 +5,13 @@ within a few rows, oneDNN's bf16 ones step up at 16/32 rows).
 :func:`probe` times the reference engine's own ``Gemm`` class (pipeline/runtime/model/gemm.py) on
 each shape of one decoder layer, the lm_head and the drafters' own weights, one thread (as the
 reference backend runs on a small host), row counts interleaved within every repeat (the host's speed
-drifts); :class:`CpuProfile` holds the medians and interpolates between the probed row counts. The
+drifts); :class:`CpuProfile` holds the medians and interpolates between the probed row counts.
+
+Every row count up to 64 is probed, not a few between which to interpolate: the host's GEMM kernels
+work through the rows in blocks, so the cost is a sawtooth, not a curve. On SmolLM2's qkv (float32,
+one thread) 11 rows took 188 us and 12 rows 167 us, 7 rows 150 us and 8 rows 127 us; interpolated
+between 8 and 12, an 11-row Medusa or EAGLE verification pass (1 + a 10-node tree) was priced 20%
+cheap on its GEMMs, and every held-out tree method with it. The
 probe calls one weight again and again, so a weight that fits the host's last-level cache sits in it:
 the time to stream a pass's weights from memory is not in those figures (the CPU step models price
 that on their own). A weight larger than that cache (the lm_head at any real vocabulary: SmolLM2's
@@ -24,7 +30,7 @@ from pathlib import Path
 
 from pipeline.geometry import ModelGeometry
 
-PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
+PROBE_ROWS = (*range(1, 65), 80, 96, 128)  # every row count to 64 (see the module docstring)
 LAYER_GEMMS = ("qkv", "dense", "fc", "gate", "proj")  # one decoder layer's weight GEMMs
 Gemms = tuple[tuple[str, int, float], ...]  # the weight GEMMs of one pass: (shape, calls, rows a call)
 
@@ -127,14 +133,15 @@ def probe(
         for name, (n_out, n_in) in gemm_shapes(arch).items():
             gemm = Gemm(torch.randn(n_out, n_in, generator=gen) * 0.02, bf16=bf16)
             inputs = {m: torch.randn(m, n_in, generator=gen) for m in rows}
-            calls = max(1, min(1000, 20_000_000 // (n_out * n_in)))  # ~1 ms or more per timing
+            # ~1 ms or more per timing: 20M multiply-adds, the calls fewer as the rows grow
+            calls = {m: max(1, min(1000, 20_000_000 // (n_out * n_in * m))) for m in rows}
             times: dict[int, list[float]] = {m: [] for m in rows}
             for _ in range(repeats):
                 for m in rows:
                     start = time.thread_time()
-                    for _ in range(calls):
+                    for _ in range(calls[m]):
                         gemm(inputs[m])
-                    times[m].append((time.thread_time() - start) / calls)
+                    times[m].append((time.thread_time() - start) / calls[m])
             out[name] = tuple(statistic(times[m]) for m in rows)
         cache = last_level_cache_bytes()
         weight_bytes = 2 if bf16 else 4
