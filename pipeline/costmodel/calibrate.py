@@ -35,9 +35,9 @@ not charged its levels at zero. And it keeps at least one observation more than 
 time on a shared host is noisy, and an exact fit takes one run's noise into every constant (four
 runs, plain and Lookahead at two concurrencies, fitted exactly with Lookahead's row term: held-out
 Medusa and EAGLE 26-39% off in one bench run; the three physical terms by least squares on the same
-runs: within 9%). The reference backend's Lookahead feeds its window's W(N - 1) rows, the root and
-only the n-grams its pool holds, not (W + G)(N - 1) rows every step: a run's rows are taken from its
-own draft counts (:func:`drafting`).
+runs: within 9%). The reference backend's Lookahead feeds its window's W(N - 1) rows (the root is the
+window's first) and the trie of the n-grams its pool holds, not (W + G)(N - 1) rows every step: a
+run's rows are taken from its own draft counts (:func:`drafting`).
 """
 
 from __future__ import annotations
@@ -109,13 +109,13 @@ def read_run(folder: Path) -> Run:
 
 def drafting(run: Run, gpu: str) -> Drafting:
     """What the cost model charges for ``run``: on the CPU device, Lookahead's rows as the run fed them
-    (W(N - 1) window rows + the root + its draft tokens a step; steps = accepted / (AL - 1))."""
+    (W(N - 1) window rows, the root among them, + its draft tokens a step; steps = accepted / (AL - 1))."""
     found = served.drafting(run.served)
     if gpu != CPU or found.method != "lookahead" or run.acceptance_length <= 1 or not run.accepted_draft_tokens:
         return found
     w, n, _ = run.served["settings"]["lookahead"]
     steps = run.accepted_draft_tokens / (run.acceptance_length - 1)
-    fed = w * (n - 1) + 1 + run.draft_tokens / steps
+    fed = w * (n - 1) + run.draft_tokens / steps
     return dataclasses.replace(found, rows=max(1, min(found.rows, round(fed))))
 
 

@@ -168,14 +168,15 @@ def test_calibrate_cli_takes_the_cpu_device(cli, tmp_path, monkeypatch):
 
 
 def test_cpu_lookahead_is_charged_the_rows_its_run_fed(tmp_path):
-    """The reference backend feeds Lookahead's window (W(N - 1) = 8 rows), the root and the n-grams its
-    pool held: 50 accepted at AL 1.25 is 200 steps, 400 draft tokens 2 a step, so 11 rows, not 16."""
+    """The reference backend feeds Lookahead's window (W(N - 1) = 8 rows, the root the first of them) and
+    the n-grams its pool held: 50 accepted at AL 1.25 is 200 steps, 400 draft tokens 2 a step, so 10
+    rows, not 16."""
     path = bench_run(tmp_path / "la", "lookahead", 1)
     body = json.loads((path / "bench.json").read_text())
     body["acceptance"] |= {"mean_acceptance_length": 1.25, "draft_tokens": 400, "accepted_draft_tokens": 50}
     (path / "bench.json").write_text(json.dumps(body))
     run = calibrate.read_run(path)
-    assert calibrate.drafting(run, "cpu").rows == 11
+    assert calibrate.drafting(run, "cpu").rows == 10
     assert calibrate.drafting(run, "h100-sxm-80gb").rows == 16  # other devices: the configured rows
 
 
