@@ -10,10 +10,10 @@ with the real tritonserver and the reference backend on free ports, and runs ``s
 --repository --probe-host`` (each run records the host's GEMMs after it) for every method at every
 concurrency, in ``--rounds`` rounds whose order of methods rotates: a slow minute of the host then
 falls on each method in turn, not on one, and the round with the median tokens/s stands for each
-method and concurrency. Then ``specdeploy calibrate --gpu cpu``
-on the runs of the fitted methods at the fitted concurrencies alone, and prints for every run the
-tokens/s the calibration predicts (at the run's measured acceptance length, as a rehearsal would
-give it) beside the measured tokens/s, and their ratio; the target is within 10% for the held-out
+method and concurrency. Then ``specdeploy calibrate --gpu cpu`` on the runs of the fitted methods
+at the fitted concurrencies alone, and prints for every run the tokens/s the calibration predicts
+(at the run's measured acceptance length and batch mix, as a rehearsal would give it) beside the
+measured tokens/s, and their ratio; the target is within 10% for the held-out
 methods and concurrency. Not a test: the machine's load moves every figure (the load average is
 printed before and after). So the round trip runs twice: on the wall-clock tokens/s ``bench``
 measured, and on tokens per CPU-second of the server's processes (tritonserver and its backend
@@ -38,8 +38,6 @@ from bench.serve import free_ports, process_tree_stat
 from pipeline.cli import main as cli
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.costmodel import calibrate
-from pipeline.costmodel.step import Deployment, method_step
-from pipeline.geometry import ModelGeometry
 from pipeline.plan import OutputRoots, VariantPlan, make_plan
 from pipeline.spec import load_spec
 from pipeline.stages.execute import execute_plan
@@ -154,18 +152,6 @@ def median_round(rounds: list[Path], per_cpu: bool) -> Path:
     return folder
 
 
-def predicted_tps(content: dict, run: calibrate.Run) -> float:
-    """tokens/s the calibration predicts for ``run``: concurrency x its acceptance length / one step."""
-    from pipeline.costmodel.profile import Calibration
-
-    profile = Calibration.from_dict(content["calibration"]).profile
-    s = run.served
-    device = calibrate.priced_on(content)  # the CPU device with the GEMMs the calibration measured
-    d = Deployment(ModelGeometry(**s["arch"]), device, context_len=content["context_len"], profile=profile)
-    step = method_step(d, calibrate.drafting(run, "cpu"), run.concurrency).total_s
-    return run.concurrency * run.acceptance_length / step
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", default="none,lookahead", help="methods the calibration sees")
@@ -222,7 +208,7 @@ def round_trip(runs: dict[tuple[str, int], Path], rate: str, fit_methods: list[s
     worst = 0.0
     for (method, c), path in sorted(runs.items()):
         run = calibrate.read_run(path)
-        predicted = predicted_tps(content, run)
+        predicted = calibrate.predicted_tokens_per_second(content, run)
         ratio = predicted / run.tokens_per_second
         held = method in held_methods or c in held_c
         if held:

@@ -6,7 +6,11 @@ Latency definitions (per token, because a speculative step delivers several toke
 * inter-token latency (ITL): each response after the first spreads its gap since the previous
   response evenly over the tokens it carries, so a step accepting 3 tokens after 30 ms counts
   as three 10 ms tokens;
-* tokens/s: all output tokens / wall time from the first send to the last answer.
+* tokens/s: all output tokens / wall time from the first send to the last answer;
+* batch mix: the share of decode steps by how many requests were decoding at once. The concurrency
+  is only the most there can be: a request decodes from its first response to its last, and a slot
+  is empty while its next request is sent and prefilled, or once its last request is done while
+  others still decode (:func:`batch_mix`). A cost model that prices the run prices it at this mix.
 
 Several models (``models``: e.g. every fine-tune of a LoRA fleet by its own name) share the load:
 request i goes to ``models[i % len(models)]``, so each gets the same number of requests, and the
@@ -149,6 +153,34 @@ def inter_token_latencies(record: RequestRecord) -> list[float]:
     return gaps
 
 
+def batch_mix(records: Sequence[RequestRecord]) -> dict[int, float]:
+    """The share of the decode steps that ran with each number of requests decoding, from the streamed
+    responses: a request decodes from its first response (its prefill's token) to its last, each later
+    response is one of its decode steps, and a step that k requests shared answered each of them, so
+    it counts 1/k for each. A response is taken to share its step with every request decoding at its
+    arrival, within a quarter of the run's median gap between responses (the step's responses reach
+    the clients a little apart). Empty when no request streamed more than one response.
+
+    Request A answers at 0 s (its prefill), then 1, 2, 3, 4 and 5 s; request B at 0, then 1, 2 and 3 s:
+    the steps at 1, 2 and 3 s had both (6 responses of 1/2: 3 steps), those at 4 and 5 s A alone (2
+    steps), so the mix is {1: 0.4, 2: 0.6}, a mean of 1.6 requests a step at concurrency 2.
+    """
+    streamed = [r for r in records if r.ok and len(r.steps) > 1]
+    if not streamed:
+        return {}
+    gaps = sorted(b - a for r in streamed for (a, _), (b, _) in zip(r.steps, r.steps[1:]))
+    slack = gaps[len(gaps) // 2] / 4
+    decoding = [(r.started + r.steps[0][0] - slack, r.started + r.steps[-1][0] + slack) for r in streamed]
+    steps: dict[int, float] = {}
+    for r in streamed:
+        for seconds, _ in r.steps[1:]:
+            at = r.started + seconds
+            k = sum(1 for first, last in decoding if first <= at <= last)
+            steps[k] = steps.get(k, 0.0) + 1 / k
+    total = sum(steps.values())
+    return {k: n / total for k, n in sorted(steps.items())}
+
+
 def summarize(run: LoadRun) -> dict[str, Any]:
     """The run's figures; with several models, also ``per_model``: each one's requests, tokens, tokens/s
     (its tokens over the run's wall time: the models' figures add up to the total) and latencies."""
@@ -176,6 +208,7 @@ def _figures(run: LoadRun, records: list[RequestRecord]) -> dict[str, Any]:
         "output_tokens": tokens,
         "tokens_per_second": tokens / run.wall_seconds if run.wall_seconds > 0 else 0.0,
         "requests_per_second": len(done) / run.wall_seconds if run.wall_seconds > 0 else 0.0,
+        "batch_mix": {str(k): share for k, share in batch_mix(records).items()},
         "ttft_ms": percentiles([r.ttft for r in done if r.ttft is not None]),
         "itl_ms": percentiles([gap for r in done for gap in inter_token_latencies(r)]),
         "latency_ms": percentiles([r.total for r in done if r.total is not None]),

@@ -148,7 +148,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_json_flag(
         bench,
         'what bench.json holds: {"concurrency", "requests", "completed", "failed", "tokens_per_second", '
-        '"ttft_ms": {"p50", "p90", "p99", "mean"}, "itl_ms", "latency_ms", "acceptance", "errors", "models", '
-        '"per_model" (with --models), ...}',
+        '"ttft_ms": {"p50", "p90", "p99", "mean"}, "itl_ms", "latency_ms", "acceptance", "batch_mix" (share of '
+        'decode steps by requests decoding), "errors", "models", "per_model" (with --models), ...}',
     )
     bench.set_defaults(handler=cmd_bench, max_tokens=64)

@@ -8,7 +8,8 @@ two concurrencies or more, on one model: anything less is refused with what to b
 (pipeline/costmodel/calibrate.py). The file goes into a spec as `gpu: {type: ..., calibration: PATH}`:
 predictions, `best` and the release gates then use it, intervals from its own residuals. With
 ``--gpu cpu`` (the CPU reference backend) it also needs the host's GEMMs by rows: the probes the runs
-recorded (`specdeploy bench --probe-host`), else it measures this host's, a few seconds.
+recorded (`specdeploy bench --probe-host`), else it measures this host's, a few seconds. "decoding"
+is how many requests a step decoded on average (bench's batch mix): each run is priced at its mix.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out)
     calibrate.write(content, out)
     table = Table(title=f"{args.runtime} on {args.gpu}: {content['calibration']['source']}", title_justify="left")
-    for column in ("run", "method", "concurrency", "AL", "measured speedup", "residual"):
+    for column in ("run", "method", "concurrency", "decoding", "AL", "measured speedup", "residual"):
         table.add_column(column)
     for o in content["observations"]:
         table.add_row(
-            o["run"], o["method"], str(o["concurrency"]), f"{o['acceptance_length']:.2f}", f"{o['speedup']:.2f}x",
-            f"{o['residual']:+.1%}",
+            o["run"], o["method"], str(o["concurrency"]), f"{o['mean_batch']:.2f}", f"{o['acceptance_length']:.2f}",
+            f"{o['speedup']:.2f}x", f"{o['residual']:+.1%}",
         )  # fmt: skip
     console.print(table)
     profile = content["calibration"]["profile"]

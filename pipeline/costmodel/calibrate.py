@@ -7,6 +7,13 @@ plain-decoding run of the same model at the same ``c`` is one observed speedup, 
 bands from leave-one-out residuals (each observation predicted by a fit on the others; in-sample when
 there are no more observations than constants, said so in the file).
 
+A run at concurrency ``c`` does not decode ``c`` requests every step: a slot is empty while its next
+request is sent and prefilled, and once its last request is done while others still decode (EAGLE
+at concurrency 4 with 8 requests of 64 tokens decoded 3.5 requests a step on average, plain
+decoding 4.0). `specdeploy bench` measures each run's batch mix (the share of decode steps by
+requests decoding, pipeline/client/load.py), and each run is priced at its mix: a step time is mean
+batch x acceptance length / tokens/s, and a speedup compares the two runs per request decoding.
+
 What the data can determine is checked first, each refusal one :class:`CalibrationError` line:
 
 * every run at one concurrency: per-step and per-row costs cannot be told apart;
@@ -54,7 +61,7 @@ import numpy as np
 from pipeline.costmodel import fit, gemm_probe, served
 from pipeline.costmodel.hardware import CPU, GpuPerf, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment, Drafting, method_step
 from pipeline.geometry import ModelGeometry
 
 FORMAT = "specdeploy-calibration/1"
@@ -78,6 +85,17 @@ class Run:
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     host_gemms: gemm_probe.CpuProfile | None = None  # `bench --probe-host`: the host's GEMMs after the run
+    # (requests decoding, share of the decode steps) as `bench` measured them (load.batch_mix); empty
+    # in a bench.json written before bench measured it: then every step counts at the concurrency
+    batch_mix: tuple[tuple[int, float], ...] = ()
+
+    def batches(self) -> tuple[tuple[int, float], ...]:
+        return self.batch_mix or ((self.concurrency, 1.0),)
+
+    @property
+    def mean_batch(self) -> float:
+        """Requests decoding per step, on average (the concurrency where no batch mix was measured)."""
+        return sum(k * share for k, share in self.batches())
 
 
 def read_run(folder: Path) -> Run:
@@ -101,9 +119,15 @@ def read_run(folder: Path) -> Run:
         gemms = gemm_probe.CpuProfile.from_dict(body["host_gemms"]) if body.get("host_gemms") else None
     except (KeyError, TypeError, AttributeError) as exc:
         raise CalibrationError(f"{path}: host_gemms is not a GEMM probe `specdeploy bench` wrote ({exc})") from None
+    try:
+        mix = tuple(sorted((int(k), float(share)) for k, share in (body.get("batch_mix") or {}).items()))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CalibrationError(f"{path}: batch_mix is not the one `specdeploy bench` wrote ({exc})") from None
+    if mix and (min(k for k, _ in mix) < 1 or abs(sum(share for _, share in mix) - 1) > 1e-6):
+        raise CalibrationError(f"{path}: batch_mix must give shares of decode steps (batches >= 1) adding up to 1")
     return Run(
         path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0),
-        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0), gemms,
+        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0), gemms, mix,
     )  # fmt: skip
 
 
@@ -174,7 +198,7 @@ def observations(
             s["pp"],
             context_len,
         )
-        charged = drafting(r, gpu)
+        charged, base = drafting(r, gpu), plain[r.concurrency]
         found.append(
             fit.Observation(
                 f"{r.path}",
@@ -182,10 +206,12 @@ def observations(
                 deployment,
                 charged,
                 min(max(r.acceptance_length, 1.0), charged.rows),
-                r.tokens_per_second / plain[r.concurrency].tokens_per_second,
+                # per request decoding: the two runs' slots were not filled alike (see the module docstring)
+                r.tokens_per_second / base.tokens_per_second * base.mean_batch / r.mean_batch,
                 r.concurrency,
                 f"{s['method']} at concurrency {r.concurrency}",
-                r.concurrency * r.acceptance_length / r.tokens_per_second if absolute else None,
+                r.mean_batch * r.acceptance_length / r.tokens_per_second if absolute else None,
+                r.batch_mix,
             )
         )
     return found
@@ -249,6 +275,17 @@ def priced_on(content: dict[str, Any]) -> GpuPerf:
     return found
 
 
+def predicted_tokens_per_second(content: dict[str, Any], run: Run) -> float:
+    """The tokens/s a CPU calibration file predicts for ``run`` at its acceptance length and batch mix:
+    mean batch x acceptance length / the mean step over the mix."""
+    s = run.served
+    profile = Calibration.from_dict(content["calibration"]).profile
+    d = Deployment(ModelGeometry(**s["arch"]), priced_on(content), context_len=content["context_len"], profile=profile)
+    charged = drafting(run, content["gpu"])
+    step = sum(share * method_step(d, charged, b).total_s for b, share in run.batches())
+    return run.mean_batch * run.acceptance_length / step
+
+
 def calibrate(
     runs: Sequence[Run], gpu: str, runtime: str, context_len: int, device: GpuPerf | None = None
 ) -> dict[str, Any]:
@@ -290,8 +327,9 @@ def calibrate(
         "calibration": Calibration(profile, bands, source).to_dict(),
         "fitted": names,
         "observations": [
-            {"run": o.source, "method": o.method, "concurrency": o.batch, "acceptance_length": o.acceptance_length,
-             "speedup": o.speedup, "residual": e}
+            {"run": o.source, "method": o.method, "concurrency": o.batch,
+             "mean_batch": o.mean_batch, "batch_mix": dict(o.batch_mix),
+             "acceptance_length": o.acceptance_length, "speedup": o.speedup, "residual": e}
             for o, e in zip(found, residuals)
         ],
     }  # fmt: skip

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.costmodel.predict import predict
 from pipeline.costmodel.profile import FITTED, HIGH_PERCENTILE, LOW_PERCENTILE, ErrorBand, RuntimeProfile
 from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
 
@@ -41,10 +40,20 @@ class Observation:
     speedup: float  # measured or published, over plain decoding at ``batch``
     batch: int = 1
     label: str = ""  # for tables: model, GPU, settings
-    # Measured seconds of one step of the method at ``batch`` (batch x acceptance length / tokens/s),
-    # where the step model prices absolute times (the CPU device): then the equation is the step
-    # time itself and the residual the relative error of tokens/s.
+    # Measured seconds of one step of the method at its batch mix (mean batch x acceptance length /
+    # tokens/s), where the step model prices absolute times (the CPU device): then the equation is
+    # the step time itself and the residual the relative error of tokens/s.
     step_s: float | None = None
+    # (requests decoding, share of the steps) of the measured run (load.batch_mix): its steps are
+    # priced at these batches, not all at ``batch``; empty: every step at ``batch``.
+    batch_mix: tuple[tuple[int, float], ...] = ()
+
+    def batches(self) -> tuple[tuple[int, float], ...]:
+        return self.batch_mix or ((self.batch, 1.0),)
+
+    @property
+    def mean_batch(self) -> float:
+        return sum(k * share for k, share in self.batches())
 
 
 class FitError(ValueError):
@@ -52,9 +61,10 @@ class FitError(ValueError):
 
 
 def _times(obs: Observation, profile: RuntimeProfile) -> tuple[float, float]:
+    """(plain step, method step) seconds, each the mean over the observation's batch mix."""
     d = dataclasses.replace(obs.deployment, profile=profile)
-    plain = target_step(d, obs.batch, 1, logit_rows=1).total_s
-    return plain, method_step(d, obs.drafting, obs.batch).total_s
+    plain = sum(share * target_step(d, b, 1, logit_rows=1).total_s for b, share in obs.batches())
+    return plain, sum(share * method_step(d, obs.drafting, b).total_s for b, share in obs.batches())
 
 
 def design(
@@ -113,16 +123,16 @@ def fit(observations: Sequence[Observation], base: RuntimeProfile, only: Sequenc
 
 
 def relative_errors(observations: Sequence[Observation], profile: RuntimeProfile) -> list[float]:
-    """predicted / observed - 1 of each observation's speedup, with the cost model's own predict(); of
-    its tokens/s where the observation is a measured step (``step_s``)."""
+    """predicted / observed - 1 of each observation's speedup (as predict() has it: acceptance length x
+    plain step / method step, at the observation's batch mix); of its tokens/s where the observation is
+    a measured step (``step_s``)."""
     out = []
     for obs in observations:
         if obs.step_s is not None:
             out.append(obs.step_s / _times(obs, profile)[1] - 1)
             continue
-        d = dataclasses.replace(obs.deployment, profile=profile)
-        (p,) = predict(d, obs.drafting, obs.acceptance_length, [obs.batch])
-        out.append(p.speedup / obs.speedup - 1)
+        plain, method = _times(obs, profile)
+        out.append(obs.acceptance_length * plain / method / obs.speedup - 1)
     return out
 
 

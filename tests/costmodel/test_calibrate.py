@@ -37,13 +37,16 @@ def server(method: str, arch=ARCH) -> dict:
     return {**SERVED[method], "arch": arch.to_dict(), "dtype": "bfloat16", "kv_dtype": "bfloat16", "tp": 1, "pp": 1}
 
 
-def measured_tps(method: str, concurrency: int) -> float:
-    """tokens/s a server with the TRUE constants gives: concurrency x AL / step time."""
+def measured_tps(method: str, concurrency: int, mix: dict | None = None) -> float:
+    """tokens/s a server with the TRUE constants gives: requests decoding x AL / step time, every step
+    at ``concurrency`` or at the batches of ``mix`` ({requests decoding: share of the steps})."""
     d = Deployment(ARCH, gpu_perf(GPU), context_len=512, profile=TRUE)
+    mix = mix or {concurrency: 1.0}
     if method == "none":
-        return concurrency / target_step(d, concurrency, 1, logit_rows=1).total_s
-    (p,) = predict(d, served.drafting(server(method)), AL[method], [concurrency])
-    return concurrency * AL[method] / p.method_s
+        steps = {k: target_step(d, k, 1, logit_rows=1).total_s for k in mix}
+    else:
+        steps = {p.batch: p.method_s for p in predict(d, served.drafting(server(method)), AL[method], list(mix))}
+    return sum(k * share for k, share in mix.items()) * AL[method] / sum(mix[k] * steps[k] for k in mix)
 
 
 def bench_run(folder: Path, method: str, concurrency: int, **overrides) -> Path:
@@ -57,6 +60,26 @@ def bench_run(folder: Path, method: str, concurrency: int, **overrides) -> Path:
     } | overrides
     (folder / "bench.json").write_text(json.dumps(body))
     return folder
+
+
+def test_runs_whose_slots_were_not_all_full_calibrate_back_at_their_batch_mix(tmp_path):
+    """Each run is priced at its own batch mix; the speedup compares the runs per request decoding."""
+    mixes = {1: {1: 1.0}, 4: {2: 0.2, 3: 0.2, 4: 0.6}, 16: {12: 0.5, 16: 0.5}}
+    paths = [
+        bench_run(tmp_path / f"{m}-{c}", m, c, tokens_per_second=measured_tps(m, c, mix), batch_mix=mix)
+        for m in ("none", "lookahead", "medusa")
+        for c, mix in mixes.items()
+    ]
+    content = calibrate.calibrate([calibrate.read_run(p) for p in paths], GPU, "trtllm", 512)
+    for name in content["fitted"]:
+        assert content["calibration"]["profile"][name] == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    # A plain run that kept its 4 slots full against a Lookahead run that did not: per request decoding.
+    full = calibrate.read_run(bench_run(tmp_path / "full", "none", 4, batch_mix={4: 1.0}))
+    partial = calibrate.read_run(paths[4])  # lookahead at concurrency 4, 3.4 requests a step
+    plain_1, lookahead_1 = calibrate.read_run(paths[0]), calibrate.read_run(paths[3])
+    o = calibrate.observations([full, partial, plain_1, lookahead_1], GPU, 512)[0]
+    assert o.method == "lookahead"
+    assert o.speedup == pytest.approx(partial.tokens_per_second / full.tokens_per_second * 4 / 3.4)
 
 
 def runs(tmp_path: Path, methods=("none", "lookahead", "medusa"), concurrencies=(1, 4)) -> list[Path]:

@@ -55,21 +55,26 @@ CURVE = {name: tuple(2 * o * i * 2e-12 * r**0.6 for r in ROWS) for name, (o, i) 
 MEASURED = dataclasses.replace(CPU_DEVICE, gemms=gemm_probe.CpuProfile(ROWS, CURVE, frozenset({"lm_head"})))
 
 
-def measured_tps(method: str, concurrency: int, device: GpuPerf = CPU_DEVICE) -> float:
-    """tokens/s a CPU with the TRUE constants gives: concurrency x AL / step time."""
+def measured_tps(method: str, concurrency: int, device: GpuPerf = CPU_DEVICE, mix: dict | None = None) -> float:
+    """tokens/s a CPU with the TRUE constants gives: requests decoding x AL / step time, every step at
+    ``concurrency`` or, with a batch ``mix`` ({requests decoding: share of the steps}), at its batches."""
     d = Deployment(ARCH, device, context_len=CONTEXT, profile=TRUE)
-    return concurrency * AL[method] / method_step(d, served.drafting(server(method)), concurrency).total_s
+    mix = mix or {concurrency: 1.0}
+    step = sum(share * method_step(d, served.drafting(server(method)), k).total_s for k, share in mix.items())
+    return sum(k * share for k, share in mix.items()) * AL[method] / step
 
 
-def bench_run(folder: Path, method: str, concurrency: int, device: GpuPerf = CPU_DEVICE) -> Path:
+def bench_run(
+    folder: Path, method: str, concurrency: int, device: GpuPerf = CPU_DEVICE, mix: dict | None = None
+) -> Path:
     folder.mkdir(parents=True)
     body = {
         "concurrency": concurrency,
         "completed": 8,
-        "tokens_per_second": measured_tps(method, concurrency, device),
+        "tokens_per_second": measured_tps(method, concurrency, device, mix),
         "acceptance": {"mean_acceptance_length": None if method == "none" else AL[method]},
         "server": server(method),
-    }
+    } | ({"batch_mix": {str(k): share for k, share in mix.items()}} if mix else {})
     (folder / "bench.json").write_text(json.dumps(body))
     return folder
 
@@ -120,6 +125,44 @@ def test_a_cpu_measured_by_rows_calibrates_back_and_predicts_through_its_file(tm
     # Priced by FLOPs instead, the same runs leave residuals: the rows' curve is what the probe adds.
     flops = calibrate.calibrate(found, "cpu", "trtllm", CONTEXT)
     assert flops["gemms"] is None and max(abs(o["residual"]) for o in flops["observations"]) > 0.02
+
+
+# How bench saw the slots filled: at concurrency 4 with requests of unequal length, the last steps of
+# a run decode fewer requests (bench measures the mix from the streamed responses: load.batch_mix).
+MIXES = {1: {1: 1.0}, 2: {1: 0.1, 2: 0.9}, 4: {1: 0.05, 2: 0.1, 3: 0.15, 4: 0.7}}
+
+
+def test_runs_whose_slots_were_not_all_full_calibrate_back_at_their_batch_mix(tmp_path):
+    methods, concurrencies = ("none", "lookahead", "medusa"), (1, 2, 4)
+    paths = [bench_run(tmp_path / f"{m}-{c}", m, c, MEASURED, MIXES[c]) for m in methods for c in concurrencies]
+    found = [calibrate.read_run(p) for p in paths]
+    assert found[-1].mean_batch == pytest.approx(3.5)
+    content = calibrate.calibrate(found, "cpu", "trtllm", CONTEXT, MEASURED)
+    for name in ("row_compute", "request_s", "host_layer_s", "host_step_s"):
+        assert content["calibration"]["profile"][name] == pytest.approx(getattr(TRUE, name), rel=1e-6, abs=1e-9)
+    # A held-out EAGLE run at concurrency 4 is predicted at its own mix.
+    path = tmp_path / "cal.json"
+    calibrate.write(content, path)
+    eagle = calibrate.read_run(bench_run(tmp_path / "eagle-4", "eagle", 4, MEASURED, MIXES[4]))
+    predicted = calibrate.predicted_tokens_per_second(json.loads(path.read_text()), eagle)
+    assert predicted == pytest.approx(eagle.tokens_per_second, rel=1e-6)
+    # Priced as if every step had decoded the concurrency, the same runs calibrate to other constants
+    # (the steps with fewer requests taken for dearer full ones: 16% on the host work a request).
+    for p in paths:
+        body = json.loads((p / "bench.json").read_text())
+        (p / "bench.json").write_text(json.dumps({k: v for k, v in body.items() if k != "batch_mix"}))
+    nominal = calibrate.calibrate([calibrate.read_run(p) for p in paths], "cpu", "trtllm", CONTEXT, MEASURED)
+    assert nominal["calibration"]["profile"]["request_s"] > 1.1 * TRUE.request_s
+
+
+@pytest.mark.parametrize("mix", [{"0": 1.0}, {"1": 0.5}, {"two": 1.0}, [1, 2]])
+def test_a_batch_mix_bench_did_not_write_is_refused_in_one_line(tmp_path, mix):
+    path = bench_run(tmp_path / "none-1", "none", 1)
+    body = json.loads((path / "bench.json").read_text())
+    (path / "bench.json").write_text(json.dumps(body | {"batch_mix": mix}))
+    with pytest.raises(calibrate.CalibrationError, match="batch_mix") as raised:
+        calibrate.read_run(path)
+    assert "\n" not in str(raised.value)
 
 
 def test_cpu_device_measures_the_runs_model_on_this_host(tmp_path):

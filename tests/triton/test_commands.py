@@ -12,7 +12,14 @@ import pytest
 from triton_fixtures import fake_engine, make_model_dir, plan_spec
 
 from pipeline.client import GenerationRequest, GenerationResult, Piece, build_inputs
-from pipeline.client.load import LoadRun, RequestRecord, inter_token_latencies, load_prompts, summarize
+from pipeline.client.load import (
+    LoadRun,
+    RequestRecord,
+    batch_mix,
+    inter_token_latencies,
+    load_prompts,
+    summarize,
+)
 from pipeline.commands import serve as serve_command
 from pipeline.errors import InputError
 from pipeline.speculative import LookaheadConfig
@@ -168,6 +175,30 @@ def test_summary_spreads_a_multi_token_step_over_its_tokens():
     assert summary["acceptance"]["mean_acceptance_length"] == pytest.approx(3 / 2)
     json.dumps(summary)  # JSON-ready
     assert np.isfinite(summary["latency_ms"]["mean"])
+
+
+def streamed(index: int, started: float, *arrivals: float) -> RequestRecord:
+    """A request sent at ``started`` whose responses (one token each) arrive at ``arrivals`` (run seconds)."""
+    steps = [(at - started, 1) for at in arrivals]
+    return RequestRecord(index, started, ok=True, tokens=len(steps), total=steps[-1][0], steps=steps)
+
+
+def test_batch_mix_counts_the_decode_steps_by_requests_decoding():
+    # A: prefill answered at 0 s, then steps at 1..5 s; B: prefill at 0 s, steps at 1, 2, 3 s.
+    a, b = streamed(0, 0.0, 0, 1, 2, 3, 4, 5), streamed(1, 0.0, 0, 1, 2, 3)
+    assert batch_mix([a, b]) == pytest.approx({1: 0.4, 2: 0.6})  # 3 steps of both, then 2 of A alone
+    # the same step's responses reach the two clients 10 ms apart: still one step of two
+    late = streamed(1, 0.0, 0.01, 1.01, 2.01, 3.01)
+    assert batch_mix([a, late]) == pytest.approx({1: 0.4, 2: 0.6})
+    # one request alone, then a second one sent after it ended: every step had one request
+    assert batch_mix([streamed(0, 0.0, 0, 1, 2), streamed(1, 2.5, 3, 4, 5)]) == {1: 1.0}
+
+
+def test_batch_mix_is_empty_without_streamed_steps():
+    whole = RequestRecord(0, 0.0, ok=True, tokens=8, total=1.0, steps=[(1.0, 8)])  # one response: no steps seen
+    assert batch_mix([whole, RequestRecord(1, 0.0, error="boom")]) == {}
+    summary = summarize(LoadRun(2, 2.0, [streamed(0, 0.0, 0, 1, 2, 3, 4, 5), streamed(1, 0.0, 0, 1, 2, 3)]))
+    assert summary["batch_mix"] == pytest.approx({"1": 0.4, "2": 0.6})  # bench.json's keys are strings
 
 
 def test_bench_ignore_eos_sends_an_end_id_no_token_matches():
