@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -170,12 +171,13 @@ def batch_mix(records: Sequence[RequestRecord]) -> dict[int, float]:
         return {}
     gaps = sorted(b - a for r in streamed for (a, _), (b, _) in zip(r.steps, r.steps[1:]))
     slack = gaps[len(gaps) // 2] / 4
-    decoding = [(r.started + r.steps[0][0] - slack, r.started + r.steps[-1][0] + slack) for r in streamed]
+    firsts = sorted(r.started + r.steps[0][0] - slack for r in streamed)
+    lasts = sorted(r.started + r.steps[-1][0] + slack for r in streamed)
     steps: dict[int, float] = {}
     for r in streamed:
         for seconds, _ in r.steps[1:]:
             at = r.started + seconds
-            k = sum(1 for first, last in decoding if first <= at <= last)
+            k = bisect_right(firsts, at) - bisect_left(lasts, at)  # begun by then, less those ended before
             steps[k] = steps.get(k, 0.0) + 1 / k
     total = sum(steps.values())
     return {k: n / total for k, n in sorted(steps.items())}
