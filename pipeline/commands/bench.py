@@ -82,7 +82,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.probe_host and served:
         from pipeline.costmodel.calibrate import probe_host
 
-        console.print("measuring this host's GEMMs by rows for `specdeploy calibrate --gpu cpu` (a few seconds)")
+        console.print("measuring this host's GEMMs by rows for `specdeploy calibrate --gpu cpu` (~15 s for SmolLM2)")
         host_gemms = probe_host(served).to_dict()
     out = Path(args.out or Path("bench") / "out" / time.strftime("%Y%m%d-%H%M%S"))
     path = write_report(

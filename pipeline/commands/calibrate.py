@@ -8,7 +8,7 @@ two concurrencies or more, on one model: anything less is refused with what to b
 (pipeline/costmodel/calibrate.py). The file goes into a spec as `gpu: {type: ..., calibration: PATH}`:
 predictions, `best` and the release gates then use it, intervals from its own residuals. With
 ``--gpu cpu`` (the CPU reference backend) it also needs the host's GEMMs by rows: the probes the runs
-recorded (`specdeploy bench --probe-host`), else it measures this host's, a few seconds. "decoding"
+recorded (`specdeploy bench --probe-host`), else it measures this host's (~15 s for SmolLM2). "decoding"
 is how many requests a step decoded on average (bench's batch mix): each run is priced at its mix.
 """
 

@@ -236,8 +236,8 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu
 
 
 def probe_host(served: dict[str, Any], repeats: int = 5) -> gemm_probe.CpuProfile:
-    """This host's GEMMs measured by rows for the served model and dtype (gemm_probe.probe, a few
-    seconds). Each GEMM's figure is the fastest of its repeats: on a shared host noise only adds
+    """This host's GEMMs measured by rows for the served model and dtype (gemm_probe.probe, ~15 s for
+    SmolLM2 in float32). Each GEMM's figure is the fastest of its repeats: on a shared host noise only adds
     time, and the fit takes the scale (``row_compute``) itself, so what must hold still is the
     curve's shape, which moved by up to 4% between fastest-of-5 probes of SmolLM2 minutes apart
     against up to 13% between median-of-3 ones (a 11-row target pass over a 1-row one: 4.52-4.75x
