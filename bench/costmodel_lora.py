@@ -8,10 +8,11 @@ float32, one thread), for each rank, target modules (q,v or all 7), batch and nu
 adapters in the step:
 
 * predicted: pipeline/costmodel/lora_cpu.py's price, from its probe of the engine's LoRA code in
-  decode passes of 1 row up to the largest batch with one adapter, or four (whole, first and next
-  group), composed over the step's modules, layers and adapter groups; the default batches are off
-  the probed row counts, and the steps mix up to 8 adapters, so both the interpolation and the
-  composition are tested;
+  decode passes with one adapter, or four (whole, first and next group), at the row counts the cases
+  are priced at (each batch and each adapter group's size in it: a thin GEMM's cost is a sawtooth in
+  its rows, so interpolating between other counts would be off by up to ~20%), composed over the
+  step's modules, layers and adapter groups; the steps mix up to 8 adapters, where the probe's
+  passes have one or four, so the composition is what is tested;
 * measured: real decode steps of the reference engine (``Engine.forward``: every layer, attention
   over a 16-token context, the lm_head), each request with an adapter of its own draw (every one of
   the N used; random A and B on every layer, given to the engine as its LoRA cache holds them), with
@@ -44,9 +45,9 @@ from bench.lora_step import build_engine
 from pipeline.costmodel.lora import LORA_MODULES, LoraLoad
 from pipeline.costmodel.lora_cpu import (
     DECODED,
-    PROBE_ROWS,
     LoraCpuProfile,
     clock_pair_s,
+    group_sizes,
     lora_timed,
     prefilled,
     probe,
@@ -105,9 +106,8 @@ def main() -> int:
         f"{'LoRA ms pred':>12s} {'meas':>7s} {'pred/meas':>9s}  {'step diff':>9s}  {'rounds':>6s}"
     )
     ratios, spreads = [], []
-    # the probed row counts up to the first at or over the largest batch (interpolation, not beyond)
-    largest = max(args.batches)
-    rows = tuple(m for m in PROBE_ROWS if m < largest) + tuple(m for m in PROBE_ROWS if m >= largest)[:1]
+    # the row counts the cases are priced at: every batch and every adapter group's size in it
+    rows = tuple(sorted({m for b in args.batches for n in args.adapters for m in (b, *group_sizes(b, n))}))
     for rank in args.ranks:
         for label, modules in MODULE_SETS.items():
             adapters = random_adapters(arch, rank, modules, max(args.adapters), gen)

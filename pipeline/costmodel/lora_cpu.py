@@ -18,9 +18,13 @@ and :meth:`LoraCpuProfile.step_s` predicts a step as
     N adapters:   layers x sum over modules of first(module, rows_1) + sum over groups 2..N of
                   next(module, rows_g)
 
-with the rows split as evenly as the requests allow (interpolated between probed row counts).
-bench/costmodel_lora.py measures decode steps of other batches, mixing more adapters, and prints
-the predicted against the measured LoRA time of each step.
+with the rows split as evenly as the requests allow (:func:`group_sizes`), interpolated between
+probed row counts. Probe the row counts a price needs rather than interpolate: the thin GEMMs'
+cost is a sawtooth in the rows as the weights' GEMMs are (pipeline/costmodel/gemm_probe.py; rank 64
+on SmolLM2's q projection, one thread: 17.5 us at 3 rows, 16.0 at 4, 26.8 at 7, 23.7 at 8), so a
+3-row group priced between 2 and 4 rows comes out ~20% cheap. bench/costmodel_lora.py measures
+decode steps of more requests, mixing more adapters than the probe's passes, and prints the
+predicted against the measured LoRA time of each step.
 """
 
 from __future__ import annotations
@@ -70,15 +74,21 @@ class LoraCpuProfile:
         """Predicted LoRA seconds of a step of ``rows`` rows mixing ``load.adapters`` adapters."""
         if load.rank != self.rank:
             raise ValueError(f"probed at rank {self.rank}, asked for rank {load.rank}")
-        groups = min(load.adapters, rows)
-        if groups == 1:
+        sizes = group_sizes(rows, load.adapters)
+        if len(sizes) == 1:
             return arch.num_layers * sum(interpolate(self.whole[m], rows) for m in load.modules)
-        sizes = [rows // groups + (1 if g < rows % groups else 0) for g in range(groups)]
         per_layer = sum(
             interpolate(self.first[m], sizes[0]) + sum(interpolate(self.next[m], n) for n in sizes[1:])
             for m in load.modules
         )
         return arch.num_layers * per_layer
+
+
+def group_sizes(rows: int, adapters: int) -> list[int]:
+    """The rows of each adapter's group in a step of ``rows`` rows mixing ``adapters`` adapters, split as
+    evenly as the rows allow: 6 rows, 4 adapters -> [2, 2, 1, 1]."""
+    groups = max(1, min(adapters, rows))
+    return [rows // groups + (1 if g < rows % groups else 0) for g in range(groups)]
 
 
 CONTEXT = 16  # tokens in each probed request's cache before its timed passes

@@ -10,7 +10,7 @@ from pipeline import presets
 from pipeline.costmodel import hardware, lora
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.lora import LoraLoad, add_lora, lora_bytes, lora_flops, module_features
-from pipeline.costmodel.lora_cpu import LoraCpuProfile
+from pipeline.costmodel.lora_cpu import LoraCpuProfile, group_sizes
 from pipeline.costmodel.step import Deployment, StepCost
 from pipeline.geometry import ModelGeometry
 
@@ -102,6 +102,13 @@ def test_the_cpu_step_composes_the_probe():
     assert p.step_s(arch, LoraLoad(8, ("q_proj",), adapters=2), 8) == pytest.approx(two)
     with pytest.raises(ValueError, match="probed at rank 8"):
         p.step_s(arch, LoraLoad(16, ("q_proj",)), 8)
+
+
+def test_adapter_groups_split_the_rows_as_evenly_as_they_can():
+    assert group_sizes(6, 4) == [2, 2, 1, 1]
+    assert group_sizes(24, 8) == [3] * 8
+    assert group_sizes(2, 8) == [1, 1]  # no more groups than rows
+    assert group_sizes(5, 1) == [5]
 
 
 def test_predict_cli_prices_a_shared_lora_engine(cli):
