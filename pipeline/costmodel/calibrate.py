@@ -27,7 +27,7 @@ the shipped profile's values.
 
 The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way with three
 differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
-every run, plain decoding's too, is one observed step time (concurrency x acceptance length /
+every run, plain decoding's too, is one observed step time (mean batch x acceptance length /
 tokens/s) and the residuals are relative errors of tokens/s. Its device has no datasheet: the weight
 GEMMs are measured by rows on the host that served the runs (:func:`cpu_device`: recorded by each
 run, or probed when calibrating; the file records them, and predictions from it are priced on them:
@@ -237,9 +237,9 @@ def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu
 
 def probe_host(served: dict[str, Any], repeats: int = 5) -> gemm_probe.CpuProfile:
     """This host's GEMMs measured by rows for the served model and dtype (gemm_probe.probe, ~15 s for
-    SmolLM2 in float32). Each GEMM's figure is the fastest of its repeats: on a shared host noise only adds
-    time, and the fit takes the scale (``row_compute``) itself, so what must hold still is the
-    curve's shape, which moved by up to 4% between fastest-of-5 probes of SmolLM2 minutes apart
+    SmolLM2 in float32). Each GEMM's figure is the fastest of its repeats: on a shared host noise
+    only adds time, and the fit takes the scale (``row_compute``) itself, so what must hold still is
+    the curve's shape, which moved by up to 4% between fastest-of-5 probes of SmolLM2 minutes apart
     against up to 13% between median-of-3 ones (a 11-row target pass over a 1-row one: 4.52-4.75x
     against 4.68-5.26x)."""
     arch = ModelGeometry(**served["arch"])
