@@ -19,9 +19,11 @@ Two runs per candidate, because acceptance and speed ask different things of the
   check that batching changed nothing. Candidates are interleaved per probe prompt: this host's
   speed drifts during a run, and interleaving spreads the drift over all of them alike.
 
-:func:`forward_probe` times bare engine passes of 1..32 rows after a prompt: with the GEMM probe
-of pipeline/costmodel/cpu.py it gives the per-row work outside the GEMMs (norms, rope, attention,
-masks), which the cost model charges for every row a method feeds.
+:func:`forward_probe` times bare engine passes of 1..32 rows after a prompt, and of every row count a
+candidate feeds (:func:`forward_rows`: a pass's cost is a sawtooth in its rows, 80 ms at 11 rows
+against 74 ms at 12 for SmolLM2 in float32, so the cost model reads the counts it prices rather than
+interpolating): with the GEMM probe of pipeline/costmodel/cpu.py it gives the per-row work outside
+the GEMMs (norms, rope, attention, masks), which the cost model charges for every row a method feeds.
 
 The saving of the shared prefill is measured, not estimated: the prefill's CPU time is timed once
 per prompt, and every candidate after the first would have spent it again.
@@ -34,12 +36,12 @@ import dataclasses
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.evaluation.candidates import Loaded
+from pipeline.evaluation.candidates import Candidate, Loaded
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.request import FinishReason, GenerationRequest, StepOutput
@@ -168,6 +170,23 @@ def decode(
         assert isinstance(out.metrics, SpecRequestMetrics)  # what the scheduler gives every request
         tally.stats.merge(out.metrics.spec)
         tally.outputs.append(list(out.tokens))
+
+
+def forward_rows(candidates: Sequence[Candidate]) -> tuple[int, ...]:
+    """:data:`FORWARD_PROBE_ROWS` and the rows each candidate's verification pass feeds: a tree's root and
+    nodes; Lookahead's window (W(N - 1) rows, the root the first) and up to its whole verification
+    branch, as many as its pool has n-grams for.
+
+    Lookahead (4, 3, 4) and a 10-node tree -> 1, 2, 4, 8, 9, ..., 16, 32 (8..16 from Lookahead, 11 from
+    the tree)."""
+    rows = set(FORWARD_PROBE_ROWS)
+    for c in candidates:
+        config = c.lookahead or c.settings.lookahead
+        if c.method == "lookahead" and config is not None:
+            rows |= set(range(config.window * (config.ngram - 1), c.drafting.rows + 1))
+        elif c.method != "none":
+            rows.add(c.drafting.rows)
+    return tuple(sorted(rows))
 
 
 def forward_probe(

@@ -40,8 +40,8 @@ from pipeline.evaluation.choose import Gates, choose
 from pipeline.evaluation.measure import (
     ACCEPTANCE_BATCH,
     ACCEPTANCE_THREADS,
-    FORWARD_PROBE_ROWS,
     PROBE_PROMPTS,
+    forward_rows,
     identity,
     measure,
     summarize,
@@ -160,7 +160,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             f"{len(prompts)} prompts x {settings['max_new_tokens']} tokens"
         )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
-        samples: dict[int, list[float]] = {r: [] for r in FORWARD_PROBE_ROWS}
+        samples: dict[int, list[float]] = {r: [] for r in forward_rows(listed)}
         found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say, forward=samples)
         forward_s = {str(r): statistics.median(t) for r, t in samples.items()}
         # The CPU cost model's GEMM probe, here: in the same minutes as the step costs it is checked against

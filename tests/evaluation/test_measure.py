@@ -6,7 +6,7 @@ import pytest
 
 from pipeline import trees
 from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
-from pipeline.evaluation.measure import forward_probe, measure, prefill, summarize, tokens_per_step
+from pipeline.evaluation.measure import forward_probe, forward_rows, measure, prefill, summarize, tokens_per_step
 from pipeline.runtime.serving.metrics import SpecDecodingStats
 from pipeline.speculative import LookaheadConfig
 from tests.runtime import drive
@@ -25,6 +25,33 @@ def test_similar_trees_fit_the_heads_and_the_build():
     found = similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=10)
     assert found == [trees.CPU_SMALL_10_DEPTH_3, trees.SMOLLM2_MEDUSA_10]
     assert trees.SMOLLM2_MEDUSA_15 in similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=16)
+
+
+def test_forward_rows_are_every_count_a_candidate_feeds():
+    from pipeline.costmodel.step import Drafting
+    from pipeline.evaluation.candidates import Candidate
+    from pipeline.runtime.spec_decode.factory import MethodSettings
+
+    server = LookaheadConfig(4, 3, 4)
+    listed = [
+        Candidate("plain", "none", MethodSettings(), Drafting.plain()),
+        # the server's (4, 3, 4): a window of 8 rows, then 0..8 verification rows
+        Candidate("lookahead(4,3,4)", "lookahead", MethodSettings(lookahead=server), Drafting.lookahead(server)),
+        # (2, 3, 2) per request on that server: 4 window rows, 0..4 more
+        Candidate(
+            "lookahead(2,3,2)",
+            "lookahead",
+            MethodSettings(lookahead=server),
+            Drafting.lookahead(LookaheadConfig(2, 3, 2)),
+            LookaheadConfig(2, 3, 2),
+        ),  # fmt: skip
+        Candidate(
+            "medusa[cpu_small_10_depth_3]", "medusa", MethodSettings(), Drafting.medusa(trees.CPU_SMALL_10_DEPTH_3)
+        ),
+    ]
+    assert forward_rows(listed[:1]) == (1, 2, 4, 8, 16, 32)  # plain: the base probe alone
+    assert forward_rows([listed[0], listed[3]]) == (1, 2, 4, 8, 11, 16, 32)  # the tree's root + 10 nodes
+    assert forward_rows(listed) == (1, 2, *range(4, 17), 32)  # Lookahead's 4..8 and 8..16
 
 
 def test_tokens_per_step_from_the_per_position_counters():
