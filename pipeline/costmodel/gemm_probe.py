@@ -5,18 +5,18 @@ within a few rows, oneDNN's bf16 ones step up at 16/32 rows).
 :func:`probe` times the reference engine's own ``Gemm`` class (pipeline/runtime/model/gemm.py) on
 each shape of one decoder layer, the lm_head and the drafters' own weights, one thread (as the
 reference backend runs on a small host), row counts interleaved within every repeat (the host's speed
-drifts); :class:`CpuProfile` holds the medians and interpolates between the probed row counts.
-
-Every row count up to 64 is probed, not a few between which to interpolate: the host's GEMM kernels
-work through the rows in blocks, so the cost is a sawtooth, not a curve. On SmolLM2's qkv (float32,
-one thread) 11 rows took 188 us and 12 rows 167 us, 7 rows 150 us and 8 rows 127 us; interpolated
-between 8 and 12, an 11-row Medusa or EAGLE verification pass (1 + a 10-node tree) was priced 20%
-cheap on its GEMMs, and every held-out tree method with it. The
+drifts); :class:`CpuProfile` holds the figures and interpolates between the probed row counts. The
 probe calls one weight again and again, so a weight that fits the host's last-level cache sits in it:
 the time to stream a pass's weights from memory is not in those figures (the CPU step models price
 that on their own). A weight larger than that cache (the lm_head at any real vocabulary: SmolLM2's
 is 113 MB in float32) is read from memory on every call, so its probed time already holds its
 streaming; the profile names those shapes (``out_of_cache``) so a step does not charge them twice.
+
+Every row count up to 64 is probed, not a few between which to interpolate: the host's GEMM kernels
+work through the rows in blocks, so the cost is a sawtooth, not a curve. On SmolLM2's qkv (float32,
+one thread) 11 rows took 188 us and 12 rows 167 us, 7 rows 150 us and 8 rows 127 us; interpolated
+between 8 and 12, an 11-row Medusa or EAGLE verification pass (1 + a 10-node tree) was priced 20%
+cheap on its GEMMs, and every held-out tree method with it.
 """
 
 from __future__ import annotations
