@@ -45,8 +45,6 @@ from pipeline.runtime.model.engine import Engine, StepInput
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.model.lora import LoraStep, LoraWeights
 
-PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
-
 
 @dataclass(frozen=True)
 class LoraCpuProfile:
@@ -167,9 +165,10 @@ def decode_passes(engine: Engine, loras: list[LoraWeights | None], passes: int) 
     return found
 
 
-def probe(engine: Engine, load: LoraLoad, repeats: int = 3, rows: tuple[int, ...] = PROBE_ROWS) -> LoraCpuProfile:
+def probe(engine: Engine, load: LoraLoad, rows: tuple[int, ...], repeats: int = 3) -> LoraCpuProfile:
     """Time the engine's LoRA code per target module in its own decoding passes (module docstring)
-    at each row count: ``repeats`` passes each way, the median. One thread."""
+    at each of ``rows`` (the row counts a price will need: every batch and adapter group size,
+    :func:`group_sizes`): ``repeats`` passes each way, the median. One thread."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
