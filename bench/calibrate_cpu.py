@@ -13,9 +13,9 @@ falls on each method in turn, not on one, and the round with the median tokens/s
 method and concurrency. Then ``specdeploy calibrate --gpu cpu`` on the runs of the fitted methods
 at the fitted concurrencies alone, and prints for every run the tokens/s the calibration predicts
 (at the run's measured acceptance length and batch mix, as a rehearsal would give it) beside the
-measured tokens/s, and their ratio; the target is within 10% for the held-out
-methods and concurrency. Not a test: the machine's load moves every figure (the load average is
-printed before and after). So the round trip runs twice: on the wall-clock tokens/s ``bench``
+measured tokens/s, and their ratio; the target is within 10% for the held-out methods and
+concurrency. Not a test: the machine's load moves every figure (the load average is printed before
+and after). So the round trip runs twice: on the wall-clock tokens/s ``bench``
 measured, and on tokens per CPU-second of the server's processes (tritonserver and its backend
 stubs, from /proc, around each run), which takes out how much of the shared cores each run got.
 ``--reuse`` keeps runs already measured (to refit without benching again).

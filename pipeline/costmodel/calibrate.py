@@ -61,7 +61,7 @@ import numpy as np
 from pipeline.costmodel import fit, gemm_probe, served
 from pipeline.costmodel.hardware import CPU, GpuPerf, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
-from pipeline.costmodel.step import Deployment, Drafting, method_step
+from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.geometry import ModelGeometry
 
 FORMAT = "specdeploy-calibration/1"
@@ -87,15 +87,11 @@ class Run:
     host_gemms: gemm_probe.CpuProfile | None = None  # `bench --probe-host`: the host's GEMMs after the run
     # (requests decoding, share of the decode steps) as `bench` measured them (load.batch_mix); empty
     # in a bench.json written before bench measured it: then every step counts at the concurrency
-    batch_mix: tuple[tuple[int, float], ...] = ()
-
-    def batches(self) -> tuple[tuple[int, float], ...]:
-        return self.batch_mix or ((self.concurrency, 1.0),)
+    batch_mix: fit.BatchMix = ()
 
     @property
     def mean_batch(self) -> float:
-        """Requests decoding per step, on average (the concurrency where no batch mix was measured)."""
-        return sum(k * share for k, share in self.batches())
+        return fit.mean_batch(self.batch_mix, self.concurrency)
 
 
 def read_run(folder: Path) -> Run:
@@ -281,8 +277,7 @@ def predicted_tokens_per_second(content: dict[str, Any], run: Run) -> float:
     s = run.served
     profile = Calibration.from_dict(content["calibration"]).profile
     d = Deployment(ModelGeometry(**s["arch"]), priced_on(content), context_len=content["context_len"], profile=profile)
-    charged = drafting(run, content["gpu"])
-    step = sum(share * method_step(d, charged, b).total_s for b, share in run.batches())
+    step = fit.mean_step_s(d, drafting(run, content["gpu"]), fit.batches(run.batch_mix, run.concurrency))
     return run.mean_batch * run.acceptance_length / step
 
 
@@ -328,7 +323,7 @@ def calibrate(
         "fitted": names,
         "observations": [
             {"run": o.source, "method": o.method, "concurrency": o.batch,
-             "mean_batch": o.mean_batch, "batch_mix": dict(o.batch_mix),
+             "mean_batch": fit.mean_batch(o.batch_mix, o.batch), "batch_mix": dict(o.batch_mix),
              "acceptance_length": o.acceptance_length, "speedup": o.speedup, "residual": e}
             for o, e in zip(found, residuals)
         ],

@@ -27,7 +27,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.costmodel.profile import FITTED, HIGH_PERCENTILE, LOW_PERCENTILE, ErrorBand, RuntimeProfile
-from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
+from pipeline.costmodel.step import Deployment, Drafting, method_step
+
+# (requests decoding, share of the steps) of a measured run (load.batch_mix); empty: every step at
+# the run's nominal batch.
+BatchMix = tuple[tuple[int, float], ...]
+
+
+def batches(mix: BatchMix, batch: int) -> BatchMix:
+    """``mix``, or every step at ``batch`` where none was measured."""
+    return mix or ((batch, 1.0),)
+
+
+def mean_batch(mix: BatchMix, batch: int) -> float:
+    """Requests decoding per step, on average over ``mix`` (``batch`` where none was measured)."""
+    return sum(k * share for k, share in batches(mix, batch))
+
+
+def mean_step_s(d: Deployment, drafting: Drafting, mix: BatchMix) -> float:
+    """Seconds of one step of ``drafting`` (plain decoding: Drafting.plain()), the mean over ``mix``."""
+    return sum(share * method_step(d, drafting, b).total_s for b, share in mix)
 
 
 @dataclass(frozen=True)
@@ -44,16 +63,7 @@ class Observation:
     # tokens/s), where the step model prices absolute times (the CPU device): then the equation is
     # the step time itself and the residual the relative error of tokens/s.
     step_s: float | None = None
-    # (requests decoding, share of the steps) of the measured run (load.batch_mix): its steps are
-    # priced at these batches, not all at ``batch``; empty: every step at ``batch``.
-    batch_mix: tuple[tuple[int, float], ...] = ()
-
-    def batches(self) -> tuple[tuple[int, float], ...]:
-        return self.batch_mix or ((self.batch, 1.0),)
-
-    @property
-    def mean_batch(self) -> float:
-        return sum(k * share for k, share in self.batches())
+    batch_mix: BatchMix = ()  # its steps are priced at these batches, not all at ``batch``
 
 
 class FitError(ValueError):
@@ -63,8 +73,8 @@ class FitError(ValueError):
 def _times(obs: Observation, profile: RuntimeProfile) -> tuple[float, float]:
     """(plain step, method step) seconds, each the mean over the observation's batch mix."""
     d = dataclasses.replace(obs.deployment, profile=profile)
-    plain = sum(share * target_step(d, b, 1, logit_rows=1).total_s for b, share in obs.batches())
-    return plain, sum(share * method_step(d, obs.drafting, b).total_s for b, share in obs.batches())
+    mix = batches(obs.batch_mix, obs.batch)
+    return mean_step_s(d, Drafting.plain(), mix), mean_step_s(d, obs.drafting, mix)
 
 
 def design(
