@@ -149,7 +149,7 @@ def main() -> int:
     worst = max(abs(r - 1) for r in ratios)
     mean_error = statistics.mean(abs(r - 1) for r in ratios)
     print(
-        f"{within} of {len(ratios)} cases within 15%; largest error {worst:.0%}, mean absolute error "
+        f"{within} of {len(ratios)} cases within 15%; largest error {worst:.1%}, mean absolute error "
         f"{mean_error:.1%} (target: within 15% for every case)"
     )
     missed = [s for r, s in zip(ratios, spreads) if abs(r - 1) > 0.15]
