@@ -1,7 +1,7 @@
 """The LoRA step price against the reference engine's measured LoRA work on CPU (validation, CPU side).
 
     .venv/bin/python bench/costmodel_lora.py [--ranks 8 16 64] [--batches 1 6 24] [--adapters 1 4 8]
-        [--rounds 10] [--steps 3] [--repeats 2]
+        [--rounds 20] [--steps 3] [--repeats 2]
 
 On SmolLM2-135M (the shared LoRA engine of specs/smollm2-lora.yaml, built under bench/out/lora-step;
 float32, one thread), for each rank, target modules (q,v or all 7), batch and number of distinct
@@ -31,7 +31,9 @@ median 1.15-1.68 ms), so three long rounds, the median of three such draws on ea
 two up to 24% apart, where thirty rounds of three steps each gave equal medians (1.61 ms). That a
 timing depends on the state the process happens to be in is a known trap of measurement (Mytkowicz
 et al., "Producing wrong data without doing anything obviously wrong!", ASPLOS 2009); sampling many
-such states is the remedy (Curtsinger and Berger, "Stabilizer", ASPLOS 2013).
+such states is the remedy (Curtsinger and Berger, "Stabilizer", ASPLOS 2013). Twenty rounds, not ten:
+the requests' identical prompts are prefilled once and copied (lora_cpu.prefilled), which took a
+round from ~20 s to ~8 s, so twice the rounds fit in less time than ten took (~17 min).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 6, 24])
     parser.add_argument("--adapters", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--rounds", type=int, default=10, help="rounds of (probe, steps of every case)")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of (probe, steps of every case)")
     parser.add_argument("--steps", type=int, default=3, help="adapted steps of each case per round")
     parser.add_argument("--repeats", type=int, default=2, help="passes of each probed way per round")
     parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache")))
