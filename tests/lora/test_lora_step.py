@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline.costmodel.lora import LoraLoad
-from pipeline.costmodel.lora_cpu import probe
-from pipeline.runtime.model.engine import Engine
+from pipeline.costmodel.lora_cpu import CONTEXT, DECODED, prefilled, probe
+from pipeline.runtime.model.engine import Engine, StepInput
 from pipeline.runtime.model.lora import LoraStep, LoraWeights
 from tests.runtime.fixtures import make_hf_model, write_engine
 
@@ -92,3 +92,18 @@ def test_the_probe_times_every_target_module_in_the_engines_passes(lora_engine):
         assert all(set(by_rows) == {1, 2} and min(by_rows.values()) >= 0 for by_rows in table.values())
     assert min(profile.whole["q_proj"].values()) > 0
     assert lora_engine.lora_step is LoraStep  # the engine's own step is back
+
+
+def test_the_probes_requests_are_copies_of_one_prefill_each_its_own(lora_engine):
+    caches = prefilled(lora_engine, 3, steps=2)
+    assert [c.length for c in caches] == [CONTEXT] * 3
+    # one prefill copied: equal contents, separate storage
+    assert all(torch.equal(c.keys[0][0], caches[0].keys[0][0]) for c in caches)
+    assert len({c.keys[0][0].data_ptr() for c in caches}) == 3
+    # each decodes its two passes on its own; a request prefilled alone gives the same logits
+    alone = lora_engine.new_cache(CONTEXT + 2)
+    lora_engine.forward([StepInput(alone, list(range(1, 1 + CONTEXT)))])
+    for _ in range(2):
+        rows = lora_engine.forward([StepInput(c, [DECODED]) for c in (*caches, alone)])
+    assert [c.length for c in caches] == [CONTEXT + 2] * 3
+    assert all(torch.allclose(r.logits, rows[-1].logits, atol=1e-5) for r in rows[:-1])
