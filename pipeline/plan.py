@@ -828,7 +828,8 @@ def _stages(
         base = {"model": model_dir if model_dir is not None else Path("<weights missing>")}
         stages.append(StagePlan("lora", adapters_dir, base | tasks, {"dtype": variant.model.dtype}))
         package_inputs["lora"] = adapters_dir
-        lora_params = {"lora": lora.triton_parameters(adapters_dir)}
+        # Where the deployment mounts them, as gpt_model_path (pipeline/triton/backend_params.py).
+        lora_params = {"lora": lora.triton_parameters(variant.deploy.engines_root / variant_root.name / "lora")}
     stages.append(
         StagePlan(
             "package",

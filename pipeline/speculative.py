@@ -271,6 +271,13 @@ class EagleConfig:
             )
         if variant.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
             problems.error(("build", "max_batch_size"), f"EAGLE engines allow max_batch_size <= {EAGLE_MAX_BATCH_SIZE}")
+        if variant.quantization.kv_cache == "fp8":
+            # The convert stage's refusal (pipeline/checkpoint/layout.py), made before any weight is read.
+            problems.error(
+                ("quantization", "kv_cache"),
+                "an FP8 KV cache with EAGLE is not supported: the drafter's layers share the KV cache and "
+                "have no calibrated KV scales; use kv_cache: auto (FP8 weights stay)",
+            )
         if variant.quantization.weights == "fp8":
             problems.note(
                 "FP8 with EAGLE is experimental in TensorRT-LLM 1.2 (not in its support matrix); "

@@ -25,7 +25,7 @@ import json
 import re
 import zlib
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from pipeline.adapters import AdapterConfig, check_adapter_folder
@@ -121,13 +121,14 @@ class LoraGroupPlan:
     def build(self, dtype: str) -> LoraBuild:
         return LoraBuild(dtype, self.max_lora_rank, self.target_modules)
 
-    def triton_parameters(self, prefetch_dir: Path) -> dict[str, str]:
-        """The tensorrt_llm model's LoRA cache parameters (TensorRT-LLM's PeftCacheConfig)."""
+    def triton_parameters(self, prefetch_dir: PurePosixPath) -> dict[str, str]:
+        """The tensorrt_llm model's LoRA cache parameters (TensorRT-LLM's PeftCacheConfig);
+        ``prefetch_dir``: the adapters' folder where the deployment mounts it."""
         return {
             "lora_cache_optimal_adapter_size": str(self.cache.optimal_adapter_size),
             "lora_cache_max_adapter_size": str(self.cache.max_adapter_size),
             "lora_cache_host_memory_bytes": str(self.cache.host_bytes),
-            "lora_prefetch_dir": str(Path(prefetch_dir).resolve()),
+            "lora_prefetch_dir": str(prefetch_dir),
         }
 
     def to_dict(self) -> dict[str, Any]:

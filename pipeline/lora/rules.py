@@ -100,6 +100,21 @@ OPTIMAL_ADAPTER_SIZE_DEFAULT = 8
 MAX_ADAPTER_SIZE_DEFAULT = 64
 
 
+# The numpy dtype an engine's adapters are written in (``model.lora_weights.npy``) and the Triton data
+# type its repository declares for ``lora_weights``, by the engine's dtype. TensorRT-LLM takes LoRA
+# weights only in the engine's dtype (loraUtils.cpp, ``loraValidateRequestTensors``; a prefetched one
+# is copied into cache pages of that dtype), and NVIDIA's ``inflight_batcher_llm_client.py --lora-path``
+# sends the files' own dtype. numpy has no bfloat16 (numpyUtils.cpp), so a bfloat16 engine's
+# adapters are float16, which only the CPU reference target serves (widened; :data:`BFLOAT16_REFUSAL`).
+ADAPTER_NUMPY_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "float16"}
+_TRITON_TYPES = {"float32": "FP32", "float16": "FP16"}
+
+
+def lora_weights_data_type(engine_dtype: str) -> str:
+    """The ``lora_weights`` data type a repository declares for an engine of ``engine_dtype``."""
+    return _TRITON_TYPES[ADAPTER_NUMPY_DTYPE[engine_dtype]]
+
+
 BFLOAT16_REFUSAL = (
     "TensorRT-LLM 1.2.1 cannot serve adapters to a bfloat16 engine: lora_prefetch_dir reads numpy files, which "
     "have no bfloat16 (numpyUtils.cpp), and a float16 adapter there is silently not applied "

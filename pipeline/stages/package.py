@@ -24,7 +24,6 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
         out,
         engine_dir=stage.inputs["engine"],
         tokenizer_dir=stage.inputs["tokenizer"],
-        tensorrt_llm_extra=stage.params.get("lora"),  # a LoRA group's engine: its cache and prefetched adapters
         lora_task_id=stage.params.get("lora_task_id"),  # a shared fine-tune: its models set its task id
     )
 

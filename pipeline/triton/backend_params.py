@@ -1,10 +1,13 @@
 """The ``parameters`` of the ``tensorrt_llm`` model: what the TensorRT-LLM backend reads, from the plan.
 
 The C++ backend silently ignores a key it does not know (a typo means a default is used, and
-a Lookahead model then dies at load with ``Assertion failed: 16 != 40``, tensorrtllm_backend#710).
-So every key we emit must be in :data:`TENSORRT_LLM_PARAMETER_KEYS`, the keys that
-``inflight_batcher_llm/src/model_instance_state.cc`` / ``model_state.cc`` read
-(NVIDIA/TensorRT-LLM triton_backend/inflight_batcher_llm/src/), and every value comes from the plan, never recomputed.
+a Lookahead model then dies at load with ``Assertion failed: 16 != 40``, tensorrtllm_backend#710),
+throws for a key it requires that is missing (``tokenizer_dir`` and the other guided-decoding keys
+are read outside any ``try``: no model instance would be created), and quietly uses a default for a
+value that does not parse. So the parameters are held to the backend's own reads
+(:mod:`pipeline.triton.backend_reads`, extracted from its sources): every key one it reads, every
+key it requires present, every value parsing as it parses it; and every value comes from the plan,
+never recomputed.
 """
 
 from __future__ import annotations
@@ -16,58 +19,12 @@ from pipeline import trees
 from pipeline.errors import StageError
 from pipeline.plan import VariantPlan
 from pipeline.speculative import METHODS
+from pipeline.triton.backend_reads import parameter_problems
 
-TENSORRT_LLM_PARAMETER_KEYS: frozenset[str] = frozenset(
-    {
-        "max_beam_width",
-        "FORCE_CPU_ONLY_INPUT_TENSORS",
-        "gpt_model_type",
-        "gpt_model_path",
-        "encoder_model_path",
-        "max_tokens_in_paged_kv_cache",
-        "max_attention_window_size",
-        "sink_token_length",
-        "batch_scheduler_policy",
-        "kv_cache_free_gpu_mem_fraction",
-        "cross_kv_cache_fraction",
-        "kv_cache_host_memory_bytes",
-        "kv_cache_onboard_blocks",
-        "enable_trt_overlap",
-        "exclude_input_in_output",
-        "cancellation_check_period_ms",
-        "stats_check_period_ms",
-        "iter_stats_max_iterations",
-        "request_stats_max_iterations",
-        "enable_kv_cache_reuse",
-        "normalize_log_probs",
-        "enable_chunked_context",
-        "gpu_device_ids",
-        "participant_ids",
-        "num_nodes",
-        "lora_cache_optimal_adapter_size",
-        "lora_cache_max_adapter_size",
-        "lora_cache_gpu_memory_fraction",
-        "lora_cache_host_memory_bytes",
-        "lora_prefetch_dir",
-        "decoding_mode",
-        "executor_worker_path",
-        "lookahead_window_size",
-        "lookahead_ngram_size",
-        "lookahead_verification_set_size",
-        "medusa_choices",
-        "eagle_choices",
-        "gpu_weights_percent",
-        "enable_context_fmha_fp32_acc",
-        "multi_block_mode",
-        "cuda_graph_mode",
-        "cuda_graph_cache_size",
-        "speculative_decoding_fast_logits",
-        "tokenizer_dir",
-        "guided_decoding_backend",
-        "xgrammar_tokenizer_info_path",
-        "recv_poll_period_ms",
-    }
-)
+# Read without a fallback on every instance's creation (getGuidedDecodingConfigFromParams); "" means
+# "not set": specdeploy's engines do no guided decoding (the C++ workflow would need xgrammar's
+# tokenizer info file, not a tokenizer folder).
+GUIDED_DECODING_UNSET = {"tokenizer_dir": "", "xgrammar_tokenizer_info_path": "", "guided_decoding_backend": ""}
 
 
 def _bool(value: bool) -> str:
@@ -80,25 +37,37 @@ def gpu_device_ids(variant: VariantPlan) -> list[int]:
     return list(ids) if ids is not None else list(range(variant.world_size))
 
 
-def deployed_engine_path(variant: VariantPlan, engine_dir: Path) -> PurePosixPath:
-    """``gpt_model_path``: the engine where the deployment mounts the engines root (deploy.mount_path).
+def deployed_path(variant: VariantPlan, folder: Path) -> PurePosixPath:
+    """``folder`` where the deployment mounts the engines root (deploy.mount_path): ``gpt_model_path``
+    for the engine, ``lora_prefetch_dir`` for a LoRA group's adapters.
 
-    The engines root holds ``<variant>/engine`` (the plan's layout), so the path keeps the engine
-    folder's last two parts: ``/models/engines/base/engine`` for ``engines/base/engine``. Absolute:
+    The engines root holds ``<variant>/engine`` and ``<variant>/lora`` (the plan's layout), so the
+    path keeps the folder's last two parts: ``/models/engines/base/engine`` for ``engines/base/engine``. Absolute:
     the C++ backend reads it as given (a relative one resolves against the server's working
-    directory); ``specdeploy serve`` elsewhere rewrites it against ``--engines-dir``
+    directory); ``specdeploy serve`` elsewhere rewrites both against ``--engines-dir``
     (:mod:`pipeline.triton.relocate`).
     """
-    engine_dir = Path(engine_dir)
-    return variant.deploy.engines_root / engine_dir.parent.name / engine_dir.name
+    folder = Path(folder)
+    return variant.deploy.engines_root / folder.parent.name / folder.name
 
 
-def packaged_engine_path(engine_dir: Path, repository: Path) -> str:
-    """``reference_engine_path``: the engine relative to a model folder of ``repository`` (all sit one
-    level down), where the CPU reference backend looks when ``gpt_model_path`` holds no engine. It
-    holds wherever the engines and Triton repository roots move together."""
+def packaged_path(folder: Path, repository: Path) -> str:
+    """``folder`` (an engine, a LoRA group's adapters) relative to a model folder of ``repository``
+    (all sit one level down): where the CPU reference backend looks when the deployed path holds
+    nothing (``reference_engine_path``, ``reference_lora_prefetch_path``). It holds wherever the
+    engines and Triton repository roots move together."""
     model_folder = Path(repository).resolve() / "model"
-    return os.path.relpath(Path(engine_dir).resolve(), model_folder)
+    return os.path.relpath(Path(folder).resolve(), model_folder)
+
+
+def lora_parameters(variant: VariantPlan, repository: Path) -> dict[str, str]:
+    """A LoRA group's engine: its cache sizes and ``lora_prefetch_dir`` (where the deployment mounts
+    the adapters, as ``gpt_model_path``), as the plan's package stage carries them; none otherwise."""
+    stage = variant.stage("package")
+    params = dict(stage.params.get("lora") or {})
+    if params and variant.target == "reference":
+        params["reference_lora_prefetch_path"] = packaged_path(stage.inputs["lora"], repository)
+    return params
 
 
 def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: Path) -> dict[str, str]:
@@ -108,7 +77,7 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
         "max_beam_width": str(variant.build.max_beam_width),
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "gpt_model_type": "inflight_fused_batching",
-        "gpt_model_path": str(deployed_engine_path(variant, engine_dir)),
+        "gpt_model_path": str(deployed_path(variant, engine_dir)),
         "batch_scheduler_policy": variant.serving.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": repr(float(variant.serving.kv_cache_free_gpu_mem_fraction)),
         "enable_kv_cache_reuse": _bool(variant.serving.enable_kv_cache_reuse),
@@ -117,9 +86,10 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
         "enable_chunked_context": "false",
         "gpu_device_ids": ",".join(str(i) for i in gpu_device_ids(variant)),
         "decoding_mode": METHODS[spec.method].triton_decoding_mode,
+        **GUIDED_DECODING_UNSET,
     }
     if variant.target == "reference":  # the GPU backend has no use for it
-        params["reference_engine_path"] = packaged_engine_path(engine_dir, repository)
+        params["reference_engine_path"] = packaged_path(engine_dir, repository)
     if spec.medusa is not None:
         params["medusa_choices"] = trees.to_triton_choices(spec.medusa.tree)
     if spec.eagle is not None and spec.eagle.tree is not None:  # a dynamic tree has no choices to send
@@ -132,7 +102,8 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
         # All three or the backend throws; equal to the engine's build or it asserts at load (#710).
         look = spec.lookahead
         params.update(look.triton_parameters())
-    check_parameter_keys(params)
+    params.update(lora_parameters(variant, repository))
+    check_parameters(params)
     return params
 
 
@@ -143,11 +114,13 @@ REFERENCE_PARAMETER_KEYS = frozenset(
         "reference_eagle_dynamic_tree_max_top_k",
         "reference_num_threads",
         "reference_engine_path",
+        "reference_lora_prefetch_path",
     }
 )
 
 
-def check_parameter_keys(params: dict[str, str]) -> None:
-    unknown = sorted(set(params) - TENSORRT_LLM_PARAMETER_KEYS - REFERENCE_PARAMETER_KEYS)
-    if unknown:
-        raise StageError(f"tensorrt_llm parameters not read by the TensorRT-LLM backend: {', '.join(unknown)}")
+def check_parameters(params: dict[str, str]) -> None:
+    """StageError listing every way ``params`` would fail or misconfigure the C++ backend."""
+    problems = parameter_problems(params, extra_keys=REFERENCE_PARAMETER_KEYS)
+    if problems:
+        raise StageError(f"tensorrt_llm parameters the TensorRT-LLM backend would not accept: {'; '.join(problems)}")

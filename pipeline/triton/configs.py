@@ -72,6 +72,8 @@ class RepositorySettings:
     # A shared LoRA fine-tune's models: the task id they set (pipeline.lora.group).
     lora_task_id: int | None = None
     ensemble: str = "python"  # one of ENSEMBLE_KINDS
+    # Data types of the contract's template variables where they differ from contract.VARIABLE_TYPES.
+    variable_types: dict[str, str] = field(default_factory=dict)
 
     @property
     def bls_instances(self) -> int:
@@ -95,10 +97,10 @@ class RepositorySettings:
         return sources
 
 
-def model_input(tensor: Tensor) -> mc.ModelInput:
+def model_input(tensor: Tensor, variables: dict[str, str]) -> mc.ModelInput:
     message = mc.ModelInput(
         name=tensor.name,
-        data_type=DTYPES[contract.data_type(tensor)],
+        data_type=DTYPES[contract.data_type(tensor, variables)],
         dims=list(tensor.dims),
         optional=tensor.optional,
         allow_ragged_batch=tensor.ragged,
@@ -109,16 +111,18 @@ def model_input(tensor: Tensor) -> mc.ModelInput:
     return message
 
 
-def model_output(tensor: Tensor) -> mc.ModelOutput:
-    return mc.ModelOutput(name=tensor.name, data_type=DTYPES[contract.data_type(tensor)], dims=list(tensor.dims))
+def model_output(tensor: Tensor, variables: dict[str, str]) -> mc.ModelOutput:
+    return mc.ModelOutput(
+        name=tensor.name, data_type=DTYPES[contract.data_type(tensor, variables)], dims=list(tensor.dims)
+    )
 
 
 def _declare(config: mc.ModelConfig, model: str, settings: RepositorySettings) -> None:
     """The contract's tensors of ``model``, then specdeploy's extensions."""
     inputs, outputs = contract.CONTRACT[model]
     extra_inputs, extra_outputs = contract.extensions(model, settings.lookahead, settings.preprocessing_sets_lora_task)
-    config.input.extend(model_input(t) for t in inputs + extra_inputs)
-    config.output.extend(model_output(t) for t in outputs + extra_outputs)
+    config.input.extend(model_input(t, settings.variable_types) for t in inputs + extra_inputs)
+    config.output.extend(model_output(t, settings.variable_types) for t in outputs + extra_outputs)
 
 
 def _python_model(name: str, settings: RepositorySettings, instances: int) -> mc.ModelConfig:

@@ -31,6 +31,7 @@ tests/triton/test_conformance.py sends every tensor of the table to a running se
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.speculative import LOOKAHEAD_TRITON_KEYS
@@ -40,8 +41,14 @@ VARIABLE_TYPES: dict[str, str] = {
     "${logits_datatype}": "FP32",  # the reference engines and SmolLM2's engines produce fp32 logits
     "${encoder_input_features_data_type}": "FP16",  # NVIDIA's default (BF16 for mllama only)
     "${prompt_embedding_table_data_type}": "FP16",  # NVIDIA's default
+    # specdeploy's variable where NVIDIA's templates fix TYPE_FP16: TensorRT-LLM 1.2.1 takes LoRA
+    # weights only in the engine's dtype (loraUtils.cpp: "Expected lora weights to be the same data
+    # type as base model"), so a float32 engine's repository declares FP32 (settings_from_plan);
+    # FP16 everywhere else, as NVIDIA's (a bfloat16 engine serves no adapters: pipeline/lora/rules.py).
+    "${lora_weights_data_type}": "FP16",
 }
 LOGITS = "${logits_datatype}"
+LORA_WEIGHTS = "${lora_weights_data_type}"
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ TENSORRT_LLM_INPUTS: tuple[Tensor, ...] = (
     _in("mrope_rotary_cos_sin", "FP32", (-1,)),
     _in("mrope_position_deltas", "INT64"),
     _in("lora_task_id", "UINT64", scalar=True),
-    _in("lora_weights", "FP16", (-1, -1), ragged=True),
+    _in("lora_weights", LORA_WEIGHTS, (-1, -1), ragged=True),
     _in("lora_config", "INT32", (-1, 3), ragged=True),
     _in("context_phase_params", "UINT8", (-1,), ragged=True),
     _in("skip_cross_attn_blocks", "BOOL", ragged=True),
@@ -265,7 +272,7 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _in("embedding_bias_words", "STRING", (-1,)),
     _in("embedding_bias_weights", "FP32", (-1,)),
     _in("lora_task_id", "UINT64"),
-    _in("lora_weights", "FP16", (-1, -1), ragged=True),
+    _in("lora_weights", LORA_WEIGHTS, (-1, -1), ragged=True),
     _in("lora_config", "INT32", (-1, 3), ragged=True),
     _in("guided_decoding_guide_type", "STRING", ragged=True),
     _in("guided_decoding_guide", "STRING", ragged=True),
@@ -299,7 +306,7 @@ BLS_INPUTS: tuple[Tensor, ...] = (
     _in("num_draft_tokens", "INT32"),
     _in("use_draft_logits", "BOOL", scalar=True),
     _in("lora_task_id", "UINT64", scalar=True),
-    _in("lora_weights", "FP16", (-1, -1), ragged=True),
+    _in("lora_weights", LORA_WEIGHTS, (-1, -1), ragged=True),
     _in("lora_config", "INT32", (-1, 3), ragged=True),
     *_scalars("BOOL", "return_perf_metrics", "return_num_input_tokens", "return_num_output_tokens"),
     _in("guided_decoding_guide_type", "STRING"),
@@ -437,6 +444,7 @@ def extensions(model: str, lookahead: bool, lora: bool = False) -> tuple[tuple[T
     return (tuple(t for e in chosen for t in e.inputs), tuple(t for e in chosen for t in e.outputs))
 
 
-def data_type(tensor: Tensor) -> str:
-    """The concrete data type (template variables resolved to specdeploy's choice)."""
-    return VARIABLE_TYPES.get(tensor.data_type, tensor.data_type)
+def data_type(tensor: Tensor, variables: Mapping[str, str] | None = None) -> str:
+    """The concrete data type: template variables resolved to ``variables`` (a repository's
+    settings), else to specdeploy's defaults."""
+    return {**VARIABLE_TYPES, **(variables or {})}.get(tensor.data_type, tensor.data_type)

@@ -5,7 +5,8 @@ A packaged ``tensorrt_llm`` model names its engine where the deployment mounts t
 the path as given). On the cluster that path holds the engine; on the build machine, or wherever
 the output folders were moved, ``specdeploy serve --engines-dir DIR`` names the engines root
 instead, and :func:`served_repository` gives the server a copy of the repository whose
-``gpt_model_path`` is ``DIR/<variant>/engine``. The copy is small: config files are rewritten,
+``gpt_model_path`` is ``DIR/<variant>/engine`` (and a LoRA group's ``lora_prefetch_dir``
+``DIR/<variant>/lora``). The copy is small: config files are rewritten,
 everything else (model.py, tokenizers) is hard-linked where the filesystem allows.
 
 Example: a repository packaged with ``mount_path: /models`` and moved with its engines to ``/srv``::
@@ -27,20 +28,24 @@ from pipeline.triton import pbtxt
 ENGINE_CONFIG = "config.json"  # every engine folder has one (trtllm-build's and the reference build's)
 
 
-def engine_paths(repo: Path) -> dict[Path, tuple[str, str | None]]:
-    """{config.pbtxt of each tensorrt_llm model: (its gpt_model_path, its reference_engine_path)}."""
+# The tensorrt_llm parameters that name a folder under the deployment's engines root.
+DEPLOYED_PATHS = ("gpt_model_path", "lora_prefetch_dir")
+
+
+def engine_paths(repo: Path) -> dict[Path, dict[str, str]]:
+    """{config.pbtxt of each tensorrt_llm model: its parameters}."""
     found = {}
     for path in sorted(Path(repo).glob("*/config.pbtxt")):
         config = pbtxt.load(path)
         if config.backend == "tensorrtllm":
-            params = pbtxt.parameters(config)
-            found[path] = (params.get("gpt_model_path", ""), params.get("reference_engine_path"))
+            found[path] = pbtxt.parameters(config)
     return found
 
 
-def local_engine(gpt_model_path: str, engines_dir: Path) -> Path:
-    """The engine ``gpt_model_path`` names, under this host's engines root (``<variant>/engine``)."""
-    deployed = PurePosixPath(gpt_model_path)
+def local_engine(deployed_path: str, engines_dir: Path) -> Path:
+    """The folder ``deployed_path`` names (an engine, a LoRA group's adapters), under this host's
+    engines root (``<variant>/engine``, ``<variant>/lora``)."""
+    deployed = PurePosixPath(deployed_path)
     return Path(engines_dir) / deployed.parent.name / deployed.name
 
 
@@ -53,8 +58,9 @@ def served_repository(repo: Path, engines_dir: Path, scratch: Path) -> Path:
     ``engines_dir`` (rewritten into the copy), and for a reference target the engine where the
     package stage left it relative to the model's folder (the CPU backend looks there itself)."""
     repo = Path(repo)
-    moved: dict[Path, Path] = {}
-    for config_path, (deployed, packaged) in engine_paths(repo).items():
+    moved: dict[Path, dict[str, str]] = {}
+    for config_path, params in engine_paths(repo).items():
+        deployed, packaged = params.get("gpt_model_path", ""), params.get("reference_engine_path")
         if deployed and (Path(deployed) / ENGINE_CONFIG).is_file():
             continue
         local = local_engine(deployed, engines_dir)
@@ -65,7 +71,10 @@ def served_repository(repo: Path, engines_dir: Path, scratch: Path) -> Path:
                 f"{config_path}: gpt_model_path {deployed} holds no engine on this host, and neither does "
                 f"{local}; give --engines-dir the folder that holds <variant>/engine for this repository"
             )
-        moved[config_path] = local.resolve()
+        # Every deployed path moves with the engine (a LoRA group's adapters sit beside it).
+        moved[config_path] = {
+            key: str(local_engine(params[key], engines_dir).resolve()) for key in DEPLOYED_PATHS if params.get(key)
+        }
     if not moved:
         return repo
     scratch = Path(scratch)
@@ -76,9 +85,9 @@ def served_repository(repo: Path, engines_dir: Path, scratch: Path) -> Path:
     if os.path.lexists(tmp):
         remove_path(tmp)
     shutil.copytree(repo, tmp, copy_function=_link_or_copy)
-    for config_path, local in moved.items():
+    for config_path, paths in moved.items():
         config = pbtxt.load(config_path)
-        pbtxt.set_parameters(config, {"gpt_model_path": str(local)})
+        pbtxt.set_parameters(config, paths)
         copied = tmp / config_path.relative_to(repo)
         copied.unlink()  # a hard link to the packaged file: never write through it
         pbtxt.write(config, copied)

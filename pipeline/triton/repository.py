@@ -32,10 +32,11 @@ from typing import Any
 
 from pipeline.client.chat import template_parameter
 from pipeline.errors import InputError, StageError
+from pipeline.lora.rules import lora_weights_data_type
 from pipeline.plan import VariantPlan
 from pipeline.triton import pbtxt
 from pipeline.triton.backend_params import (
-    check_parameter_keys,
+    check_parameters,
     gpu_device_ids,
     tensorrt_llm_parameters,
 )
@@ -48,6 +49,7 @@ from pipeline.triton.configs import (
     RepositorySettings,
     all_configs,
 )
+from pipeline.triton.contract import LORA_WEIGHTS
 
 MODELS_SOURCE = Path(__file__).parent / "models"
 TOKENIZER_SUBDIR = "tokenizer"
@@ -95,6 +97,7 @@ def settings_from_plan(variant: VariantPlan, engine_dir: Path, repository: Path)
         preprocessing_parameters=pre,
         postprocessing_parameters={"tokenizer_dir": TOKENIZER_SUBDIR, "skip_special_tokens": "true"},
         tensorrt_llm_parameters=tensorrt_llm_parameters(variant, engine_dir, repository),
+        variable_types={LORA_WEIGHTS: lora_weights_data_type(variant.build.dtype)},
     )
 
 
@@ -192,26 +195,24 @@ def emit_repository(
     out: Path,
     *,
     engine_dir: Path,
-    tokenizer_dir: Path,
+    tokenizer_dir: Path | None,
     check_engine_config: bool = True,
-    tensorrt_llm_extra: dict[str, str] | None = None,
     lora_task_id: int | None = None,
 ) -> dict[str, pbtxt.ModelConfig]:
     """Write the repository into ``out`` (an empty or new folder) and return the configs written.
 
-    ``tensorrt_llm_extra``: more tensorrt_llm parameters (a LoRA group's ``lora_*``), checked like the rest;
+    ``tokenizer_dir`` None: a repository to review (``build --dry-run --repository``) on a host
+    without the weights: no tokenizer copies, and no chat template (which is read from the tokenizer);
     ``lora_task_id``: a shared LoRA fine-tune's repository, whose models set that task id."""
     out = Path(out)
     if check_engine_config:
         check_engine(variant, engine_dir)
-    files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
-    _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
-    tokenizer = out / PREPROCESSING / TOKENIZER_SUBDIR
-    settings = with_chat_template(settings_from_plan(variant, engine_dir, out), tokenizer, source=tokenizer_dir)
-    if tensorrt_llm_extra:
-        extra = settings.tensorrt_llm_parameters | tensorrt_llm_extra
-        check_parameter_keys(extra)
-        settings = replace(settings, tensorrt_llm_parameters=extra)
+    settings = settings_from_plan(variant, engine_dir, out)
+    files: list[str] = []
+    if tokenizer_dir is not None:
+        files = copy_tokenizer(tokenizer_dir, out / PREPROCESSING / TOKENIZER_SUBDIR)
+        _link_tree(out / PREPROCESSING / TOKENIZER_SUBDIR, out / POSTPROCESSING / TOKENIZER_SUBDIR)
+        settings = with_chat_template(settings, out / PREPROCESSING / TOKENIZER_SUBDIR, source=tokenizer_dir)
     if lora_task_id is not None:
         settings = with_lora_task(settings, lora_task_id)
     configs = all_configs(settings)
@@ -296,7 +297,7 @@ def validate_repository(repo: Path) -> dict[str, pbtxt.ModelConfig]:
         raise StageError(f"{repo}: models missing: {', '.join(sorted(missing))}")
     for config in configs.values():
         if config.backend == "tensorrtllm":
-            check_parameter_keys(pbtxt.parameters(config))
+            check_parameters(pbtxt.parameters(config))
     for name, steps in runners.items():
         _check_steps(configs[name], steps, configs, repo)
     return configs

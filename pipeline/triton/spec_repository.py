@@ -74,22 +74,28 @@ def sharing_problem(plan: Plan) -> str | None:
     return None
 
 
-def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
-    """Write the whole-spec repository into ``out`` (an empty or new folder); the configs written."""
+def emit_spec_repository(
+    plan: Plan, out: Path, packaged_root: Path | None = None, *, check_engines: bool = True
+) -> dict[str, pbtxt.ModelConfig]:
+    """Write the whole-spec repository into ``out`` (an empty or new folder); the configs written.
+
+    Built from each variant's packaged repository (its package stage's output, or
+    ``packaged_root/<variant>`` for a repository to review); ``check_engines`` False on a host
+    without the engines. A variant packaged without its tokenizer has no chat template here either."""
     out = Path(out)
     placement = place_fleet(plan)  # InputError when the tensorrt variants cannot share the GPUs
     limits = {i.variant: i for i in placement.instances} if placement else {}
     members = []
     for variant in plan.variants:
-        packaged = variant.stage("package").output
+        packaged = variant.stage("package").output if packaged_root is None else packaged_root / variant.name
         validate_repository(packaged)
         engine_dir = variant.stage("build").output
-        check_engine(variant, engine_dir)
+        if check_engines:
+            check_engine(variant, engine_dir)
         tokenizer = packaged / PREPROCESSING / TOKENIZER_SUBDIR
-        settings = with_chat_template(settings_from_plan(variant, engine_dir, out), tokenizer)
-        lora = variant.stage("package").params.get("lora")  # a LoRA group's engine: its cache parameters
-        if lora:
-            settings = replace(settings, tensorrt_llm_parameters=settings.tensorrt_llm_parameters | lora)
+        settings = settings_from_plan(variant, engine_dir, out)
+        if tokenizer.is_dir():
+            settings = with_chat_template(settings, tokenizer)
         if variant.name in limits:
             instance = limits[variant.name]
             params = settings.tensorrt_llm_parameters | {
@@ -124,7 +130,7 @@ def emit_spec_repository(plan: Plan, out: Path) -> dict[str, pbtxt.ModelConfig]:
             )
         new = {model: config for model, config in configs.items() if model not in written}
         write_models(new, settings, out)
-        for model in {names.preprocessing, names.postprocessing} & set(new):
+        for model in {names.preprocessing, names.postprocessing} & set(new) if member.tokenizer.is_dir() else ():
             # Copied, not linked: a hard link would change the source's ctime, which its fingerprint reads.
             copy_tokenizer(member.tokenizer, out / model / TOKENIZER_SUBDIR)
         written.update(new)
@@ -146,7 +152,7 @@ def _shared_names(
         config = make(member.settings)
         config.name = kind  # the name is what we are choosing
         digest = hashlib.sha256(config.SerializeToString(deterministic=True))
-        for file in sorted(member.tokenizer.iterdir()):
+        for file in sorted(member.tokenizer.iterdir()) if member.tokenizer.is_dir() else ():
             digest.update(file.name.encode() + b"\0" + file.read_bytes())
         groups.setdefault(digest.hexdigest(), []).append(member.variant.name)
     if len(groups) == 1:

@@ -217,7 +217,8 @@ def test_group_engine_gets_the_lora_plugin_a_lora_stage_and_cache_parameters(tin
         "lora_cache_optimal_adapter_size": str(group.cache.optimal_adapter_size),
         "lora_cache_max_adapter_size": "8",
         "lora_cache_host_memory_bytes": str(group.cache.host_bytes),
-        "lora_prefetch_dir": str(lora.output.resolve()),
+        # Where the deployment mounts the adapters, as gpt_model_path: never the build host's path.
+        "lora_prefetch_dir": f"/models/engines/{lora.output.parent.name}/lora",
     }
     argv = trtllm_build_argv(base, tmp_path / "ckpt", tmp_path / "eng", visible_gpus=None)
     modules = list(group.target_modules)

@@ -51,8 +51,10 @@ def _fields(tensor, is_input: bool) -> dict:
     return fields
 
 
-def _expected(tensor: contract.Tensor, is_input: bool) -> dict:
-    fields = {"data_type": DTYPES[contract.data_type(tensor)], "dims": list(tensor.dims)}
+def _expected(tensor: contract.Tensor, is_input: bool, dtype: str) -> dict:
+    # lora_weights in the engine's dtype: FP32 for a float32 engine, NVIDIA's FP16 otherwise.
+    variables = {contract.LORA_WEIGHTS: "FP32" if dtype == "float32" else "FP16"}
+    fields = {"data_type": DTYPES[contract.data_type(tensor, variables)], "dims": list(tensor.dims)}
     if is_input:
         fields.update(
             optional=tensor.optional,
@@ -62,7 +64,7 @@ def _expected(tensor: contract.Tensor, is_input: bool) -> dict:
     return fields
 
 
-def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, lookahead: bool) -> None:
+def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, lookahead: bool, dtype: str) -> None:
     for model, (inputs, outputs) in contract.CONTRACT.items():
         config = configs[ensemble_name if model == "ensemble" else model]
         extra_inputs, extra_outputs = contract.extensions(model, lookahead)
@@ -73,7 +75,7 @@ def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, looka
             names = [t.name for t in declared]
             assert len(names) == len(set(names)), f"{model}: a tensor is declared twice"
             emitted = {t.name: _fields(t, is_input) for t in declared}
-            wanted = {t.name: _expected(t, is_input) for t in table + extra}
+            wanted = {t.name: _expected(t, is_input, dtype) for t in table + extra}
             assert set(emitted) == set(wanted), (model, set(emitted) ^ set(wanted))
             for name, fields in wanted.items():
                 assert emitted[name] == fields, f"{model}.{name}: emitted {emitted[name]}, contract {fields}"
@@ -130,7 +132,7 @@ def test_example_spec_repositories_declare_the_contract(spec, tmp_path, tokenize
         emit_repository(variant, folder / "repo", engine_dir=engine, tokenizer_dir=tokenizer_dir)
         configs = _load(folder / "repo")
         lookahead = variant.speculative.lookahead is not None
-        check_contract(configs, variant.serving.model_name, lookahead)
+        check_contract(configs, variant.serving.model_name, lookahead, variant.build.dtype)
         check_wiring(configs[variant.serving.model_name])
         check_bls(configs)
 
@@ -138,7 +140,7 @@ def test_example_spec_repositories_declare_the_contract(spec, tmp_path, tokenize
 def test_plain_non_decoupled_repository_declares_the_contract(tmp_path):
     variant = tiny_plan(tmp_path, NONE_SPEC)
     configs = _emit(variant, tmp_path)
-    check_contract(configs, "chat", lookahead=False)
+    check_contract(configs, "chat", lookahead=False, dtype="float32")
     check_wiring(configs["chat"])
     check_bls(configs)
     assert configs[BLS].model_transaction_policy.decoupled is False
@@ -148,16 +150,16 @@ def test_the_checks_fail_on_a_config_that_strays_from_the_contract(tmp_path):
     """The comparison is field by field: one dropped reshape or one wrong dtype is reported."""
     variant = tiny_plan(tmp_path)
     configs = _emit(variant, tmp_path)
-    check_contract(configs, "ensemble", lookahead=True)
+    check_contract(configs, "ensemble", lookahead=True, dtype=variant.build.dtype)
     beam = next(t for t in configs["tensorrt_llm"].input if t.name == "beam_width")
     beam.ClearField("reshape")
     with pytest.raises(AssertionError, match="beam_width"):
-        check_contract(configs, "ensemble", lookahead=True)
+        check_contract(configs, "ensemble", lookahead=True, dtype=variant.build.dtype)
     beam.reshape.SetInParent()
     output = next(t for t in configs["ensemble"].output if t.name == "batch_index")
     output.data_type = mc.TYPE_INT64
     with pytest.raises(AssertionError, match="batch_index"):
-        check_contract(configs, "ensemble", lookahead=True)
+        check_contract(configs, "ensemble", lookahead=True, dtype=variant.build.dtype)
 
 
 def test_table_names_what_the_clients_send():

@@ -18,7 +18,8 @@ from pipeline.speculative import METHODS
 from pipeline.stages import package
 from pipeline.stages.runner import run_stage
 from pipeline.triton import pbtxt
-from pipeline.triton.backend_params import TENSORRT_LLM_PARAMETER_KEYS, check_parameter_keys
+from pipeline.triton.backend_params import REFERENCE_PARAMETER_KEYS, check_parameters
+from pipeline.triton.backend_reads import load_table
 from pipeline.triton.repository import MANIFEST, emit_repository, model_steps, validate_repository
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +46,8 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     assert set(configs) == {ensemble_name, *MODELS}
     llm, ensemble = configs["tensorrt_llm"], configs[ensemble_name]
     params = _params(llm)
-    reference_only = {"reference_engine_path"} if variant.target == "reference" else set()
-    assert set(params) - reference_only <= TENSORRT_LLM_PARAMETER_KEYS
+    reference_only = REFERENCE_PARAMETER_KEYS if variant.target == "reference" else set()
+    assert set(params) - reference_only <= load_table().keys
     assert llm.backend == "tensorrtllm"
     assert llm.max_batch_size == variant.build.max_batch_size == ensemble.max_batch_size
     assert llm.model_transaction_policy.decoupled is variant.serving.decoupled
@@ -55,6 +56,9 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     assert params["gpt_model_path"] == f"{variant.deploy.mount_path}/engines/{engine.parent.name}/{engine.name}"
     if variant.target == "reference":  # and where the CPU backend finds it relative to the model's folder
         assert (repo / "tensorrt_llm" / params["reference_engine_path"]).resolve() == engine.resolve()
+    if "lora_prefetch_dir" in params:  # a LoRA group's adapters: where the deployment mounts them, as the engine
+        group = variant.stage("package").inputs["lora"].parent.name  # the group's engine folder
+        assert params["lora_prefetch_dir"] == f"{variant.deploy.mount_path}/engines/{group}/lora"
     assert params["max_beam_width"] == "1"
     assert params["decoding_mode"] == METHODS[variant.method].triton_decoding_mode
     assert params["batch_scheduler_policy"] == variant.serving.batch_scheduler_policy
@@ -179,7 +183,7 @@ def test_ensemble_name_cannot_shadow_a_model(tmp_path):
 
 def test_unknown_backend_parameter_and_placeholders_are_refused(tmp_path):
     with pytest.raises(StageError, match="lookahead_window"):
-        check_parameter_keys({"decoding_mode": "lookahead", "lookahead_window": "4"})
+        check_parameters({"decoding_mode": "lookahead", "lookahead_window": "4"})
     config = model_config_pb2.ModelConfig(name="x", backend="python")
     pbtxt.set_parameters(config, {"tokenizer_dir": "${tokenizer_dir}"})
     with pytest.raises(StageError, match="placeholder"):

@@ -72,6 +72,18 @@ class BackendParams:
         )
 
 
+def _prefetch_dir(values: dict[str, str], model_dir: Path | None) -> Path | None:
+    """``lora_prefetch_dir`` names the adapters where a deployment mounts them; off that mount, they are
+    where the package stage left them relative to this model's folder (``reference_lora_prefetch_path``)."""
+    if "lora_prefetch_dir" not in values:
+        return None
+    deployed = Path(values["lora_prefetch_dir"])
+    packaged = values.get("reference_lora_prefetch_path")
+    if packaged and model_dir is not None and not deployed.is_dir():
+        return model_dir / packaged
+    return deployed
+
+
 def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None) -> BackendParams:
     raw = {k: (v or {}).get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
     values = {k: v.strip() for k, v in raw.items() if v.strip() and not v.strip().startswith("${")}
@@ -132,7 +144,7 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
         eagle_dynamic_tree_max_top_k=integer("reference_eagle_dynamic_tree_max_top_k", None),
         decoupled=bool(policy.get("decoupled", False)),
-        lora_prefetch_dir=Path(values["lora_prefetch_dir"]) if "lora_prefetch_dir" in values else None,
+        lora_prefetch_dir=_prefetch_dir(values, model_dir),
         lora_cache_host_memory_bytes=integer("lora_cache_host_memory_bytes", None),
         outputs=frozenset(o["name"] for o in model_config.get("output") or []),
         warnings=tuple(warnings),
@@ -245,8 +257,8 @@ def parse_request(get: GetInput, request_id: str, params: BackendParams) -> Gene
 
 
 def _lora_inputs(get: GetInput) -> LoraRequest | None:
-    """lora_task_id (UINT64), and with a task's first request lora_weights [1, rows, width] (the
-    engine's dtype; FP16 as NVIDIA's config declares it, widened here for float32 engines) and
+    """lora_task_id (UINT64), and with a task's first request lora_weights [1, rows, width] (in the
+    dtype the repository declares: the engine's, FP16 for a bfloat16 one, widened here) and
     lora_config [1, rows, 3] int32; TensorRT-LLM's own checks follow in the scheduler."""
     task = get("lora_task_id")
     weights, config = get("lora_weights"), get("lora_config")
