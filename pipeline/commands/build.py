@@ -1,7 +1,9 @@
-"""`specdeploy build SPEC [--variant V] [--dry-run]`: the build stage alone.
+"""`specdeploy build SPEC [--variant V] [--dry-run [--repository DIR]]`: the build stage alone.
 
 ``--dry-run`` prints, per variant, the exact trtllm-build argv and the GPU serving
-command (here, and in the Kubernetes deployment's container), and runs nothing. Without it, only
+command (here, and in the Kubernetes deployment's container), and runs nothing; with
+``--repository DIR`` it also writes the Triton model repositories the package stages will write on
+the GPU host, for review (:mod:`pipeline.triton.review`). Without it, only
 the build stage runs (through the stage runner: atomic output, fingerprints, locks); the
 checkpoint must already exist.
 """
@@ -9,10 +11,13 @@ checkpoint must already exist.
 from __future__ import annotations
 
 import argparse
-
-from rich.console import Console
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.commands.common import add_json_flag, add_spec_argument, add_variant_filter, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -21,6 +26,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_spec_argument(parser, required=True)
     add_variant_filter(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the trtllm-build and serving commands only")
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        metavar="DIR",
+        help="with --dry-run: also write into DIR the Triton model repositories the package stage will "
+        "write on the GPU host (every config.pbtxt and model.py), to review before GPU time",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if the engine is up to date")
     add_json_flag(
         parser,
@@ -43,19 +55,41 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
             f"(variants: {', '.join(v.name for v in plan.variants)})"
         )
     variants = [variant for variant in plan.variants if not wanted or variant.name in wanted]
+    if args.repository is not None and not args.dry_run:
+        raise InputError("--repository writes the repositories for review and needs --dry-run")
+    review = _review(plan, args.repository, variants) if args.repository is not None else None
     if args.dry_run and args.json:
-        print_json({"variants": [{"name": v.name, **_commands(v)} for v in variants]})
+        print_json(
+            {"variants": [{"name": v.name, **_commands(v)} for v in variants]} | ({"review": review} if review else {})
+        )
         return 0
     if args.dry_run:
         for variant in variants:
             _print_commands(variant, console)
         if not wanted:
             _print_spec_command(plan, console)
+        if review is not None:
+            _print_review(review, args.repository, console)
         return 0
     built = [_build(variant, args.force, console) for variant in variants]
     if args.json:
         print_json({"variants": built})
     return max((b["exit_code"] for b in built), default=0)
+
+
+def _review(plan, out: Path, variants) -> dict:
+    from pipeline.triton.review import write_review
+
+    return write_review(plan, out, variants)
+
+
+def _print_review(review: dict, out: Path, console: Console) -> None:
+    console.print(f"# Triton model repositories for review, in {out}", highlight=False, markup=False)
+    for repo in review["repositories"]:
+        note = (
+            "" if repo["tokenizer"] is not False else " (no tokenizer here: its copies and chat template are left out)"
+        )
+        console.print(f"  {out / repo['name']}{note}", highlight=False, markup=False)
 
 
 def _commands(variant) -> dict[str, list[str]]:
@@ -95,8 +129,9 @@ def _print_spec_command(plan, console: Console) -> None:
     from pipeline.triton.spec_repository import sharing_problem
     from pipeline.trtllm.build_command import display
 
-    whole = plan.repository is not None and sharing_problem(plan) is None
-    servers = served(plan, whole)[0] if whole else []
+    if plan.repository is None or sharing_problem(plan) is not None:
+        return
+    servers = served(plan, True)[0]
     if [server.repository for server in servers] == [plan.repository.output.name]:
         console.print(f"{plan.spec_name}: every variant from one server", markup=False)
         console.print("# serve the whole spec in Kubernetes", highlight=False, markup=False)

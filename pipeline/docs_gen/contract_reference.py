@@ -9,7 +9,7 @@ variables, and the tensors specdeploy adds.
 from __future__ import annotations
 
 from pipeline.docs_gen.markdown import GENERATED_NOTE, code, paragraph, rst_to_markdown, table
-from pipeline.triton import contract
+from pipeline.triton import backend_reads, contract
 from pipeline.triton.contract import Tensor
 
 ENSEMBLE_STEPS = (
@@ -82,6 +82,10 @@ def render() -> str:
         "",
         table(["template variable", "emitted as"], [[code(k), code(v)] for k, v in contract.VARIABLE_TYPES.items()]),
         "",
+        "`${lora_weights_data_type}` is specdeploy's, where NVIDIA's templates fix `TYPE_FP16`: TensorRT-LLM "
+        "1.2.1 takes LoRA weights only in the engine's dtype, so the repository of a float32 engine declares "
+        "`FP32` (and the lora stage writes its adapters so), every other one `FP16` as NVIDIA's.",
+        "",
         "How the CPU reference backend answers these tensors, and what it refuses, is under "
         "[The Triton contract on CPU](../concepts/reference-backend.md#the-triton-contract-on-cpu).",
     ]
@@ -99,4 +103,33 @@ def render() -> str:
         rows = [[code(k), "input", code(v)] for k, v in step_inputs.items()]
         rows += [[code(k), "output", code(v)] for k, v in step_outputs.items()]
         out += ["", f"Step `{model}`:", "", table(["model tensor", "kind", "ensemble tensor"], rows)]
+    out += _parameters()
     return "\n".join(out).rstrip() + "\n"
+
+
+def _parameters() -> list[str]:
+    """The tensorrt_llm model's parameters: what NVIDIA's C++ backend reads, from backend_reads.json."""
+    table_ = backend_reads.load_table()
+    source = table_.source
+    doc = (backend_reads.__doc__ or "").strip().split("\n\n")
+    rows = []
+    for read in table_.reads:
+        need = backend_reads.CONDITIONS[read.condition][0]
+        need = f"**required** {need}" if read.required else "optional (a default)"
+        if read.key in backend_reads.REFUSED_KEYS:
+            need = "refused"
+        values = ", ".join(code(v) for v in read.choices or ()) + (' (`""`: not set)' if read.placeholder else "")
+        rows.append([code(read.key), code(read.type), need, values, f"`{read.file}:{read.line}`"])
+    return [
+        "",
+        "## The `tensorrt_llm` model's parameters {#parameters}",
+        "",
+        rst_to_markdown("\n\n".join(doc[1:4])),
+        "",
+        f"Read at {source['repository']} `{source['path']}` @ {source['commit']} by "
+        "`scripts/extract_backend_reads.py`; "
+        "`tests/triton/test_backend_reads.py` holds every repository the shipped specs give to this table "
+        "(`specdeploy build SPEC --dry-run --repository DIR` writes them).",
+        "",
+        table(["key", "C++ type", "read", "values it acts on", "where"], rows),
+    ]

@@ -1,6 +1,6 @@
 """What NVIDIA's C++ ``tensorrtllm`` backend reads from a ``tensorrt_llm`` model's parameters.
 
-``backend_reads.json`` beside this module is extracted mechanically from the backend's sources by
+``pipeline/triton/backend_reads.json`` is extracted mechanically from the backend's sources by
 ``scripts/extract_backend_reads.py`` (its ``source`` names the repository, path and commit): one row
 per ``GetParameter<T>("key")`` in ``model_instance_state.cc`` and ``model_state.cc``, with its C++
 type, whether a missing key ends the model's load (``required``), the condition it is read under,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,11 +42,15 @@ REFUSED_KEYS = frozenset({"worker_path"})
 # (``triton_backend: python``, the template's other flavour) keeps input tensors on the CPU.
 TRITON_KEYS = frozenset({"FORCE_CPU_ONLY_INPUT_TENSORS"})
 
-# The C++ conditions a read is made under, in terms of the parameters themselves. A condition the
-# table gains that is not here fails loudly (KeyError) rather than being skipped.
-CONDITIONS = {
-    None: lambda params: True,
-    "decodingMode && decodingMode->isLookahead()": lambda params: params.get("decoding_mode") == "lookahead",
+# The C++ conditions a read is made under, in terms of the parameters themselves: (what it says, a
+# check of the parameters). A condition the table gains that is not here fails loudly (KeyError)
+# rather than being skipped.
+CONDITIONS: dict[str | None, tuple[str, Callable[[dict[str, str]], bool]]] = {
+    None: ("always", lambda params: True),
+    "decodingMode && decodingMode->isLookahead()": (
+        "when `decoding_mode` is `lookahead`",
+        lambda params: params.get("decoding_mode") == "lookahead",
+    ),
 }
 
 BOOLEANS = ("true", "True", "TRUE", "1", "false", "False", "FALSE", "0")
@@ -98,7 +103,7 @@ class Table:
 
     def required(self, params: dict[str, str]) -> list[Read]:
         """The reads that must find their key in ``params`` (the conditions evaluated on them)."""
-        return [read for read in self.reads if read.required and CONDITIONS[read.condition](params)]
+        return [read for read in self.reads if read.required and CONDITIONS[read.condition][1](params)]
 
 
 @lru_cache(maxsize=1)

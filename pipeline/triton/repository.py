@@ -72,6 +72,7 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "config.json",
 )
+TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json")  # one of them
 
 
 def settings_from_plan(variant: VariantPlan, engine_dir: Path, repository: Path) -> RepositorySettings:
@@ -82,7 +83,13 @@ def settings_from_plan(variant: VariantPlan, engine_dir: Path, repository: Path)
             f"[{variant.name}] serving.model_name '{serving.model_name}' collides with a model of the "
             "repository; pick another name (default: ensemble)"
         )
-    pre = {"tokenizer_dir": TOKENIZER_SUBDIR, "add_special_tokens": "true", "max_input_len": str(build.max_input_len)}
+    # multimodal_model_path: NVIDIA's preprocessing reads it without a fallback ("" is text only).
+    pre = {
+        "tokenizer_dir": TOKENIZER_SUBDIR,
+        "add_special_tokens": "true",
+        "max_input_len": str(build.max_input_len),
+        "multimodal_model_path": "",
+    }
     if look is not None:  # preprocessing fills and bounds the per-request (W, N, G)
         pre.update(look.triton_parameters())
     return RepositorySettings(
@@ -136,7 +143,7 @@ def check_engine(variant: VariantPlan, engine_dir: Path) -> dict[str, Any]:
 
 def copy_tokenizer(source: Path, target: Path) -> list[str]:
     files = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
-    if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json")):
+    if not any(name in files for name in TOKENIZER_REQUIRED):
         raise StageError(
             f"{source}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json); the "
             "pre/postprocessing models need the model's tokenizer"

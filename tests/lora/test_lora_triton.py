@@ -6,8 +6,9 @@ Correct answers come from outside Triton: each fine-tune's merged engine (the me
 converted and built like any variant) decoded greedily by the reference runtime. Requests for the
 base and both fine-tunes are in flight together; NVIDIA's inflight client, unchanged, addresses a
 fine-tune by its task id alone (prefetched) and by sending the adapter with a new task id
-(``--lora-path``, float16 as NVIDIA's config declares it). ``code`` has the default Python ensemble,
-which sets its task id itself; ``json`` Triton's ensemble, whose preprocessing of its own sets it.
+(``--lora-path`` pointed at the lora stage's folder, as NVIDIA's instructions say). ``code`` has the
+default Python ensemble, which sets its task id itself; ``json`` Triton's ensemble, whose
+preprocessing of its own sets it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from transformers import AutoTokenizer
 
 from pipeline.client import GenerationRequest, TritonClient, build_inputs
 from pipeline.client.stream import ClientError
-from pipeline.lora.convert import convert_adapter
 from pipeline.plan import OutputRoots, Plan, make_plan
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest as RuntimeRequest
@@ -234,7 +234,10 @@ def test_nvidia_inflight_client_with_task_id_and_lora_path(plan, expected, serve
         return ids[len(prompt_ids) :]  # in streaming the client prepends the prompt itself
 
     want = expected["code", PROMPTS[0]]
-    assert inflight("--lora-task-id", str(task_of(plan, "code"))) == want  # prefetched: the id alone
-    convert_adapter(REPO / "adapters" / "smollm2-code", "float16").save(tmp_path / "code-fp16")
-    sent = inflight("--lora-path", str(tmp_path / "code-fp16"), "--lora-task-id", "77")
-    assert sent == want
+    task = task_of(plan, "code")
+    assert inflight("--lora-task-id", str(task)) == want  # prefetched: the id alone
+    # NVIDIA's LoRA instructions with our output, unchanged: the lora stage's folder of the fine-tune,
+    # sent with a new task id (its files are in the dtype the repository declares for lora_weights).
+    folder = plan.variants[0].stage("lora").output / str(task)
+    assert inflight("--lora-path", str(folder), "--lora-task-id", "77") == want
+    assert inflight("--lora-task-id", "77") == want  # and cached under that id from then on

@@ -35,6 +35,8 @@ NUMPY = {
 }
 
 OMIT = None  # a default that is "do not send": the tensor has no "not set" value
+# The conformance repositories' engines are float32: they declare lora_weights FP32 (the engine's dtype).
+VARIABLES = {contract.LORA_WEIGHTS: "FP32"}
 
 
 def _lookahead(index: int) -> Callable[[dict], object]:
@@ -78,7 +80,7 @@ def shape_of(tensor: Tensor, free: int = 0) -> tuple[int, ...]:
 def default_value(tensor: Tensor, ctx: dict) -> np.ndarray | None:
     """The value (without the batch dim) a request sends for ``tensor`` when it asks for nothing:
     TensorRT-LLM's default, else zeros / false of the declared shape with every free dim empty."""
-    kind = NUMPY[contract.data_type(tensor)]
+    kind = NUMPY[contract.data_type(tensor, VARIABLES)]
     if tensor.name in DEFAULTS:
         given = DEFAULTS[tensor.name](ctx)
         if given is OMIT:
@@ -92,7 +94,7 @@ def default_value(tensor: Tensor, ctx: dict) -> np.ndarray | None:
 
 def as_request_array(tensor: Tensor, value: object) -> np.ndarray:
     """A value (declared dims, no batch) as the request carries it: [1, *dims]."""
-    array = np.asarray(value, dtype=NUMPY[contract.data_type(tensor)])
+    array = np.asarray(value, dtype=NUMPY[contract.data_type(tensor, VARIABLES)])
     if tensor.reshape == () or array.ndim == 0:
         return array.reshape(1, 1)
     if array.ndim < len(tensor.dims):
@@ -135,7 +137,7 @@ def infer(
     sent = []
     for name, value in values.items():
         array = as_request_array(declared[name], value)
-        wire = contract.data_type(declared[name])  # a config's TYPE_STRING is BYTES on the wire
+        wire = contract.data_type(declared[name], VARIABLES)  # a config's TYPE_STRING is BYTES on the wire
         tensor = grpcclient.InferInput(name, list(array.shape), "BYTES" if wire == "STRING" else wire)
         tensor.set_data_from_numpy(array)
         sent.append(tensor)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conformance import DEFAULTS, NUMPY, Reply, default_value, infer, tensors
+from conformance import DEFAULTS, NUMPY, VARIABLES, Reply, default_value, infer, tensors
 from triton_fixtures import (
     NVIDIA_CLIENTS,
     SPECIALS,
@@ -72,7 +72,7 @@ REFUSED = {
     ("tensorrt_llm", "prompt_embedding_table"): np.ones((2, 64), np.float16),
     # LoRA: these engines have no LoRA plugin (tests/lora serves one that has)
     ("tensorrt_llm", "lora_task_id"): np.array([[3]], np.uint64),
-    ("tensorrt_llm", "lora_weights"): np.ones((1, 8), np.float16),
+    ("tensorrt_llm", "lora_weights"): np.ones((1, 8), np.float32),  # float32 engines declare FP32
     ("tensorrt_llm", "lora_config"): np.ones((1, 3), np.int32),
     ("tensorrt_llm", "encoder_input_features"): np.ones((2, 4), np.float16),
     ("tensorrt_llm", "guided_decoding_guide"): np.array([b"{}"], object),
@@ -242,7 +242,7 @@ def check_outputs(model: str, reply: Reply, absent: set[str]) -> None:
         for name, array in response.items():
             if name not in outputs:
                 continue  # specdeploy's extensions
-            want = contract.data_type(outputs[name])
+            want = contract.data_type(outputs[name], VARIABLES)
             assert array.dtype == NUMPY[want], (model, name, array.dtype)
             rank = len(outputs[name].dims) + (name not in FLAT)
             assert array.ndim == rank, (model, name, array.shape)
