@@ -137,6 +137,16 @@ def in_flight(server) -> dict[str, float]:
     return {model: float(value) for model, value in found}
 
 
+def wait_for_in_flight(server, engine: str, count: int, deadline_s: float = 120.0) -> float:
+    """Wait until ``engine`` has at least ``count`` requests in flight (on a loaded host the last
+    streams may still be in preprocessing when the client says it is generating); the count seen."""
+    deadline = time.monotonic() + deadline_s
+    while (seen := in_flight(server).get(engine, 0.0)) < count:
+        assert time.monotonic() < deadline, f"{engine}: {seen:.0f} of {count} requests in flight after {deadline_s} s"
+        time.sleep(0.05)
+    return seen
+
+
 def short_request_seconds(server, model: str) -> float:
     started = time.perf_counter()
     with TritonClient(server.grpc_url, timeout=300, model=model) as client:
@@ -180,7 +190,7 @@ def test_a_vanished_client_frees_the_server(server, model, how):
         engine = (
             "tensorrt_llm" if variant in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm") else f"{variant}-tensorrt_llm"
         )
-        assert in_flight(server)[engine] >= SLOTS  # the last stream may still be in preprocessing
+        wait_for_in_flight(server, engine, SLOTS)
     finally:
         client.send_signal(signal.SIGKILL)
         client.wait()
