@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.inputs import is_compact_medusa
+
 SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
 # What the heads learn: the target's own top-10 next-token distribution, on every kind of data.
 # Fingerprinted, so heads trained on other labels (the text's tokens, greedy tokens only) retrain.
@@ -68,6 +70,12 @@ def plan_training(
         problems.error(
             ("heads", method, "path"),
             f"{init}: no heads there to warm-start from (train.init: base); give the base's heads or use init: random",
+        )
+    elif init is not None and method == "medusa" and not is_compact_medusa(init):  # the trainer's refusal
+        problems.error(
+            ("heads", method, "train", "init"),
+            f"{init}: init: base needs specdeploy's compact Medusa heads (medusa_resblocks.safetensors); "
+            "use init: random for FasterDecoding folders",
         )
     data = train.data
     if data not in (SELF_DISTILL, FIXED_TEXT):

@@ -141,3 +141,17 @@ def inspect_eagle(head_dir: Path) -> EagleLayout:
         )
     layers = {int(m.group(1)) for key in keys if (m := re.match(r"^layers\.(\d+)\.", key))}
     return EagleLayout(len(layers), "fc.bias" in keys, config.get("hidden_size"))
+
+
+# specdeploy's compact Medusa folder (ResBlocks only; pipeline/heads/export.py writes it, the convert
+# stage expands it): its config.json says so.
+MEDUSA_FORMAT = "specdeploy-medusa-resblocks"
+
+
+def is_compact_medusa(heads_dir: Path) -> bool:
+    """A shipped ResBlocks-only folder (needs expansion before the converter can read it)."""
+    try:
+        config = read_json(Path(heads_dir) / "config.json", "Medusa head config")  # regular files only
+    except InputError:
+        return False
+    return isinstance(config, dict) and (config.get("specdeploy") or {}).get("format") == MEDUSA_FORMAT

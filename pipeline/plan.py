@@ -611,6 +611,13 @@ def _check_parallelism(
         problems.error(("parallel", "tp"), f"{problem}; legal tp for this model: {legal}")
     if pp > arch.num_layers:
         problems.error(("parallel", "pp"), f"pp {pp} exceeds the {arch.num_layers} layers")
+    if speculative.method in ("medusa", "eagle") and arch.hidden_size % tp:
+        # The convert stage's refusal (pipeline/checkpoint/layout.py): the heads' linears split on hidden_size.
+        problems.error(
+            ("parallel", "tp"),
+            f"tp {tp} does not divide hidden_size {arch.hidden_size}, which the {speculative.method} heads' "
+            f"linears are split on; legal tp for this model: {[t for t in legal if arch.hidden_size % t == 0]}",
+        )
     if variant.gpu is not None:
         world = tp * pp
         if variant.gpu.count < world:

@@ -27,6 +27,7 @@ from pipeline.errors import InputError
 from pipeline.files import read_json, require_regular_file
 from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
 from pipeline.quantize.calibration import read_calibration
+from pipeline.quantize.fp8 import EXPORT_DTYPES
 from pipeline.spec import Spec
 from pipeline.trtllm.build_command import extra_flag_problems
 from pipeline.yaml_source import KeyPath
@@ -51,11 +52,20 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
 
     problems = [located(("build", "extra_flags", key), problem) for key, problem in extra_flag_problems(variant)]
     if variant.quant.weights_fp8 and not variant.quant.prequantized:
+        if variant.build.dtype not in EXPORT_DTYPES:  # the quantize stage's refusal (pipeline/quantize/fp8.py)
+            problems.append(
+                located(
+                    ("model", "dtype"),
+                    f"{variant.build.dtype} with quantization.weights: fp8: the FP8 export keeps its unquantized "
+                    f"tensors in {' or '.join(EXPORT_DTYPES)}; use one of them",
+                )
+            )
         try:
             read_calibration(variant.quant.calibration_data)  # what the quantize stage reads first
         except InputError as exc:
             problems.append(located(("quantization", "calibration", "data"), str(exc)))
     problems += _adapter_problems(spec, variant, located)
+    problems += _quantization_header_problems(variant, located)
     if not variant.weights_present or variant.model_dir is None or not _has_weights(variant.model_dir):
         return problems  # planned from a preset or a config.json alone: no checkpoint here to read yet
     model_key: KeyPath = ("model", "builtin") if variant.builtin else ("model", "path")
@@ -74,15 +84,23 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
 
 def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPath, str], str]) -> list[str]:
     """The merge's checks of each adapter, against the base's headers when its weights are here."""
+    merge = next((stage for stage in variant.stages if stage.name == "merge"), None)
+    if merge is None:
+        return []
     from pipeline.adapters import has_weights
     from pipeline.checkpoint.hf_reader import open_hf_checkpoint
     from pipeline.checkpoint.merge import open_checked_adapter
 
-    merge = next((stage for stage in variant.stages if stage.name == "merge"), None)
-    if merge is None:
-        return []
     written = next(v for v in spec.variants if v.name == variant.name).model.adapter
     base_dir = merge.inputs["model"]
+    if variant.quant.prequantized:  # the merge's refusal (pipeline/checkpoint/merge.py), from the headers alone
+        return [
+            located(
+                ("model", "adapter"),
+                f"{base_dir}: is an FP8 checkpoint; merge adapters into the unquantized base and set "
+                "quantization.weights: fp8 to quantize the merged model",
+            )
+        ]
     base = None
     if variant.weights_present and _has_weights(base_dir):
         try:
@@ -105,6 +123,31 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
     return problems
 
 
+def _quantization_header_problems(variant: VariantPlan, located: Callable[[KeyPath, str], str]) -> list[str]:
+    """The converter's refusals of a quantized input (pipeline/checkpoint/hf_reader.py, layout.py), made
+    from config.json and hf_quant_config.json alone, so that they hold before the weights arrive too."""
+    if not variant.weights_present or variant.model_dir is None or variant.builtin:
+        return []
+    from pipeline.checkpoint.hf_reader import _detect_fp8  # torch: only when there are headers to read
+
+    config = read_json(variant.model_dir / "config.json", "config")
+    if not isinstance(config, dict):
+        return []  # the planner reported it at model.path
+    try:
+        fp8 = _detect_fp8(variant.model_dir, config)
+    except InputError as exc:
+        return [located(("model", "path"), str(exc))]
+    if variant.quant.kv_cache_fp8 and variant.quant.prequantized and (fp8 is None or not fp8.kv_scales):
+        return [
+            located(
+                ("quantization", "kv_cache"),
+                f"fp8, but {variant.model_dir} is an FP8 export without FP8 KV-cache scales (hf_quant_config.json "
+                "kv_cache_quant_algo is not FP8); re-quantize it with FP8_KV_CFG, or use kv_cache: auto",
+            )
+        ]
+    return []
+
+
 def _has_weights(folder: Path) -> bool:
     return any(any(folder.glob(pattern)) for pattern in ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt"))
 
@@ -112,7 +155,7 @@ def _has_weights(folder: Path) -> bool:
 def _check_checkpoint(variant: VariantPlan) -> None:
     from pipeline.checkpoint.convert import check_checkpoint
     from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
-    from pipeline.heads.expand import is_compact_medusa
+    from pipeline.inputs import is_compact_medusa
 
     assert variant.model_dir is not None
     spec, heads = variant.speculative, variant.heads_dir

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from pipeline import inputs, trees
 from pipeline.errors import InputError
-from pipeline.files import kind_of
+from pipeline.files import kind_of, read_json
 from pipeline.geometry import ModelGeometry
 from pipeline.yaml_source import KeyPath
 
@@ -139,6 +139,19 @@ def _read_heads(method: str, heads_dir: Path, read: Callable[[Path], _Layout], p
         return None
 
 
+def _drafter_geometry(heads_dir: Path) -> ModelGeometry | None:
+    """The EAGLE drafter's LlamaConfig as the converter reads it; None when it is incomplete (the
+    convert stage's own header checks, run by ``validate`` with the weights, report that)."""
+    try:
+        config = read_json(heads_dir / "config.json", "EAGLE drafter LlamaConfig")
+        if not isinstance(config, dict):
+            return None
+        where = str(heads_dir / "config.json")
+        return ModelGeometry.from_hf(config, where, name=heads_dir.name, require_architecture=False)
+    except InputError:
+        return None
+
+
 class Problems(Protocol):
     """Where ``check()`` reports: errors at a spec key path, notes for the plan."""
 
@@ -250,6 +263,17 @@ class EagleConfig:
                     ("heads", "eagle", "path"),
                     f"EAGLE hidden size {layout.hidden_size} does not match the base model's {arch.hidden_size}",
                 )
+            drafter = _drafter_geometry(heads_dir)
+            if drafter is not None:  # the convert stage's refusals (pipeline/checkpoint/heads.py, layout.py)
+                if drafter.vocab_size != arch.vocab_size:
+                    problems.error(
+                        ("heads", "eagle", "path"),
+                        f"EAGLE drafter vocab_size {drafter.vocab_size} does not match the base model's "
+                        f"{arch.vocab_size}; the drafter was trained for another base model",
+                    )
+                drafter_tp = tp_problem(drafter, variant.parallel.tp)
+                if drafter_tp:
+                    problems.error(("parallel", "tp"), f"{drafter_tp} of the EAGLE drafter ({heads_dir}/config.json)")
             if layout.num_layers != 1:
                 problems.error(
                     ("heads", "eagle", "path"),

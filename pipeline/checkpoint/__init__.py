@@ -7,15 +7,25 @@ plan incl. FP8 scale fusion), ``trtllm_writer`` (config.json + streamed rank fil
 ``synthetic`` (random Llama-shaped checkpoints of any size, for benchmarks and memory tests).
 """
 
-from pipeline.checkpoint.convert import CheckpointSummary, convert_checkpoint
-from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
-from pipeline.checkpoint.reference_forward import ReferenceModel, forward_logits
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointSummary",
-    "EagleOptions",
-    "MedusaOptions",
-    "ReferenceModel",
-    "convert_checkpoint",
-    "forward_logits",
-]
+import importlib
+from typing import Any
+
+# The entry points, imported on first use: they import torch, and reading a submodule's headers
+# (``validate`` of a spec) should not pay for it.
+_EXPORTS = {
+    "CheckpointSummary": "convert",
+    "convert_checkpoint": "convert",
+    "EagleOptions": "heads",
+    "MedusaOptions": "heads",
+    "ReferenceModel": "reference_forward",
+    "forward_logits": "reference_forward",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipeline.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pipeline.checkpoint.{_EXPORTS[name]}"), name)

@@ -27,20 +27,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import InputError
-from pipeline.files import read_json
-from pipeline.heads.export import MEDUSA_FORMAT, MEDUSA_RESBLOCKS, sha256_file, verify_manifest, write_json
+from pipeline.heads.export import MEDUSA_RESBLOCKS, sha256_file, verify_manifest, write_json
+from pipeline.inputs import MEDUSA_FORMAT, is_compact_medusa
 
 LM_HEAD_NAMES = ("lm_head.weight", "model.embed_tokens.weight")  # the second when the embedding is tied
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def is_compact_medusa(heads_dir: Path) -> bool:
-    """A shipped ResBlocks-only folder (needs expansion before the converter can read it)."""
-    try:
-        config = read_json(Path(heads_dir) / "config.json", "Medusa head config")  # regular files only
-    except InputError:
-        return False
-    return isinstance(config, dict) and (config.get("specdeploy") or {}).get("format") == MEDUSA_FORMAT
 
 
 def compact_medusa_layout(heads_dir: Path) -> tuple[int, int]:

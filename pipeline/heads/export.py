@@ -23,8 +23,8 @@ from pipeline.embedded import sha256_file
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.eagle import EagleDrafter, drafter_llama_config
 from pipeline.heads.medusa import MedusaResBlocks
+from pipeline.inputs import MEDUSA_FORMAT
 
-MEDUSA_FORMAT = "specdeploy-medusa-resblocks"
 MEDUSA_RESBLOCKS = "medusa_resblocks.safetensors"
 MANIFEST = "manifest.json"
 MAX_ARTIFACT_BYTES = 20 * 1024 * 1024
