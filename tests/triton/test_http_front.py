@@ -16,7 +16,7 @@ from triton_fixtures import fake_engine, tiny_plan
 
 from pipeline.errors import StageError
 from pipeline.triton import launch_cpu
-from pipeline.triton.http_front import HttpFrontConfig, caddy_binary, caddy_config
+from pipeline.triton.http_front import HttpFrontConfig, caddy_binary, caddy_config, greater_than_pattern
 from pipeline.triton.repository import emit_repository
 from tests.preflight_fixtures import model, spec_for  # noqa: F401  (model: a fixture)
 
@@ -33,7 +33,10 @@ def test_the_reference_target_refuses_an_http_limit_its_tritonserver_cannot_take
 def test_the_front_refuses_big_bodies_before_dialling_triton():
     config = caddy_config(HttpFrontConfig("0.0.0.0", 8000, 40123, 1000), Path("/w"))
     server = config["apps"]["http"]["servers"]["triton"]
-    limit, proxy = server["routes"][0]["handle"]
+    (too_long,) = server["routes"][0]["handle"]  # a Content-Length over the limit: 413 before any body is read
+    assert too_long["status_code"] == 413 and server["routes"][0]["terminal"] is True
+    assert server["routes"][0]["match"][0]["header_regexp"]["Content-Length"]["pattern"] == greater_than_pattern(1000)
+    limit, proxy = server["routes"][1]["handle"]
     assert server["listen"] == ["0.0.0.0:8000"] and config["admin"]["disabled"] is True
     assert limit == {"handler": "request_body", "max_size": 1000}
     assert proxy["upstreams"] == [{"dial": "127.0.0.1:40123"}] and proxy["request_buffers"] == 1001
@@ -81,3 +84,20 @@ def test_serve_names_how_tritonserver_died_and_its_log(tmp_path, monkeypatch, co
     assert message.startswith(said) and message.endswith(f"; its log: {log_file}") and "0x0000" not in message
     signal.signal(signal.SIGINT, signal.default_int_handler)  # serve_cpu took SIGINT and SIGTERM over
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize(
+    ("limit", "above", "not_above"),
+    [
+        (1000, ["1001", "1010", "2000", "9999", "10000", "0001001"], ["0", "999", "1000", "0001000", "", "1e9", "-5"]),
+        (65536, ["65537", "65540", "65600", "66000", "70000", "100000"], ["65536", "65535", "9999", "06553"]),
+        (999, ["1000", "99999"], ["999", "998", "99"]),  # all nines: only longer numbers are above
+        (1, ["2", "9", "10"], ["0", "1", "01"]),
+    ],
+)
+def test_greater_than_pattern_matches_exactly_the_larger_lengths(limit, above, not_above):
+    import re
+
+    pattern = greater_than_pattern(limit)
+    assert [n for n in above if re.fullmatch(pattern, n)] == above
+    assert [n for n in not_above if re.fullmatch(pattern, n)] == []

@@ -137,3 +137,36 @@ def test_http_bodies_over_the_limit_are_answered_413_and_never_reach_triton(repo
     finally:
         server.stop()
     assert server.front is None and not server.is_alive()
+
+
+def test_the_front_refuses_a_long_length_before_inviting_its_body_and_cuts_off_slow_headers(repo):
+    """`Expect: 100-continue` with a 3 GB Content-Length is answered 413 at once, never "100 Continue";
+    a client sending its headers a byte a second is cut off by the header timeout (2 s here, 10 s served)."""
+    server = start(repo, http=True, http_max_request_bytes=64 * 1024, http_read_header_timeout_s=2.0)
+    port = server.config.http_port
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /v2/models/ensemble/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 3000000000\r\nExpect: 100-continue\r\n\r\n"
+            )
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+        head = b"POST /v2/models/ensemble/generate HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"y" * 200
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.settimeout(1.0)
+            sent, ended = 0, False
+            while sent < len(head) and not ended:  # the front's own timeout ends it, not this loop's length
+                try:
+                    sock.sendall(head[sent : sent + 1])
+                    sent += 1
+                    sock.recv(4096)  # an answer (408) or the close: the front gave up on us
+                    ended = True
+                except TimeoutError:
+                    continue
+                except OSError:
+                    ended = True
+        assert ended and sent < len(head), f"the front still read slow headers after {sent} bytes"
+        assert server.is_alive() and server.is_ready()
+    finally:
+        server.stop()
