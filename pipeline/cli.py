@@ -1,7 +1,9 @@
-"""Command line: ``specdeploy COMMAND``, one module per command in ``pipeline.commands``.
+"""Build and deploy speculative decoding on TensorRT-LLM from one YAML spec.
 
-Every user-facing error is one line per problem on stderr (``error: file:line:col path:
-message``) and an exit code (:data:`EXIT_CODES`); never a traceback.
+The commands live one module each in ``pipeline.commands``; each registers its parser and imports
+what it needs only when it runs, so ``--help`` answers at once. Every user-facing error is one
+line per problem on stderr (``error: file:line:col path: message``) and an exit code
+(:data:`EXIT_CODES`); never a traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
 from pipeline import __version__
 from pipeline.commands import (
@@ -30,7 +33,6 @@ from pipeline.commands import (
     validate,
     verify,
 )
-from pipeline.console import make_console
 from pipeline.errors import SpecdeployError
 
 EXIT_CODES = """exit codes:
@@ -43,7 +45,7 @@ EXIT_CODES = """exit codes:
   6    a release gate failed (release.on_fail: fail), after every variant was processed
   130  interrupted"""
 
-# In the order `specdeploy --help` lists them; each module has register(subparsers).
+# Each module has register(subparsers); `specdeploy --help` lists the commands by GROUPS.
 COMMANDS = (
     validate,
     plan,
@@ -64,13 +66,56 @@ COMMANDS = (
     report,
 )
 
+# The commands in the order a user meets them.
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("build and deploy", ("validate", "plan", "engine", "build", "doctor", "prepare-model", "schema")),
+    ("rehearse and predict", ("evaluate", "predict", "calibrate")),
+    ("serve and query", ("serve", "query", "bench")),
+    ("heads and adapters", ("train-heads", "expand-heads", "train-adapter")),
+    ("release", ("report", "verify")),
+)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help, where it has one worth saying and the help does not say it
+    (argparse's ArgumentDefaultsHelpFormatter would also print "default: None" and "default: False")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        quiet = default is None or default is False or default == argparse.SUPPRESS or action.required
+        if action.option_strings and not quiet and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: :class:`HelpFormatter` unless the command asks for another."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def command_list(commands: argparse._SubParsersAction) -> str:
+    """The commands by group, each with its one-line help."""
+    helps = {action.dest: action.help or "" for action in commands._choices_actions}
+    width = max(len(name) for name in helps) + 4
+    lines = []
+    for title, names in GROUPS:
+        lines += ["", f"{title}:"]
+        for name in names:
+            text = textwrap.wrap(helps[name], 79 - width)
+            lines += [f"  {name:<{width - 2}}{text[0]}"] + [" " * width + more for more in text[1:]]
+    return "\n".join(lines[1:])
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specdeploy",
+        usage="specdeploy [GLOBAL OPTIONS] COMMAND [OPTIONS]",
         description=__doc__.splitlines()[0],
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"specdeploy {__version__}")
     parser.add_argument(
@@ -88,14 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SPECDEPLOY_CACHE", ".cache"),
         help="where the embedded model is prepared (default .cache, or $SPECDEPLOY_CACHE)",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS, parser_class=CommandParser
+    )
     for command in COMMANDS:
         command.register(commands)
+    parser.epilog = f"{command_list(commands)}\n\n`specdeploy COMMAND --help` for its options.\n\n{EXIT_CODES}"
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from pipeline.console import make_console  # rich: after parsing, so --help answers at once
+
     # --json: stdout carries the JSON document alone, so the progress lines and tables go to stderr.
     console = make_console(stderr=bool(getattr(args, "json", False)))
     try:

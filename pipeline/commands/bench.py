@@ -16,12 +16,12 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from pipeline.client.load import load_prompts, run_load, summarize, write_report
 from pipeline.commands.common import add_json_flag, print_json
-from pipeline.console import Table
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _ms(value: float | None) -> str:
@@ -29,6 +29,8 @@ def _ms(value: float | None) -> str:
 
 
 def print_summary(summary: dict, console: Console) -> None:
+    from pipeline.console import Table
+
     table = Table(
         title=f"concurrency {summary['concurrency']}: {summary['completed']}/{summary['requests']} "
         f"requests in {summary['wall_seconds']:.1f} s, {summary['tokens_per_second']:.1f} tokens/s"
@@ -56,7 +58,9 @@ def print_summary(summary: dict, console: Console) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.client.load import load_prompts, run_load, summarize, write_report
     from pipeline.commands.query import request_from_args
+    from pipeline.console import Table
     from pipeline.errors import InputError
 
     if args.probe_host and not args.repository:
@@ -119,7 +123,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     bench = commands.add_parser("bench", help="concurrent streaming load: tokens/s, TTFT, ITL, acceptance")
     bench.add_argument("--prompts", required=True, help="text (one prompt per line), .jsonl or .json")
-    bench.add_argument("--concurrency", type=int, default=4)
+    bench.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
     bench.add_argument("--requests", type=int, default=16, help="requests in total")
     bench.add_argument("--time-limit", type=float, default=600.0, help="stop sending after this many seconds")
     bench.add_argument("--out", help="folder for bench.json and bench.png (default bench/out/<time>)")

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from pipeline import gpus
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -40,6 +41,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
     from pipeline.costmodel import calibrate
     from pipeline.errors import InputError
 

@@ -12,11 +12,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError
-from pipeline.plan import OutputRoots, Plan
-from pipeline.preflight import checked_plan
-from pipeline.spec import load_spec
+
+if TYPE_CHECKING:  # the planner imports much of the package: only the commands that plan pay for it
+    from pipeline.plan import OutputRoots, Plan
 
 # The project's example specs, beside the pipeline package.
 SPECS_DIR = Path(__file__).resolve().parents[2] / "specs"
@@ -41,6 +42,8 @@ def add_variant_filter(parser: argparse.ArgumentParser) -> None:
 
 def output_roots(args: argparse.Namespace) -> OutputRoots:
     """Where engines, Triton repositories and the embedded model go (global CLI options)."""
+    from pipeline.plan import OutputRoots
+
     return OutputRoots(Path(args.engines_dir), Path(args.triton_repo), Path(args.cache_dir))
 
 
@@ -66,6 +69,9 @@ def load_plan(args: argparse.Namespace, *, resolve: bool = False) -> Plan:
     weights' values (:mod:`pipeline.preflight`); InputError (exit 2) listing every problem.
     ``resolve``: the spec file as an absolute path, so that its relative paths resolve absolute."""
     path = spec_path(args.spec)
+    from pipeline.preflight import checked_plan
+    from pipeline.spec import load_spec
+
     return checked_plan(load_spec(path.resolve() if resolve else path), output_roots(args))
 
 

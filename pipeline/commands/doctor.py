@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING
 
 from pipeline.commands.common import add_json_flag, print_json
-from pipeline.console import Table
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STATUS_STYLE = {
     "ok": "[green]ok[/green]",
@@ -30,7 +30,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
+
     from pipeline.commands.common import load_plan
+    from pipeline.console import Table
     from pipeline.doctor import assess_variant, host_checks, probe_host, to_json
 
     plan = load_plan(args) if args.spec else None  # bad specs fail first, with exit 2
@@ -67,6 +70,10 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
 
 def _print_stages(verdict, console: Console) -> None:
     """Each stage's needs (pipeline.resources) against this host."""
+    from rich.markup import escape
+
+    from pipeline.console import Table
+
     table = Table(title=f"{verdict.variant}: what each stage needs", title_justify="left")
     for column in ("stage", "GPUs", "GiB per GPU", "host RAM GiB", "disk GiB", "here"):
         table.add_column(column, justify="right" if "GiB" in column or column == "GPUs" else "left")

@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from pipeline.ci.records import NOT_RUN, UNAVAILABLE, StageRecord, VariantRecord, variant_record
 from pipeline.commands.common import (
@@ -32,7 +31,9 @@ from pipeline.commands.common import (
 )
 from pipeline.errors import InputError, SpecdeployError
 from pipeline.hashing import HashCache
-from pipeline.report import print_lora_decisions
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
@@ -109,6 +110,7 @@ def _spec_repository(
 
 def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache | None):
     from pipeline.evaluation.apply import split_at_evaluate
+    from pipeline.report import print_lora_decisions
     from pipeline.stages.execute import VariantOutcome, execute_plan
 
     plan = load_plan(args)
@@ -199,6 +201,7 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
     )
     from pipeline.evaluation.apply import split_at_evaluate
     from pipeline.fleet.ray_runner import exit_code_of
+    from pipeline.report import print_lora_decisions
 
     plan = load_plan(args, resolve=True)
     print_lora_decisions(plan, console)
@@ -250,7 +253,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     engine = commands.add_parser(
         "engine",
-        help="run the stages: quantize, convert, build, package",
+        help="run each variant's stages (merge, train-heads, quantize, convert, evaluate, build, lora, package, "
+        "as its plan has them) and write the release manifest",
         epilog="exit 6: a release gate failed (release.on_fail: fail), one line per variant after every variant "
         "was processed; 4/5: the filesystem refused / the disk is full; all codes: specdeploy --help",
     )

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
+if TYPE_CHECKING:
+    from rich.console import Console
 
-from pipeline.console import Table
+    from pipeline.console import Table
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -132,6 +133,9 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
 
 
 def summary_table(evaluation: dict) -> Table:
+    from rich.markup import escape
+
+    from pipeline.console import Table
     from pipeline.evaluation.choose import interval_text
 
     batches = evaluation["settings"]["batch_sizes"]

@@ -108,10 +108,12 @@ def cmd_expand_heads(args: argparse.Namespace, console) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommands; handlers take (args, console) and return an exit code."""
     train = commands.add_parser("train-heads", help="train Medusa or EAGLE-1 heads by self-distillation")
-    train.add_argument("--method", choices=("medusa", "eagle"), required=True)
+    train.add_argument("--method", choices=("medusa", "eagle"), required=True, help="the heads to train")
     train.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
     train.add_argument("--out", required=True, help="head folder to write (e.g. heads/smollm2-medusa)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--seed", type=int, default=0, help="the random seed of the heads' initialisation and data order"
+    )
     train.add_argument("--epochs", type=int, help="override the method's default number of epochs")
     train.add_argument(
         "--threads",
@@ -133,7 +135,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     expand = commands.add_parser("expand-heads", help="write the FasterDecoding folder for shipped Medusa ResBlocks")
     expand.add_argument("heads", help="shipped folder, e.g. heads/smollm2-medusa")
-    expand.add_argument("--out", required=True)
+    expand.add_argument("--out", required=True, help="the folder to write the FasterDecoding layout into")
     expand.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
     expand.add_argument(
         "--dtype",

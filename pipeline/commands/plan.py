@@ -7,21 +7,32 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+from pipeline.commands.common import add_json_flag, add_spec_argument, add_variant_filter, load_plan, print_json
 
-from pipeline.commands.common import add_json_flag, add_spec_argument, load_plan, print_json
-from pipeline.plan import Plan
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from pipeline.plan import Plan
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.errors import InputError
+
     plan = load_plan(args)
+    unknown = set(args.variant or ()) - {v.name for v in plan.variants}
+    if unknown:
+        raise InputError(
+            f"--variant {', '.join(sorted(unknown))}: not in {plan.spec_file} "
+            f"(variants: {', '.join(v.name for v in plan.variants)})"
+        )
     if args.json:
         print_json(plan_with_commands(plan))
         return 0
     from pipeline.report import print_plan
 
-    print_plan(plan, console)
+    print_plan(plan, console, details=args.details, only=frozenset(args.variant or ()))
     return 0
 
 
@@ -45,6 +56,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     plan = commands.add_parser("plan", help="resolve each variant into method, build config and stages")
     add_spec_argument(plan)
+    add_variant_filter(plan)
+    plan.add_argument(
+        "--details",
+        action="store_true",
+        help="every variant's whole table (build, memory, stages, notes); a spec of more than three variants "
+        "otherwise gets one row each after the answer",
+    )
     add_json_flag(
         plan,
         'the plan: {"spec", "name", "repository", "variants": [{"name", "speculative", "build", "stages", ..., '

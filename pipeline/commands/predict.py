@@ -19,15 +19,15 @@ pipeline/costmodel/ (step.py, hardware.py, profile.py).
 from __future__ import annotations
 
 import argparse
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from pipeline import gpus, presets, trees
 from pipeline.commands.common import add_json_flag, print_json
-from pipeline.console import Table
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES, calibration
 from pipeline.errors import InputError
-from pipeline.speculative import LookaheadConfig, lookahead_problem
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_LOOKAHEAD = "4,3,4"  # the spec's defaults for (W, N, G)
 DEFAULT_TREE = "mc_sim_7b_63"  # TensorRT-LLM's default medusa_choices / eagle_choices
@@ -37,10 +37,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("predict", help="predicted GPU step cost and speedup of a method (no weights)")
     parser.add_argument("--preset", required=True, choices=sorted(presets.PRESETS), help="architecture preset")
     parser.add_argument("--gpu", required=True, choices=sorted(gpus.GPU_TYPES), help="GPU type")
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8"], help="weights (and KV cache)")
-    parser.add_argument("--method", required=True, choices=["medusa", "eagle", "lookahead", "none"])
+    parser.add_argument(
+        "--method", required=True, choices=["medusa", "eagle", "lookahead", "none"], help="the speculative method"
+    )
     parser.add_argument("--tree", help=f"draft tree preset for medusa/eagle (default {DEFAULT_TREE})")
     parser.add_argument("--medusa-heads", type=int, help="Medusa heads (default: the tree depth)")
     parser.add_argument("--eagle-dynamic-top-k", type=int, help="EAGLE-2 dynamic tree with this top_k")
@@ -79,6 +81,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def drafting_from_args(args: argparse.Namespace):
     from pipeline.costmodel.step import Drafting
+    from pipeline.speculative import LookaheadConfig, lookahead_problem
 
     if args.method == "none":
         return Drafting.plain()
@@ -131,6 +134,7 @@ def lora_from_args(args: argparse.Namespace):
 
 
 def cmd_predict(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.console import Table
     from pipeline.costmodel.hardware import gpu_perf
     from pipeline.costmodel.predict import predict
     from pipeline.costmodel.step import Deployment

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from pipeline.commands.common import add_json_flag, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def cmd_prepare_model(args: argparse.Namespace, console: Console) -> int:

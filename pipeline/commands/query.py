@@ -11,12 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from pipeline.client import GenerationRequest, GenerationResult, Piece, TritonClient
-from pipeline.client.chat import ChatTemplate
 from pipeline.commands.common import add_json_flag, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+if TYPE_CHECKING:  # the client imports tritonclient (gRPC): only the commands that talk to a server pay for it
+    from pipeline.client import GenerationRequest, GenerationResult, Piece, TritonClient
+    from pipeline.client.chat import ChatTemplate
 
 
 def chat_template(args: argparse.Namespace, client: TritonClient) -> ChatTemplate | None:
@@ -29,6 +33,8 @@ def chat_template(args: argparse.Namespace, client: TritonClient) -> ChatTemplat
 
 
 def request_from_args(args: argparse.Namespace, prompt: str, *, perf: bool) -> GenerationRequest:
+    from pipeline.client import GenerationRequest
+
     return GenerationRequest(
         prompt=prompt,
         max_tokens=args.max_tokens,
@@ -67,6 +73,7 @@ def perf_lines(result: GenerationResult) -> list[str]:
 
 
 def cmd_query(args: argparse.Namespace, console: Console) -> int:
+    from pipeline.client import TritonClient
     from pipeline.errors import InputError
 
     def show(piece: Piece) -> None:
@@ -118,11 +125,11 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model to ask: the ensemble (serving.model_name, default 'ensemble'; on a server of a whole "
         "spec, the variant's name) or tensorrt_llm_bls",
     )
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temperature", type=float, help="unset: the backend's default (greedy)")
-    parser.add_argument("--top-k", type=int)
-    parser.add_argument("--top-p", type=float)
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--top-k", type=int, help="sample from the k likeliest tokens (unset: the backend's default)")
+    parser.add_argument("--top-p", type=float, help="sample from the smallest set of tokens holding this probability")
+    parser.add_argument("--seed", type=int, help="the sampler's random seed (unset: the backend's default)")
     parser.add_argument("--stop", action="append", metavar="WORD", help="stop word (repeatable)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the whole answer")
 
@@ -130,7 +137,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommand; handlers take (args, console) and return an exit code."""
     query = commands.add_parser("query", help="send a prompt to a running server and stream the answer")
-    query.add_argument("prompt")
+    query.add_argument("prompt", help="the prompt (sent through the model's chat template unless --no-chat)")
     add_sampling_arguments(query)
     query.add_argument(
         "--no-stream",

@@ -8,11 +8,10 @@ predicted speedup at the expected concurrency, the release verdict and the reaso
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-
-from pipeline.console import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -29,8 +28,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
+
     from pipeline.commands.common import output_roots, print_json, spec_path
     from pipeline.commands.evaluate import with_default_evaluation
+    from pipeline.console import Table
     from pipeline.evaluation.report import spec_table
     from pipeline.evaluation.result import read_result
     from pipeline.plan import make_plan

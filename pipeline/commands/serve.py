@@ -21,14 +21,16 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from pipeline.commands.common import DEFAULT_SPEC, add_spec_argument, load_plan
 from pipeline.errors import InputError, StageError
-from pipeline.plan import Plan, VariantPlan
-from pipeline.triton.launch_gpu import gpu_spec_launch_argv
-from pipeline.triton.spec_repository import sharing_problem
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+if TYPE_CHECKING:
+    from pipeline.plan import Plan, VariantPlan
 
 
 def resolve_variant(plan: Plan, args: argparse.Namespace) -> VariantPlan:
@@ -182,6 +184,9 @@ def run_gpu_command(argv: list[str], args: argparse.Namespace, console: Console,
 
 def serve_spec(plan: Plan, args: argparse.Namespace, console: Console) -> int:
     """Every variant of the spec from one server: the whole-spec repository triton_repo/<spec>/."""
+    from pipeline.triton.launch_gpu import gpu_spec_launch_argv
+    from pipeline.triton.spec_repository import sharing_problem
+
     assert plan.repository is not None
     targets = sorted({variant.target for variant in plan.variants})
     if len(targets) > 1:
@@ -240,9 +245,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_variant_arguments(serve)
     serve.add_argument("--repo", help="the Triton repository (default: the variant's package output)")
     serve.add_argument("--host", help="address to bind (default: serving.host, 127.0.0.1)")
-    serve.add_argument("--grpc-port", type=int)
-    serve.add_argument("--http-port", type=int)
-    serve.add_argument("--metrics-port", type=int)
+    serve.add_argument("--grpc-port", type=int, help="Triton's gRPC port (default: serving.grpc_port, 8001)")
+    serve.add_argument(
+        "--http-port", type=int, help="Triton's HTTP port, when serving.http is on (default: serving.http_port)"
+    )
+    serve.add_argument(
+        "--metrics-port", type=int, help="Triton's Prometheus metrics port (default: serving.metrics_port)"
+    )
     serve.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for READY")
     serve.add_argument("--log-file", help="server log (default: <cache>/tritonserver/logs/)")
     serve.add_argument("--print-command", action="store_true", help="GPU: print the mpirun command, do not run")

@@ -90,11 +90,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--out", required=True, help="adapter folder to write (e.g. adapters/smollm2-code)")
     train.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
-    train.add_argument("--steps", type=int, default=200)
-    train.add_argument("--batch", type=int, default=4)
-    train.add_argument("--lr", type=float, default=5e-4)
-    train.add_argument("--rank", type=int, default=8)
-    train.add_argument("--alpha", type=float, default=16.0)
+    train.add_argument("--steps", type=int, default=200, help="optimizer steps")
+    train.add_argument("--batch", type=int, default=4, help="examples per step")
+    train.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate")
+    train.add_argument("--rank", type=int, default=8, help="LoRA rank r")
+    train.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (the update is scaled by alpha / r)")
     train.add_argument(
         "--targets", help="comma-separated modules to adapt (default: q,k,v,o,up,down_proj), e.g. q_proj,v_proj,o_proj"
     )
@@ -103,11 +103,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--heldout-blocks", type=int, default=48, help="code: held-out blocks for the loss")
     train.add_argument("--answer-tokens", type=int, default=96, help="format tasks: length limit of the base answers")
     train.add_argument("--max-train-prompts", type=int, help="format tasks: use only the first N chat training prompts")
-    train.add_argument("--eval-new-tokens", type=int, default=48)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--eval-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
+    train.add_argument("--seed", type=int, default=0, help="the random seed of the adapter's initialisation")
     train.add_argument("--max-minutes", type=float, default=30.0, help="stop training after this long")
     train.add_argument("--bf16", action="store_true", help="bfloat16 autocast (default: float32)")
-    train.add_argument("--save-dtype", choices=("float32", "bfloat16"), default="float32")
+    train.add_argument(
+        "--save-dtype", choices=("float32", "bfloat16"), default="float32", help="the dtype of the saved adapter"
+    )
     train.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: reproducible, and fair on a shared CPU)"
     )

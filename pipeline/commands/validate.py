@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from pipeline.commands.common import add_json_flag, add_spec_argument, load_plan, print_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from pipeline.commands.common import add_json_flag
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:

@@ -45,10 +45,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def commands(root: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
-    """(name, one-line help, parser) per command, in ``--help`` order."""
+    """(name, one-line help, parser) per command, in ``--help`` order (by :data:`pipeline.cli.GROUPS`)."""
     (action,) = (a for a in root._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
-    return [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
+    return [(name, helps.get(name, ""), action.choices[name]) for _, names in cli.GROUPS for name in names]
 
 
 def exit_codes(text: str = cli.EXIT_CODES) -> list[tuple[str, str]]:
@@ -177,8 +177,12 @@ def render() -> str:
         "",
         "## Commands",
         "",
-        table(["command", "what it does"], [[f"[`{name}`](#{name})", text] for name, text, _ in listed]),
     ]
+    helps = {name: text for name, text, _ in listed}
+    for title, names in cli.GROUPS:
+        rows = [[f"[`{name}`](#{name})", helps[name]] for name in names]
+        out += [f"{title[:1].upper()}{title[1:]}:", "", table(["command", "what it does"], rows), ""]
+    out.pop()
     described: dict[str, str] = {}  # module -> the first command it was shown with
     for name, text, sub in listed:
         prog = f"{root.prog} {name}"

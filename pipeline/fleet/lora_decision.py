@@ -58,10 +58,10 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+if TYPE_CHECKING:  # numpy and scipy are imported where a fleet is decided, not by every plan
+    import numpy as np
 
 Choice = Literal["shared", "merged"]
 Allowed = Literal["shared", "merged", "auto"]  # serving.lora per variant
@@ -260,6 +260,8 @@ def _validate(fleet: LoraFleet) -> None:
 def decide(fleet: LoraFleet) -> LoraDecision:
     """The optimal choice per fine-tune (see the module docstring); LoraDecisionError when no choice
     fits, naming per GPU what the leanest choice still needs."""
+    import numpy as np
+
     _validate(fleet)
     weights = shares(fleet.fine_tunes)
     options = _options(fleet, weights)
@@ -284,6 +286,8 @@ class _Program:
     solver takes the smaller, min(sum, cap), whenever memory binds."""
 
     def __init__(self, fleet: LoraFleet, options: list[list[_Option]], flat: list[_Option]):
+        import numpy as np
+
         n = len(flat) + 3
         self.y, self.c, self.z = len(flat), len(flat) + 1, len(flat) + 2
         rows: list[np.ndarray] = []
@@ -325,20 +329,23 @@ class _Program:
         low_bounds, high_bounds = np.zeros(n), np.ones(n)
         low_bounds[self.y] = 1.0 if fleet.shared.required else 0.0
         high_bounds[self.c] = np.inf
-        self.bounds = Bounds(low_bounds, high_bounds)
+        self.bounds = (low_bounds, high_bounds)
         self.integrality = np.ones(n)
         self.integrality[self.c] = 0
 
     def solve(self, objective: np.ndarray, extra: tuple[np.ndarray, float] | None = None) -> np.ndarray | None:
         """The options' minimizing 0/1 vector, or None when none is feasible; ``objective`` and ``extra``
         (row, upper bound) over the options."""
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
         a, low, high = self.a, self.low, self.high
         if extra is not None:
             a, low, high = np.vstack([a, np.r_[extra[0], 0.0, 0.0, 0.0]]), np.r_[low, -np.inf], np.r_[high, extra[1]]
         result = milp(
             np.r_[objective, 0.0, 0.0, 0.0],
             integrality=self.integrality,
-            bounds=self.bounds,
+            bounds=Bounds(*self.bounds),
             constraints=LinearConstraint(a, low, high),
             options={"mip_rel_gap": 0.0},
         )
