@@ -87,3 +87,43 @@ def test_help_lists_the_exit_codes_release_gate_is_6(capsys):
         text = " ".join(capsys.readouterr().out.split())
         assert "6: a release gate failed" in text or "6 a release gate failed" in text, argv
         assert "the disk is full" in text and "filesystem refused" in text
+
+
+def test_help_groups_every_command_once_and_every_option_has_help(capsys):
+    """`specdeploy --help` lists the commands by what a user does with them; every option says what it is."""
+    import argparse
+
+    from pipeline.cli import GROUPS, build_parser
+
+    parser = build_parser()
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    grouped = [name for _, names in GROUPS for name in names]
+    assert sorted(grouped) == sorted(commands.choices), "each command in exactly one group"
+    undocumented = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert undocumented == []
+    with pytest.raises(SystemExit):
+        parser.parse_args(["predict", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--tp TP tensor-parallel GPUs (default: 1)" in text  # the default said once, by the formatter
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_plan_of_a_fleet_answers_in_its_first_lines(cli):
+    """The 25-variant LoRA fleet: does it fit and what the fleet gains come first, then one row per
+    variant; one variant's whole table on request."""
+    spec = str(REPO / "specs" / "llama8b-lora-fleet.yaml")
+    rc, out, _ = cli("plan", spec)
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) < 60, len(lines)
+    assert "fits on 2 x l40s" in lines[1]
+    assert "23 shared on one engine, 1 merged; fleet speedup" in lines[2]
+    assert sum("adapter_config.json only" in line for line in lines) == 1  # one note for the 24 fine-tunes
+    rc, out, _ = cli("plan", spec, "--variant", "support")
+    assert rc == 0 and "variant support" in out and "stage build" in out and "variant sql" not in out
+    rc, _, err = cli("plan", spec, "--variant", "nope")
+    assert rc == 2 and "--variant nope: not in" in err

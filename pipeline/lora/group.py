@@ -168,7 +168,8 @@ def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
     if method == "auto":
         problems.note(
             "serving.lora shared: speculative.method auto resolves to none: TensorRT-LLM 1.2.1's engine flow "
-            "combines the LoRA plugin with no speculative mode (README, 'Many fine-tunes on one engine')"
+            "combines the LoRA plugin with no speculative mode (docs: guides/fine-tunes-and-heads, "
+            "'Many fine-tunes on one engine')"
         )
         return variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
     refusal = speculative_refusal(method)
