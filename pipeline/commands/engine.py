@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.ci.records import NOT_RUN, UNAVAILABLE, StageRecord, VariantRecord, variant_record
 from pipeline.commands.common import (
     add_ci_options,
     add_json_flag,
@@ -30,10 +29,12 @@ from pipeline.commands.common import (
     report_run,
 )
 from pipeline.errors import InputError, SpecdeployError
-from pipeline.hashing import HashCache
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from pipeline.ci.records import VariantRecord
+    from pipeline.hashing import HashCache
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
@@ -46,6 +47,7 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
 
 def _engine(args: argparse.Namespace, console: Console) -> int:
     from pipeline.ci.records import RunRecord
+    from pipeline.hashing import HashCache
     from pipeline.manifest import write_manifest
 
     roots = output_roots(args)
@@ -153,6 +155,7 @@ def _engine_here(args: argparse.Namespace, console: Console, hashes: HashCache |
 
 def _outcome_record(plan, outcome) -> VariantRecord:
     """The CI record of a variant run here: its stages' results, and the stage that stopped it."""
+    from pipeline.ci.records import UNAVAILABLE, StageRecord, variant_record
     from pipeline.evaluation.result import GATE_FAILED, RELEASE_EXIT_CODE
 
     done = [StageRecord(r.name, r.status, r.seconds) for r in outcome.results]
@@ -166,6 +169,7 @@ def _outcome_record(plan, outcome) -> VariantRecord:
 
 def _fleet_records(plan, graph, results) -> list[VariantRecord]:
     """The CI records of the variants a Ray run handled: each stage task's state, seconds and message."""
+    from pipeline.ci.records import NOT_RUN, StageRecord, variant_record
     from pipeline.fleet.task import BLOCKED
 
     records = []

@@ -34,7 +34,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.finetune.tasks import TASKS  # noqa: F401  (re-exported: the trainer and tests read it here)
 from pipeline.heads.chat_templates import stable_rank
+from pipeline.heads.data import encode_prompt, greedy_answers, stop_ids
 from pipeline.heads.prompts import CODE_EXTRA_MODULES, PROMPTS_DIR, load_prompts
 
 DATA_VERSION = 1
@@ -102,8 +104,6 @@ def _blocks(tokenizer, modules: list[str], block: int, limit: int) -> list[Examp
 
 
 def code_task(tokenizer, settings: DataSettings) -> TaskData:
-    from pipeline.heads.data import encode_prompt  # torch: only when data is made
-
     train_modules, heldout_modules = code_modules()
     return TaskData(
         train=_blocks(tokenizer, train_modules, settings.block, settings.max_train_blocks),
@@ -176,14 +176,11 @@ FORMATS: dict[str, Format] = {
         heading_answer, lambda t: t.lstrip().startswith("## Answer"), 'markdown under a "## Answer" heading'
     ),
 }
-TASKS = ("code", *FORMATS)
 
 
 def _format_examples(
     tokenizer, render: Callable[[str], str], prompts: list[list[int]], answers: list[list[int]]
 ) -> list[Example]:
-    from pipeline.heads.data import stop_ids  # torch: only when data is made
-
     stops = set(stop_ids(tokenizer))
     end = tokenizer.eos_token_id
     examples = []
@@ -205,8 +202,6 @@ def _answers_cache(cache: Path, base_dir: Path, part: str, settings: DataSetting
 def _base_answers(
     model, tokenizer, prompts: list[list[int]], path: Path, settings: DataSettings, say
 ) -> list[list[int]]:
-    from pipeline.heads.data import greedy_answers, stop_ids  # torch: only when data is made
-
     if path.is_file():
         return json.loads(path.read_text())["answers"]
     # float32: bfloat16 matmuls are emulated (and slow) on CPUs without AVX512-BF16/AMX
@@ -229,8 +224,6 @@ def _base_answers(
 
 def format_task(task: str, model, tokenizer, base_dir: Path, cache: Path, settings: DataSettings, say) -> TaskData:
     """A format task of :data:`FORMATS`: the base's cached chat answers rewritten by its formatter."""
-    from pipeline.heads.data import encode_prompt  # torch: only when data is made
-
     form = FORMATS[task]
     parts = {}
     for part in ("train", "eval"):

@@ -52,3 +52,10 @@ def test_matches_accepts_its_own_format_and_rejects_the_others(task):
 
 def test_tasks_are_code_and_the_formats():
     assert TASKS == ("code", "json", "yaml", "xml", "bullets", "numbered", "tldr", "heading")
+
+
+def test_the_clis_task_list_names_every_task_in_order():
+    """train-adapter --task lists pipeline/finetune/tasks.py's names without importing the data code."""
+    from pipeline.finetune import tasks
+
+    assert tasks.TASKS == TASKS == ("code", *FORMATS)
