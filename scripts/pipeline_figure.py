@@ -18,7 +18,8 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "img" / "pipeline.png"
 
-# (title, what it makes, optional stage?, colour); two rows of five, read left to right.
+# (title, what it makes, optional stage?, colour); two rows of six, read left to right. Every stage
+# of pipeline/stages/execute.py's STAGE_BODIES is a box (tests/docs/test_pages_match_code.py).
 ROWS = (
     (
         ("spec.yaml", "a base model and\nits variants", False, "#e8eef7"),
@@ -26,11 +27,12 @@ ROWS = (
         ("merge", "LoRA adapters merged\n(PEFT arithmetic)", True, "#fdf1e0"),
         ("train-heads", "Medusa / EAGLE heads\nfor this variant", True, "#fdf1e0"),
         ("quantize", "FP8 checkpoint\n(ModelOpt)", True, "#fdf1e0"),
+        ("convert", "TRT-LLM checkpoint,\nTP/PP shards + heads", False, "#e6f4ea"),
     ),
     (
-        ("convert", "TRT-LLM checkpoint,\nTP/PP shards + heads", False, "#e6f4ea"),
         ("evaluate", "every method measured\non CPU, one chosen", True, "#fdf1e0"),
         ("build", "engines with in-flight\nbatching (trtllm-build)", False, "#e6f4ea"),
+        ("lora", "a shared engine's\nadapters, per task id", True, "#fdf1e0"),
         ("package", "Triton model repository\n(ensemble, BLS, ...)", False, "#e6f4ea"),
         ("tritonserver", "GPU: TensorRT-LLM\nCPU: reference backend", False, "#ede7f6"),
     ),
@@ -79,8 +81,8 @@ def draw(out: Path) -> None:
     ax.text(
         width / 2,
         -0.45,
-        "dashed: stages a variant runs only when its spec asks (adapters, heads.<method>.train, FP8, evaluation:);"
-        " each stage's output is atomic and fingerprinted under engines/<variant>/",
+        "dashed: stages a variant runs only when its spec asks (adapters, heads.<method>.train, FP8, evaluation:,"
+        " serving.lora: shared); each stage's output is atomic and fingerprinted under engines/<variant>/",
         ha="center",
         va="center",
         fontsize=8.3,
