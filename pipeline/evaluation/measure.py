@@ -132,9 +132,10 @@ def decode(
     end_id: int | None,
     tally: Tally,
     in_flight: int,
+    progress: Callable[[int], None] = lambda tokens: None,
 ) -> None:
     """``prompts`` from their shared prefills to their ends, ``in_flight`` at a time; adds to ``tally``
-    (outputs in prompt order)."""
+    (outputs in prompt order); ``progress`` gets each step's generated tokens."""
     candidate, method = loaded.candidate, loaded.method
     limits = dataclasses.replace(loaded.engine.config.limits, max_batch_size=in_flight)
     now_s = step_clock(loaded.engine)
@@ -147,6 +148,7 @@ def decode(
         tally.decode_cpu_s += now - clock[0]
         tally.rows_fed += step.input_tokens - step.prefill_tokens
         clock[0] = now
+        progress(step.generated_tokens)
 
     done: dict[str, StepOutput] = {}
     sched = Scheduler(loaded.engine, method, limits=limits, on_step=count)
@@ -229,27 +231,36 @@ def measure(
     probe_prompts: int = PROBE_PROMPTS,
     threads: int = ACCEPTANCE_THREADS,
     forward: dict[int, list[float]] | None = None,
+    progress: Callable[[int], None] = lambda tokens: None,
 ) -> tuple[dict[str, Measured], float]:
     """Measurements by candidate name, and the shared prefills' total CPU seconds (one thread: the
     prefills are the probe's too). ``forward``: filled with engine-pass samples (:func:`forward_probe`,
-    two rounds after each timed prompt)."""
+    two rounds after each timed prompt); ``progress``: the tokens generated as they come (at most
+    :func:`planned_tokens`)."""
     found = {item.candidate.name: Measured() for item in loaded}
     base = loaded[0].engine
     with torch_threads(1):
         shared = [prefill(base, prompt) for prompt in prompts]
     with torch_threads(threads):
         for item in loaded:
-            decode(item, prompts, shared, max_new_tokens, end_id, found[item.candidate.name].acceptance, batch)
+            acceptance = found[item.candidate.name].acceptance
+            decode(item, prompts, shared, max_new_tokens, end_id, acceptance, batch, progress)
             say(f"{item.candidate.name}: {len(prompts)} prompts decoded, {batch} in flight")
     with torch_threads(1):
         for i in range(min(probe_prompts, len(prompts))):
             for item in loaded:
                 probe = found[item.candidate.name].probe
-                decode(item, prompts[i : i + 1], shared[i : i + 1], max_new_tokens, end_id, probe, in_flight=1)
+                decode(item, prompts[i : i + 1], shared[i : i + 1], max_new_tokens, end_id, probe, 1, progress)
             if forward is not None:
                 forward_probe(base, prompts[i], shared[i], tuple(forward), repeats=2, times=forward)
     say(f"timed {min(probe_prompts, len(prompts))} prompts x {len(loaded)} candidates at batch 1, one thread")
     return found, sum(s.cpu_s for s in shared)
+
+
+def planned_tokens(candidates: int, prompts: int, max_new_tokens: int, probe_prompts: int = PROBE_PROMPTS) -> int:
+    """The tokens :func:`measure` generates when no prompt ends early: every prompt by every candidate,
+    then the batch-1 probe's prompts again."""
+    return candidates * (prompts + min(probe_prompts, prompts)) * max_new_tokens
 
 
 def identity(engine: Engine, prompts: list[list[int]], plain: list[list[int]], other: list[list[int]]) -> dict:

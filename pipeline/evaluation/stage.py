@@ -44,6 +44,7 @@ from pipeline.evaluation.measure import (
     forward_rows,
     identity,
     measure,
+    planned_tokens,
     summarize,
 )
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
@@ -52,6 +53,7 @@ from pipeline.evaluation.result import RESULT_FILE
 from pipeline.plan import StagePlan, VariantPlan
 from pipeline.runtime.model.engine import Engine
 from pipeline.speculative import LookaheadConfig
+from pipeline.stages.progress import step_progress
 from pipeline.trtllm.engine_config import predict_engine_config
 
 EVALUATION_PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)  # the rows decode steps and trees feed here
@@ -161,7 +163,11 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         )
         end_id = tokenizer.eos_token_id if tokenizer is not None else None
         samples: dict[int, list[float]] = {r: [] for r in forward_rows(listed)}
-        found, prefill_cpu = measure(loaded, prompts, settings["max_new_tokens"], end_id, say=say, forward=samples)
+        tokens = planned_tokens(len(loaded), len(prompts), settings["max_new_tokens"])
+        with step_progress(f"[{variant.name}] evaluate: tokens", tokens) as advance:
+            found, prefill_cpu = measure(
+                loaded, prompts, settings["max_new_tokens"], end_id, say=say, forward=samples, progress=advance
+            )
         forward_s = {str(r): statistics.median(t) for r, t in samples.items()}
         # The CPU cost model's GEMM probe, here: in the same minutes as the step costs it is checked against
         # (this host's speed drifts with its load; bench/costmodel_cpu.py reads it from the result).

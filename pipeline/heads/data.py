@@ -52,6 +52,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.heads.prompts import PROMPTS_DIR, load_prompts
 from pipeline.heads.teacher import teacher_forced, teacher_forced_states
+from pipeline.stages.progress import step_progress
 
 DATA_VERSION = 1
 KINDS = ("chat", "code")
@@ -252,31 +253,33 @@ def greedy_answers(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: list[list[int]] = [[] for _ in prompts]
     start = time.monotonic()
-    for first in range(0, len(order), batch):
-        chunk = order[first : first + batch]
-        width = max(len(prompts[i]) for i in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]) :] = 1
-        out = model.generate(
-            input_ids=ids.to(model.device),
-            attention_mask=mask.to(model.device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-            eos_token_id=stops,
-        )
-        for row, i in enumerate(chunk):
-            answer = out[row, width:].cpu().tolist()
-            for cut, token in enumerate(answer):
-                if token in stops:
-                    answer = answer[: cut + 1]
-                    break
-            answers[i] = answer
-        done = first + len(chunk)
-        say(f"  generated {done}/{len(prompts)} answers ({time.monotonic() - start:.0f} s)")
+    with step_progress(f"self-distillation: {len(prompts)} answers", len(prompts)) as advance:
+        for first in range(0, len(order), batch):
+            chunk = order[first : first + batch]
+            width = max(len(prompts[i]) for i in chunk)
+            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, i in enumerate(chunk):
+                ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+                mask[row, width - len(prompts[i]) :] = 1
+            out = model.generate(
+                input_ids=ids.to(model.device),
+                attention_mask=mask.to(model.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                eos_token_id=stops,
+            )
+            for row, i in enumerate(chunk):
+                answer = out[row, width:].cpu().tolist()
+                for cut, token in enumerate(answer):
+                    if token in stops:
+                        answer = answer[: cut + 1]
+                        break
+                answers[i] = answer
+            done = first + len(chunk)
+            advance(len(chunk))
+            say(f"  generated {done}/{len(prompts)} answers ({time.monotonic() - start:.0f} s)")
     return answers
 
 

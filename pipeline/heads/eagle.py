@@ -42,6 +42,7 @@ from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import SeqData
 from pipeline.heads.teacher import soft_cross_entropy
 from pipeline.heads.vocab import loss_lm_head
+from pipeline.stages.progress import step_progress
 
 Progress = Callable[[str], None]
 
@@ -378,34 +379,36 @@ def train_eagle(
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     log, best = [], None
-    for epoch in range(cfg.epochs):
-        start, n = time.monotonic(), 0
-        sums: list[float] | None = None
-        drafter.train()
-        for seqs in _batches(data, cfg.batch_tokens, gen):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                batch, teacher = pad_batch(data, seqs), pad_teacher(data, seqs)
-                loss, stats = eagle_loss(drafter, embed, lm_head, batch, cfg, noise_amp, gen, table, teacher)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            flat = [v for st in stats for v in st.values()]
-            sums = flat if sums is None else [a + b for a, b in zip(sums, flat)]
-            n += 1
-        keys = [f"step{s + 1}_{k}" for s in range(cfg.unroll) for k in ("reg", "cls", "acc")]
-        entry = {
-            "epoch": epoch + 1,
-            **{k: round(v / n, 4) for k, v in zip(keys, sums or [])},
-            "seconds": round(time.monotonic() - start, 1),
-        }
-        best = keep_best(drafter, validate, entry, best)
-        log.append(entry)
-        say(
-            f"  eagle epoch {epoch + 1}/{cfg.epochs}: "
-            + ", ".join(f"{k} {v}" for k, v in entry.items() if k != "epoch")
-        )
+    with step_progress(f"eagle: {cfg.epochs} epoch(s) of {steps_per_epoch} batches", total) as advance:
+        for epoch in range(cfg.epochs):
+            start, n = time.monotonic(), 0
+            sums: list[float] | None = None
+            drafter.train()
+            for seqs in _batches(data, cfg.batch_tokens, gen):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                    batch, teacher = pad_batch(data, seqs), pad_teacher(data, seqs)
+                    loss, stats = eagle_loss(drafter, embed, lm_head, batch, cfg, noise_amp, gen, table, teacher)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+                opt.step()
+                sched.step()
+                flat = [v for st in stats for v in st.values()]
+                sums = flat if sums is None else [a + b for a, b in zip(sums, flat)]
+                n += 1
+                advance(1)
+            keys = [f"step{s + 1}_{k}" for s in range(cfg.unroll) for k in ("reg", "cls", "acc")]
+            entry = {
+                "epoch": epoch + 1,
+                **{k: round(v / n, 4) for k, v in zip(keys, sums or [])},
+                "seconds": round(time.monotonic() - start, 1),
+            }
+            best = keep_best(drafter, validate, entry, best)
+            log.append(entry)
+            say(
+                f"  eagle epoch {epoch + 1}/{cfg.epochs}: "
+                + ", ".join(f"{k} {v}" for k, v in entry.items() if k != "epoch")
+            )
     if best is not None:
         drafter.load_state_dict(best[1])
     return drafter.eval(), log

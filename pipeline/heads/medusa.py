@@ -35,6 +35,7 @@ from torch import nn
 from pipeline.heads.data import SeqData
 from pipeline.heads.teacher import soft_cross_entropy
 from pipeline.heads.vocab import loss_lm_head
+from pipeline.stages.progress import step_progress
 
 Progress = Callable[[str], None]
 IGNORE = -100
@@ -195,31 +196,33 @@ def train_medusa(
     total = steps_per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * step / total)))
     log, best = [], None
-    for epoch in range(cfg.epochs):
-        start, sums, n = time.monotonic(), torch.zeros(cfg.num_heads), 0
-        order = torch.randperm(len(feats), generator=gen)
-        for first in range(0, len(order), cfg.batch_tokens):
-            idx = order[first : first + cfg.batch_tokens]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                part = None if soft is None else (soft[0][idx], soft[1][idx])
-                losses = head_losses(blocks, lm_head, feats[idx], labels[idx], part, table)
-            opt.zero_grad(set_to_none=True)
-            torch.stack(losses).sum().backward()
-            opt.step()
-            sched.step()
-            sums += torch.stack([l.detach() for l in losses])
-            n += 1
-        entry = {
-            "epoch": epoch + 1,
-            "loss_per_head": [round(float(v), 4) for v in sums / n],
-            "seconds": round(time.monotonic() - start, 1),
-        }
-        best = keep_best(blocks, validate, entry, best)
-        log.append(entry)
-        say(
-            f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)"
-            + (f", valid {entry['valid_score']}" if "valid_score" in entry else "")
-        )
+    with step_progress(f"medusa: {cfg.epochs} epoch(s) of {steps_per_epoch} batches", total) as advance:
+        for epoch in range(cfg.epochs):
+            start, sums, n = time.monotonic(), torch.zeros(cfg.num_heads), 0
+            order = torch.randperm(len(feats), generator=gen)
+            for first in range(0, len(order), cfg.batch_tokens):
+                idx = order[first : first + cfg.batch_tokens]
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                    part = None if soft is None else (soft[0][idx], soft[1][idx])
+                    losses = head_losses(blocks, lm_head, feats[idx], labels[idx], part, table)
+                opt.zero_grad(set_to_none=True)
+                torch.stack(losses).sum().backward()
+                opt.step()
+                sched.step()
+                sums += torch.stack([l.detach() for l in losses])
+                n += 1
+                advance(1)
+            entry = {
+                "epoch": epoch + 1,
+                "loss_per_head": [round(float(v), 4) for v in sums / n],
+                "seconds": round(time.monotonic() - start, 1),
+            }
+            best = keep_best(blocks, validate, entry, best)
+            log.append(entry)
+            say(
+                f"  medusa epoch {epoch + 1}/{cfg.epochs}: loss {entry['loss_per_head']} ({entry['seconds']} s)"
+                + (f", valid {entry['valid_score']}" if "valid_score" in entry else "")
+            )
     if best is not None:
         blocks.load_state_dict(best[1])
     return blocks.eval(), log
