@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from pipeline.plan import VariantPlan
 from pipeline.stages.runner import FINGERPRINT_FILE
+from pipeline.trtllm.checkpoint_contract import checkpoint_problems
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
@@ -56,7 +57,8 @@ def checkpoint_config(variant: VariantPlan) -> dict[str, Any]:
             max_draft_len=spec.medusa.max_draft_len,
         )
     if spec.eagle:
-        net = {k: config[k] for k in ("dtype", "vocab_size", "hidden_size", "rotary_base", "rotary_scaling")}
+        keys = ("dtype", "vocab_size", "hidden_size", "num_attention_heads", "rotary_base", "rotary_scaling")
+        net = {k: config[k] for k in keys}  # what TensorRT-LLM's PretrainedConfig requires of it too
         config.update(
             architecture="EagleForCausalLM",
             num_eagle_layers=spec.eagle.num_eagle_layers,
@@ -64,6 +66,8 @@ def checkpoint_config(variant: VariantPlan) -> dict[str, Any]:
             max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
             eagle_net_config={**net, "architecture": "LlamaForCausalLM", "num_hidden_layers": 1},
         )
+    problems = checkpoint_problems(config)  # a fake checkpoint trtllm-build would refuse tests nothing
+    assert problems == [], problems
     return config
 
 
