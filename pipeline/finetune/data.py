@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.errors import InputError
 from pipeline.finetune.tasks import TASKS  # noqa: F401  (re-exported: the trainer and tests read it here)
 from pipeline.heads.chat_templates import stable_rank
 from pipeline.heads.data import encode_prompt, greedy_answers, stop_ids
@@ -203,7 +204,13 @@ def _base_answers(
     model, tokenizer, prompts: list[list[int]], path: Path, settings: DataSettings, say
 ) -> list[list[int]]:
     if path.is_file():
-        return json.loads(path.read_text())["answers"]
+        try:
+            answers = json.loads(path.read_text())["answers"]
+            if isinstance(answers, list) and all(isinstance(a, list) for a in answers):
+                return answers
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise InputError(f"{path}: the cached base answers are corrupt; delete the file and run again (it is rebuilt)")
     # float32: bfloat16 matmuls are emulated (and slow) on CPUs without AVX512-BF16/AMX
     say(f"generating {len(prompts)} base answers (greedy, float32, once; cached in {path.parent})")
     answers = greedy_answers(

@@ -21,8 +21,10 @@ from pathlib import Path
 import torch
 
 from pipeline.atomic import replace_folder
-from pipeline.errors import InputError
+from pipeline.errors import HostFilesystemError, InputError, host_error
+from pipeline.files import read_json
 from pipeline.finetune.data import FORMATS, IGNORE, TASKS, DataSettings, Example, TaskData, code_task, format_task
+from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import greedy_answers, load_base, stop_ids
 
 REPORT_FILE = "training_report.json"
@@ -56,9 +58,74 @@ class TrainSettings:
             raise InputError(f"save dtype {self.save_dtype!r}: choose one of {', '.join(SAVE_DTYPES)}")
         if not self.targets:
             raise InputError("--targets must name at least one module (e.g. q_proj,v_proj)")
-        for name in ("rank", "steps", "batch"):
+        unknown = sorted(set(self.targets) - set(MODULE_SHAPES))
+        if unknown:
+            raise InputError(
+                f"--targets {','.join(unknown)}: not a Llama projection; choose from {', '.join(MODULE_SHAPES)}"
+            )
+        for name in ("rank", "steps", "batch", "eval_new_tokens"):
             if getattr(self, name) < 1:
-                raise InputError(f"--{name} must be at least 1")
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("lr", "alpha", "max_minutes", "max_adapter_mib"):  # NaN fails "> 0" too
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InputError(f"--{name.replace('_', '-')} {value}: must be a finite number above 0")
+        if self.last_layers is not None and self.last_layers < 1:
+            raise InputError("--last-layers must be at least 1")
+
+
+# A Llama projection's (in, out) features: what a LoRA pair of rank r on it stores, r * (in + out) values.
+MODULE_SHAPES = {
+    "q_proj": ("hidden_size", "q_out"),
+    "k_proj": ("hidden_size", "kv_out"),
+    "v_proj": ("hidden_size", "kv_out"),
+    "o_proj": ("q_out", "hidden_size"),
+    "gate_proj": ("hidden_size", "intermediate_size"),
+    "up_proj": ("hidden_size", "intermediate_size"),
+    "down_proj": ("intermediate_size", "hidden_size"),
+}
+
+
+def adapter_bytes(geometry: ModelGeometry, settings: TrainSettings) -> int:
+    """The size of adapter_model.safetensors' tensors, known before any training: lora_A [r, in] and
+    lora_B [out, r] of every targeted module of every adapted layer, in the save dtype."""
+    sizes = {
+        "hidden_size": geometry.hidden_size,
+        "intermediate_size": geometry.intermediate_size,
+        "q_out": geometry.num_heads * geometry.head_dim,
+        "kv_out": geometry.num_kv_heads * geometry.head_dim,
+    }
+    layers = min(settings.last_layers or geometry.num_layers, geometry.num_layers)
+    values = sum(settings.rank * (sizes[a] + sizes[b]) for a, b in (MODULE_SHAPES[t] for t in settings.targets))
+    return layers * values * SAVE_DTYPES[settings.save_dtype].itemsize
+
+
+def check_output(out: Path) -> None:
+    """``out`` may be replaced only when it is absent, an empty folder, or an adapter this command wrote
+    (its files and its training report, nothing else): anything else is the user's (exit 4)."""
+    if not os.path.lexists(out):
+        return
+    ours = {"adapter_config.json", "adapter_model.safetensors", REPORT_FILE}
+    if out.is_dir() and not out.is_symlink():
+        names = {p.name for p in out.iterdir()}
+        if not names or (REPORT_FILE in names and names <= ours):
+            return
+        detail = f"holds {', '.join(sorted(names - ours)[:5]) or 'an adapter without a training report'}"
+    else:
+        detail = "is a symlink" if out.is_symlink() else "is a file"
+    raise HostFilesystemError(
+        f"{out}: {detail}, which train-adapter did not write; it replaces --out whole, so give a new or empty "
+        "folder (or an adapter it trained before)"
+    )
+
+
+def check_base(base_dir: Path) -> ModelGeometry:
+    """The base model's geometry from its config.json, before anything is loaded (InputError naming it)."""
+    config_file = Path(base_dir) / "config.json"
+    config = read_json(config_file, "base model config")
+    if not isinstance(config, dict):
+        raise InputError(f"{config_file}: not a JSON object; give a Hugging Face model folder with --model")
+    return ModelGeometry.from_hf(config, str(config_file))
 
 
 def _batch(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,11 +224,6 @@ def _save_adapter(peft_model, folder: Path, settings: TrainSettings) -> int:
     save_file(tensors, weights, metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors writes 0600; the folder ships and is read by other accounts
     size = weights.stat().st_size
-    if size > settings.max_adapter_mib * 2**20:
-        raise InputError(
-            f"{weights}: {size / 2**20:.2f} MiB exceeds the {settings.max_adapter_mib} MiB budget; "
-            "lower --rank or target fewer modules"
-        )
     for extra in folder.iterdir():  # PEFT writes a README.md model card; the training report replaces it
         if extra.name not in ("adapter_config.json", "adapter_model.safetensors"):
             extra.unlink()
@@ -177,8 +239,26 @@ def train_adapter(
     command: str = "",
     say: Callable[[str], None] = print,
 ) -> dict:
-    """Train, save into ``out`` (replaced atomically) and return the report (also in out/training_report.json)."""
+    """Train, save into ``out`` (replaced atomically) and return the report (also in out/training_report.json).
+
+    Everything knowable before the first step is checked first: the settings, the base's config, the
+    output folder and the adapter's size against ``max_adapter_mib``."""
     settings.check()
+    out = Path(out)
+    check_output(out)
+    geometry = check_base(base_dir)
+    planned = adapter_bytes(geometry, settings)
+    if planned > settings.max_adapter_mib * 2**20:
+        raise InputError(
+            f"the adapter would be {planned / 2**20:.2f} MiB (rank {settings.rank} on {', '.join(settings.targets)} "
+            f"of {geometry.num_layers} layers, {settings.save_dtype}), over --max-adapter-mib "
+            f"{settings.max_adapter_mib}; lower --rank, target fewer modules or raise --max-adapter-mib"
+        )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(cache).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise host_error(exc, f"creating the folders of --out {out} and the cache {cache}") from None
     import peft
 
     from pipeline.checkpoint.merge import merge_adapters

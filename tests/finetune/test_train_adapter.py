@@ -87,19 +87,78 @@ def test_cli_trains_a_code_adapter(cli, tmp_path):
     assert "held-out loss" in out
 
 
-def test_oversized_adapter_is_refused_and_leaves_nothing(tmp_path):
+def test_oversized_adapter_is_refused_before_training_and_leaves_nothing(tmp_path):
+    """The adapter's size is known from the base's config: refused before the first step, the limit named."""
     from pipeline.errors import InputError
 
     model = build_tiny_llama(tmp_path / "tiny")
-    with pytest.raises(InputError, match="MiB budget"):
+    said: list[str] = []
+    with pytest.raises(InputError, match="over --max-adapter-mib 0.001; lower --rank"):
         train_adapter(
             model,
             tmp_path / "big",
             tmp_path / "cache",
             _settings("code", steps=1, max_adapter_mib=0.001),
-            say=lambda _: None,
+            say=said.append,
         )
+    assert said == []  # nothing was loaded or trained
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.tmp-*"))
+
+
+def test_the_predicted_adapter_size_is_the_saved_one(tmp_path):
+    from safetensors import safe_open
+
+    from pipeline.finetune.train import adapter_bytes, check_base
+
+    model = build_tiny_llama(tmp_path / "tiny")
+    settings = _settings("code", steps=1, targets=("q_proj", "k_proj", "down_proj"), last_layers=1)
+    train_adapter(model, tmp_path / "a", tmp_path / "cache", settings, say=lambda _: None)
+    with safe_open(tmp_path / "a" / "adapter_model.safetensors", "pt") as f:
+        saved = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+    assert adapter_bytes(check_base(model), settings) == saved
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        (lambda out: (out.mkdir(), (out / "notes.txt").write_text("mine")), "holds notes.txt"),
+        (lambda out: out.write_text("a file"), "is a file"),
+        (lambda out: (out.mkdir(), (out / "adapter_config.json").write_text("{}")), "without a training report"),
+    ],
+)
+def test_an_output_it_did_not_write_is_refused_and_kept(tmp_path, setup, expected):
+    from pipeline.errors import HostFilesystemError
+
+    model = build_tiny_llama(tmp_path / "tiny")
+    out = tmp_path / "work"
+    setup(out)
+    before = sorted(p.name for p in out.iterdir()) if out.is_dir() else out.read_text()
+    with pytest.raises(HostFilesystemError, match=expected) as info:
+        train_adapter(model, out, tmp_path / "cache", _settings("code", steps=1), say=lambda _: None)
+    assert info.value.exit_code == 4 and str(out) in str(info.value)
+    assert (sorted(p.name for p in out.iterdir()) if out.is_dir() else out.read_text()) == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--lr", "nan"], "--lr nan: must be a finite number above 0"),
+        (["--alpha", "-1"], "--alpha -1.0: must be a finite number above 0"),
+        (["--targets", "q_proj,qkv"], "--targets qkv: not a Llama projection"),
+        (["--model", "MISSING"], "config.json"),
+        (["--model", "BADCONFIG"], "config.json"),
+    ],
+)
+def test_cli_refuses_bad_input_before_training_in_one_line(cli, tmp_path, flags, expected):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    flags = [{"MISSING": str(tmp_path / "nowhere"), "BADCONFIG": str(tmp_path / "bad")}.get(f, f) for f in flags]
+    if "--model" not in flags:
+        flags += ["--model", str(build_tiny_llama(tmp_path / "tiny"))]
+    rc, _, err = cli("train-adapter", "--task", "code", "--out", str(tmp_path / "x"), *flags)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # (the tiny model's build logs too)
+    assert rc == 2 and "Traceback" not in err and len(errors) == 1 and expected in errors[0], err
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_format_task_trains_on_chosen_targets_and_counts_its_format(tmp_path):
@@ -112,7 +171,9 @@ def test_a_format_task_trains_on_chosen_targets_and_counts_its_format(tmp_path):
     assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
 
 
-def test_cli_refuses_unknown_targets_in_one_line(cli, tmp_path):
-    rc, _, err = cli("train-adapter", "--task", "yaml", "--out", str(tmp_path / "x"), "--targets", "q_proj,qkv")
-    assert rc == 2 and "--targets 'q_proj,qkv'" in err and "Traceback" not in err
-    assert not (tmp_path / "x").exists()
+def test_an_adapter_it_trained_before_is_replaced(tmp_path):
+    model = build_tiny_llama(tmp_path / "tiny")
+    settings = _settings("code", steps=1)
+    train_adapter(model, tmp_path / "a", tmp_path / "cache", settings, say=lambda _: None)
+    report = train_adapter(model, tmp_path / "a", tmp_path / "cache", settings, say=lambda _: None)
+    assert report["steps_done"] == 1 and (tmp_path / "a" / REPORT_FILE).is_file()
