@@ -56,7 +56,14 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     except calibrate.CalibrationError as exc:
         raise InputError(str(exc)) from None
     out = Path(args.out)
-    calibrate.write(content, out)
+    if out.is_dir() or (out.exists() and not out.is_file()):
+        raise InputError(f"--out {out}: not a file; give the path of the calibration file to write")
+    try:
+        calibrate.write(content, out)
+    except OSError as exc:
+        from pipeline.errors import host_error
+
+        raise host_error(exc, f"writing the calibration {out}") from None
     table = Table(title=f"{args.runtime} on {args.gpu}: {content['calibration']['source']}", title_justify="left")
     for column in ("run", "method", "concurrency", "decoding", "AL", "measured speedup", "residual"):
         table.add_column(column)

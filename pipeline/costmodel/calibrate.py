@@ -58,10 +58,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.costmodel import fit, gemm_probe, served
+from pipeline.costmodel import fit, gemm_probe, inputs, served
 from pipeline.costmodel.hardware import CPU, GpuPerf, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
 from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 
 FORMAT = "specdeploy-calibration/1"
@@ -95,35 +96,48 @@ class Run:
 
 
 def read_run(folder: Path) -> Run:
+    """A ``bench.json`` (or the folder holding one), every field checked (:mod:`pipeline.costmodel.inputs`):
+    CalibrationError naming the file and the field."""
     path = folder / "bench.json" if folder.is_dir() else folder
     try:
-        body = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CalibrationError(f"{path}: not a readable bench.json ({exc})") from None
-    if not isinstance(body, dict) or "server" not in body:
-        raise CalibrationError(
-            f"{path}: the run does not say what was served; run `specdeploy bench --repository DIR` "
-            "with the Triton repository the server loaded"
-        )
-    if not body.get("completed") or not body.get("tokens_per_second"):
-        raise CalibrationError(f"{path}: no completed requests to calibrate on")
-    al = (body.get("acceptance") or {}).get("mean_acceptance_length")
-    if body["server"]["method"] != "none" and not al:
-        raise CalibrationError(f"{path}: a {body['server']['method']} run without an acceptance length")
-    acceptance = body.get("acceptance") or {}
-    try:
-        gemms = gemm_probe.CpuProfile.from_dict(body["host_gemms"]) if body.get("host_gemms") else None
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise CalibrationError(f"{path}: host_gemms is not a GEMM probe `specdeploy bench` wrote ({exc})") from None
-    try:
-        mix = tuple(sorted((int(k), float(share)) for k, share in (body.get("batch_mix") or {}).items()))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise CalibrationError(f"{path}: batch_mix is not the one `specdeploy bench` wrote ({exc})") from None
-    if mix and (min(k for k, _ in mix) < 1 or abs(sum(share for _, share in mix) - 1) > 1e-6):
-        raise CalibrationError(f"{path}: batch_mix must give shares of decode steps (batches >= 1) adding up to 1")
+        body = inputs.read_object(path, "bench run")
+        if "server" not in body:
+            raise CalibrationError(
+                f"{path}: the run does not say what was served; run `specdeploy bench --repository DIR` "
+                "with the Triton repository the server loaded"
+            )
+        served = inputs.section(body, "server")
+        method = inputs.choice(served, "method", inputs.METHODS, "server.")
+        inputs.architecture(served, "server.")
+        if not body.get("completed"):
+            raise CalibrationError(f"{path}: no completed requests to calibrate on")
+        tokens_per_second = inputs.number(body, "tokens_per_second", 0.0, inputs.MAX_TOKENS_PER_SECOND, open_low=True)
+        concurrency = inputs.integer(body, "concurrency", 1, inputs.MAX_CONCURRENCY)
+        acceptance = body.get("acceptance") or {}
+        if not isinstance(acceptance, dict):
+            raise inputs.FieldError("acceptance", "not an object")
+        if method == "none":
+            al = 1.0
+        elif acceptance.get("mean_acceptance_length") is None:
+            raise CalibrationError(f"{path}: a {method} run without an acceptance length")
+        else:
+            al = inputs.number(acceptance, "mean_acceptance_length", 1.0, inputs.MAX_ACCEPTANCE_LENGTH, "acceptance.")
+        drafts = {
+            key: inputs.integer(acceptance, key, 0, 1 << 62, "acceptance.") if key in acceptance else 0
+            for key in ("draft_tokens", "accepted_draft_tokens")
+        }
+        mix = inputs.batch_mix(body.get("batch_mix"))
+        try:
+            gemms = gemm_probe.CpuProfile.from_dict(body["host_gemms"]) if body.get("host_gemms") else None
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise inputs.FieldError("host_gemms", f"not a GEMM probe `specdeploy bench` wrote ({exc})") from None
+    except inputs.FieldError as exc:
+        raise CalibrationError(f"{path}: {exc}") from None
+    except InputError as exc:
+        raise CalibrationError(str(exc)) from None
     return Run(
-        path, body["server"], int(body["concurrency"]), float(body["tokens_per_second"]), float(al or 1.0),
-        int(acceptance.get("draft_tokens") or 0), int(acceptance.get("accepted_draft_tokens") or 0), gemms, mix,
+        path, served, concurrency, tokens_per_second, al, drafts["draft_tokens"], drafts["accepted_draft_tokens"],
+        gemms, mix,
     )  # fmt: skip
 
 
@@ -338,15 +352,35 @@ def write(content: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def check_profile(found: Calibration) -> None:
+    """A profile's constants and bands as the fit writes them: finite, efficiencies in (0, 1], the rest >= 0
+    (a calibration with Infinity or NaN in it would drive best and the release gates)."""
+    constants = dataclasses.asdict(found.profile)
+    for key in ("bandwidth_efficiency", "compute_efficiency"):
+        inputs.number(constants, key, 0.0, 1.0, "calibration.profile.", open_low=True)
+    for key in constants:
+        if key not in ("runtime", "bandwidth_efficiency", "compute_efficiency"):
+            inputs.number(constants, key, 0.0, 1e3, "calibration.profile.")
+    for method, band in found.bands.items():
+        values = dataclasses.asdict(band)
+        for key in ("low_error", "high_error"):
+            inputs.number(values, key, -0.99, 100.0, f"calibration.bands.{method}.")
+
+
 def load(path: Path, gpu: str | None = None) -> Calibration:
     """A calibration file's profile and bands; CalibrationError naming the file for a bad one or one
     made for another GPU type."""
     try:
-        body = json.loads(path.read_text())
+        body = inputs.read_object(path, "calibration file")
         if body.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
         found = Calibration.from_dict(body["calibration"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        check_profile(found)
+    except inputs.FieldError as exc:
+        raise CalibrationError(f"{path}: {exc}") from None
+    except InputError as exc:
+        raise CalibrationError(str(exc)) from None
+    except (ValueError, KeyError, TypeError) as exc:
         raise CalibrationError(f"{path}: not a calibration `specdeploy calibrate` wrote ({exc})") from None
     if gpu is not None and body["gpu"] != gpu:
         raise CalibrationError(f"{path}: calibrated on {body['gpu']}, but the plan's GPU type is {gpu}")

@@ -258,5 +258,5 @@ def test_recorded_probes_that_do_not_match_or_read_are_refused(tmp_path):
         calibrate.cpu_device([recorded(a, 1.0), recorded(b, 1.0, rows=ROWS[:4])])
     body = json.loads(a.path.read_text())
     a.path.write_text(json.dumps(body | {"host_gemms": {"rows": [1, 2]}}))  # no seconds
-    with pytest.raises(calibrate.CalibrationError, match=r"bench.json: host_gemms is not a GEMM probe"):
+    with pytest.raises(calibrate.CalibrationError, match=r"bench.json: host_gemms: not a GEMM probe"):
         calibrate.read_run(a.path)
