@@ -71,6 +71,9 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
         if review is not None:
             _print_review(review, args.repository, console)
         return 0
+    from pipeline.stages.owners import claim_outputs
+
+    claim_outputs(plan, set(args.variant or ()))  # another spec's folders are refused before anything is written
     built = [_build(variant, args.force, console) for variant in variants]
     if args.json:
         print_json({"variants": built})

@@ -206,10 +206,12 @@ def _engine_on_ray(args: argparse.Namespace, console: Console, hashes: HashCache
     from pipeline.evaluation.apply import split_at_evaluate
     from pipeline.fleet.ray_runner import exit_code_of
     from pipeline.report import print_lora_decisions
+    from pipeline.stages.owners import claim_outputs
 
     plan = load_plan(args, resolve=True)
     print_lora_decisions(plan, console)
     only = set(args.variant or ())
+    claim_outputs(plan, only)  # another spec's folders are refused before any task runs
     roots = output_roots(args)
     needs_cache = any(variant.builtin for variant in plan.variants)
 

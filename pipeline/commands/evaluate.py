@@ -82,6 +82,9 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
             f"{args.spec}: no variant {', '.join(sorted(unknown))} (variants: "
             f"{', '.join(v.name for v in plan.variants)})"
         )
+    from pipeline.stages.owners import claim_outputs
+
+    claim_outputs(plan, only)  # another spec's folders are refused before anything is written
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     code, failures, records = 0, [], []
     for variant in plan.variants:

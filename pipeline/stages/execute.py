@@ -20,6 +20,7 @@ from pipeline.errors import StageUnavailable
 from pipeline.hashing import HashCache
 from pipeline.plan import Plan, StagePlan, VariantPlan
 from pipeline.stages import build, convert, evaluate, lora, merge, package, quantize, train_heads
+from pipeline.stages.owners import claim_outputs
 from pipeline.stages.runner import StageResult, run_stage
 from pipeline.triton.spec_repository import sharing_problem
 
@@ -71,6 +72,7 @@ def execute_plan(
     say: Callable[[str], None] = print,
     hashes: HashCache | None = None,
 ) -> list[VariantOutcome]:
+    claim_outputs(plan, only)  # another spec's folders are refused before anything is written
     outcomes = []
     for variant in plan.variants:
         if only and variant.name not in only:

@@ -1,0 +1,90 @@
+"""Which spec an output folder belongs to: outputs of different specs never share a folder.
+
+Two specs may name a variant alike (``base`` in both fleet specs), and both would build
+``engines/base``; the second run found "engine does not match the plan" and its suggested
+``--force`` destroyed the first spec's engine. So each output root (the engines folder, the Triton
+repository folder) keeps ``.specdeploy-owners.json``: folder name -> the spec that writes it (its
+name and file). Before a run writes anything, every folder its plan writes is claimed; a folder
+another spec owns is refused (exit 4) naming both specs and what to do. A folder with no owner
+yet (outputs of an earlier version, or new) is claimed quietly.
+
+Example: ``specs/smollm2-fleet.yaml`` built, then ``specs/smollm2-lora-fleet.yaml``::
+
+    engines/base belongs to spec smollm2-fleet (specs/smollm2-fleet.yaml); smollm2-lora-fleet
+    (specs/smollm2-lora-fleet.yaml) would write it too: give this spec another --engines-dir, or
+    rename the variant (to hand the folder over, remove its entry from engines/.specdeploy-owners.json)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pipeline.errors import HostFilesystemError
+from pipeline.plan import Plan, StagePlan
+
+OWNERS_FILE = ".specdeploy-owners.json"
+
+
+def _folder(stage: StagePlan) -> tuple[Path, str]:
+    """(output root, the folder under it that ``stage`` writes into)."""
+    if stage.name == "package":  # triton_repo/<variant> itself
+        return stage.output.parent, stage.output.name
+    return stage.output.parent.parent, stage.output.parent.name  # engines/<variant>/<stage>
+
+
+def folders(plan: Plan, only: set[str] | None = None) -> dict[Path, set[str]]:
+    """Every output root the plan writes into, with the folders under it (``only``: these variants')."""
+    found: dict[Path, set[str]] = {}
+    for variant in plan.variants:
+        if only and variant.name not in only:
+            continue
+        for stage in variant.stages:
+            root, name = _folder(stage)
+            found.setdefault(root, set()).add(name)
+    if plan.repository is not None and not only:
+        found.setdefault(plan.repository.output.parent, set()).add(plan.repository.output.name)
+    return found
+
+
+def _read(root: Path) -> dict[str, dict[str, str]]:
+    try:
+        owners = json.loads((root / OWNERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return owners if isinstance(owners, dict) else {}
+
+
+def claim_outputs(plan: Plan, only: set[str] | None = None) -> None:
+    """Claim every folder ``plan`` writes for its spec; HostFilesystemError naming both specs for a folder
+    another spec owns, before anything is written."""
+    me = {"spec": plan.spec_name, "file": str(plan.spec_file)}
+    claims = folders(plan, only)
+    clashes = []
+    for root, names in sorted(claims.items()):
+        owners = _read(root)
+        for name in sorted(names):
+            owner = owners.get(name)
+            if isinstance(owner, dict) and owner.get("spec") not in (None, plan.spec_name):
+                clashes.append(
+                    f"{root / name} belongs to spec {owner['spec']} ({owner.get('file', '?')}); {plan.spec_name} "
+                    f"({plan.spec_file}) would write it too"
+                )
+    if clashes:
+        raise HostFilesystemError(
+            "; ".join(clashes) + ": give this spec other output folders (--engines-dir, --triton-repo), or rename "
+            f"the variant (to hand a folder over, remove its entry from {OWNERS_FILE} in its root)"
+        )
+    for root, names in claims.items():
+        owners = _read(root)
+        if all(owners.get(name) == me for name in names):
+            continue
+        owners.update({name: me for name in names})
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".{OWNERS_FILE}.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(owners, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, root / OWNERS_FILE)
+        except OSError:
+            pass  # a read-only root (a verification job): nothing will be written there either
