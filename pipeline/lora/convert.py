@@ -15,6 +15,7 @@ embedding updates, ``modules_to_save`` copies and modules outside the decoder's 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,9 @@ import numpy as np
 import torch
 
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
-from pipeline.checkpoint.lora import Adapter, check_against_base, open_adapter
+from pipeline.checkpoint.lora import Adapter, check_adapter_values, check_against_base, open_adapter
 from pipeline.errors import InputError
-from pipeline.lora.rules import HF_TO_TRTLLM, MODULE_IDS, PREFETCH_FILES
+from pipeline.lora.rules import FLOAT16_MAX, HF_TO_TRTLLM, MODULE_IDS, PREFETCH_FILES
 
 _MODULE = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.([a-z_]+)\.weight")
 NP_DTYPES = {"float32": np.float32, "float16": np.float16}  # numpy has no bfloat16
@@ -71,6 +72,7 @@ def convert_adapter(folder: Path, dtype: str = "float32", base: Path | None = No
     merge's checks: a wrong base shape, a module the base lacks, with the file and tensor named)."""
     adapter = open_adapter(folder)
     try:
+        check_adapter_values(adapter)  # NaN or Inf, as the merge refuses them
         if base is not None:
             check_against_base(adapter, open_hf_checkpoint(base))
         return _convert(adapter, dtype)
@@ -95,6 +97,13 @@ def _convert(adapter: Adapter, dtype: str) -> RuntimeLora:
         layer, module = _module(adapter, name)
         a = adapter.read(update.a).float()  # [r, in]
         b = adapter.read(update.b).float() * update.scale  # [out, r]
+        limit = FLOAT16_MAX if dtype == "float16" else math.inf
+        for tensor, values in ((update.a, a), (update.b, b)):
+            if not bool(torch.isfinite(values).all()) or float(values.abs().max()) >= limit:
+                raise InputError(
+                    f"{adapter.where(tensor)}: scaled by lora_alpha / r it is not finite in {dtype}; the "
+                    "adapter cannot be served in this engine's dtype (retrain it, or serve it merged)"
+                )
         rows.append((layer, MODULE_IDS[module], update.rank, torch.cat((a.flatten(), b.flatten()))))
     if not rows:
         raise InputError(f"{adapter.weights}: the adapter has no LoRA updates")

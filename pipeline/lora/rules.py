@@ -80,6 +80,9 @@ PREFETCH_FILES = ("model.lora_weights.npy", "model.lora_config.npy")
 UNKNOWN_TASK = "LoRA task {task_id} not found in cache. Please send LoRA weights with request"
 CACHE_FULL = "Cache is full. There are no done tasks to evict"
 PEFT_CACHE_FULL = "PEFT Cache is full. Could not store taskId={task_id}"
+# numpy.finfo(float16).max: an adapter value there has overflowed (refused by the lora stage and on requests).
+FLOAT16_MAX = 65504.0
+
 REQUEST_CHECKS = {
     "no_task_id": "lora_task_id must be set for LoRA inference",
     "pair": "Request for LoRA inference must have both lora_weights and lora_keys",

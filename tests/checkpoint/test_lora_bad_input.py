@@ -302,3 +302,28 @@ def test_non_finite_adapter_fails_the_engine_naming_the_adapter_and_leaves_no_me
     assert f"{folder / 'adapter_model.safetensors'}: tensor {Q0}.lora_B.weight holds NaN or Inf at row 3" in errors[0]
     merged = tmp_path / "engines" / "t" / "merged"
     assert not merged.exists() and not list(merged.parent.glob(".merged.tmp-*"))
+
+
+# -- the same adapters converted for a shared LoRA engine (the lora stage) ---------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_the_lora_stage_refuses_a_non_finite_adapter_as_the_merge_does(setup, value):
+    from pipeline.lora.convert import convert_adapter
+
+    base, folder, _ = setup
+    edit_tensors(folder, lambda t: t[Q0 + ".lora_A.weight"].__setitem__((2, 5), value))
+    with pytest.raises(InputError) as info:
+        convert_adapter(folder, "float32", base.path)
+    assert f"tensor {Q0}.lora_A.weight holds NaN or Inf at row 2" in str(info.value)
+
+
+def test_the_lora_stage_refuses_an_adapter_float16_cannot_hold(setup):
+    """Scaled by lora_alpha / r, a large lora_B overflows float16: refused naming the tensor, not served as Inf."""
+    from pipeline.lora.convert import convert_adapter
+
+    base, folder, _ = setup
+    edit_tensors(folder, lambda t: t[Q0 + ".lora_B.weight"].__setitem__((1, 1), 60000.0))
+    convert_adapter(folder, "float32", base.path)  # float32 holds it
+    with pytest.raises(InputError, match=rf"{Q0}.lora_B.weight.*not finite in float16"):
+        convert_adapter(folder, "float16", base.path)

@@ -133,6 +133,23 @@ def test_request_checks_have_tensorrt_llms_messages(fleet):
     assert got == {k: message for k, (_, message) in cases.items()}
 
 
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 65504.0])
+def test_request_weights_with_nan_inf_or_float16_overflow_are_refused_naming_the_row(fleet, value):
+    """TensorRT-LLM serves such weights (the answers come out empty); a tenant's corrupt adapter is refused
+    in one line naming its row, layer and module, and the other requests of the batch go on."""
+    shared, _, runtime, _ = fleet
+    w = runtime[12]
+    corrupt = w.weights.copy()
+    corrupt[0, 1, 3] = value
+    got = run(
+        Scheduler(shared), [request("bad", [1, 2], LoraRequest(5, corrupt, w.config)), request("ok", [1, 2], None)]
+    )
+    message = got["bad"]
+    assert isinstance(message, str) and message.startswith(f"lora_weights row 1 (layer {w.config[0, 1, 1]}, ")
+    assert "lora_A" in message and "corrupt" in message  # column 3 of the row lies in its lora_A
+    assert isinstance(got["ok"], list) and got["ok"]  # the other request of the batch was served
+
+
 def test_plain_engine_refuses_lora_requests(fleet):
     _, plain, runtime, _ = fleet
     w = runtime[11]

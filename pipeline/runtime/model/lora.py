@@ -30,6 +30,7 @@ from pipeline.geometry import ModelGeometry
 from pipeline.lora.rules import (
     CACHE_FULL,
     CONFIG_ROW,
+    FLOAT16_MAX,
     MODULE_IDS,
     MODULE_NAMES,
     PEFT_CACHE_FULL,
@@ -125,6 +126,14 @@ class LoraWeights:
                 raise InputError(REQUEST_CHECKS["rank"].format(rank=rank, max_rank=settings.max_rank))
             a = values[row, : rank * n_in].reshape(rank, n_in).clone()
             b = values[row, rank * n_in : rank * (n_in + n_out)].reshape(n_out, rank).clone()
+            for part, tensor in (("lora_A", a), ("lora_B", b)):
+                # Not TensorRT-LLM's check (it serves such weights, and answers come out empty): an overflowed
+                # or corrupt adapter is refused, naming where, before it reaches every request of its task.
+                if not bool(torch.isfinite(tensor).all()) or float(tensor.abs().max()) >= FLOAT16_MAX:
+                    raise InputError(
+                        f"lora_weights row {row} (layer {layer}, {name} {part}): NaN, Inf or a float16-overflowed "
+                        f"value (|x| >= {FLOAT16_MAX:g}); the adapter is corrupt"
+                    )
             modules[(layer, module_id)] = (a, b)
         nbytes = sum(4 * (a.numel() + b.numel()) for a, b in modules.values())
         return cls(task_id, modules, nbytes)
