@@ -83,17 +83,24 @@ def variant_problems(spec: Spec, variant: VariantPlan) -> list[str]:
 
 
 def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPath, str], str]) -> list[str]:
-    """The merge's checks of each adapter, against the base's headers when its weights are here."""
+    """The merge's checks of each adapter (merged, or shared on a LoRA group's engine, where the lora
+    stage reads it: its tensors against its adapter_config.json and the base's shapes), against the
+    base's headers when its weights are here."""
+    written = next(v for v in spec.variants if v.name == variant.name).model.adapter
     merge = next((stage for stage in variant.stages if stage.name == "merge"), None)
-    if merge is None:
+    lora = next((stage for stage in variant.stages if stage.name == "lora"), None)
+    if merge is not None:
+        folders, base_dir = list(merge.params["adapters"]), merge.inputs["model"]
+    elif lora is not None and written:
+        adapters = [written] if isinstance(written, str) else list(written)
+        folders, base_dir = [str(spec.resolve_path(a)) for a in adapters], lora.inputs["model"]
+    else:
         return []
     from pipeline.adapters import has_weights
     from pipeline.checkpoint.hf_reader import open_hf_checkpoint
     from pipeline.checkpoint.merge import open_checked_adapter
 
-    written = next(v for v in spec.variants if v.name == variant.name).model.adapter
-    base_dir = merge.inputs["model"]
-    if variant.quant.prequantized:  # the merge's refusal (pipeline/checkpoint/merge.py), from the headers alone
+    if merge is not None and variant.quant.prequantized:  # the merge's refusal (checkpoint/merge.py), from headers
         return [
             located(
                 ("model", "adapter"),
@@ -109,7 +116,7 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
             pass  # the checkpoint's own problem is reported at model.path; the adapters are read alone
     problems = []
     try:
-        for index, folder in enumerate(merge.params["adapters"]):
+        for index, folder in enumerate(folders):
             where: KeyPath = ("model", "adapter") if isinstance(written, str) else ("model", "adapter", index)
             if not variant.weights_present and not has_weights(Path(folder)):
                 continue  # planned from a preset and the adapter's config alone: nothing to read yet

@@ -101,3 +101,17 @@ def test_an_adapter_path_naming_a_file_says_what_it_is(cli, write_spec, model, a
     rc, errors = validate(cli, write_spec, with_adapter(model, weights))
     assert rc == 2 and len(errors) == 1, errors
     assert f".yaml:5:3 model.adapter: {weights}: adapter folder is a regular file, not a folder" in errors[0]
+
+
+def test_a_shared_fine_tunes_adapter_is_read_like_a_merged_ones(cli, write_spec, model, adapter):  # noqa: F811
+    """serving.lora: shared: the lora stage converts the adapter at engine time; validate reads its tensors
+    against its adapter_config.json first, as it does for a merged one."""
+    text = (
+        f"name: tiny\nmodel: {{path: {model}, dtype: float32}}\ntarget: reference\nvariants:\n  - name: base\n"
+        f"  - name: ft\n    model: {{adapter: {adapter}}}\n    serving: {{lora: shared}}\n"
+    )
+    assert validate(cli, write_spec, text) == (0, [])
+    edit_config(adapter, r=8)
+    rc, errors = validate(cli, write_spec, text)
+    assert rc == 2 and len(errors) == 1, errors
+    assert "model.adapter:" in errors[0] and "rank does not match r=8" in errors[0] and "[variant ft]" in errors[0]
