@@ -13,6 +13,7 @@ recorded holder is no longer running.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -20,8 +21,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from pipeline.errors import StageError
+from pipeline.errors import HostFilesystemError, StageError
 
 _OWNER = re.compile(r"\.(?:tmp|old)-(\d+)")
 
@@ -160,3 +162,33 @@ def replace_folder(tmp: Path, target: Path) -> None:
             pass  # the next run holding the lock removes it (our pid is then gone)
     else:
         os.replace(tmp, target)
+
+
+def check_replaceable(path: Path, option: str, ours: Callable[[Path], bool], *, folder: bool = True) -> None:
+    """A user-named output (``option``: ``--out``, ``--junit-xml``, ...; ``folder``: a folder, else a
+    file) may be replaced only when it is absent, an empty folder (for a folder), or what ``ours``
+    recognizes as specdeploy's own earlier output; anything else is the user's: HostFilesystemError
+    (exit 4) naming it, and it is left as it is."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    empty_folder = path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    if empty_folder and folder:
+        return
+    if path.is_dir() and not folder:
+        raise HostFilesystemError(f"{option} {path}: a folder where the file to write goes; give a file's path")
+    if not path.is_symlink() and ours(path):
+        return
+    kind = "a symlink" if path.is_symlink() else "a folder" if path.is_dir() else "a file"
+    raise HostFilesystemError(
+        f"{option} {path}: {kind} specdeploy did not write; it would be replaced whole: give a new or empty "
+        "path (or move it away first)"
+    )
+
+
+def json_of(path: Path) -> Any:
+    """The JSON in a regular file, or None (an ownership test that must not fail on foreign content)."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None

@@ -43,9 +43,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
+    from pipeline.atomic import check_replaceable, json_of
     from pipeline.costmodel import calibrate
     from pipeline.errors import InputError
 
+    out = Path(args.out)  # a calibration file only: checked before anything is measured
+    check_replaceable(out, "--out", lambda p: (json_of(p) or {}).get("format") == calibrate.FORMAT, folder=False)
     try:
         runs = [calibrate.read_run(Path(r)) for r in args.runs]
         device = None
@@ -55,9 +58,6 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
         content = calibrate.calibrate(runs, args.gpu, args.runtime, args.context_len, device)
     except calibrate.CalibrationError as exc:
         raise InputError(str(exc)) from None
-    out = Path(args.out)
-    if out.is_dir() or (out.exists() and not out.is_file()):
-        raise InputError(f"--out {out}: not a file; give the path of the calibration file to write")
     try:
         calibrate.write(content, out)
     except OSError as exc:

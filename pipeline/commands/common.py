@@ -98,6 +98,21 @@ def add_ci_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_ci_outputs(args: argparse.Namespace) -> None:
+    """``--junit-xml`` may replace only a JUnit file specdeploy wrote: checked before the run starts."""
+    if getattr(args, "junit_xml", None) is None:
+        return
+    from pipeline.atomic import check_replaceable
+
+    def ours(path: Path) -> bool:
+        try:
+            return path.is_file() and b"<testsuites" in path.read_bytes()[:512] and b"specdeploy" in path.read_bytes()
+        except OSError:
+            return False
+
+    check_replaceable(args.junit_xml, "--junit-xml", ours, folder=False)
+
+
 def report_run(run, args: argparse.Namespace) -> None:
     """The CI outputs of a finished run: the JUnit file (--junit-xml), GitHub's step summary (when
     $GITHUB_STEP_SUMMARY is set) and the JSON document (--json)."""

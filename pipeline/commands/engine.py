@@ -23,6 +23,7 @@ from pipeline.commands.common import (
     add_json_flag,
     add_spec_argument,
     add_variant_filter,
+    check_ci_outputs,
     load_plan,
     output_roots,
     report_error,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
+    check_ci_outputs(args)  # before the try: a refused --junit-xml is not written with the error either
     try:
         return _engine(args, console)
     except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error

@@ -54,9 +54,10 @@ def with_default_evaluation(spec):
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.commands.common import report_error
+    from pipeline.commands.common import check_ci_outputs, report_error
     from pipeline.errors import SpecdeployError
 
+    check_ci_outputs(args)  # before the try: a refused --junit-xml is not written with the error either
     try:
         return _evaluate(args, console)
     except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error

@@ -35,7 +35,22 @@ def _base_dir(args: argparse.Namespace) -> Path:
     return prepare_embedded_model(Path(args.cache_dir))
 
 
+def _heads_folder(path: Path) -> bool:
+    """A heads folder specdeploy wrote (train-heads: its manifest; expand-heads: expanded_from)."""
+    from pipeline.atomic import json_of
+    from pipeline.heads.export import MANIFEST
+
+    return (path / MANIFEST).is_file() or "expanded_from" in (json_of(path / "config.json") or {})
+
+
 def cmd_train_heads(args: argparse.Namespace, console) -> int:
+    from pipeline.atomic import check_replaceable
+
+    check_replaceable(Path(args.out), "--out", _heads_folder)  # before anything is trained
+    if args.report:
+        from pipeline.atomic import json_of
+
+        check_replaceable(Path(args.report), "--report", lambda p: isinstance(json_of(p), dict), folder=False)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
 
@@ -95,7 +110,10 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
 
 
 def cmd_expand_heads(args: argparse.Namespace, console) -> int:
+    from pipeline.atomic import check_replaceable
     from pipeline.heads.expand import expand_medusa
+
+    check_replaceable(Path(args.out), "--out", _heads_folder)
 
     out = expand_medusa(Path(args.heads), _base_dir(args), Path(args.out), dtype=args.dtype)
     if args.json:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.atomic import replace_folder
-from pipeline.errors import HostFilesystemError, InputError, host_error
+from pipeline.atomic import check_replaceable, replace_folder
+from pipeline.errors import InputError, host_error
 from pipeline.files import read_json
 from pipeline.finetune.data import FORMATS, IGNORE, TASKS, DataSettings, Example, TaskData, code_task, format_task
 from pipeline.geometry import ModelGeometry
@@ -100,23 +100,10 @@ def adapter_bytes(geometry: ModelGeometry, settings: TrainSettings) -> int:
     return layers * values * SAVE_DTYPES[settings.save_dtype].itemsize
 
 
-def check_output(out: Path) -> None:
-    """``out`` may be replaced only when it is absent, an empty folder, or an adapter this command wrote
-    (its files and its training report, nothing else): anything else is the user's (exit 4)."""
-    if not os.path.lexists(out):
-        return
-    ours = {"adapter_config.json", "adapter_model.safetensors", REPORT_FILE}
-    if out.is_dir() and not out.is_symlink():
-        names = {p.name for p in out.iterdir()}
-        if not names or (REPORT_FILE in names and names <= ours):
-            return
-        detail = f"holds {', '.join(sorted(names - ours)[:5]) or 'an adapter without a training report'}"
-    else:
-        detail = "is a symlink" if out.is_symlink() else "is a file"
-    raise HostFilesystemError(
-        f"{out}: {detail}, which train-adapter did not write; it replaces --out whole, so give a new or empty "
-        "folder (or an adapter it trained before)"
-    )
+def _adapter_folder(out: Path) -> bool:
+    """An adapter this command wrote: its training report, and nothing but its files."""
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    return REPORT_FILE in names and names <= {"adapter_config.json", "adapter_model.safetensors", REPORT_FILE}
 
 
 def check_base(base_dir: Path) -> ModelGeometry:
@@ -245,7 +232,7 @@ def train_adapter(
     output folder and the adapter's size against ``max_adapter_mib``."""
     settings.check()
     out = Path(out)
-    check_output(out)
+    check_replaceable(out, "--out", _adapter_folder)
     geometry = check_base(base_dir)
     planned = adapter_bytes(geometry, settings)
     if planned > settings.max_adapter_mib * 2**20:

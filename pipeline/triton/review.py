@@ -24,8 +24,7 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.atomic import remove_path, replace_folder
-from pipeline.errors import HostFilesystemError
+from pipeline.atomic import check_replaceable, remove_path, replace_folder
 from pipeline.plan import Plan, VariantPlan
 from pipeline.triton.repository import TOKENIZER_REQUIRED, emit_repository
 from pipeline.triton.spec_repository import emit_spec_repository, sharing_problem
@@ -39,23 +38,11 @@ def tokenizer_on_this_host(variant: VariantPlan) -> Path | None:
     return folder if any((folder / name).is_file() for name in TOKENIZER_REQUIRED) else None
 
 
-def refuse_foreign(out: Path) -> None:
-    """``out`` may be replaced only when it is absent, an empty folder or an earlier review."""
-    if not os.path.lexists(out):
-        return
-    if out.is_dir() and not out.is_symlink() and (not any(out.iterdir()) or (out / MARKER).is_file()):
-        return
-    raise HostFilesystemError(
-        f"{out}: holds files specdeploy did not write (no {MARKER}); --repository needs an absent or "
-        "empty folder, or an earlier review to replace: choose another folder"
-    )
-
-
 def write_review(plan: Plan, out: Path, variants: list[VariantPlan]) -> dict:
     """Write the repositories of ``variants`` (and, when every variant is asked for, the whole-spec
     repository) into ``out``; the summary that ``MARKER`` holds."""
     out = Path(out)
-    refuse_foreign(out)
+    check_replaceable(out, "--repository", lambda folder: (folder / MARKER).is_file())  # an earlier review
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.review-{os.getpid()}"
     if os.path.lexists(tmp):

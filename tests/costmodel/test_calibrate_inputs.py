@@ -96,7 +96,7 @@ def test_the_cli_refuses_a_bad_run_and_a_folder_as_out_in_one_line(cli, tmp_path
     assert rc == 2 and err.count("error:") == 1 and "tokens_per_second: inf" in err and "Traceback" not in err
     (tmp_path / "folder").mkdir()
     rc, _, err = cli("calibrate", "--gpu", "h100-sxm-80gb", *good, "--out", str(tmp_path / "folder"))
-    assert rc == 2 and "--out" in err and "not a file" in err
+    assert rc == 4 and "--out" in err and "a folder where the file to write goes" in err
     assert list((tmp_path / "folder").iterdir()) == []
 
 

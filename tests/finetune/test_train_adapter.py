@@ -121,9 +121,9 @@ def test_the_predicted_adapter_size_is_the_saved_one(tmp_path):
 @pytest.mark.parametrize(
     ("setup", "expected"),
     [
-        (lambda out: (out.mkdir(), (out / "notes.txt").write_text("mine")), "holds notes.txt"),
-        (lambda out: out.write_text("a file"), "is a file"),
-        (lambda out: (out.mkdir(), (out / "adapter_config.json").write_text("{}")), "without a training report"),
+        (lambda out: (out.mkdir(), (out / "notes.txt").write_text("mine")), "a folder specdeploy did not write"),
+        (lambda out: out.write_text("a file"), "a file specdeploy did not write"),
+        (lambda out: (out.mkdir(), (out / "adapter_config.json").write_text("{}")), "a folder specdeploy"),
     ],
 )
 def test_an_output_it_did_not_write_is_refused_and_kept(tmp_path, setup, expected):

@@ -275,7 +275,7 @@ def test_review_refuses_a_folder_it_did_not_write(cli, tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     rc, _, err = cli("build", spec, "--dry-run", "--repository", str(mine))
-    assert rc == 4 and "did not write" in err and (mine / "notes.txt").read_text() == "keep me"
+    assert rc == 4 and "specdeploy did not write" in err and (mine / "notes.txt").read_text() == "keep me"
     review = tmp_path / "review"
     assert cli("build", spec, "--dry-run", "--repository", str(review))[0] == 0
     assert cli("build", spec, "--dry-run", "--repository", str(review))[0] == 0  # an earlier review: replaced
