@@ -73,7 +73,7 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
         return 0
     from pipeline.stages.owners import claim_outputs
 
-    claim_outputs(plan, set(args.variant or ()))  # another spec's folders are refused before anything is written
+    claim_outputs(plan, set(args.variant or ()), {"build"})  # another spec's engines are refused before it runs
     built = [_build(variant, args.force, console) for variant in variants]
     if args.json:
         print_json({"variants": built})

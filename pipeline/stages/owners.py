@@ -34,16 +34,18 @@ def _folder(stage: StagePlan) -> tuple[Path, str]:
     return stage.output.parent.parent, stage.output.parent.name  # engines/<variant>/<stage>
 
 
-def folders(plan: Plan, only: set[str] | None = None) -> dict[Path, set[str]]:
-    """Every output root the plan writes into, with the folders under it (``only``: these variants')."""
+def folders(plan: Plan, only: set[str] | None = None, stages: set[str] | None = None) -> dict[Path, set[str]]:
+    """Every output root the plan writes into, with the folders under it (``only``: these variants';
+    ``stages``: these stages' only)."""
     found: dict[Path, set[str]] = {}
     for variant in plan.variants:
         if only and variant.name not in only:
             continue
         for stage in variant.stages:
-            root, name = _folder(stage)
-            found.setdefault(root, set()).add(name)
-    if plan.repository is not None and not only:
+            if stages is None or stage.name in stages:
+                root, name = _folder(stage)
+                found.setdefault(root, set()).add(name)
+    if plan.repository is not None and not only and stages is None:
         found.setdefault(plan.repository.output.parent, set()).add(plan.repository.output.name)
     return found
 
@@ -56,11 +58,11 @@ def _read(root: Path) -> dict[str, dict[str, str]]:
     return owners if isinstance(owners, dict) else {}
 
 
-def claim_outputs(plan: Plan, only: set[str] | None = None) -> None:
-    """Claim every folder ``plan`` writes for its spec; HostFilesystemError naming both specs for a folder
-    another spec owns, before anything is written."""
+def claim_outputs(plan: Plan, only: set[str] | None = None, stages: set[str] | None = None) -> None:
+    """Claim every folder ``plan`` writes for its spec (``stages``: only these stages'); HostFilesystemError
+    naming both specs for a folder another spec owns, before anything is written."""
     me = {"spec": plan.spec_name, "file": str(plan.spec_file)}
-    claims = folders(plan, only)
+    claims = folders(plan, only, stages)
     clashes = []
     for root, names in sorted(claims.items()):
         owners = _read(root)
