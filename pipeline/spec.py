@@ -303,6 +303,10 @@ class ServingSpec(_Strict):
     (plain decoding: TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode); merged
     merges it into an engine of its own; auto lets the planner choose per fine-tune, the fleet's predicted
     speedup against every GPU's memory (docs/concepts/fleet.md)."""
+    lora_client_adapters: bool = False
+    """Whether clients may send adapters of their own (``lora_weights`` with a new ``lora_task_id``) to a
+    LoRA engine. Off: its models refuse them, and the deployed fine-tunes' prefetched adapters are never
+    evicted by what clients send (docs/concepts/reference-backend.md)."""
 
 
 class TrafficSpec(_Strict):

@@ -245,8 +245,12 @@ class TritonClient:
         return final is not None and final.bool_param
 
     def _stop_and_drain(self, request_id: str, events: queue.Queue) -> bool:
-        """Stop the request in the backend, then wait for its final response; True once it came."""
-        if not self.stop_in_backend(request_id):
+        """Stop the request in the backend, then wait for its final response; True once it came.
+
+        A model that runs the BLS code (specdeploy's Python ensembles, ``tensorrt_llm_bls``) sends its
+        ``tensorrt_llm`` request under an id of its own and stops it when its client cancels: False
+        at once, and the caller cancels the stream."""
+        if self._runs_bls_code() or not self.stop_in_backend(request_id):
             return False
         deadline = time.monotonic() + STOP_WAIT_SECONDS
         while True:
@@ -283,6 +287,13 @@ class TritonClient:
         finally:
             client.stop_stream(cancel_requests=True)
             client.close()
+
+    def _runs_bls_code(self) -> bool:
+        try:
+            config = self.model_config(self.model)
+        except ClientError:
+            return False
+        return config.get("backend") == "python" and "tensorrt_llm_model_name" in (config.get("parameters") or {})
 
     def backend_model(self) -> str:
         """The tensorrt_llm model behind this client's model: an ensemble's generating step, the BLS

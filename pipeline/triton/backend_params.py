@@ -67,6 +67,7 @@ def lora_parameters(variant: VariantPlan, repository: Path) -> dict[str, str]:
     params = dict(stage.params.get("lora") or {})
     if params and variant.target == "reference":
         params["reference_lora_prefetch_path"] = packaged_path(stage.inputs["lora"], repository)
+        params["reference_lora_client_adapters"] = "true" if variant.serving.lora_client_adapters else "false"
     return params
 
 
@@ -115,6 +116,7 @@ REFERENCE_PARAMETER_KEYS = frozenset(
         "reference_num_threads",
         "reference_engine_path",
         "reference_lora_prefetch_path",
+        "reference_lora_client_adapters",
     }
 )
 

@@ -54,6 +54,7 @@ build: {{max_batch_size: 8, max_input_len: 128, max_seq_len: 256, max_num_tokens
 target: reference
 variants:
   - name: base
+    serving: {{lora_client_adapters: true}}  # NVIDIA's client sends an adapter of its own below
   - name: code
     model: {{adapter: {REPO / "adapters" / "smollm2-code"}}}
     serving: {{lora: shared}}
@@ -239,5 +240,6 @@ def test_nvidia_inflight_client_with_task_id_and_lora_path(plan, expected, serve
     # NVIDIA's LoRA instructions with our output, unchanged: the lora stage's folder of the fine-tune,
     # sent with a new task id (its files are in the dtype the repository declares for lora_weights).
     folder = plan.variants[0].stage("lora").output / str(task)
-    assert inflight("--lora-path", str(folder), "--lora-task-id", "77") == want
+    assert inflight("--lora-path", str(folder), "--lora-task-id", str(task)) == want  # as NVIDIA's docs do it
+    assert inflight("--lora-path", str(folder), "--lora-task-id", "77") == want  # a new id: a client adapter
     assert inflight("--lora-task-id", "77") == want  # and cached under that id from then on

@@ -179,6 +179,25 @@ def test_cache_evicts_least_recently_used_done_tasks(fleet):
         small.put(parsed[11])
 
 
+def test_prefetched_fine_tunes_survive_a_flood_of_client_adapters(fleet):
+    """The deployed fine-tunes (prefetched, pinned) stay servable whatever clients send: a flood of new
+    task ids evicts only client-sent adapters; with client adapters off, a new task id is refused."""
+    shared, _, runtime, _ = fleet
+    model, settings = shared.config.model, shared.lora
+    parsed = {t: LoraWeights.parse(t, r.weights, r.config, model, settings) for t, r in runtime.items()}
+    cache = LoraCache(capacity_bytes=parsed[11].nbytes + parsed[12].nbytes)
+    cache.put(parsed[11], pinned=True)  # as prefetch() stores a deployed fine-tune
+    for task in range(100, 300):  # ~200 requests, each with a throwaway adapter of its own
+        throwaway = LoraWeights.parse(task, runtime[12].weights, runtime[12].config, model, settings)
+        cache.release(cache.acquire(task, throwaway).task_id)
+    assert 11 in cache and cache.acquire(11) is parsed[11]
+    closed = LoraCache(capacity_bytes=10 * parsed[11].nbytes, client_adapters=False)
+    closed.put(parsed[11], pinned=True)
+    with pytest.raises(InputError, match="LoRA task 12 is not one of this server's fine-tunes"):
+        closed.acquire(12, parsed[12])
+    assert closed.acquire(11, parsed[11]) is parsed[11]  # its own id with weights: the cached ones, as TensorRT-LLM
+
+
 def test_converted_layout_is_hf_lora_converts(tmp_path):
     """Rows are (module id, layer, r), A [r, in] then scale * B [out, r] flattened (hf_lora_convert.py)."""
     from transformers import LlamaForCausalLM

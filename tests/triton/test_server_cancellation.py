@@ -205,3 +205,98 @@ def test_a_vanished_client_frees_the_server(server, model, how):
     print(f"{model} ({how}): solo {solo:.2f} s, freed {freed:.2f} s after the kill, next request {after:.2f} s")
     assert freed < 2 * solo, f"{model}: the server still generated for the killed client {freed:.1f} s later"
     assert after < 3 * solo, f"{model}: {after:.2f} s after the killed client, {solo:.2f} s alone"
+
+
+def _stream(server, model: str, request: GenerationRequest, request_id: str) -> tuple[str, str | None]:
+    """(the text a stream sent, its error) for one request sent with ``request_id``, on its own connection."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from pipeline.client import build_inputs
+
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    client.async_stream_infer(model, build_inputs(request), request_id=request_id, enable_empty_final_response=True)
+    text, error = [], None
+    while True:
+        result, failure = events.get(timeout=300)
+        if failure is not None:
+            error = str(failure)
+            break
+        response = result.get_response()
+        out = result.as_numpy("text_output")
+        if out is not None and out.size:
+            text.append(out.reshape(-1)[0].decode())
+        if response.parameters.get("triton_final_response") and response.parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    return "".join(text), error
+
+
+@pytest.mark.parametrize("model", ["first", "second-tensorrt_llm_bls"])
+def test_a_rejected_request_ends_no_other_client_with_the_same_request_id(server, model):
+    """Clients that send fixed ids are common: a request refused by the tensorrt_llm model (end_id outside
+    the vocabulary) made its BLS code send a stop with that id, which ended every other in-flight request
+    carrying it, with status OK and a truncated answer. Now each BLS request has an id of its own."""
+    ask = GenerationRequest("the quick brown fox", max_tokens=2000)  # seconds: in flight when the other fails
+    alone, error = _stream(server, model, ask, "solo-1")
+    assert error is None and alone
+    with ThreadPoolExecutor(2) as pool:
+        long = pool.submit(_stream, server, model, ask, "fixed")
+        wait_for_in_flight(server, f"{model.split('-')[0]}-tensorrt_llm", 1)
+        refused = pool.submit(_stream, server, model, GenerationRequest("hello", max_tokens=5, end_id=10**9), "fixed")
+        assert refused.result()[1] is not None and "end_id" in refused.result()[1]
+        text, error = long.result()
+    assert error is None and text == alone  # whole, not cut short
+
+
+def test_a_stop_reaches_the_latest_request_with_its_id_as_the_cpp_backend_does(server):
+    """Two direct tensorrt_llm requests with one id: TensorRT-LLM's backend maps an id to its latest request
+    (model_instance_state.cc, mTritonRequestIdToRequestIds), so a stop cancels that one; the earlier goes on."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    tokens = 4000  # seconds of generation for the tiny model: both are in flight when the stop comes
+    streams: dict[str, dict] = {name: {"tokens": 0, "final": False} for name in ("earlier", "later")}
+
+    def on_response(name: str, result, error) -> None:
+        if error is not None or result is None:
+            streams[name]["final"] = True
+            return
+        ids = result.as_numpy("output_ids")
+        streams[name]["tokens"] += 0 if ids is None else ids.size
+        final = result.get_response().parameters.get("triton_final_response")
+        streams[name]["final"] = bool(final and final.bool_param)
+
+    def open_stream(name: str) -> grpcclient.InferenceServerClient:
+        conn = grpcclient.InferenceServerClient(server.grpc_url)
+        conn.start_stream(callback=lambda result, error: on_response(name, result, error))
+        inputs = []
+        for key, value, kind in (
+            ("input_ids", np.array([[5, 6, 7, 8]], np.int32), "INT32"),
+            ("input_lengths", np.array([[4]], np.int32), "INT32"),
+            ("request_output_len", np.array([[tokens]], np.int32), "INT32"),
+            ("streaming", np.array([[True]]), "BOOL"),
+        ):
+            tensor = grpcclient.InferInput(key, list(value.shape), kind)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        conn.async_stream_infer("tensorrt_llm", inputs, request_id="shared", enable_empty_final_response=True)
+        return conn
+
+    earlier = open_stream("earlier")
+    wait_for_in_flight(server, "tensorrt_llm", 1)
+    later = open_stream("later")
+    wait_for_in_flight(server, "tensorrt_llm", 2)
+    assert TritonClient(server.grpc_url, model="ensemble").stop_in_backend("shared")
+    deadline = time.monotonic() + 600
+    while not (streams["earlier"]["final"] and streams["later"]["final"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for conn in (earlier, later):
+        conn.stop_stream()
+        conn.close()
+    assert streams["earlier"]["tokens"] == tokens, streams  # it ran to its end
+    assert streams["later"]["final"] and streams["later"]["tokens"] < tokens, streams  # the stop ended it

@@ -143,6 +143,7 @@ class LoraWeights:
 class _Slot:
     weights: LoraWeights
     in_flight: int = 0  # requests using it now: never evicted while > 0
+    pinned: bool = False  # a deployed fine-tune's adapter (prefetched): never evicted
 
 
 @dataclass
@@ -156,6 +157,10 @@ class LoraCache:
     * when a new adapter does not fit, the least recently used adapters that no request is using
       are evicted; if that is not enough: "PEFT Cache is full. Could not store taskId=<id>".
 
+    Unlike TensorRT-LLM's, the adapters prefetched at startup (the deployed fine-tunes) are pinned:
+    no flood of client-sent adapters can push them out (which left every fine-tune failing "LoRA
+    task N not found in cache" until a restart).
+
     >>> cache = LoraCache(capacity_bytes=0)
     >>> cache.acquire(7)
     Traceback (most recent call last):
@@ -164,6 +169,7 @@ class LoraCache:
     """
 
     capacity_bytes: int
+    client_adapters: bool = True  # False: a request may not bring an adapter the cache does not hold
     _slots: OrderedDict[int, _Slot] = field(default_factory=OrderedDict)  # least recently used first
 
     @property
@@ -173,23 +179,28 @@ class LoraCache:
     def __contains__(self, task_id: int) -> bool:
         return task_id in self._slots
 
-    def put(self, weights: LoraWeights) -> None:
-        """Store an adapter (prefetched at startup, or sent with a request); pinned by nobody."""
+    def put(self, weights: LoraWeights, pinned: bool = False) -> None:
+        """Store an adapter (``pinned``: prefetched at startup, never evicted; else sent with a request)."""
         if weights.task_id in self._slots:
             self._slots.move_to_end(weights.task_id)
             return
         need = weights.nbytes - (self.capacity_bytes - self.used_bytes)
-        for task_id in [t for t, slot in self._slots.items() if slot.in_flight == 0]:
+        for task_id in [t for t, slot in self._slots.items() if slot.in_flight == 0 and not slot.pinned]:
             if need <= 0:
                 break
             need -= self._slots.pop(task_id).weights.nbytes
         if need > 0:
             raise InputError(f"{PEFT_CACHE_FULL.format(task_id=weights.task_id)} ({CACHE_FULL})")
-        self._slots[weights.task_id] = _Slot(weights)
+        self._slots[weights.task_id] = _Slot(weights, pinned=pinned)
 
     def acquire(self, task_id: int, weights: LoraWeights | None = None) -> LoraWeights:
         """The adapter for a new request (storing ``weights`` first when it brought them); the caller
         calls :meth:`release` when the request ends."""
+        if weights is not None and task_id not in self._slots and not self.client_adapters:
+            raise InputError(
+                f"LoRA task {task_id} is not one of this server's fine-tunes, and it takes no adapters from "
+                "clients (serving.lora_client_adapters: false)"
+            )
         if weights is not None:
             self.put(weights)
         slot = self._slots.get(task_id)
@@ -228,7 +239,7 @@ def prefetch(
         except (OSError, ValueError) as exc:
             raise InputError(f"{entry}: cannot read the LoRA weights ({exc}); convert the adapter again") from None
         try:
-            cache.put(LoraWeights.parse(int(entry.name), weights, config, model, settings))
+            cache.put(LoraWeights.parse(int(entry.name), weights, config, model, settings), pinned=True)
         except InputError as exc:
             raise InputError(f"{entry}: {exc}") from None
         loaded.append(int(entry.name))

@@ -16,6 +16,7 @@ decoupled policy (TensorRT-LLM's rule).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -87,7 +88,10 @@ class TritonPythonModel:
         )
         lora_cache = None
         if engine.lora is not None:
-            lora_cache = LoraCache(self.params.lora_cache_host_memory_bytes or HOST_CACHE_DEFAULT_BYTES)
+            lora_cache = LoraCache(
+                self.params.lora_cache_host_memory_bytes or HOST_CACHE_DEFAULT_BYTES,
+                client_adapters=self.params.lora_client_adapters,
+            )
             if self.params.lora_prefetch_dir is not None:
                 loaded, warnings = prefetch(lora_cache, self.params.lora_prefetch_dir, engine.config.model, engine.lora)
                 for warning in warnings:
@@ -103,6 +107,14 @@ class TritonPythonModel:
             on_active=self.metrics.on_active,
         )
         self.scheduler.start()
+        # Requests are keyed by more than the client's id: one submission's sequences share a key of
+        # their own. A ``stop`` with an id cancels the latest submission that carried it, as the C++
+        # backend does (model_instance_state.cc: mTritonRequestIdToRequestIds[tritonRequestId] is
+        # overwritten by each new request with that id, and erased when its requests finish), never
+        # another client's earlier request with the same id.
+        self._latest: dict[str, str] = {}  # client's request id -> the key of its latest submission
+        self._keys = itertools.count()
+        self._keys_lock = threading.Lock()
         _log(
             "info",
             f"tensorrt_llm reference backend: {self.params.engine_dir} tp={engine.tp} pp={engine.pp} "
@@ -130,16 +142,31 @@ class TritonPythonModel:
             if not parsed.request_id:
                 sender.send(_error("stop=true needs the request id of the request to cancel"), flags=final)
                 return
-            self.scheduler.cancel(parsed.request_id)
+            with self._keys_lock:
+                key = self._latest.get(parsed.request_id)
+            if key is not None:
+                self.scheduler.cancel(key)
             self._release(sender)
             return
         counts = (bool(_flag(get, "return_num_input_tokens")), bool(_flag(get, "return_num_output_tokens")))
+        client_id = request.request_id() or ""
+        with self._keys_lock:
+            key = f"{client_id}#{next(self._keys)}"
+            if client_id:
+                self._latest[client_id] = key
         # A request of several sequences shares one sender: only its last finished sequence is final.
-        remaining = _Countdown(len(parsed))
+        remaining = _Countdown(len(parsed), on_done=lambda: self._forget(client_id, key))
         for part in parsed:
+            part = replace(part, request=replace(part.request, request_id=key))
             self.scheduler.submit(
                 part.request, self._sink(part, sender, counts, remaining), getattr(sender, "is_cancelled", None)
             )
+
+    def _forget(self, client_id: str, key: str) -> None:
+        """A submission has finished: its client id no longer reaches it (unless a later one took the id)."""
+        with self._keys_lock:
+            if self._latest.get(client_id) == key:
+                del self._latest[client_id]
 
     def _sink(
         self, part: Part, sender: Any, counts: tuple[bool, bool], remaining: _Countdown
@@ -179,14 +206,17 @@ class TritonPythonModel:
 class _Countdown:
     """Sequences of one request still running (their sinks run on the scheduler's thread)."""
 
-    def __init__(self, count: int) -> None:
-        self.count, self._lock = count, threading.Lock()
+    def __init__(self, count: int, on_done: Callable[[], None] = lambda: None) -> None:
+        self.count, self._lock, self._on_done = count, threading.Lock(), on_done
 
     def done_one(self) -> bool:
-        """Count one finished sequence; True for the last."""
+        """Count one finished sequence; True for the last (``on_done`` has run then)."""
         with self._lock:
             self.count -= 1
-            return self.count == 0
+            last = self.count == 0
+        if last:
+            self._on_done()
+        return last
 
 
 def _getter(request: Any) -> Callable[[str], np.ndarray | None]:

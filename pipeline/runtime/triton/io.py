@@ -58,6 +58,7 @@ class BackendParams:
     # adapters in host memory; lora_cache_gpu_memory_fraction has nothing to size here).
     lora_prefetch_dir: Path | None = None
     lora_cache_host_memory_bytes: int | None = None
+    lora_client_adapters: bool = True  # our own key (reference_lora_client_adapters): TensorRT-LLM has none
     outputs: frozenset[str] = field(default_factory=frozenset)  # outputs the config declares
     warnings: tuple[str, ...] = ()
 
@@ -146,6 +147,7 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         decoupled=bool(policy.get("decoupled", False)),
         lora_prefetch_dir=_prefetch_dir(values, model_dir),
         lora_cache_host_memory_bytes=integer("lora_cache_host_memory_bytes", None),
+        lora_client_adapters=boolean("reference_lora_client_adapters", True),
         outputs=frozenset(o["name"] for o in model_config.get("output") or []),
         warnings=tuple(warnings),
     )

@@ -23,12 +23,15 @@ A client that cancels or goes away stops the generation within ``cancellation_ch
 or not) and then cancels the inner request, with the response iterator's ``cancel()`` where the
 Python backend has it (triton-inference-server/python_backend#398, 2025) and always with
 TensorRT-LLM's own cancel message, a ``stop`` request with the inner request's id (Triton 2.51
-has no ``cancel()``; both backends honour ``stop``). The inner request carries the client's id,
-so a client's own ``stop`` to ``tensorrt_llm`` reaches it too; a request without one gets a
-unique id, since ``stop`` needs one. The inner stream is always read to its final response: a send
-to a vanished client or a failed postprocessing cancels it first, and nothing is left half-read in
-the Python backend. Finished inner streams are held a while before they are let go (``_Kept``: a
-Python backend defect in Triton 2.51 otherwise frees their arrays without the GIL).
+has no ``cancel()``; both backends honour ``stop``). The inner request has an id of its own (the
+client's id and a unique suffix), so that stop, and the one a failed request sends, reach this
+request only, never another client's that carries the same id. A client's own ``stop`` sent to this
+model reaches its latest request here, as TensorRT-LLM's backend maps an id to its latest request;
+one sent straight to ``tensorrt_llm`` with the client's id does not reach it. The inner stream is
+always read to its final response: a send to a vanished client or a failed postprocessing cancels it
+first, and nothing is left half-read in the Python backend. Finished inner streams are held a
+while before they are let go (``_Kept``: a Python backend defect in Triton 2.51 otherwise frees
+their arrays without the GIL).
 
 What it does not do: draft-target speculative decoding (``num_draft_tokens``, which needs a
 draft model this repository does not have: ``tensorrt_llm_draft_model_name`` is empty) and
@@ -75,6 +78,10 @@ class TritonPythonModel:
         self.cancel_period_s = int(parameter(config, "cancellation_check_period_ms", "100") or 100) / 1000
         self.threads: list[threading.Thread] = []
         self.kept = _Kept()
+        # The client's request id -> the inner id of its latest request still running here, so that a
+        # client's own stop reaches that one, as TensorRT-LLM's backend maps an id to its latest request.
+        self.inner_ids: dict[str, str] = {}
+        self.inner_lock = threading.Lock()
 
     def execute(self, requests: list) -> list | None:
         if not self.decoupled:
@@ -136,6 +143,16 @@ class TritonPythonModel:
     def _run(self, request, cancelled=lambda: False):
         """The request's responses: one per ``tensorrt_llm`` response, post-processed."""
         tensors = {tensor.name(): _batched(tensor.as_numpy()) for tensor in request.inputs()}
+        if _flag(tensors.get("stop")):  # TensorRT-LLM's cancel message, for the client's latest request
+            if not request.request_id():
+                raise RequestError("Trying to stop a request but request ID is not provided")
+            with self.inner_lock:
+                inner = self.inner_ids.get(request.request_id())
+            if inner is not None:
+                _stop(self.steps[1]["model"], inner, decoupled=self.decoupled, keep=self.kept.keep)
+            if not self.decoupled:  # a non-decoupled request gets exactly one response
+                yield pb_utils.InferenceResponse(output_tensors=[])
+            return
         self._refuse(tensors)
         if self.lora_task_id is not None and tensors.get("lora_task_id", np.zeros(0)).size == 0:
             batch = tensors["text_input"].shape[0] if "text_input" in tensors else 1
@@ -149,7 +166,22 @@ class TritonPythonModel:
             # NVIDIA's BLS (lib/triton_decoder.py) never forwards num_return_sequences: with beam search
             # every beam comes back, one text_output per beam, whatever num_return_sequences says.
             tensors.pop("num_return_sequences", None)
-        inner_id = request.request_id() or f"bls-{uuid.uuid4().hex}"
+        # Its own id, whatever the client sent: the stop it sends when its client goes or its request
+        # fails must reach this request only, not another client's with the same id.
+        client_id = request.request_id() or ""
+        inner_id = f"{client_id or 'bls'}-{uuid.uuid4().hex}"
+        if client_id:
+            with self.inner_lock:
+                self.inner_ids[client_id] = inner_id
+        try:
+            yield from self._generate(tensors, llm, post, inner_id, cancelled)
+        finally:
+            with self.inner_lock:
+                if client_id and self.inner_ids.get(client_id) == inner_id:
+                    del self.inner_ids[client_id]
+
+    def _generate(self, tensors: dict, llm: dict, post: dict, inner_id: str, cancelled):
+        """The ``tensorrt_llm`` request under ``inner_id``, its responses post-processed."""
         inference = _request(llm, tensors, inner_id)
         with _Watch(cancelled, self.cancel_period_s, self.name) as watch:
             replies = self._start(inference, watch, llm["model"], inner_id)
