@@ -93,6 +93,7 @@ def charts(result: dict, out: Path) -> list[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         return []
     names = [c["name"] for c in result["candidates"]]
@@ -107,6 +108,7 @@ def charts(result: dict, out: Path) -> list[str]:
                 color=colour[c["name"]],
                 label=f"{c['name']} (AL {c['mean_acceptance_length']:.2f})",
             )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft position (depth)")
     ax.set_ylabel("acceptance per verification step")
     ax.set_title(f"{result['variant']}: per-position acceptance")
@@ -127,7 +129,7 @@ def charts(result: dict, out: Path) -> list[str]:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (requests in flight)")
     ax.set_ylabel(f"predicted speedup on {result['gpu']['type']}")
-    ax.set_title(f"{result['variant']}: predicted GPU speedup vs batch size (bands: model error)")
+    ax.set_title(f"{result['variant']}: predicted GPU speedup vs batch size\n(bands: model error)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "speedup_vs_batch.png", dpi=100)
