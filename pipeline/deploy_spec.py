@@ -5,9 +5,10 @@
     deploy:
       namespace: llm-serving              # the namespace of every object (kustomization's namespace)
       volume_claim: specdeploy-models     # a PersistentVolumeClaim holding engines/ and triton_repo/
-      image: nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3
+      image: nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3   # or pinned: ...@sha256:<64 hex>
       replicas: 2
       mount_path: /models                 # where the claim is mounted in the container
+      run_as_user: 1000                   # the image's unprivileged user (triton-server)
 
 The claim holds the two output roots side by side, as ``specdeploy engine`` wrote them:
 ``<mount_path>/engines/<variant>/engine/`` and ``<mount_path>/triton_repo/<repository>/``. The
@@ -18,6 +19,7 @@ those paths against ``--engines-dir`` (:mod:`pipeline.triton.relocate`).
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -26,6 +28,36 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # RFC 1123 label: namespaces
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"  # RFC 1123 subdomain: claim names
+# An image reference as the OCI distribution spec and Docker's reference grammar write it:
+# [registry[:port]/]path[:tag][@sha256:<64 hex>] (github.com/distribution/reference, regexp.go).
+IMAGE_REFERENCE = re.compile(
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+# Where the claim may not be mounted: the container's own system folders (a mount would shadow the
+# image), the kernel's file systems, /dev/shm and /tmp (the pod's in-memory and scratch emptyDirs).
+RESERVED_MOUNTS = tuple(
+    PurePosixPath(p)
+    for p in (
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/opt/nvidia",
+        "/opt/tritonserver",
+        "/proc",
+        "/run",
+        "/sbin",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var/run",
+    )
+)
 ENGINES_FOLDER = "engines"  # under mount_path: the --engines-dir root
 TRITON_REPO_FOLDER = "triton_repo"  # under mount_path: the --triton-repo root
 
@@ -40,19 +72,50 @@ class DeploySpec(BaseModel):
     """Kubernetes namespace of the Deployment, Service and PodMonitor."""
     volume_claim: str = Field("specdeploy-models", pattern=DNS_SUBDOMAIN)
     """PersistentVolumeClaim holding engines/ and triton_repo/ as specdeploy wrote them."""
-    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=512, pattern=r"^[^\s]+$")
-    """The container image: NVIDIA's Triton TensorRT-LLM 1.2.1 container (or a copy in your registry)."""
+    image: str = DEFAULT_IMAGE
+    """The container image: NVIDIA's Triton TensorRT-LLM 1.2.1 container (or a copy in your registry);
+    pin it by digest (``...@sha256:<64 hex>``) so every replica runs the same bytes."""
     replicas: int = Field(1, ge=1, le=1000)
     """Pods of the Deployment, each a whole server on its own GPUs."""
+    run_as_user: int = Field(1000, ge=1, le=2**31 - 1)
+    """The unprivileged user (and group) the server runs as: triton-server, uid 1000, in NVIDIA's
+    containers; the claim's files must be readable by it. Never 0: the pod runs as non-root."""
     mount_path: str = "/models"
     """Where the claim is mounted in the container; gpt_model_path points under <mount_path>/engines/."""
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        if len(value) > 512 or not IMAGE_REFERENCE.fullmatch(value):
+            raise ValueError(
+                f"{value[:80]!r} is not an image reference: [registry/]repository[:tag][@sha256:<64 hex digits>] "
+                f"(e.g. {DEFAULT_IMAGE})"
+            )
+        return value
 
     @field_validator("mount_path")
     @classmethod
     def _absolute(cls, value: str) -> str:
         path = PurePosixPath(value)
-        if not path.is_absolute() or ".." in path.parts or str(path) != value or path == PurePosixPath("/"):
-            raise ValueError("an absolute, normalized POSIX path other than / (e.g. /models)")
+        if (
+            len(value) > 256
+            or not value.isprintable()
+            or any(c.isspace() for c in value)
+            or not path.is_absolute()
+            or ".." in path.parts
+            or str(path) != value
+            or path == PurePosixPath("/")
+        ):
+            raise ValueError(
+                f"{value[:80]!r} must be an absolute, normalized POSIX path other than / without spaces or "
+                "control characters, at most 256 characters (e.g. /models)"
+            )
+        for reserved in RESERVED_MOUNTS:
+            if path == reserved or reserved in path.parents:
+                raise ValueError(
+                    f"{value!r} is or lies under the container's {reserved} (a mount there shadows the image or a "
+                    "volume the pod already has); use a folder of its own, e.g. /models"
+                )
         return value
 
     @property

@@ -7,7 +7,10 @@ release manifest, once every variant is packaged; ``kubectl apply -k engines/<sp
   spec has one, else each variant's of target ``tensorrt``), ``deploy.replicas`` pods, each one
   whole server: ``nvidia.com/gpu`` = its GPUs (tp x pp, or every GPU the fleet placement uses),
   node affinity on GPU feature discovery's ``nvidia.com/gpu.product`` for the plan's GPU type,
-  a memory request of the plan's serve resources, ``/dev/shm`` a 2 GiB in-memory emptyDir (the
+  a memory request of the plan's serve resources (limit 1.25x it), two CPUs requested per GPU,
+  the "restricted" Pod Security Standard (non-root as ``deploy.run_as_user``, read-only root file
+  system with ``/tmp`` an emptyDir, no privilege escalation or capabilities, the runtime's seccomp
+  profile, no service-account token), ``/dev/shm`` a 2 GiB in-memory emptyDir (the
   README's ``docker run --shm-size=2g``), the claim ``deploy.volume_claim`` mounted read-only at
   ``deploy.mount_path`` (``engines/`` and ``triton_repo/`` under it), and startup, readiness and
   liveness probes over gRPC health (``grpc.health.v1``, which tritonserver serves on its gRPC port;
@@ -65,6 +68,16 @@ GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
     "gh200-96gb": ("NVIDIA-GH200-480GB",),
     "b200-180gb": ("NVIDIA-B200",),
 }
+# Kubernetes Pod Security Standards, "restricted" profile (kubernetes.io/docs/concepts/security/
+# pod-security-standards): non-root, no privilege escalation, every capability dropped, the runtime's
+# seccomp profile. The server runs as the image's own unprivileged user, triton-server (uid 1000 in
+# NVIDIA's Triton containers; Triton's "Secure Deployment Considerations" guide), so mpirun's
+# --allow-run-as-root is never used. The root file system is read-only: what the server writes
+# (MPI's session folder, the Python models' stubs, caches under $HOME) goes to /tmp, an emptyDir.
+SCRATCH = "/tmp"
+SCRATCH_SIZE = "4Gi"
+MEMORY_HEADROOM = 1.25  # memory limit over the plan's request: an estimate, not a measurement
+CPUS_PER_GPU = 2  # requested (no CPU limit, which throttles a latency-bound server): one rank, its stubs
 STARTUP_SECONDS = 30 * 60  # loading a 70B engine's ranks can take many minutes
 PROBE_PERIOD_SECONDS = 10
 
@@ -160,18 +173,31 @@ def deployment(server: Served, spec_name: str) -> dict[str, Any]:
         {"name": "grpc", "containerPort": serving.grpc_port, "protocol": "TCP"},
         {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"},
     ] + ([{"name": "http", "containerPort": serving.http_port, "protocol": "TCP"}] if serving.http else [])
+    memory_mib = math.ceil(server.memory_gib * 1024)
     container = {
         "name": "tritonserver",
         "image": deploy.image,
         "args": server.argv,
+        "env": [{"name": "HOME", "value": SCRATCH}],
         "ports": ports,
         "resources": {
-            "requests": {"memory": f"{math.ceil(server.memory_gib * 1024)}Mi", "nvidia.com/gpu": server.gpus},
-            "limits": {"nvidia.com/gpu": server.gpus},
+            "requests": {
+                "cpu": str(CPUS_PER_GPU * server.gpus),
+                "memory": f"{memory_mib}Mi",
+                "nvidia.com/gpu": server.gpus,
+            },
+            "limits": {"memory": f"{math.ceil(memory_mib * MEMORY_HEADROOM)}Mi", "nvidia.com/gpu": server.gpus},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
         },
         "volumeMounts": [
             {"name": "models", "mountPath": deploy.mount_path, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "scratch", "mountPath": SCRATCH},
         ],
         "startupProbe": _probe(serving.grpc_port, failureThreshold=STARTUP_SECONDS // PROBE_PERIOD_SECONDS),
         "readinessProbe": _probe(serving.grpc_port, failureThreshold=3),
@@ -179,9 +205,19 @@ def deployment(server: Served, spec_name: str) -> dict[str, Any]:
     }
     pod: dict[str, Any] = {
         "containers": [container],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": deploy.run_as_user,
+            "runAsGroup": deploy.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # The server never talks to the API server; no token to steal, no service variables to read.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
         "volumes": [
             {"name": "models", "persistentVolumeClaim": {"claimName": deploy.volume_claim, "readOnly": True}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+            {"name": "scratch", "emptyDir": {"sizeLimit": SCRATCH_SIZE}},
         ],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         # Triton drains in-flight requests on SIGTERM for up to its exit timeout (30 s).

@@ -221,3 +221,119 @@ def test_engine_writes_deploy_beside_the_release_manifest(cli, write_spec, tmp_p
     assert "--model-repository=/models/triton_repo/tiny-gpu" in args
     config = (tmp_path / "triton_repo" / "tiny-gpu" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert '"/models/engines/tiny-gpu/engine"' in config and str(tmp_path) not in config
+
+
+# The "restricted" Pod Security Standard's controls (kubernetes.io/docs/concepts/security/
+# pod-security-standards, v1.30), as the admission controller checks a pod template: no policy checker
+# on PyPI installs here without downgrading this project's dependencies, so the list is written out.
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    problems = []
+    pod_context = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(key)
+    for volume in pod.get("volumes", []):
+        if not set(volume) - {"name"} <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']}")
+    if pod_context.get("sysctls"):
+        problems.append("sysctls")
+    for container in pod["containers"]:
+        context = container.get("securityContext", {})
+        name = container["name"]
+        if context.get("privileged") or context.get("windowsOptions", {}).get("hostProcess"):
+            problems.append(f"{name}: privileged")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            problems.append(f"{name}: hostPort")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        if "ALL" not in context.get("capabilities", {}).get("drop", []):
+            problems.append(f"{name}: capabilities must drop ALL")
+        if set(context.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: capabilities added")
+        if not context.get("runAsNonRoot", pod_context.get("runAsNonRoot")):
+            problems.append(f"{name}: runAsNonRoot")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {}))
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile")
+        if context.get("procMount", "Default") != "Default":
+            problems.append(f"{name}: procMount")
+    return problems
+
+
+@pytest.mark.parametrize("spec", ["llama70b-eagle.yaml", "llama8b-lora-fleet.yaml"])
+def test_pods_meet_the_restricted_pod_security_standard(spec, tmp_path):
+    plan = plan_of(SPECS / spec, tmp_path)
+    files = written(plan, tmp_path, whole_spec=plan.repository is not None)
+    check_valid(files)
+    for deployment in files["deployment.yaml"]:
+        pod = deployment["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == []
+        (container,) = pod["containers"]
+        # Beyond the standard: nothing of the image is writable, no token, limits from the plan.
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["securityContext"]["runAsUser"] == 1000 and pod["automountServiceAccountToken"] is False
+        mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+        assert {"/tmp", "/dev/shm"} <= mounts and {"name": "HOME", "value": "/tmp"} in container["env"]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert int(limits["memory"].removesuffix("Mi")) >= int(requests["memory"].removesuffix("Mi")) > 0
+        assert int(requests["cpu"]) == 2 * requests["nvidia.com/gpu"]
+
+
+def test_the_checker_finds_what_the_standard_forbids():
+    pod = {"containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False}}]}
+    assert restricted_violations(pod) == [
+        "c: capabilities must drop ALL",
+        "c: runAsNonRoot",
+        "c: seccompProfile",
+    ]
+    pod = {"hostNetwork": True, "volumes": [{"name": "h", "hostPath": {"path": "/"}}], "containers": [{"name": "c"}]}
+    assert restricted_violations(pod)[:3] == ["hostNetwork", "volume h", "c: allowPrivilegeEscalation must be false"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("mount_path", "/dev/shm", "/dev"),  # a duplicate mountPath the API server rejects
+        ("mount_path", "/etc", "/etc"),  # shadows the image
+        ("mount_path", "/usr/local/models", "/usr"),
+        ("mount_path", "/tmp/models", "/tmp"),  # the pod's scratch emptyDir
+        ("mount_path", '"/mo\\ndels"', "control characters"),
+        ("mount_path", "/" + "m" * 300, "at most 256"),
+        ("image", "Not An Image", "is not an image reference"),
+        ("image", "registry.example/triton@sha256:abc", "is not an image reference"),  # a digest is 64 hex
+        ("run_as_user", "0", ">= 1"),  # root is never the server's user
+    ],
+)
+def test_deploy_values_are_checked_as_what_they_are(field, value, says, write_spec):
+    deploy = {"namespace": "llm", "image": "registry.example/triton:26.04", "mount_path": "/models", field: value}
+    line = "deploy: {" + ", ".join(f"{key}: {text}" for key, text in deploy.items()) + "}"
+    spec = DUO.replace("         mount_path: /mnt/release}\n", "").replace(DUO.splitlines()[4], line)
+    with pytest.raises(InputError) as error:
+        load_spec(write_spec(spec))
+    (line,) = [line for line in str(error.value).splitlines() if f"deploy.{field}" in line]
+    assert says in line and "folder name" not in line, line
+
+
+def test_an_image_pinned_by_digest_is_deployed_as_written(write_spec, tmp_path):
+    image = "registry.example:5000/nvidia/tritonserver:26.04-trtllm-python-py3@sha256:" + "0123456789abcdef" * 4
+    plan = make_plan(
+        load_spec(write_spec(DUO.replace("registry.example/triton:26.04", image))),
+        OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache"),
+    )
+    files = written(plan, tmp_path, whole_spec=True)
+    check_valid(files)
+    assert {d["spec"]["template"]["spec"]["containers"][0]["image"] for d in files["deployment.yaml"]} == {image}
