@@ -218,6 +218,9 @@ VERDICTS: dict[str, Verdict] = {
     "pipeline/lora/convert.py:_convert:{}: a full copy of a base tensor": twin("shared-lora-with-modules-to-save"),
     "pipeline/lora/convert.py:_convert:{}: DoRA": twin("shared-lora-with-dora"),
     "pipeline/lora/convert.py:_convert:{}: the adapter has no LoRA": twin("shared-lora-targeting-no-projection"),
+    "pipeline/lora/convert.py:_convert:{}: scaled by lora_alpha / r it is not finite in {": needs_values(
+        "NaN, Inf or float16 overflow in the adapter's tensors"
+    ),
     # pipeline/heads/
     H + "expand.py:compact_medusa_layout": twin("compact-medusa-heads-misnumbered"),
     H + "expand.py:compact_medusa_layout:{}: not a readable": CORRUPT,
