@@ -87,26 +87,29 @@ def smollm2_dir() -> Path:
     return prepare_embedded_model(embedded_cache_dir())
 
 
+# config.json of the tiny Llama the planning tests read (no weights).
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "tie_word_embeddings": False,
+}
+
+
 @pytest.fixture
 def hf_config_dir(tmp_path):
     """A Hugging Face model folder with only config.json (enough to plan)."""
 
     def make(name: str = "model", **overrides) -> Path:
-        config = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": 1000,
-            "hidden_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "intermediate_size": 128,
-            "max_position_embeddings": 512,
-            "rms_norm_eps": 1e-5,
-            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-            "tie_word_embeddings": False,
-        }
-        config.update(overrides)
+        config = TINY_LLAMA_CONFIG | overrides
         folder = tmp_path / name
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))

@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.heads.export import MEDUSA_FORMAT, MEDUSA_RESBLOCKS
 from tests.checkpoint.conftest import eagle_drafter_dir, make_adapter, random_llama
+from tests.conftest import TINY_LLAMA_CONFIG
 from tests.preflight_fixtures import model  # noqa: F401  (a fixture, used by getfixturevalue)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -347,20 +348,7 @@ def test_reasons_are_written():
 
 # --- the twins: validate refuses each at the spec's line -----------------------------------------
 
-HF_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 1000,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-    "tie_word_embeddings": False,
-}
+HF_CONFIG = TINY_LLAMA_CONFIG | {"max_position_embeddings": 4096}
 MODELOPT_FP8 = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}
 ADAPTER = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 PRESET = "name: p\nmodel: {preset: llama-3.1-8b}\n"
