@@ -36,7 +36,7 @@ IMAGE_REFERENCE = re.compile(
     r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
 )
 # Where the claim may not be mounted: the container's own system folders (a mount would shadow the
-# image), the kernel's file systems, /dev/shm and /tmp (the pod's in-memory and scratch emptyDirs).
+# image), the kernel's file systems and /dev/shm (the pod's in-memory emptyDir); /tmp itself, below.
 RESERVED_MOUNTS = tuple(
     PurePosixPath(p)
     for p in (
@@ -53,7 +53,6 @@ RESERVED_MOUNTS = tuple(
         "/run",
         "/sbin",
         "/sys",
-        "/tmp",
         "/usr",
         "/var/run",
     )
@@ -110,6 +109,8 @@ class DeploySpec(BaseModel):
                 f"{value[:80]!r} must be an absolute, normalized POSIX path other than / without spaces or "
                 "control characters, at most 256 characters (e.g. /models)"
             )
+        if path == PurePosixPath("/tmp"):  # the pod's scratch emptyDir (a folder under it may be mounted)
+            raise ValueError("'/tmp' is the pod's scratch volume; use a folder of its own, e.g. /models")
         for reserved in RESERVED_MOUNTS:
             if path == reserved or reserved in path.parents:
                 raise ValueError(

@@ -310,7 +310,7 @@ def test_the_checker_finds_what_the_standard_forbids():
         ("mount_path", "/dev/shm", "/dev"),  # a duplicate mountPath the API server rejects
         ("mount_path", "/etc", "/etc"),  # shadows the image
         ("mount_path", "/usr/local/models", "/usr"),
-        ("mount_path", "/tmp/models", "/tmp"),  # the pod's scratch emptyDir
+        ("mount_path", "/tmp", "scratch volume"),  # the pod's scratch emptyDir
         ("mount_path", '"/mo\\ndels"', "control characters"),
         ("mount_path", "/" + "m" * 300, "at most 256"),
         ("image", "Not An Image", "is not an image reference"),
