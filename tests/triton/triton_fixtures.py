@@ -19,6 +19,7 @@ from pipeline.spec import load_spec
 from pipeline.stages.execute import stage_body
 from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
+from tests.conftest import TINY_LLAMA_CONFIG
 from tests.servers import free_ports
 
 WORDS = ["a", "hello", "world", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "stop"]
@@ -43,23 +44,8 @@ def make_tokenizer(folder: Path) -> Path:
 
 def make_model_dir(folder: Path, **overrides) -> Path:
     """config.json of a tiny Llama (enough to plan) plus the tiny tokenizer."""
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": 256,
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 128,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "tie_word_embeddings": False,
-        "eos_token_id": 2,
-        "pad_token_id": 1,
-        "bos_token_id": 2,
-    }
+    # the tiny tokenizer's vocabulary and special tokens
+    config = TINY_LLAMA_CONFIG | {"vocab_size": 256, "eos_token_id": 2, "pad_token_id": 1, "bos_token_id": 2}
     config.update(overrides)
     make_tokenizer(folder)
     (folder / "config.json").write_text(json.dumps(config))
