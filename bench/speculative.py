@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 from pipeline import trees
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.plan import OutputRoots, VariantPlan, make_plan
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest, StepOutput
@@ -50,7 +51,6 @@ from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
 from pipeline.spec import load_spec
-from pipeline.speculative import LookaheadConfig
 from pipeline.stages.execute import execute_plan
 from pipeline.trtllm.engine_config import predict_engine_config
 

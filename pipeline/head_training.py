@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline import methods
 from pipeline.inputs import is_compact_medusa
 
 SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
@@ -53,10 +54,11 @@ def plan_training(
     spec: Any, variant: Any, method: str, variant_root: Path, problems: _Problems
 ) -> HeadsTraining | None:
     """The training the chosen ``method`` needs (None when its heads are not trained)."""
-    heads = getattr(variant.heads, method, None) if method in ("medusa", "eagle") else None
-    for other in ("eagle", "medusa"):
+    need = methods.definition(method).heads
+    heads = getattr(variant.heads, need.key) if need is not None else None
+    for other in (d.heads.key for d in methods.with_heads() if d.heads is not None):
         unused = getattr(variant.heads, other)
-        if other != method and unused is not None and unused.train is not None:
+        if (need is None or other != need.key) and unused is not None and unused.train is not None:
             problems.error(
                 ("heads", other, "train"),
                 f"the variant decodes with {method}, so its {other} heads would be trained for nothing; "

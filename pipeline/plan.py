@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline import adapters, gpus, head_training, presets, resources, trees
+from pipeline import adapters, gpus, head_training, methods, presets, resources, trees
 from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
@@ -24,10 +24,11 @@ from pipeline.lora.auto import AutoDecision
 from pipeline.lora.group import LoraBuild, LoraGroupPlan, check_shared_variant, plan_groups
 from pipeline.lora.rules import speculative_refusal
 from pipeline.memory import MemoryEstimate, estimate_memory
+from pipeline.methods.base import tp_problem
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
 from pipeline.spec import CPU_HTTP_MAX_REQUEST_BYTES, INT32_MAX, ServingSpec, Spec, VariantSpec
-from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, Method, SpeculativeConfig, tp_problem
+from pipeline.speculative import Method, SpeculativeConfig
 from pipeline.yaml_source import KeyPath
 
 # The pre/postprocessing model.py sources copied into every repository: a change re-packages.
@@ -139,10 +140,10 @@ class VariantPlan:
         data["memory"]["total_gib"] = round(self.memory.total_gib, 3)
         data["memory"]["fits"] = self.memory.fits
         data["speculative"]["max_draft_len"] = self.speculative.max_draft_len
-        for method in ("medusa", "eagle"):  # trees in the compact form Triton takes
-            config = getattr(self.speculative, method)
+        for method in methods.definitions():  # trees in the compact form Triton takes
+            config = getattr(self.speculative, method.name, None) if method.drafts_tree else None
             if config is not None and config.tree is not None:
-                data["speculative"][method]["tree"] = trees.to_triton_choices(config.tree)
+                data["speculative"][method.name]["tree"] = trees.to_triton_choices(config.tree)
         data["serving"] = self.serving.model_dump()
         data["deploy"] = self.deploy.model_dump()
         return data
@@ -251,8 +252,10 @@ def _decide_lora(
         family = {base.name, *(t.name for t in tunes)}
         others = [p for p in plans if p.name not in family and p.name not in shared]
         engine = by_name[base.name]
-        if base.speculative.method == "auto" and engine.speculative.method != "none":  # else decided without it
-            plain = variant_with_method(base, "none")
+        if base.speculative.method == "auto" and methods.is_speculative(
+            engine.speculative.method
+        ):  # else decided without it
+            plain = variant_with_method(base, methods.PLAIN)
             engine = _plan_variant(spec, plain, roots, _Problems(spec, base.name)) or engine
         decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine)
         decisions.append(decision)
@@ -371,7 +374,7 @@ def _plan_variant(
     variant = check_shared_variant(spec, variant, problems)
     if lora is not None and variant.speculative.method == "auto":
         problems.note(f"the engine of LoRA group {lora.name}: speculative.method auto resolves to none")
-        variant = variant_with_method(variant, "none")
+        variant = variant_with_method(variant, methods.PLAIN)
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
     if arch is None:
         return None
@@ -379,7 +382,7 @@ def _plan_variant(
     speculative, heads_dir = _choose_method(spec, variant, arch, problems, trained_dir)
     if speculative is None:
         return None
-    if requested == "auto" and variant.speculative.method == "none":  # a LoRA engine's rule, not the spec's
+    if requested == "auto" and variant.speculative.method == methods.PLAIN:  # a LoRA engine's rule, not the spec's
         reason = "auto: none on a LoRA engine (TensorRT-LLM 1.2.1 combines the LoRA plugin with no speculative mode)"
         speculative = dataclasses.replace(speculative, reason=reason)
     training = head_training.plan_training(spec, variant, speculative.method, trained_dir.parent, problems)
@@ -394,14 +397,14 @@ def _plan_variant(
         problems.note(note)
         if chosen is not None:
             speculative = chosen
-            heads_dir = heads_dir if chosen.method in ("medusa", "eagle") else None
+            heads_dir = heads_dir if methods.definition(chosen.method).heads is not None else None
     tp, pp = variant.parallel.tp, variant.parallel.pp
     _check_parallelism(variant, arch, speculative, problems)
     gpu = gpus.gpu_type(variant.gpu.type) if variant.gpu else None
     quant = _quant_plan(spec, variant, model_dir, weights_present, speculative, gpu, problems)
     build = _build_config(variant, arch, speculative, quant, gpu, problems)
     if lora is not None:
-        if speculative.method != "none":
+        if methods.is_speculative(speculative.method):
             problems.error(
                 ("speculative", "method"),
                 f"{speculative.method} on LoRA group {lora.name}'s engine: {speculative_refusal(speculative.method)}",
@@ -560,7 +563,8 @@ def _resolve_model(
 def _choose_method(
     spec: Spec, variant: VariantSpec, arch: ModelGeometry, problems: _Problems, trained_dir: Path
 ) -> tuple[SpeculativeConfig | None, Path | None]:
-    """EAGLE heads if present (highest acceptance), else Medusa heads, else Lookahead."""
+    """auto: the first method in :data:`pipeline.methods.DEFINITIONS`' order whose heads are present
+    (EAGLE, then Medusa) or that needs none (Lookahead); else the spec's method, resolved by its rules."""
     requested = variant.speculative.method
     heads = variant.heads
     if requested == "best" and variant.evaluation is None:
@@ -571,34 +575,34 @@ def _choose_method(
         )
         return None, None
     if requested in ("auto", "best"):
-        method: Method = "eagle" if heads.eagle else "medusa" if heads.medusa else "lookahead"
-        reason = {
-            "eagle": "auto: EAGLE heads present",
-            "medusa": "auto: Medusa heads present",
-            "lookahead": "auto: no heads, Lookahead needs no extra weights",
-        }[method]
+        chosen = next(
+            d
+            for d in methods.definitions()
+            if d.auto_reason is not None and (d.heads is None or getattr(heads, d.heads.key) is not None)
+        )
+        reason = chosen.auto_reason or ""
         if requested == "best":  # the build follows the heads; the evaluate stage measures and chooses
             reason = f"best: candidates built from the heads ({reason.split(': ', 1)[1]}); evaluate chooses"
     else:
-        method, reason = cast(Method, requested), f"method: {requested} set in the spec"
-    if method in ("medusa", "eagle") and getattr(heads, method) is None:
-        problems.error(
-            ("speculative", "method"),
-            f"{method} needs heads.{method}.path; add the heads or use method: lookahead (no extra weights)",
-        )
-        return None, None
-    if method == "medusa" and heads.medusa is not None:
-        heads_dir = spec.resolve_path(heads.medusa.path) if heads.medusa.path else trained_dir
-        medusa = MedusaConfig.check(variant, arch, heads_dir, problems)
-        return (SpeculativeConfig(method, reason, medusa=medusa) if medusa else None), heads_dir
-    if method == "eagle" and heads.eagle is not None:
-        heads_dir = spec.resolve_path(heads.eagle.path) if heads.eagle.path else trained_dir
-        eagle = EagleConfig.check(variant, arch, heads_dir, problems)
-        return SpeculativeConfig(method, reason, eagle=eagle), heads_dir
-    if method == "lookahead":
-        lookahead = LookaheadConfig.check(variant, problems)
-        return (SpeculativeConfig(method, reason, lookahead=lookahead) if lookahead else None), None
-    return SpeculativeConfig("none", reason), None
+        chosen, reason = methods.definition(requested), f"method: {requested} set in the spec"
+    method = cast(Method, chosen.name)
+    heads_dir = None
+    if chosen.heads is not None:
+        key = chosen.heads.key
+        head_spec = getattr(heads, key)
+        if head_spec is None:
+            problems.error(
+                ("speculative", "method"),
+                f"{key} needs heads.{key}.path; add the heads or use method: lookahead (no extra weights)",
+            )
+            return None, None
+        heads_dir = spec.resolve_path(head_spec.path) if head_spec.path else trained_dir
+    if chosen.resolve is None:
+        return SpeculativeConfig(method, reason), heads_dir
+    config = chosen.resolve(variant, arch, heads_dir, problems)
+    if config is None:
+        return None, heads_dir
+    return SpeculativeConfig(method, reason, **{method: config}), heads_dir
 
 
 def _check_parallelism(
@@ -611,7 +615,8 @@ def _check_parallelism(
         problems.error(("parallel", "tp"), f"{problem}; legal tp for this model: {legal}")
     if pp > arch.num_layers:
         problems.error(("parallel", "pp"), f"pp {pp} exceeds the {arch.num_layers} layers")
-    if speculative.method in ("medusa", "eagle") and arch.hidden_size % tp:
+    heads = methods.definition(speculative.method).heads
+    if heads is not None and heads.splits_on_hidden and arch.hidden_size % tp:
         # The convert stage's refusal (pipeline/checkpoint/layout.py): the heads' linears split on hidden_size.
         problems.error(
             ("parallel", "tp"),

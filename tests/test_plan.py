@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline.errors import InputError
+from pipeline.methods.lookahead import lookahead_max_draft_len
 from pipeline.plan import OutputRoots, make_plan
 from pipeline.spec import load_spec
-from pipeline.speculative import lookahead_max_draft_len
 
 
 @pytest.fixture

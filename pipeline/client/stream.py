@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from pipeline.errors import SpecdeployError
-from pipeline.speculative import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
+from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 BACKEND_MODEL = "tensorrt_llm"  # the composing model that generates, unless the served configs name another

@@ -81,7 +81,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def drafting_from_args(args: argparse.Namespace):
     from pipeline.costmodel.step import Drafting
-    from pipeline.speculative import LookaheadConfig, lookahead_problem
+    from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 
     if args.method == "none":
         return Drafting.plain()

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import trees
-from pipeline.speculative import LookaheadConfig, SpeculativeConfig
+from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.speculative import SpeculativeConfig
 
 EVALUATE = "evaluate"
 

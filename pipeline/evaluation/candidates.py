@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from pipeline import trees
 from pipeline.costmodel.step import Drafting
+from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.speculative import METHODS, LookaheadConfig, Method, engine_mode_method, lookahead_problem
+from pipeline.speculative import Method, engine_mode_method, identity
 
 SIMILAR_SIZE = 0.5  # fitted trees within +-50% of the spec tree's node count
 
@@ -46,7 +47,7 @@ class Loaded:
 def engine_as(engine: Engine, method: Method, max_draft_len: int) -> Engine:
     """The same weights with the build config of a ``method`` engine (shallow: nothing is copied)."""
     limits = dataclasses.replace(
-        engine.config.limits, speculative_decoding_mode=METHODS[method].engine_mode, max_draft_len=max_draft_len
+        engine.config.limits, speculative_decoding_mode=identity(method).engine_mode, max_draft_len=max_draft_len
     )
     view = copy.copy(engine)
     view.config = dataclasses.replace(engine.config, limits=limits)

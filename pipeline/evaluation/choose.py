@@ -28,8 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pipeline import methods
+
 SpeedupBound = Literal["low", "point"]
-MAINTENANCE_ORDER = ("none", "lookahead", "medusa", "eagle")  # least to most to maintain
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ def interval_text(record: dict, batch: int) -> str:
 
 
 def preference(prefer: Sequence[str] | None) -> tuple[str, ...]:
-    """The tie rule's method order: ``prefer`` first, then the rest in MAINTENANCE_ORDER."""
+    """The tie rule's method order: ``prefer`` first, then the rest from least to most to maintain."""
     first = tuple(prefer or ())
-    return first + tuple(m for m in MAINTENANCE_ORDER if m not in first)
+    by_upkeep = sorted(methods.definitions(), key=lambda d: d.maintenance)
+    return first + tuple(d.name for d in by_upkeep if d.name not in first)
 
 
 def tie_break(records: list[dict], top: dict, batch: int, prefer: Sequence[str] | None) -> tuple[dict, list[str]]:

@@ -50,9 +50,9 @@ from pipeline.evaluation.measure import (
 from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
 from pipeline.evaluation.result import RESULT_FILE
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.plan import StagePlan, VariantPlan
 from pipeline.runtime.model.engine import Engine
-from pipeline.speculative import LookaheadConfig
 from pipeline.stages.progress import step_progress
 from pipeline.trtllm.engine_config import predict_engine_config
 

@@ -13,7 +13,7 @@ by ``model.adapter``), every auto fine-tune first planned as merged:
   resolved as for any variant), its predicted speedup at the fleet's concurrency on the spec's GPU
   (:func:`pipeline.costmodel.predict.predict`) at an acceptance length measured by the variant's
   rehearsal when one ran, else the median of the published results for that method
-  (:data:`PRIOR_ACCEPTANCE`, said in the reason), and its per-GPU memory estimate;
+  (its method's ``prior_acceptance``, said in the reason), and its per-GPU memory estimate;
 * the GPUs: each one's usable memory (less the placement's reserve) less what the spec's other
   engines need, placed by the placement's rule (:func:`pipeline.fleet.assign.assign_gpus`);
 * the concurrency: ``evaluation.batch_sizes[0]`` of the base variant, else :data:`DEFAULT_CONCURRENCY`;
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipeline import methods
 from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.lora import LoraLoad, shared_speedup
@@ -60,11 +61,11 @@ from pipeline.lora.memory import LoraCacheSize, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 
-# Median mean acceptance length of the fitted published results per method (bench/published_speedups.csv:
-# EAGLE 27 rows, 3.39-6.62; Medusa 10 rows, 2.31-2.44; Lookahead 12 rows, 1.61-1.69), used for a merged
-# fine-tune whose acceptance no rehearsal has measured. A fine-tune's own acceptance can be far lower
-# (stale heads): `evaluate` measures it, and the decision then uses the measurement.
-PRIOR_ACCEPTANCE = {"none": 1.0, "lookahead": 1.63, "medusa": 2.33, "eagle": 4.05}
+# A merged fine-tune whose acceptance no rehearsal has measured is priced at its method's
+# prior_acceptance (pipeline/methods/): the median mean acceptance length of the fitted published
+# results (bench/published_speedups.csv: EAGLE 27 rows, 3.39-6.62; Medusa 10 rows, 2.31-2.44; Lookahead
+# 12 rows, 1.61-1.69). A fine-tune's own acceptance can be far lower (stale heads): `evaluate` measures
+# it, and the decision then uses the measurement.
 DEFAULT_CONCURRENCY = 1  # evaluation.batch_sizes[0] when the spec has no evaluation section
 
 
@@ -124,7 +125,7 @@ def decide_family(
         why = "TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine"
         choices = [_fixed(t, plans, "", merged_only=why) for t in tunes]
         return AutoDecision(base.name, tuple(choices), None, rule)
-    if base.speculative.method not in ("auto", "none"):  # the group's engine is the base's: it decodes plainly
+    if base.speculative.method not in ("auto", methods.PLAIN):  # the group's engine is the base's: it decodes plainly
         method = base.speculative.method
         rule = (
             f"every auto fine-tune merged: the base runs speculative.method {method}, and the LoRA engine it "
@@ -190,7 +191,7 @@ def _fixed(t: Any, plans: dict[str, Any], where: str, merged_only: str = "") -> 
         choice, reason = "shared", "shared (serving.lora: shared)"
     elif merged_only:
         choice, reason = "merged", f"merged: {merged_only}"
-    elif plans[t.name].speculative.method in ("medusa", "eagle"):
+    elif methods.definition(plans[t.name].speculative.method).heads is not None:
         method = plans[t.name].speculative.method
         choice, reason = "merged", f"merged: {where}, and its {method} heads need an engine of their own"
     else:
@@ -275,10 +276,10 @@ def _merged(plan: Any, concurrency: int) -> tuple[MergedOption, str]:
     method = plan.speculative.method
     drafting = _drafting(plan.speculative)
     measured = _measured_acceptance(plan)
-    acceptance = measured if measured is not None else PRIOR_ACCEPTANCE.get(method, 1.0)
+    acceptance = measured if measured is not None else methods.definition(method).prior_acceptance
     acceptance = min(max(acceptance, 1.0), drafting.rows)
     speedup = predict(_deployment(plan), drafting, acceptance, [concurrency])[0].speedup
-    if method == "none":
+    if not methods.is_speculative(method):
         note = "merged decodes plainly (no heads, no Lookahead)"
     elif measured is not None:
         note = f"{method} acceptance length {acceptance:.2f}, measured by its rehearsal"

@@ -47,6 +47,8 @@ resolved here, these are the 1.2-era versions of the files in the public index):
 
 from __future__ import annotations
 
+from pipeline import methods
+
 # tensorrt_llm/lora_manager.py LoraManager.LORA_MODULE_IDS (the decoder modules of a Llama).
 MODULE_IDS: dict[str, int] = {
     "attn_qkv": 0,
@@ -133,16 +135,11 @@ def speculative_refusal(method: str) -> str | None:
     >>> speculative_refusal("eagle").startswith("EAGLE")
     True
     """
-    if method in ("none", "plain"):
+    if method == "plain":
         return None
-    reasons = {
-        "eagle": "EAGLE: the engine's EagleNets run without lora_params (tensorrt_llm/models/eagle/model.py), "
-        "so every fine-tune would draft with the base drafter",
-        "medusa": "Medusa: the heads are one set for every adapter (lora_params reach the base model only, "
-        "tensorrt_llm/models/medusa/model.py)",
-        "lookahead": "Lookahead",
-    }
-    what = reasons.get(method, method)
+    what = methods.definition(method).lora_refusal
+    if what is None:
+        return None
     return (
         f"{what}; TensorRT-LLM 1.2.1's engine flow has no test, example or document combining the LoRA "
         "plugin with speculative decoding (NVIDIA/TensorRT-LLM#12617: NGram + LoRA crashed until PR #12661, "

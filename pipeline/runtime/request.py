@@ -14,7 +14,7 @@ from enum import Enum
 import numpy as np
 
 from pipeline.errors import InputError
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.lookahead import LookaheadConfig
 
 TOP_K_MAX = 1024  # TensorRT-LLM clips runtime_top_k to this (samplingTopKKernels.h)
 MIN_TOKENS_DEFAULT = 1  # TensorRT-LLM's DefaultDecodingParams::getMinLength()

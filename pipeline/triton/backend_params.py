@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from pipeline import trees
 from pipeline.errors import StageError
 from pipeline.plan import VariantPlan
-from pipeline.speculative import METHODS
+from pipeline.speculative import identity
 from pipeline.triton.backend_reads import parameter_problems
 
 # Read without a fallback on every instance's creation (getGuidedDecodingConfigFromParams); "" means
@@ -86,7 +86,7 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
         "exclude_input_in_output": "true",
         "enable_chunked_context": "false",
         "gpu_device_ids": ",".join(str(i) for i in gpu_device_ids(variant)),
-        "decoding_mode": METHODS[spec.method].triton_decoding_mode,
+        "decoding_mode": identity(spec.method).triton_decoding_mode,
         **GUIDED_DECODING_UNSET,
     }
     if variant.target == "reference":  # the GPU backend has no use for it

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.speculative import LOOKAHEAD_TRITON_KEYS
+from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS
 
 # Template variable -> the data type specdeploy emits for it.
 VARIABLE_TYPES: dict[str, str] = {

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from pipeline import methods
 from pipeline.errors import InputError
 from pipeline.plan import VariantPlan
 from pipeline.trtllm.flags import Flag, load_flags, table_version
@@ -179,7 +180,7 @@ def _variant_rule(variant: VariantPlan, name: str, value: Any) -> str | None:
 
 def checkpoint_architecture(variant: VariantPlan) -> str:
     """The checkpoint architecture the convert stage writes for this method."""
-    return {"medusa": "MedusaForCausalLM", "eagle": "EagleForCausalLM"}.get(variant.method, "LlamaForCausalLM")
+    return methods.definition(variant.method).checkpoint_architecture
 
 
 def display(argv: list[str]) -> str:

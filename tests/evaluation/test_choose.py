@@ -81,8 +81,11 @@ def test_a_chosen_candidate_becomes_the_plan_config():
     from pipeline.costmodel.step import Drafting
     from pipeline.evaluation.apply import candidate_build, config_of
     from pipeline.evaluation.candidates import Candidate
+    from pipeline.methods.eagle import EagleConfig
+    from pipeline.methods.lookahead import LookaheadConfig
+    from pipeline.methods.medusa import MedusaConfig
     from pipeline.runtime.spec_decode.factory import MethodSettings
-    from pipeline.speculative import EagleConfig, LookaheadConfig, MedusaConfig, SpeculativeConfig
+    from pipeline.speculative import SpeculativeConfig
 
     tree = trees.CPU_SMALL_10_DEPTH_3
     heads = SpeculativeConfig("eagle", "heads", eagle=EagleConfig(tree, trees.tree_depth(tree), 10, 10, False, 10))

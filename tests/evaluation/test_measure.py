@@ -7,8 +7,8 @@ import pytest
 from pipeline import trees
 from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
 from pipeline.evaluation.measure import forward_probe, forward_rows, measure, prefill, summarize, tokens_per_step
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.runtime.serving.metrics import SpecDecodingStats
-from pipeline.speculative import LookaheadConfig
 from tests.runtime import drive
 from tests.runtime import fixtures as sf
 

@@ -27,10 +27,10 @@ from safetensors.torch import save_file
 
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.serving.scheduler import Scheduler
-from pipeline.speculative import LookaheadConfig
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
 
 

@@ -22,7 +22,7 @@ from pipeline.client.load import (
 )
 from pipeline.commands import serve as serve_command
 from pipeline.errors import InputError
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.triton.repository import emit_repository
 
 TP2_SPEC = """

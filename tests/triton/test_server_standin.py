@@ -26,7 +26,7 @@ from triton_fixtures import STANDIN_BACKEND, WORDS, fake_engine, free_ports, sta
 
 from pipeline.cli import main
 from pipeline.client import ClientError, GenerationRequest, TritonClient, build_inputs
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.triton.launch_cpu import check_port_free
 from pipeline.triton.repository import emit_repository
 from tests.conftest import REPO

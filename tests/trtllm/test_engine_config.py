@@ -9,7 +9,7 @@ import json
 import pytest
 from trtllm_helpers import PRESET_8B, checkpoint_config, write_checkpoint
 
-from pipeline.speculative import lookahead_max_draft_len
+from pipeline.methods.lookahead import lookahead_max_draft_len
 from pipeline.stages import build
 from pipeline.stages.runner import run_stage
 from pipeline.trtllm.engine_config import check_engine_config, predict_engine_config

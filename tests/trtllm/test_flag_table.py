@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.speculative import METHODS
+from pipeline import methods
 from pipeline.speculative import SPECULATIVE_DECODING_MODES as SPECULATIVE_DECODING_MODE
 from pipeline.trtllm.flags import TABLE_FILE, argv_problems, flag, load_flags, plan_owned, table_version
 
@@ -50,7 +50,7 @@ def test_aliases_resolve_to_the_same_flag():
 
 def test_speculative_modes_match_the_plan_and_the_engine_enum():
     choices = set(flag("speculative_decoding_mode").choices)
-    assert {ident.build_mode for ident in METHODS.values() if ident.build_mode} <= choices
+    assert {d.build_mode for d in methods.definitions() if d.build_mode} <= choices
     assert set(SPECULATIVE_DECODING_MODE) - {None} == choices
     assert SPECULATIVE_DECODING_MODE == {
         None: 1,

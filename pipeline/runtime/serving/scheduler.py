@@ -28,6 +28,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from pipeline import methods
 from pipeline.errors import InputError
 from pipeline.lora.rules import HOST_CACHE_DEFAULT_BYTES, REQUEST_CHECKS, speculative_refusal
 from pipeline.runtime.model.config import Limits
@@ -305,8 +306,7 @@ class Scheduler:
         if width == 1:
             return None
         if self.method.name != PlainDecoding.name:
-            names = {"medusa": "Medusa", "eagle": "Eagle", "lookahead": "Lookahead"}
-            mode = names.get(self.method.name, self.method.name)
+            mode = methods.definition(self.method.name).title
             return f"Decoding mode is {mode}, but beamWidth != 1 ({width} != 1)"
         if width > self.limits.max_beam_width:
             return f"Requested beam width {width} is larger than configured max beam width {self.limits.max_beam_width}"

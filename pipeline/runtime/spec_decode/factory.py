@@ -10,18 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline import trees
+from pipeline import methods
 from pipeline.errors import InputError
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.eagle.decoding import EagleDecoding
 from pipeline.runtime.spec_decode.lookahead import LookaheadDecoding
 from pipeline.runtime.spec_decode.medusa import MedusaDecoding
-from pipeline.speculative import (
-    TRITON_PLAIN_DECODING_MODES,
-    TRITON_SPECULATIVE_DECODING_MODES,
-    LookaheadConfig,
-    engine_mode_method,
-)
+from pipeline.speculative import TRITON_PLAIN_DECODING_MODES, TRITON_SPECULATIVE_DECODING_MODES, engine_mode_method
 
 DEFAULT_DYNAMIC_TREE_TOP_K = 10  # the spec's default for speculative.eagle.dynamic_tree_max_top_k
 
@@ -55,7 +52,7 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     where = engine.config.folder / "config.json"
     if built == "none":
-        if mode in ("medusa", "eagle", "lookahead"):
+        if mode in {d.triton_decoding_mode for d in methods.definitions() if d.speculative}:
             raise InputError(
                 f"decoding_mode {mode}, but {where} has no speculative_decoding_mode: the engine was "
                 f"built without {mode}; rebuild it from a {mode} plan or set decoding_mode top_k_top_p"

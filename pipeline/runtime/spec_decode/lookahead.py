@@ -32,11 +32,11 @@ from functools import lru_cache
 import torch
 
 from pipeline.errors import InputError
+from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
-from pipeline.speculative import LookaheadConfig, lookahead_problem
 
 
 class NgramPool:

@@ -29,9 +29,9 @@ import numpy as np
 from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.lora.rules import REQUEST_CHECKS
+from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 from pipeline.runtime.request import GenerationRequest, LoraRequest, SamplingParams, StepOutput, parse_words_list
 from pipeline.runtime.spec_decode.factory import MethodSettings
-from pipeline.speculative import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
 
 GetInput = Callable[[str], "np.ndarray | None"]  # input tensor by name, None when not sent
 

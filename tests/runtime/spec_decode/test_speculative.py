@@ -16,6 +16,7 @@ import torch
 
 from pipeline.checkpoint.reference_forward import ReferenceModel
 from pipeline.errors import InputError
+from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import FinishReason, GenerationRequest, SamplingParams
 from pipeline.runtime.serving.metrics import SpecDecodingStats, SpecRequestMetrics
@@ -24,7 +25,6 @@ from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding, Seq
 from pipeline.runtime.spec_decode.eagle.drafter import DraftInput
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
 from pipeline.runtime.spec_decode.lookahead import NgramPool, trie, window_layout
-from pipeline.speculative import LookaheadConfig
 from pipeline.trees import CHAIN_3
 from tests.runtime.drive import METHODS, decode, method_for, plain_tokens, requests, totals
 from tests.runtime.drive import SPEC_PROMPTS as PROMPTS

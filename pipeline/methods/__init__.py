@@ -1,0 +1,54 @@
+"""The speculative-decoding methods, each defined once (:class:`~pipeline.methods.base.MethodDefinition`).
+
+One module per method: ``eagle.py`` (EAGLE-1/2), ``medusa.py``, ``lookahead.py`` and ``plain.py``
+(plain decoding, the baseline). Each holds the method's definition and its plan-time rules; the
+reference runtime's loop for it lives in ``pipeline/runtime/spec_decode/``. Every other module asks
+:func:`definition` (``definition(name).heads``, ``.build_mode``, ``.drafts_tree``, ...) rather than
+comparing method names, so a new method is one more module here, one more entry in
+:data:`DEFINITIONS`, and its runtime class.
+"""
+
+from __future__ import annotations
+
+from pipeline.errors import InputError
+from pipeline.methods import eagle, lookahead, medusa, plain
+from pipeline.methods.base import MethodDefinition
+
+# Every method, in the order method: auto tries them (the first whose heads are present and that has
+# an auto_reason is chosen): the drafters with the highest acceptance first.
+DEFINITIONS: tuple[MethodDefinition, ...] = (
+    eagle.DEFINITION,
+    medusa.DEFINITION,
+    lookahead.DEFINITION,
+    plain.DEFINITION,
+)
+
+PLAIN = plain.DEFINITION.name  # plain decoding's method name ("none")
+
+
+def definitions() -> tuple[MethodDefinition, ...]:
+    """Every method's definition, in method: auto's order."""
+    return DEFINITIONS
+
+
+def names() -> tuple[str, ...]:
+    """Every method's name, in method: auto's order."""
+    return tuple(d.name for d in definitions())
+
+
+def definition(name: str) -> MethodDefinition:
+    """The definition of method ``name``; InputError naming the known methods when there is none."""
+    for found in definitions():
+        if found.name == name:
+            return found
+    raise InputError(f"unknown speculative method {name!r} (known: {', '.join(names())})")
+
+
+def is_speculative(name: str) -> bool:
+    """Whether method ``name`` drafts tokens (False for plain decoding)."""
+    return definition(name).speculative
+
+
+def with_heads() -> tuple[MethodDefinition, ...]:
+    """The methods that draft with heads or a drafter of their own (``heads.<key>`` in a spec)."""
+    return tuple(d for d in definitions() if d.heads is not None)

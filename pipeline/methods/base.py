@@ -1,0 +1,109 @@
+"""What every method definition is made of: :class:`MethodDefinition`, the heads it may need, and
+the plan-time helpers the per-method rules share.
+
+A method is defined once, in its own module of this package (``medusa.py``, ``eagle.py``,
+``lookahead.py``, ``plain.py``): its name, the targets it runs on, the heads or drafter it needs and
+the reader that checks them, its plan-time rules (``resolve``), its spellings in the build and the
+runtime configuration, and the figures rehearsal and the cost model start from. Every other module
+asks the definition (:func:`pipeline.methods.definition`) instead of comparing method names; the
+reference runtime's loop is the method's :class:`~pipeline.runtime.spec_decode.base.DecodingMethod`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from pipeline.errors import InputError
+from pipeline.files import kind_of
+from pipeline.geometry import ModelGeometry
+from pipeline.yaml_source import KeyPath
+
+if TYPE_CHECKING:
+    from pipeline.spec import VariantSpec
+
+TARGETS = ("tensorrt", "reference")  # every target the project deploys to (spec.target)
+
+
+class Problems(Protocol):
+    """Where a method's ``resolve`` reports: errors at a spec key path, notes for the plan."""
+
+    def error(self, path: KeyPath, message: str) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+
+# ``resolve(variant, arch, heads_dir, problems)``: the method's resolved config for this variant
+# (None when a rule is broken and reported), heads read from ``heads_dir`` when the method has heads.
+Resolve = Callable[["VariantSpec", ModelGeometry, "Path | None", Problems], Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadsNeed:
+    """The extra weights a method drafts with: ``heads.<key>`` in the spec."""
+
+    key: str  # heads.<key> in the spec, the heads folder's method
+    holds: str  # what the folder holds, for errors that name it
+    training_target: float  # the acceptance length train-heads aims at on the embedded model
+    splits_on_hidden: bool = True  # the converter splits the heads' linears on hidden_size under tp
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodDefinition:
+    """One speculative-decoding method (or plain decoding), as every layer sees it."""
+
+    name: str  # speculative.method in a spec, the plan's and the manifest's method
+    title: str  # how a person reads it ("Medusa")
+    targets: tuple[str, ...]  # the spec targets that can build and serve it
+    heads: HeadsNeed | None  # the heads or drafter it needs; None: no extra weights
+    resolve: Resolve | None  # its plan-time rules; None: nothing to resolve (plain decoding)
+    build_mode: str | None  # trtllm-build --speculative_decoding_mode (None: the flag is not passed)
+    triton_decoding_mode: str  # the tensorrt_llm model's decoding_mode parameter
+    checkpoint_architecture: str  # the TensorRT-LLM checkpoint's architecture
+    drafts_tree: bool  # verifies a token tree (tree attention rows priced per node)
+    auto_reason: str | None  # method: auto picks it, in the registry's order, saying this; None: never
+    maintenance: int  # method: best's tie-break, least to most to maintain
+    prior_acceptance: float  # acceptance length assumed before any measurement (the LoRA decision)
+    cost_terms: tuple[str, ...]  # the cost model's per-method step terms a calibration fits
+    lora_refusal: str | None  # why the engine flow cannot run it on a shared LoRA engine; None: it can
+
+    @property
+    def speculative(self) -> bool:
+        """Whether it drafts tokens at all (plain decoding does not)."""
+        return self.build_mode is not None
+
+
+def tp_problem(arch: ModelGeometry, tp: int) -> str | None:
+    """None if tensor parallelism ``tp`` can split ``arch``, else why not."""
+    if arch.num_heads % tp:
+        return f"tp {tp} does not divide the {arch.num_heads} attention heads"
+    kv = arch.num_kv_heads
+    if kv % tp and not (kv < tp and tp % kv == 0):
+        return f"tp {tp} does not divide the {kv} KV heads (and cannot replicate them: tp % kv_heads != 0)"
+    if arch.intermediate_size % tp:
+        return f"tp {tp} does not divide intermediate_size {arch.intermediate_size}"
+    return None
+
+
+_Layout = TypeVar("_Layout")
+
+
+def read_heads(
+    heads: HeadsNeed, heads_dir: Path, read: Callable[[Path], _Layout], problems: Problems
+) -> _Layout | None:
+    """``read(heads_dir)``, or None with the problem reported at ``heads.<key>.path`` (file:line)."""
+    where = ("heads", heads.key, "path")
+    if not heads_dir.is_dir():
+        problems.error(
+            where,
+            f"{heads_dir} is {kind_of(heads_dir)}, not a folder; heads.{heads.key}.path must name the folder "
+            f"holding {heads.holds}",
+        )
+        return None
+    try:
+        return read(heads_dir)
+    except InputError as exc:
+        problems.error(where, str(exc))
+        return None

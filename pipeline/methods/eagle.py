@@ -1,0 +1,181 @@
+"""EAGLE-1/2 (Li et al., arXiv 2401.15077 and 2406.16858): a one-layer drafter over the target's
+hidden states drafts a token tree (fixed, or EAGLE-2's dynamic tree), verified in one target pass.
+
+Runs on the engine target and the reference backend; the drafter is ``heads.eagle`` (config.json
+and model.safetensors); the reference runtime's loop is
+:class:`pipeline.runtime.spec_decode.eagle.decoding.EagleDecoding`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline import inputs, trees
+from pipeline.errors import InputError
+from pipeline.files import read_json
+from pipeline.geometry import ModelGeometry
+from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads, tp_problem
+
+if TYPE_CHECKING:
+    from pipeline.spec import VariantSpec
+
+HEADS = HeadsNeed(
+    key="eagle",
+    holds="the EAGLE-1 drafter (config.json and model.safetensors)",
+    training_target=3.0,
+)
+EAGLE_MAX_DRAFT_LEN = 256  # builder.py asserts max_draft_len <= 256 for EAGLE
+EAGLE_MAX_BATCH_SIZE = 512  # builder.py asserts max_batch_size <= 512 for EAGLE
+
+
+def eagle_dynamic_tree_size(top_k: int, num_eagle_layers: int) -> int:
+    """Nodes an EAGLE-2 dynamic tree can produce before the max_draft_len cap:
+    top_k at the first layer, then top_k expansions of top_k kept nodes per further layer."""
+    return top_k + top_k * top_k * (num_eagle_layers - 1)
+
+
+def _drafter_geometry(heads_dir: Path) -> ModelGeometry | None:
+    """The EAGLE drafter's LlamaConfig as the converter reads it; None when it is incomplete (the
+    convert stage's own header checks, run by ``validate`` with the weights, report that)."""
+    try:
+        config = read_json(heads_dir / "config.json", "EAGLE drafter LlamaConfig")
+        if not isinstance(config, dict):
+            return None
+        where = str(heads_dir / "config.json")
+        return ModelGeometry.from_hf(config, where, name=heads_dir.name, require_architecture=False)
+    except InputError:
+        return None
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    tree: trees.Tree | None  # None with a dynamic tree
+    num_eagle_layers: int
+    max_non_leaves_per_layer: int
+    max_draft_len: int
+    dynamic_tree: bool
+    dynamic_tree_max_top_k: int
+
+    @classmethod
+    def check(cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems) -> EagleConfig:
+        """The EAGLE config of ``variant`` (drafter read from ``heads_dir`` when present)."""
+        settings = variant.speculative.eagle
+        layout = read_heads(HEADS, heads_dir, inputs.inspect_eagle, problems) if heads_dir.exists() else None
+        if layout is not None:
+            if not layout.has_fc_bias:
+                problems.note(f"{heads_dir}: no fc.bias (NVIDIA/TensorRT-LLM#2588); the converter writes zeros")
+            if layout.hidden_size not in (None, arch.hidden_size):
+                problems.error(
+                    ("heads", "eagle", "path"),
+                    f"EAGLE hidden size {layout.hidden_size} does not match the base model's {arch.hidden_size}",
+                )
+            drafter = _drafter_geometry(heads_dir)
+            if drafter is not None:  # the convert stage's refusals (pipeline/checkpoint/heads.py, layout.py)
+                if drafter.vocab_size != arch.vocab_size:
+                    problems.error(
+                        ("heads", "eagle", "path"),
+                        f"EAGLE drafter vocab_size {drafter.vocab_size} does not match the base model's "
+                        f"{arch.vocab_size}; the drafter was trained for another base model",
+                    )
+                drafter_tp = tp_problem(drafter, variant.parallel.tp)
+                if drafter_tp:
+                    problems.error(("parallel", "tp"), f"{drafter_tp} of the EAGLE drafter ({heads_dir}/config.json)")
+            if layout.num_layers != 1:
+                problems.error(
+                    ("heads", "eagle", "path"),
+                    f"{heads_dir} has {layout.num_layers} drafter layers; "
+                    "the TensorRT-LLM EAGLE-1 engine supports exactly one",
+                )
+        elif not heads_dir.exists():
+            problems.note(f"EAGLE heads not found at {heads_dir}: planned without reading them")
+        if arch.architecture != "LlamaForCausalLM":
+            problems.error(
+                ("model",),
+                f"EAGLE in the TensorRT engine flow supports LLaMA bases only, "
+                f"not {arch.architecture} (NVIDIA/TensorRT-LLM#10396)",
+            )
+        if variant.parallel.pp != 1:
+            problems.error(
+                ("parallel", "pp"),
+                "EAGLE does not support pipeline parallelism in TensorRT-LLM 1.2; use pp: 1 (raise tp instead)",
+            )
+        if variant.build.max_batch_size > EAGLE_MAX_BATCH_SIZE:
+            problems.error(("build", "max_batch_size"), f"EAGLE engines allow max_batch_size <= {EAGLE_MAX_BATCH_SIZE}")
+        if variant.quantization.kv_cache == "fp8":
+            # The convert stage's refusal (pipeline/checkpoint/layout.py), made before any weight is read.
+            problems.error(
+                ("quantization", "kv_cache"),
+                "an FP8 KV cache with EAGLE is not supported: the drafter's layers share the KV cache and "
+                "have no calibrated KV scales; use kv_cache: auto (FP8 weights stay)",
+            )
+        if variant.quantization.weights == "fp8":
+            problems.note(
+                "FP8 with EAGLE is experimental in TensorRT-LLM 1.2 (not in its support matrix); "
+                "check acceptance on the reference backend and on a GPU before release"
+            )
+        if settings.dynamic_tree:
+            layers = settings.num_eagle_layers or 4
+            size = eagle_dynamic_tree_size(settings.dynamic_tree_max_top_k, layers)
+            max_draft_len = settings.max_draft_len or min(size, EAGLE_MAX_DRAFT_LEN)
+            if variant.target == "tensorrt":
+                problems.note(
+                    "EAGLE-2 dynamic trees are not exposed by the Triton TensorRT-LLM backend (only "
+                    "eagle_choices); Triton will serve the static default tree"
+                )
+            config = cls(
+                None, layers, settings.max_non_leaves_per_layer, max_draft_len, True, settings.dynamic_tree_max_top_k
+            )
+        else:
+            tree = trees.resolve_tree(settings.choices)
+            depth = trees.tree_depth(tree)
+            layers = settings.num_eagle_layers or depth
+            if depth != layers:
+                problems.error(
+                    ("speculative", "eagle", "num_eagle_layers"),
+                    f"must equal the eagle_choices tree depth {depth} (got {layers})",
+                )
+            widest = max(trees.non_leaves_per_level(tree))
+            if widest > settings.max_non_leaves_per_layer:
+                problems.error(
+                    ("speculative", "eagle", "choices"),
+                    f"a tree level has {widest} non-leaf nodes, more than max_non_leaves_per_layer "
+                    f"{settings.max_non_leaves_per_layer}",
+                )
+            max_draft_len = settings.max_draft_len or len(tree)
+            if len(tree) > max_draft_len:
+                problems.error(
+                    ("speculative", "eagle", "max_draft_len"),
+                    f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}",
+                )
+            config = cls(
+                tree, layers, settings.max_non_leaves_per_layer, max_draft_len, False, settings.dynamic_tree_max_top_k
+            )
+        if config.max_draft_len > EAGLE_MAX_DRAFT_LEN:
+            problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
+        return config
+
+
+def resolve(variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems) -> EagleConfig:
+    assert heads_dir is not None
+    return EagleConfig.check(variant, arch, heads_dir, problems)
+
+
+DEFINITION = MethodDefinition(
+    name="eagle",
+    title="Eagle",
+    targets=TARGETS,
+    heads=HEADS,
+    resolve=resolve,
+    build_mode="eagle",
+    triton_decoding_mode="eagle",
+    checkpoint_architecture="EagleForCausalLM",
+    drafts_tree=True,
+    auto_reason="auto: EAGLE heads present",
+    maintenance=3,
+    prior_acceptance=4.05,
+    cost_terms=("level_s", "tree_row_s"),
+    lora_refusal="EAGLE: the engine's EagleNets run without lora_params (tensorrt_llm/models/eagle/model.py), "
+    "so every fine-tune would draft with the base drafter",
+)

@@ -1,0 +1,121 @@
+"""Medusa (Cai et al., arXiv 2401.10774): extra decoding heads on the target's last hidden state
+draft a token tree, verified in one target pass.
+
+Runs on the engine target and the reference backend; the heads are ``heads.medusa`` (ModelOpt's
+or the original repository's layout); the reference runtime's loop is
+:class:`pipeline.runtime.spec_decode.medusa.MedusaDecoding`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline import inputs, trees
+from pipeline.geometry import ModelGeometry
+from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads
+
+if TYPE_CHECKING:
+    from pipeline.spec import VariantSpec
+
+HEADS = HeadsNeed(
+    key="medusa",
+    holds="the Medusa heads (medusa_lm_head.safetensors, or a ModelOpt checkpoint with its config.json)",
+    training_target=2.3,
+)
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    num_heads: int
+    num_layers: int
+    tree: trees.Tree
+    max_draft_len: int
+
+    @classmethod
+    def check(
+        cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems
+    ) -> MedusaConfig | None:
+        """The Medusa config of ``variant`` (heads read from ``heads_dir`` when present)."""
+        head_spec, settings = variant.heads.medusa, variant.speculative.medusa
+        assert head_spec is not None
+        if heads_dir.exists():
+            layout = read_heads(HEADS, heads_dir, inputs.inspect_medusa, problems)
+            if layout is None:
+                return None
+            num_heads, num_layers = layout.num_heads, layout.num_layers
+            if layout.config_num_heads not in (None, num_heads):
+                problems.note(
+                    f"{heads_dir}/config.json says {layout.config_num_heads} Medusa heads but the "
+                    f"weights hold {num_heads}; using {num_heads} (TensorRT-LLM's default of 4 would be "
+                    "wrong too)"
+                )
+            if head_spec.num_heads not in (None, num_heads):
+                problems.error(
+                    ("heads", "medusa", "num_heads"),
+                    f"the weights in {heads_dir} hold {num_heads} "
+                    f"heads, not {head_spec.num_heads}; fix or remove "
+                    "num_heads",
+                )
+        elif head_spec.num_heads is not None:
+            num_heads, num_layers = head_spec.num_heads, head_spec.num_layers
+            problems.note(f"Medusa heads not found at {heads_dir}: planned with num_heads {num_heads} from the spec")
+        else:
+            problems.error(
+                ("heads", "medusa", "path"),
+                f"{heads_dir}: not found; add heads.medusa.num_heads to plan without the weights",
+            )
+            return None
+        tree = trees.resolve_tree(settings.choices)
+        max_draft_len = settings.max_draft_len or len(tree)
+        if trees.tree_depth(tree) > num_heads:
+            problems.error(
+                ("speculative", "medusa", "choices"),
+                f"tree depth {trees.tree_depth(tree)} exceeds the {num_heads} Medusa heads; "
+                "use a shallower tree (e.g. chain_3) or more heads",
+            )
+        if len(tree) > max_draft_len:
+            problems.error(
+                ("speculative", "medusa", "max_draft_len"),
+                f"{len(tree)} tree nodes exceed max_draft_len {max_draft_len}",
+            )
+        if arch.vocab_size % variant.parallel.tp:
+            problems.error(
+                ("parallel", "tp"),
+                f"Medusa needs vocab_size {arch.vocab_size} divisible by tp "
+                f"{variant.parallel.tp} (TensorRT-LLM does not pad Medusa lm_heads)",
+            )
+        if variant.quantization.quantize_heads:
+            problems.error(
+                ("quantization", "quantize_heads"),
+                "FP8 Medusa heads fail to build in TensorRT-LLM 1.2 (NVIDIA/TensorRT-LLM#2115); "
+                "keep quantize_heads: false (FP8 base, 16-bit heads)",
+            )
+        return cls(num_heads, num_layers, tree, max_draft_len)
+
+
+def resolve(
+    variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems
+) -> MedusaConfig | None:
+    assert heads_dir is not None
+    return MedusaConfig.check(variant, arch, heads_dir, problems)
+
+
+DEFINITION = MethodDefinition(
+    name="medusa",
+    title="Medusa",
+    targets=TARGETS,
+    heads=HEADS,
+    resolve=resolve,
+    build_mode="medusa",
+    triton_decoding_mode="medusa",
+    checkpoint_architecture="MedusaForCausalLM",
+    drafts_tree=True,
+    auto_reason="auto: Medusa heads present",
+    maintenance=2,
+    prior_acceptance=2.33,
+    cost_terms=("tree_row_s",),
+    lora_refusal="Medusa: the heads are one set for every adapter (lora_params reach the base model only, "
+    "tensorrt_llm/models/medusa/model.py)",
+)

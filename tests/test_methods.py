@@ -1,0 +1,76 @@
+"""The method definitions (pipeline/methods/): one per method, and every other place that names the
+methods agrees with them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+import pytest
+
+from pipeline import methods
+from pipeline.errors import InputError
+from pipeline.evaluation.choose import preference
+from pipeline.lora.rules import speculative_refusal
+from pipeline.spec import SpeculativeSpec
+from pipeline.speculative import Method, engine_mode_method, identity
+
+
+def test_names_are_unique_and_plain_is_none():
+    assert len(set(methods.names())) == len(methods.names())
+    assert methods.PLAIN == "none" and not methods.is_speculative("none")
+    assert [d.name for d in methods.with_heads()] == ["eagle", "medusa"]
+
+
+def test_the_literals_list_exactly_the_defined_methods():
+    # the spec's speculative.method: every definition, plus the two ways of choosing one
+    spec_names = typing.get_args(SpeculativeSpec.model_fields["method"].annotation)
+    assert set(spec_names) == {*methods.names(), "auto", "best"}
+    assert set(typing.get_args(Method)) == set(methods.names())
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "expected"), [("predict", "--method", "all"), ("train-heads", "--method", "heads")]
+)
+def test_cli_choices_are_the_defined_methods(command, option, expected):
+    from pipeline.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    choices = set(next(a for a in sub._actions if option in a.option_strings).choices)
+    wanted = methods.names() if expected == "all" else [d.name for d in methods.with_heads()]
+    assert choices == set(wanted)
+
+
+def test_unknown_method_is_one_line_naming_the_known_ones():
+    with pytest.raises(
+        InputError, match=r"unknown speculative method 'ngram' \(known: eagle, medusa, lookahead, none\)"
+    ):
+        methods.definition("ngram")
+
+
+def test_identity_round_trips_through_the_engine_mode():
+    # the build mode in an engine's config.json names the method it was built for
+    for d in methods.definitions():
+        assert engine_mode_method(identity(d.name).engine_mode) == d.name
+
+
+def test_a_new_method_is_one_definition(monkeypatch):
+    """A method registered in the test is known to every layer that asks the definitions."""
+    ngram = dataclasses.replace(
+        methods.definition("lookahead"),
+        name="ngram",
+        title="NGram",
+        build_mode="draft_tokens_external",
+        triton_decoding_mode="ngram",
+        maintenance=1,
+        prior_acceptance=1.4,
+        lora_refusal="NGram",
+        auto_reason=None,
+    )
+    monkeypatch.setattr(methods, "DEFINITIONS", (*methods.DEFINITIONS, ngram))
+    assert methods.definition("ngram") is ngram
+    assert engine_mode_method(identity("ngram").engine_mode) == "ngram"  # the engine's mode names it
+    assert preference(None)[:3] == ("none", "lookahead", "ngram")  # best's tie-break by upkeep
+    assert speculative_refusal("ngram").startswith("NGram;")  # the shared LoRA engine's refusal
