@@ -193,6 +193,14 @@ def resolve_tree(choices: str | list[list[int]] | None) -> Tree:
     return tree
 
 
+def tree_or_empty(nodes: list[list[int]]) -> Tree:
+    """The tree of recorded ``nodes``, or ``()`` when they do not make a valid tree."""
+    try:
+        return resolve_tree(nodes)
+    except ValueError:
+        return ()
+
+
 def validate_tree(tree: Tree) -> None:
     if not tree:
         raise ValueError("the tree is empty; give at least one path such as [0]")

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from pipeline import trees
-from pipeline.methods.lookahead import LookaheadConfig
-from pipeline.speculative import SpeculativeConfig
+from pipeline import methods
+from pipeline.speculative import Method, SpeculativeConfig
 
 EVALUATE = "evaluate"
 
@@ -41,38 +40,14 @@ def candidate_build(candidate: Any) -> dict[str, Any]:
 def config_of(build: dict[str, Any], candidates: SpeculativeConfig, reason: str) -> SpeculativeConfig | None:
     """The plan's speculative config of a candidate recorded by :func:`candidate_build` (None: it cannot be
     made from these candidates, e.g. a result recorded for other heads)."""
-    method = build.get("method")
-    if method == "none":
-        return SpeculativeConfig("none", reason)
-    if method == "lookahead" and build.get("lookahead"):
-        return SpeculativeConfig("lookahead", reason, lookahead=LookaheadConfig(*build["lookahead"]))
-    if method == "medusa" and candidates.medusa is not None and build.get("tree"):
-        tree = _tree(build["tree"])
-        if not tree or len(tree) > candidates.medusa.max_draft_len:
-            return None
-        return SpeculativeConfig("medusa", reason, medusa=dataclasses.replace(candidates.medusa, tree=tree))
-    if method == "eagle" and candidates.eagle is not None:
-        eagle = candidates.eagle
-        if build.get("dynamic_tree"):
-            eagle = dataclasses.replace(
-                eagle, tree=None, dynamic_tree=True, dynamic_tree_max_top_k=int(build["dynamic_tree_max_top_k"])
-            )
-        elif build.get("tree"):
-            tree = _tree(build["tree"])
-            if not tree or trees.tree_depth(tree) != eagle.num_eagle_layers or len(tree) > eagle.max_draft_len:
-                return None
-            eagle = dataclasses.replace(eagle, tree=tree, dynamic_tree=False)
-        else:
-            return None
-        return SpeculativeConfig("eagle", reason, eagle=eagle)
-    return None
-
-
-def _tree(nodes: list[list[int]]) -> trees.Tree:
-    try:
-        return trees.resolve_tree(nodes)
-    except ValueError:
-        return ()
+    name = build.get("method")
+    method = next((d for d in methods.definitions() if d.name == name), None)
+    if method is None:
+        return None
+    if method.measured is None:
+        return SpeculativeConfig(cast(Method, method.name), reason)
+    config = method.measured(build, getattr(candidates, method.name, None))
+    return None if config is None else SpeculativeConfig(cast(Method, method.name), reason, **{method.name: config})
 
 
 def measured_config(folder: Path, candidates: SpeculativeConfig) -> tuple[SpeculativeConfig | None, str]:

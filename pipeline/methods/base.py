@@ -38,6 +38,10 @@ class Problems(Protocol):
 # ``resolve(variant, arch, heads_dir, problems)``: the method's resolved config for this variant
 # (None when a rule is broken and reported), heads read from ``heads_dir`` when the method has heads.
 Resolve = Callable[["VariantSpec", ModelGeometry, "Path | None", Problems], Any]
+# ``measured(build, built)``: the config of a candidate that rehearsal measured and recorded as ``build``
+# (pipeline.evaluation.apply.candidate_build), made from ``built``, the config the candidates were built
+# with (None when the build had none of this method); None when ``build`` cannot be made from it.
+Measured = Callable[[dict[str, Any], Any], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +63,7 @@ class MethodDefinition:
     targets: tuple[str, ...]  # the spec targets that can build and serve it
     heads: HeadsNeed | None  # the heads or drafter it needs; None: no extra weights
     resolve: Resolve | None  # its plan-time rules; None: nothing to resolve (plain decoding)
+    measured: Measured | None  # the config of a measured candidate; None: nothing to configure
     build_mode: str | None  # trtllm-build --speculative_decoding_mode (None: the flag is not passed)
     triton_decoding_mode: str  # the tensorrt_llm model's decoding_mode parameter
     checkpoint_architecture: str  # the TensorRT-LLM checkpoint's architecture

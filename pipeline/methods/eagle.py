@@ -8,9 +8,10 @@ and model.safetensors); the reference runtime's loop is
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import inputs, trees
 from pipeline.errors import InputError
@@ -162,12 +163,27 @@ def resolve(variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, p
     return EagleConfig.check(variant, arch, heads_dir, problems)
 
 
+def measured(build: dict[str, Any], built: EagleConfig | None) -> EagleConfig | None:
+    """The built drafter with the measured tree (EAGLE-2: the dynamic tree and its top_k), if the tree
+    has the drafter's depth and fits the engine's max_draft_len."""
+    if built is None:
+        return None
+    if build.get("dynamic_tree"):
+        top_k = int(build["dynamic_tree_max_top_k"])
+        return dataclasses.replace(built, tree=None, dynamic_tree=True, dynamic_tree_max_top_k=top_k)
+    tree = trees.tree_or_empty(build.get("tree") or [])
+    if not tree or trees.tree_depth(tree) != built.num_eagle_layers or len(tree) > built.max_draft_len:
+        return None
+    return dataclasses.replace(built, tree=tree, dynamic_tree=False)
+
+
 DEFINITION = MethodDefinition(
     name="eagle",
     title="Eagle",
     targets=TARGETS,
     heads=HEADS,
     resolve=resolve,
+    measured=measured,
     build_mode="eagle",
     triton_decoding_mode="eagle",
     checkpoint_architecture="EagleForCausalLM",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import TARGETS, MethodDefinition, Problems
@@ -93,12 +93,18 @@ def resolve(
     return LookaheadConfig.check(variant, problems)
 
 
+def measured(build: dict[str, Any], built: LookaheadConfig | None) -> LookaheadConfig | None:
+    """A measured (w, n, g) needs no extra weights: any recorded one can be built."""
+    return LookaheadConfig(*build["lookahead"]) if build.get("lookahead") else None
+
+
 DEFINITION = MethodDefinition(
     name="lookahead",
     title="Lookahead",
     targets=TARGETS,
     heads=None,
     resolve=resolve,
+    measured=measured,
     build_mode="lookahead_decoding",
     triton_decoding_mode="lookahead",
     checkpoint_architecture="LlamaForCausalLM",

@@ -8,9 +8,10 @@ or the original repository's layout); the reference runtime's loop is
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import inputs, trees
 from pipeline.geometry import ModelGeometry
@@ -102,12 +103,21 @@ def resolve(
     return MedusaConfig.check(variant, arch, heads_dir, problems)
 
 
+def measured(build: dict[str, Any], built: MedusaConfig | None) -> MedusaConfig | None:
+    """The built heads with the measured tree, if it fits the engine's max_draft_len."""
+    tree = trees.tree_or_empty(build.get("tree") or [])
+    if built is None or not tree or len(tree) > built.max_draft_len:
+        return None
+    return dataclasses.replace(built, tree=tree)
+
+
 DEFINITION = MethodDefinition(
     name="medusa",
     title="Medusa",
     targets=TARGETS,
     heads=HEADS,
     resolve=resolve,
+    measured=measured,
     build_mode="medusa",
     triton_decoding_mode="medusa",
     checkpoint_architecture="MedusaForCausalLM",

@@ -13,6 +13,7 @@ DEFINITION = MethodDefinition(
     targets=TARGETS,
     heads=None,
     resolve=None,
+    measured=None,
     build_mode=None,
     triton_decoding_mode="top_k_top_p",
     checkpoint_architecture="LlamaForCausalLM",
