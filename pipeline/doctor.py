@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline import targets
 from pipeline.gpus import GpuType
 from pipeline.plan import VariantPlan
 from pipeline.trtllm import TRTLLM_BACKEND_DIR, TRTLLM_SERIES, container_hint, host
@@ -249,7 +250,7 @@ def _refuse_stages(verdict: Verdict) -> None:
 def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
     verdict = Verdict(variant.name, variant.target, variant.method, variant.world_size)
     verdict.stages = assess_stages(variant, report)
-    if variant.target == "reference":
+    if not targets.on_gpus(variant.target):
         verdict.notes.append("reference target: the CPU build writes the engine config and links the weights")
         if variant.build.dtype == "bfloat16" and not report.cpu_bf16_gemm:
             verdict.notes.append("dtype bfloat16 without CPU bf16 GEMMs: serving runs slowly here (float32 is faster)")

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import targets
 from pipeline.atomic import remove_path, replace_folder
 from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import InputError
@@ -119,9 +120,9 @@ def served(plan: Plan, whole_spec: bool) -> tuple[list[Served], list[str]]:
     notes = [
         f"{v.name}: target reference (the CPU reference backend) has no GPU deployment"
         for v in plan.variants
-        if v.target == "reference"
+        if not targets.on_gpus(v.target)
     ]
-    gpu_variants = [v for v in plan.variants if v.target == "tensorrt"]
+    gpu_variants = [v for v in plan.variants if targets.on_gpus(v.target)]
     if whole_spec and plan.repository is not None and len(gpu_variants) == len(plan.variants):
         placement = place_fleet(plan)
         assert placement is not None, "a spec of tensorrt variants is placed"

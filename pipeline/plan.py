@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from pipeline import adapters, gpus, head_training, methods, presets, resources, trees
+from pipeline import adapters, gpus, head_training, methods, presets, resources, targets, trees
 from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
@@ -27,7 +27,7 @@ from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.methods.base import tp_problem
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION
 from pipeline.quantize.checks import is_modelopt_fp8_checkpoint
-from pipeline.spec import CPU_HTTP_MAX_REQUEST_BYTES, INT32_MAX, ServingSpec, Spec, VariantSpec
+from pipeline.spec import INT32_MAX, ServingSpec, Spec, VariantSpec
 from pipeline.speculative import Method, SpeculativeConfig
 from pipeline.yaml_source import KeyPath
 
@@ -428,7 +428,8 @@ def _plan_variant(
     if lora is not None:  # the LoRA cache's GPU part comes on top of the engine
         memory = dataclasses.replace(memory, overhead_gib=memory.overhead_gib + lora.cache.gpu_gib)
     largest = max(gpus.GPU_TYPES.values(), key=lambda g: g.memory_mib)
-    if variant.target == "tensorrt" and memory.fits is False and gpu is not None:
+    on_gpus = targets.on_gpus(variant.target)
+    if on_gpus and memory.fits is False and gpu is not None:
         problems.error(
             ("build", "max_batch_size"),
             f"does not fit on {gpu.name} ({gpu.memory_gib:.0f} GiB): {memory.describe()}; "
@@ -440,7 +441,7 @@ def _plan_variant(
             f"does not fit on any GPU ({largest.name} has {largest.memory_gib:.0f} GiB): "
             f"{memory.describe()}; lower max_batch_size, max_seq_len or the draft length, or raise tp",
         )
-    elif variant.target == "tensorrt" and gpu is None:
+    elif on_gpus and gpu is None:
         problems.note("no gpu.type given: FP8 support and the memory estimate were not checked")
     _check_int32(build, problems)
     merge = adapters.plan_merge(spec, variant, roots.engines, model_dir, problems, weights_present)
@@ -491,7 +492,7 @@ def _resources(
     problems: _Problems,
 ) -> tuple[tuple[StagePlan, ...], resources.StageResources]:
     """Each stage's machine needs; on the spec's GPUs, a stage that cannot fit is an error."""
-    on_gpus = gpu if variant.target == "tensorrt" else None
+    on_gpus = gpu if targets.on_gpus(variant.target) else None
     sizing = resources.Sizing(
         arch=arch,
         dtype=variant.model.dtype,
@@ -637,11 +638,12 @@ def _check_parallelism(
     if len(set(ports)) != 3:
         problems.error(("serving",), f"grpc_port, http_port and metrics_port must differ (got {ports})")
     limit = variant.serving.http_max_request_bytes
-    if variant.target == "reference" and variant.serving.http and limit > CPU_HTTP_MAX_REQUEST_BYTES:
+    most = targets.definition(variant.target).http_body_limit
+    if most is not None and variant.serving.http and limit > most:
         problems.error(
             ("serving", "http_max_request_bytes"),
-            f"{limit} bytes: the reference target's tritonserver 2.51 is reported to crash on HTTP bodies of "
-            f"~4 MB (triton-inference-server/server#5840); at most {CPU_HTTP_MAX_REQUEST_BYTES}",
+            f"{limit} bytes: the {variant.target} target's tritonserver 2.51 is reported to crash on HTTP bodies "
+            f"of ~4 MB (triton-inference-server/server#5840); at most {most}",
         )
 
 
@@ -659,7 +661,7 @@ def _quant_plan(
     if prequantized and q.weights != "fp8":
         problems.note(f"{model_dir} is a ModelOpt FP8 checkpoint: building FP8 (quantize stage skipped)")
     weights_fp8 = q.weights == "fp8" or prequantized
-    if weights_fp8 and variant.target == "tensorrt" and gpu is not None and not gpu.supports_fp8:
+    if weights_fp8 and targets.on_gpus(variant.target) and gpu is not None and not gpu.supports_fp8:
         major, minor = gpu.compute_capability
         problems.error(
             ("quantization", "weights"),

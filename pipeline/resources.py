@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline import targets
 from pipeline.geometry import ModelGeometry
 from pipeline.gpus import GpuType
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RUNTIME_OVERHEAD_BYTES, MemoryEstimate
@@ -237,7 +238,7 @@ def convert_resources(s: Sizing) -> StageResources:
 
 def build_resources(s: Sizing) -> StageResources:
     disk = s.memory.weights_gib * s.world_size + _heads_file_params(s) * BYTES_PER_ELEMENT[s.dtype] / GIB
-    if s.target != "tensorrt":
+    if not targets.on_gpus(s.target):
         return StageResources(0, 0.0, 1.0, disk, "reference: links the checkpoint's rank files")
     m = s.memory
     workers = min(s.build_workers or s.world_size, s.world_size)
@@ -257,7 +258,7 @@ def package_resources(s: Sizing) -> StageResources:
 
 
 def serve_resources(s: Sizing) -> StageResources:
-    if s.target != "tensorrt":
+    if not targets.on_gpus(s.target):
         checkpoint = s.memory.weights_gib * s.world_size + _heads_file_params(s) * BYTES_PER_ELEMENT[s.dtype] / GIB
         return StageResources(0, 0.0, 2 * checkpoint + 2.0, 0.0, "CPU reference backend: dequantized weights")
     return StageResources(

@@ -240,8 +240,6 @@ class BuildSpec(_Strict):
 
 
 HTTP_DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # 1 MiB: a prompt far longer than any max_input_len
-# tritonserver 2.51 (the CPU reference target's) is reported to crash on HTTP bodies of ~4 MB.
-CPU_HTTP_MAX_REQUEST_BYTES = 4 * (1 << 20) - 1
 
 
 class ServingSpec(_Strict):

@@ -74,3 +74,14 @@ def test_a_new_method_is_one_definition(monkeypatch):
     assert engine_mode_method(identity("ngram").engine_mode) == "ngram"  # the engine's mode names it
     assert preference(None)[:3] == ("none", "lookahead", "ngram")  # best's tie-break by upkeep
     assert speculative_refusal("ngram").startswith("NGram;")  # the shared LoRA engine's refusal
+
+
+def test_the_spec_targets_are_the_defined_targets():
+    from pipeline import targets
+    from pipeline.spec import VariantSpec
+
+    assert set(typing.get_args(VariantSpec.model_fields["target"].annotation)) == {
+        d.name for d in targets.definitions()
+    }
+    # every method runs on defined targets only
+    assert {t for d in methods.definitions() for t in d.targets} <= {d.name for d in targets.definitions()}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.commands.common import add_json_flag, add_spec_argument, add_variant_filter, print_json
+from pipeline.targets import on_gpus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -105,7 +106,7 @@ def _commands(variant) -> dict[str, list[str]]:
         "trtllm_build": trtllm_build_argv(variant, checkpoint, engine, visible_gpus=None),
         "gpu_launch": gpu_launch_argv(variant, variant.stage("package").output, world_size=variant.world_size),
     }
-    if variant.target == "tensorrt":  # the container's argv in engines/<spec>/deploy/deployment.yaml
+    if on_gpus(variant.target):  # the container's argv in engines/<spec>/deploy/deployment.yaml
         commands["kubernetes_launch"] = launch_argv(variant)
     return commands
 
@@ -116,10 +117,10 @@ def _print_commands(variant, console: Console) -> None:
     engine = variant.stage("build").output
     commands = _commands(variant)
     build_argv, serve_argv = commands["trtllm_build"], commands["gpu_launch"]
-    where = "" if variant.target == "tensorrt" else " (target reference: on a GPU host this is the build)"
+    where = "" if on_gpus(variant.target) else " (target reference: on a GPU host this is the build)"
     console.print(f"{variant.name}: {variant.method}, tp={variant.tp} pp={variant.pp}{where}", markup=False)
     lines = [f"# build (in {engine})", display(build_argv), "# serve", display(serve_argv)]
-    if variant.target == "tensorrt":  # the container's argv in engines/<spec>/deploy/deployment.yaml
+    if on_gpus(variant.target):  # the container's argv in engines/<spec>/deploy/deployment.yaml
         mount = variant.deploy.mount_path
         lines += [f"# serve in Kubernetes (deploy.mount_path {mount})", display(commands["kubernetes_launch"])]
     for line in lines:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.commands.common import DEFAULT_SPEC, add_spec_argument, load_plan
 from pipeline.errors import InputError, StageError
+from pipeline.targets import on_gpus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -219,7 +220,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     if args.variant is None and plan.repository is not None:
         return serve_spec(plan, args, console)
     variant = with_overrides(resolve_variant(plan, args), args)
-    if variant.target == "reference":
+    if not on_gpus(variant.target):
         if args.print_command:
             raise InputError("--print-command is for target tensorrt (the GPU mpirun command)")
         return serve_cpu(variant, variant_package_dir(variant, args, console), args, console)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline import targets
 from pipeline.errors import InputError
 from pipeline.fleet.assign import Engine, assign_gpus
 from pipeline.gpus import GpuType
@@ -95,7 +96,7 @@ def place_fleet(plan: Plan) -> FleetPlacement | None:
     """The placement of the plan's tensorrt variants on one server (None when there are none);
     InputError when they cannot share its GPUs."""
     shared = {m.variant for g in plan.lora_groups for m in g.members}  # served by their group's engine
-    variants = [v for v in plan.variants if v.target == "tensorrt" and v.name not in shared]
+    variants = [v for v in plan.variants if targets.on_gpus(v.target) and v.name not in shared]
     if not variants:
         return None
     gpu, count = _server_gpus(variants)

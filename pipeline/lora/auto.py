@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline import methods
+from pipeline import methods, targets
 from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.lora import LoraLoad, shared_speedup
@@ -120,7 +120,7 @@ def decide_family(
     leanest choice does not fit."""
     base_plan = plans[base.name]
     gpu = base_plan.gpu
-    if base_plan.target == "tensorrt" and base.model.dtype == "bfloat16":
+    if not targets.definition(base_plan.target).lora_on_bfloat16 and base.model.dtype == "bfloat16":
         rule = f"every auto fine-tune merged: {BFLOAT16_REFUSAL}"
         why = "TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine"
         choices = [_fixed(t, plans, "", merged_only=why) for t in tunes]
@@ -136,8 +136,8 @@ def decide_family(
             _fixed(t, plans, "", merged_only=f"the base's engine runs {method}, a LoRA engine none") for t in tunes
         ]
         return AutoDecision(base.name, tuple(choices), None, rule)
-    if base_plan.target == "reference" or gpu is None:
-        where = "the CPU reference target" if base_plan.target == "reference" else "no gpu.type"
+    if not targets.on_gpus(base_plan.target) or gpu is None:
+        where = "no gpu.type" if targets.on_gpus(base_plan.target) else "the CPU reference target"
         rule = f"{where}: no GPU memory or GPU speedup to weigh; auto fine-tunes without heads share the base's engine"
         choices = [_fixed(t, plans, where) for t in tunes]
         return AutoDecision(base.name, tuple(choices), None, rule)
@@ -293,7 +293,7 @@ def _free_after(others: Sequence[Any], count: int, usable: float) -> list[float]
     (:func:`pipeline.fleet.assign.assign_gpus`)."""
     engines = []
     for p in others:
-        if p.target == "tensorrt":
+        if targets.on_gpus(p.target):
             ids = p.serving.gpu_device_ids
             engines.append(Engine(p.name, p.world_size, p.memory.total_gib, None if ids is None else tuple(ids)))
     _, load = assign_gpus(engines, count)

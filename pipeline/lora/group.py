@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from pipeline import targets
 from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
@@ -162,7 +163,7 @@ def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
             "merge the list into one adapter, or use serving.lora: merged",
         )
         return variant
-    if variant.target == "tensorrt" and variant.model.dtype == "bfloat16":
+    if not targets.definition(variant.target).lora_on_bfloat16 and variant.model.dtype == "bfloat16":
         problems.error(("serving", "lora"), f"shared on a bfloat16 engine: {BFLOAT16_REFUSAL}")
     method = variant.speculative.method
     if method == "auto":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import inputs, trees
+from pipeline import inputs, targets, trees
 from pipeline.errors import InputError
 from pipeline.files import read_json
 from pipeline.geometry import ModelGeometry
@@ -120,7 +120,7 @@ class EagleConfig:
             layers = settings.num_eagle_layers or 4
             size = eagle_dynamic_tree_size(settings.dynamic_tree_max_top_k, layers)
             max_draft_len = settings.max_draft_len or min(size, EAGLE_MAX_DRAFT_LEN)
-            if variant.target == "tensorrt":
+            if not targets.definition(variant.target).dynamic_eagle_trees:
                 problems.note(
                     "EAGLE-2 dynamic trees are not exposed by the Triton TensorRT-LLM backend (only "
                     "eagle_choices); Triton will serve the static default tree"

@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from pipeline import targets
 from pipeline.errors import StageError, StageUnavailable
 from pipeline.plan import StagePlan, VariantPlan
 from pipeline.trtllm import container_hint, host
@@ -38,7 +39,8 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
     checkpoint = variant.stage("convert").output
     # Validates build.extra_flags too: a bad flag fails on the CPU path before any GPU build.
     shown_argv = trtllm_build_argv(variant, checkpoint, stage.output, visible_gpus=None)
-    if variant.target == "tensorrt":
+    on_gpus = targets.on_gpus(variant.target)
+    if on_gpus:
         missing = host.engine_flow_missing()
         if missing:  # checked first: "not here" is the answer even before a checkpoint exists
             raise StageUnavailable(
@@ -46,10 +48,10 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
                 f"{container_hint()} and run there: {display(shown_argv)}"
             )
     config = read_checkpoint(variant, checkpoint)
-    if variant.target == "reference":
-        _build_reference(variant, stage, out, checkpoint, config)
-    else:
+    if on_gpus:
         _build_tensorrt(variant, out, checkpoint)
+    else:
+        _build_reference(variant, stage, out, checkpoint, config)
 
 
 def read_checkpoint(variant: VariantPlan, checkpoint: Path) -> dict[str, Any]:

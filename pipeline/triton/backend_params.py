@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from pipeline import trees
+from pipeline import targets, trees
 from pipeline.errors import StageError
 from pipeline.plan import VariantPlan
 from pipeline.speculative import identity
@@ -65,7 +65,7 @@ def lora_parameters(variant: VariantPlan, repository: Path) -> dict[str, str]:
     the adapters, as ``gpt_model_path``), as the plan's package stage carries them; none otherwise."""
     stage = variant.stage("package")
     params = dict(stage.params.get("lora") or {})
-    if params and variant.target == "reference":
+    if params and not targets.on_gpus(variant.target):
         params["reference_lora_prefetch_path"] = packaged_path(stage.inputs["lora"], repository)
         params["reference_lora_client_adapters"] = "true" if variant.serving.lora_client_adapters else "false"
     return params
@@ -89,7 +89,7 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
         "decoding_mode": identity(spec.method).triton_decoding_mode,
         **GUIDED_DECODING_UNSET,
     }
-    if variant.target == "reference":  # the GPU backend has no use for it
+    if not targets.on_gpus(variant.target):  # the GPU backend has no use for it
         params["reference_engine_path"] = packaged_path(engine_dir, repository)
     if spec.medusa is not None:
         params["medusa_choices"] = trees.to_triton_choices(spec.medusa.tree)

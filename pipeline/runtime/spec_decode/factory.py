@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline import trees
-from pipeline import methods
+from pipeline import methods, trees
 from pipeline.errors import InputError
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.runtime.model.engine import Engine
