@@ -277,8 +277,8 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
         # The fine-tunes the decision shares are planned as shared; every other plan stands.
         changed = [after for before, after in zip(variants, decided) if after is not before]
         variants = decided
-        replanned, errors = _plan_variants(spec, changed, roots)
-        by_name = {p.name: p for p in replanned}
+        as_shared, errors = _plan_variants(spec, changed, roots)
+        by_name = {p.name: p for p in as_shared}
         plans = [by_name.get(p.name, p) for p in plans]
         reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
         plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]
