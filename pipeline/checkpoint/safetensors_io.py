@@ -67,12 +67,12 @@ def numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
-@dataclass(frozen=True)
-class TensorMeta:
-    name: str
+class Shaped:
+    """``nbytes`` and ``row_width`` of a tensor record (a dataclass with ``dtype`` and ``shape`` fields):
+    the source tensors here, the output tensors of :mod:`pipeline.checkpoint.sharding`."""
+
     dtype: torch.dtype
     shape: tuple[int, ...]
-    offset: int  # absolute byte offset in the file (safetensors only; 0 elsewhere)
 
     @property
     def nbytes(self) -> int:
@@ -82,6 +82,14 @@ class TensorMeta:
     def row_width(self) -> int:
         """Elements per index of dim 0 (1 for 1-D and 0-D tensors)."""
         return numel(self.shape[1:]) if len(self.shape) > 1 else 1
+
+
+@dataclass(frozen=True)
+class TensorMeta(Shaped):
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file (safetensors only; 0 elsewhere)
 
     @property
     def rows(self) -> int:
@@ -336,14 +344,10 @@ class StateDictSource:
 
 
 @dataclass(frozen=True)
-class HeaderEntry:
+class HeaderEntry(Shaped):
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return numel(self.shape) * itemsize(self.dtype)
 
 
 class StreamWriter:

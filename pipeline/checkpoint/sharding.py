@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.checkpoint.safetensors_io import TensorRef, itemsize, numel
+from pipeline.checkpoint.safetensors_io import Shaped, TensorRef, numel
 from pipeline.errors import InputError
 
 
@@ -68,19 +68,11 @@ Part = Slice | Zeros | Const
 
 
 @dataclass(frozen=True)
-class OutTensor:
+class OutTensor(Shaped):
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     parts: tuple[Part, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return numel(self.shape) * itemsize(self.dtype)
-
-    @property
-    def row_width(self) -> int:
-        return numel(self.shape[1:]) if len(self.shape) > 1 else 1
 
     def check(self) -> None:
         """Parts must tile the output exactly; a mismatch is a converter bug, not bad input."""

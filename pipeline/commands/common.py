@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import InputError
+from pipeline.errors import InputError, SpecdeployError
 
 if TYPE_CHECKING:  # the planner imports much of the package: only the commands that plan pay for it
     from pipeline.plan import OutputRoots, Plan
@@ -131,12 +132,22 @@ def report_error(command: str, args: argparse.Namespace, error: Exception) -> No
     error stays the one the CLI reports (and exits with)."""
     if getattr(args, "junit_xml", None) is None:
         return
-    from pipeline.errors import SpecdeployError
-
     try:
         junit_module().write_error_junit(command, args.spec, str(error), args.junit_xml)
     except SpecdeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
+
+
+def run_reporting_errors(command: str, args: argparse.Namespace, run: Callable[[], int]) -> int:
+    """``run()`` (a command's work, its exit code) with its CI outputs checked first, so a refused
+    --junit-xml is not written with the error either; a SpecdeployError that stops it before it has a
+    result is reported (:func:`report_error`: CI still gets a failed check) and raised on to the CLI."""
+    check_ci_outputs(args)
+    try:
+        return run()
+    except SpecdeployError as exc:
+        report_error(command, args, exc)
+        raise
 
 
 def junit_module():

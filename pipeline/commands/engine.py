@@ -22,24 +22,17 @@ from pipeline.commands.common import (
     add_json_flag,
     add_spec_argument,
     add_variant_filter,
-    check_ci_outputs,
     output_roots,
-    report_error,
     report_run,
+    run_reporting_errors,
 )
-from pipeline.errors import SpecdeployError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
 def cmd_engine(args: argparse.Namespace, console: Console) -> int:
-    check_ci_outputs(args)  # before the try: a refused --junit-xml is not written with the error either
-    try:
-        return _engine(args, console)
-    except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error
-        report_error("engine", args, exc)
-        raise
+    return run_reporting_errors("engine", args, lambda: _engine(args, console))
 
 
 def _engine(args: argparse.Namespace, console: Console) -> int:

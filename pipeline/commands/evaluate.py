@@ -54,15 +54,9 @@ def with_default_evaluation(spec):
 
 
 def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.commands.common import check_ci_outputs, report_error
-    from pipeline.errors import SpecdeployError
+    from pipeline.commands.common import run_reporting_errors
 
-    check_ci_outputs(args)  # before the try: a refused --junit-xml is not written with the error either
-    try:
-        return _evaluate(args, console)
-    except SpecdeployError as exc:  # no result to report: CI still gets a failed check with the error
-        report_error("evaluate", args, exc)
-        raise
+    return run_reporting_errors("evaluate", args, lambda: _evaluate(args, console))
 
 
 def _evaluate(args: argparse.Namespace, console: Console) -> int:

@@ -5,11 +5,15 @@ Layout (identical for the CPU reference backend and a GPU server)::
     <out>/<ensemble>/config.pbtxt, 1/model.py  the client-facing API: the BLS code running the
                                                ensemble's steps (serving.ensemble: python), or
                                                platform ensemble, NVIDIA's (serving.ensemble: triton)
-    <out>/preprocessing/config.pbtxt, 1/model.py, tokenizer/
+    <out>/preprocessing/config.pbtxt, 1/model.py, 1/specdeploy_tokenizer.py, tokenizer/
     <out>/tensorrt_llm/config.pbtxt, 1/        backend "tensorrtllm", gpt_model_path = the engine
-    <out>/postprocessing/config.pbtxt, 1/model.py, tokenizer/
+    <out>/postprocessing/config.pbtxt, 1/model.py, 1/specdeploy_tokenizer.py, tokenizer/
     <out>/tensorrt_llm_bls/config.pbtxt, 1/model.py  the ensemble's API as one Python (BLS) model
     <out>/specdeploy-repository.json           what was packaged (for `serve` and humans)
+
+A Python model's code is its ``model.py`` and the helper modules it imports from its version folder
+(``MODEL_HELPERS``: Triton's Python backend puts that folder on ``sys.path``), all copied from
+pipeline/triton/models/: the models never import ``pipeline``.
 
 The tokenizer is copied into each Python model's folder and referenced as ``tokenizer``
 relative to it: Triton treats every folder at the repository root as a model (a root-level
@@ -55,6 +59,11 @@ MODELS_SOURCE = Path(__file__).parent / "models"
 TOKENIZER_SUBDIR = "tokenizer"
 MANIFEST = "specdeploy-repository.json"
 PYTHON_MODELS = (PREPROCESSING, POSTPROCESSING, BLS)  # model.py copied from pipeline/triton/models/
+# The helper modules (pipeline/triton/models/) a kind's model.py imports: copied beside it into 1/.
+MODEL_HELPERS: dict[str, tuple[str, ...]] = {
+    PREPROCESSING: ("specdeploy_tokenizer.py",),
+    POSTPROCESSING: ("specdeploy_tokenizer.py",),
+}
 # Files a Hugging Face tokenizer may need; never weights. config.json lets AutoTokenizer pick
 # the class when tokenizer_config.json does not name one.
 TOKENIZER_FILES = (
@@ -166,15 +175,23 @@ def with_chat_template(settings: RepositorySettings, tokenizer: Path, source: Pa
     return replace(settings, preprocessing_parameters={**settings.preprocessing_parameters, **template})
 
 
+def model_code(kind: str) -> dict[str, Path]:
+    """The code of a kind of Python model: file name in its version folder -> source."""
+    return {"model.py": MODELS_SOURCE / f"{kind}.py"} | {
+        helper: MODELS_SOURCE / helper for helper in MODEL_HELPERS.get(kind, ())
+    }
+
+
 def write_models(configs: dict[str, pbtxt.ModelConfig], settings: RepositorySettings, out: Path) -> None:
-    """Each config with its version folder, and the model.py of the Python models among them
-    (tokenizers are the caller's)."""
+    """Each config with its version folder, and the code (model.py and helpers) of the Python models
+    among them (tokenizers are the caller's)."""
     for name, config in configs.items():
         pbtxt.write(config, out / name / "config.pbtxt")
         (out / name / "1").mkdir(parents=True, exist_ok=True)  # Triton needs a version folder
     for name, kind in settings.python_sources().items():
         if name in configs:
-            shutil.copyfile(MODELS_SOURCE / f"{kind}.py", out / name / "1" / "model.py")
+            for file, source in model_code(kind).items():
+                shutil.copyfile(source, out / name / "1" / file)
 
 
 def with_lora_task(settings: RepositorySettings, task_id: int) -> RepositorySettings:
@@ -253,24 +270,27 @@ def emit_repository(
 
 
 def stale_models(repo: Path) -> list[str]:
-    """Python models whose model.py differs from this specdeploy's (packaged by another version),
-    and kinds of Python model the repository lacks (packaged before they existed).
+    """Python models whose code (model.py, helpers) differs from this specdeploy's (packaged by another
+    version), and kinds of Python model the repository lacks (packaged before they existed).
 
     The stage fingerprint covers the plan and the inputs, not this package's own code."""
     folders = sorted(path for path in Path(repo).iterdir() if path.is_dir())
     stale = []
     for kind in PYTHON_MODELS:
-        source = (MODELS_SOURCE / f"{kind}.py").read_bytes()
+        sources = {file: source.read_bytes() for file, source in model_code(kind).items()}
         models = [path for path in folders if path.name == kind or path.name.endswith(f"-{kind}")]
         if not models:
             stale.append(kind)
         if kind == BLS:  # the Python ensembles run the BLS code too
             models += [path for path in folders if path not in models and _runs_bls_code(path)]
         for model in models:
-            packaged = model / "1" / "model.py"
-            if not packaged.is_file() or packaged.read_bytes() != source:
+            if any(not _same_file(model / "1" / file, source) for file, source in sources.items()):
                 stale.append(model.name)
     return stale
+
+
+def _same_file(packaged: Path, source: bytes) -> bool:
+    return packaged.is_file() and packaged.read_bytes() == source
 
 
 def _runs_bls_code(model: Path) -> bool:

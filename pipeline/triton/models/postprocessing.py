@@ -1,7 +1,8 @@
 """specdeploy postprocessing: token ids -> text (a Triton Python model).
 
-Copied into ``<repo>/postprocessing/1/model.py``; imports only numpy, transformers and
-Triton's utilities. Parameters: ``tokenizer_dir`` (relative to this model's folder, or
+Copied into ``<repo>/postprocessing/1/model.py``, with the helper it shares with preprocessing
+beside it (``specdeploy_tokenizer.py``: parameters, the tokenizer); imports only numpy, transformers
+and Triton's utilities. Parameters: ``tokenizer_dir`` (relative to this model's folder, or
 absolute) and ``skip_special_tokens``.
 
 Streaming sends each decoding step's new tokens as a separate request, with no memory of the
@@ -17,33 +18,10 @@ tokens, so clients cannot count tokens by counting responses.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-from typing import overload
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-
-
-@overload
-def parameter(config: dict, key: str, default: str) -> str: ...
-@overload
-def parameter(config: dict, key: str, default: None = None) -> str | None: ...
-def parameter(config: dict, key: str, default: str | None = None) -> str | None:
-    """A model-config parameter; a leftover ``${...}`` template value counts as unset."""
-    value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return default if value is None or value.startswith("${") else value
-
-
-def load_tokenizer(model_dir: str, config: dict):
-    folder = Path(parameter(config, "tokenizer_dir", "tokenizer"))
-    if not folder.is_absolute():
-        folder = Path(model_dir) / folder
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from specdeploy_tokenizer import load_tokenizer, parameter  # beside this file (the module docstring)
 
 
 class TritonPythonModel:

@@ -1,6 +1,7 @@
 """specdeploy preprocessing: text -> token ids for the ``tensorrt_llm`` model (a Triton Python model).
 
-Copied into ``<repo>/preprocessing/1/model.py`` by the package stage. It imports only numpy,
+Copied into ``<repo>/preprocessing/1/model.py`` by the package stage, with the helper it shares with
+postprocessing beside it (``specdeploy_tokenizer.py``: parameters, the tokenizer). It imports only numpy,
 transformers and Triton's utilities (never ``pipeline``), so the repository also runs in a
 stock Triton + TensorRT-LLM container. Parameters (config.pbtxt):
 
@@ -28,16 +29,10 @@ when ``PROMPT_TABLE_EXTRA_ID`` is sent. Multimodal inputs are refused: the engin
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-from typing import overload
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub from a server
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import numpy as np  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from specdeploy_tokenizer import load_tokenizer, parameter  # beside this file (the module docstring)
 
 MULTIMODAL_INPUTS = ("IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES")
 LOOKAHEAD = (
@@ -49,26 +44,6 @@ LOOKAHEAD = (
 
 class RequestError(ValueError):
     """A problem with one request; it becomes that request's error response."""
-
-
-@overload
-def parameter(config: dict, key: str, default: str) -> str: ...
-@overload
-def parameter(config: dict, key: str, default: None = None) -> str | None: ...
-def parameter(config: dict, key: str, default: str | None = None) -> str | None:
-    """A model-config parameter; a leftover ``${...}`` template value counts as unset."""
-    value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return default if value is None or value.startswith("${") else value
-
-
-def load_tokenizer(model_dir: str, config: dict):
-    folder = Path(parameter(config, "tokenizer_dir", "tokenizer"))
-    if not folder.is_absolute():
-        folder = Path(model_dir) / folder
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def word_list(tokenizer, rows: list[list[str]]) -> np.ndarray:
@@ -98,6 +73,8 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
         self.tokenizer = load_tokenizer(args["model_repository"], config)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
         self.add_special_tokens = parameter(config, "add_special_tokens", "true").lower() in ("true", "1", "yes")
         self.max_input_len = int(parameter(config, "max_input_len", "0"))
         # No eos token: -1 never matches, so generation runs to max_tokens (TensorRT-LLM's convention).
