@@ -95,7 +95,7 @@ from pipeline.costmodel import fit
 from pipeline.costmodel.hardware import GpuPerf, gpu_perf
 from pipeline.costmodel.profile import KERNEL_SIDE, PROFILES_FILE, Calibration, RuntimeProfile
 from pipeline.costmodel.step import Deployment, Drafting
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.lookahead import LookaheadConfig
 
 DATA = Path(__file__).with_name("published_speedups.csv")
 CONTEXT_LEN = 512  # Spec-Bench: prompts of a few hundred tokens plus up to 1024 generated
@@ -151,7 +151,9 @@ LLAMA2_13B = dataclasses.replace(VICUNA_13B, name="llama-2-13b", max_position_em
 LLAMA31_8B = presets.preset("llama-3.1-8b")
 DSL_8B = dataclasses.replace(LLAMA31_8B, name="deepseek-r1-distill-llama-8b")  # Llama-3.1-8B's shape, its base
 SHAPES = {m.name: m for m in (VICUNA_7B, VICUNA_13B, VICUNA_33B, LLAMA2_7B, LLAMA2_13B, LLAMA31_8B, DSL_8B)}
-PUBLISHED_ONLY_GPUS = {"rtx-3090": GpuPerf("rtx-3090", 936, 71, None, 32.0, False)}
+PUBLISHED_ONLY_GPUS = {
+    "rtx-3090": GpuPerf(name="rtx-3090", memory_gbps=936, bf16_tflops=71, fp8_tflops=None, link_gbps=32.0, nvlink=False)
+}
 SETTINGS = {
     "eagle1-25": Drafting.eagle(EAGLE1_TREE),
     "eagle2-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
@@ -161,8 +163,8 @@ SETTINGS = {
     "medusa1-63": Drafting.medusa(trees.MC_SIM_7B_63, 5),
     "lookahead-7-5-7": Drafting.lookahead(LookaheadConfig(7, 5, 7)),
 }
-PYTORCH_EAGER = RuntimeProfile("pytorch-eager", host_step_s=0.0, level_s=0.0)  # all five constants fitted
-TRTLLM = RuntimeProfile("trtllm")  # the documented assumptions: nothing to fit them on
+PYTORCH_EAGER = RuntimeProfile(runtime="pytorch-eager", host_step_s=0.0, level_s=0.0)  # all five constants fitted
+TRTLLM = RuntimeProfile(runtime="trtllm")  # the documented assumptions: nothing to fit them on
 
 
 def read_rows(path: Path = DATA) -> list[dict[str, str]]:
@@ -197,16 +199,16 @@ def fittable(row: dict[str, str]) -> bool:
 def observation(row: dict[str, str]) -> fit.Observation:
     gpu = PUBLISHED_ONLY_GPUS.get(row["gpu"]) or gpu_perf(row["gpu"])
     dtype = "fp8" if row["dtype"] == "fp8" else "bfloat16"  # fp16 and bf16 move the same bytes
-    deployment = Deployment(SHAPES[row["model"]], gpu, dtype, dtype, context_len=CONTEXT_LEN)
+    deployment = Deployment(SHAPES[row["model"]], gpu, dtype=dtype, kv_dtype=dtype, context_len=CONTEXT_LEN)
     return fit.Observation(
-        row["source"],
-        row["method"],
-        deployment,
-        SETTINGS[row["settings"]],
-        float(row["acceptance_length"]),
-        float(row["speedup"]),
-        int(row["batch"]),
-        f"{row['model']} {row['gpu']} {row['settings']}",
+        source=row["source"],
+        method=row["method"],
+        deployment=deployment,
+        drafting=SETTINGS[row["settings"]],
+        acceptance_length=float(row["acceptance_length"]),
+        speedup=float(row["speedup"]),
+        batch=int(row["batch"]),
+        label=f"{row['model']} {row['gpu']} {row['settings']}",
     )
 
 

@@ -152,11 +152,11 @@ def cmd_predict(args: argparse.Namespace, console: Console) -> int:
     deployment = Deployment(
         arch,
         gpu_perf(args.gpu),
-        args.dtype,
-        args.dtype,
-        args.tp,
-        args.pp,
-        args.context_len,
+        dtype=args.dtype,
+        kv_dtype=args.dtype,
+        tp=args.tp,
+        pp=args.pp,
+        context_len=args.context_len,
         profile=calibrated.profile,
     )
     drafting = drafting_from_args(args)

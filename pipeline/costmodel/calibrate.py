@@ -26,7 +26,7 @@ host work a step, a layer) as long as each adds a dimension the observations res
 the shipped profile's values.
 
 The CPU reference backend (``--gpu cpu``, hardware.CPU_DEVICE) goes the same way with three
-differences. Its step model (pipeline/costmodel/step.py) has no roofline to anchor a speedup, so
+differences. Its step model (pipeline/costmodel/step_cpu.py) has no roofline to anchor a speedup, so
 every run, plain decoding's too, is one observed step time (mean batch x acceptance length /
 tokens/s) and the residuals are relative errors of tokens/s. Its device has no datasheet: the weight
 GEMMs are measured by rows on the host that served the runs (:func:`cpu_device`: recorded by each
@@ -69,14 +69,14 @@ FORMAT = "specdeploy-calibration/1"
 METHOD_TERMS = {"lookahead": ("lookahead_row_s",), "medusa": ("tree_row_s",), "eagle": ("level_s", "tree_row_s")}
 SHARED_TERMS = ("row_compute", "host_step_s", "host_layer_s")
 CPU_SHARED_TERMS = ("row_compute", "request_s", "host_layer_s", "host_step_s")
-CPU_BASE = RuntimeProfile("reference", row_compute=0.0, host_step_s=0.0, level_s=0.0)
+CPU_BASE = RuntimeProfile(runtime="reference", row_compute=0.0, host_step_s=0.0, level_s=0.0)
 
 
 class CalibrationError(ValueError):
     """The runs cannot calibrate a profile (one line: what is missing and what to run)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     path: Path  # the bench.json
     served: dict[str, Any]
@@ -136,9 +136,16 @@ def read_run(folder: Path) -> Run:
     except InputError as exc:
         raise CalibrationError(str(exc)) from None
     return Run(
-        path, served, concurrency, tokens_per_second, al, drafts["draft_tokens"], drafts["accepted_draft_tokens"],
-        gemms, mix,
-    )  # fmt: skip
+        path=path,
+        served=served,
+        concurrency=concurrency,
+        tokens_per_second=tokens_per_second,
+        acceptance_length=al,
+        draft_tokens=drafts["draft_tokens"],
+        accepted_draft_tokens=drafts["accepted_draft_tokens"],
+        host_gemms=gemms,
+        batch_mix=mix,
+    )
 
 
 def drafting(run: Run, gpu: str) -> Drafting:
@@ -202,26 +209,26 @@ def observations(
         deployment = Deployment(
             ModelGeometry(**s["arch"]),
             device or gpu_perf(gpu),
-            served.priced_dtype(s["dtype"]),
-            served.priced_dtype(s["kv_dtype"]),
-            s["tp"],
-            s["pp"],
-            context_len,
+            dtype=served.priced_dtype(s["dtype"]),
+            kv_dtype=served.priced_dtype(s["kv_dtype"]),
+            tp=s["tp"],
+            pp=s["pp"],
+            context_len=context_len,
         )
         charged, base = drafting(r, gpu), plain[r.concurrency]
         found.append(
             fit.Observation(
-                f"{r.path}",
-                s["method"],
-                deployment,
-                charged,
-                min(max(r.acceptance_length, 1.0), charged.rows),
+                source=f"{r.path}",
+                method=s["method"],
+                deployment=deployment,
+                drafting=charged,
+                acceptance_length=min(max(r.acceptance_length, 1.0), charged.rows),
                 # per request decoding: the two runs' slots were not filled alike (see the module docstring)
-                r.tokens_per_second / base.tokens_per_second * base.mean_batch / r.mean_batch,
-                r.concurrency,
-                f"{s['method']} at concurrency {r.concurrency}",
-                r.mean_batch * r.acceptance_length / r.tokens_per_second if absolute else None,
-                r.batch_mix,
+                speedup=r.tokens_per_second / base.tokens_per_second * base.mean_batch / r.mean_batch,
+                batch=r.concurrency,
+                label=f"{s['method']} at concurrency {r.concurrency}",
+                step_s=r.mean_batch * r.acceptance_length / r.tokens_per_second if absolute else None,
+                batch_mix=r.batch_mix,
             )
         )
     return found

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.costmodel.pricing import method_step
 from pipeline.costmodel.profile import FITTED, HIGH_PERCENTILE, LOW_PERCENTILE, ErrorBand, RuntimeProfile
-from pipeline.costmodel.step import Deployment, Drafting, method_step
+from pipeline.costmodel.step import Deployment, Drafting
 
 # (requests decoding, share of the steps) of a measured run (load.batch_mix); empty: every step at
 # the run's nominal batch.
@@ -49,7 +50,7 @@ def mean_step_s(d: Deployment, drafting: Drafting, mix: BatchMix) -> float:
     return sum(share * method_step(d, drafting, b).total_s for b, share in mix)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Observation:
     source: str
     method: str  # medusa | eagle | lookahead
@@ -167,7 +168,7 @@ def band(errors: Sequence[float], borrowed_from: str | None = None) -> ErrorBand
     if not errors:
         raise FitError("no residuals to make an error band from")
     low, high = np.percentile(np.array(errors), [LOW_PERCENTILE, HIGH_PERCENTILE])
-    return ErrorBand(float(low), float(high), len(errors), borrowed_from)
+    return ErrorBand(low_error=float(low), high_error=float(high), residuals=len(errors), borrowed_from=borrowed_from)
 
 
 def bands(observations: Sequence[Observation], errors: Sequence[float]) -> dict[str, ErrorBand]:

@@ -52,15 +52,17 @@ NVLINK_ALLREDUCE_LATENCY_S = 8e-6
 PCIE_ALLREDUCE_LATENCY_S = 25e-6
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuPerf:
+    """A device's figures, by name (bandwidths and peaks in a row are too easy to misplace by position)."""
+
     name: str
     memory_gbps: float  # GB/s (1e9 bytes)
     bf16_tflops: float  # dense tensor-core peak, FP32 accumulate
     fp8_tflops: float | None  # None: no FP8 tensor cores
     link_gbps: float  # GPU-to-GPU bandwidth per direction, GB/s
     nvlink: bool
-    kind: str = "gpu"  # "cpu": the reference backend's device, priced by step.py's CPU step model
+    kind: str = "gpu"  # "cpu": the reference backend's device, priced by step_cpu.py
     # The CPU device's weight GEMMs measured by rows on its host (gemm_probe.probe); None: a GEMM costs
     # its FLOPs at the nominal peak.
     gemms: CpuProfile | None = None
@@ -81,19 +83,21 @@ _PCIE4 = 32.0
 GPU_PERF: dict[str, GpuPerf] = {
     perf.name: perf
     for perf in (
-        GpuPerf("a10g", 600, 125, None, _PCIE4, False),
-        GpuPerf("a100-40gb", 1555, 312, None, 300, True),
-        GpuPerf("a100-80gb", 2039, 312, None, 300, True),
-        GpuPerf("l4", 300, 121, 242.5, _PCIE4, False),
-        GpuPerf("l40s", 864, 362, 733, _PCIE4, False),
-        GpuPerf("rtx-4090", 1008, 82.6, 165.2, _PCIE4, False),
-        GpuPerf("rtx-6000-ada", 960, 364.2, 728.5, _PCIE4, False),
-        GpuPerf("h100-pcie-80gb", 2000, 756, 1513, 300, True),
-        GpuPerf("h100-sxm-80gb", 3350, 989, 1979, 450, True),
-        GpuPerf("h100-nvl-94gb", 3900, 835, 1671, 300, True),
-        GpuPerf("h200-141gb", 4800, 989, 1979, 450, True),
-        GpuPerf("gh200-96gb", 4000, 989, 1979, 450, True),
-        GpuPerf("b200-180gb", 8000, 2250, 4500, 900, True),
+        GpuPerf(name="a10g", memory_gbps=600, bf16_tflops=125, fp8_tflops=None, link_gbps=_PCIE4, nvlink=False),
+        GpuPerf(name="a100-40gb", memory_gbps=1555, bf16_tflops=312, fp8_tflops=None, link_gbps=300, nvlink=True),
+        GpuPerf(name="a100-80gb", memory_gbps=2039, bf16_tflops=312, fp8_tflops=None, link_gbps=300, nvlink=True),
+        GpuPerf(name="l4", memory_gbps=300, bf16_tflops=121, fp8_tflops=242.5, link_gbps=_PCIE4, nvlink=False),
+        GpuPerf(name="l40s", memory_gbps=864, bf16_tflops=362, fp8_tflops=733, link_gbps=_PCIE4, nvlink=False),
+        GpuPerf(name="rtx-4090", memory_gbps=1008, bf16_tflops=82.6, fp8_tflops=165.2, link_gbps=_PCIE4, nvlink=False),
+        GpuPerf(
+            name="rtx-6000-ada", memory_gbps=960, bf16_tflops=364.2, fp8_tflops=728.5, link_gbps=_PCIE4, nvlink=False
+        ),
+        GpuPerf(name="h100-pcie-80gb", memory_gbps=2000, bf16_tflops=756, fp8_tflops=1513, link_gbps=300, nvlink=True),
+        GpuPerf(name="h100-sxm-80gb", memory_gbps=3350, bf16_tflops=989, fp8_tflops=1979, link_gbps=450, nvlink=True),
+        GpuPerf(name="h100-nvl-94gb", memory_gbps=3900, bf16_tflops=835, fp8_tflops=1671, link_gbps=300, nvlink=True),
+        GpuPerf(name="h200-141gb", memory_gbps=4800, bf16_tflops=989, fp8_tflops=1979, link_gbps=450, nvlink=True),
+        GpuPerf(name="gh200-96gb", memory_gbps=4000, bf16_tflops=989, fp8_tflops=1979, link_gbps=450, nvlink=True),
+        GpuPerf(name="b200-180gb", memory_gbps=8000, bf16_tflops=2250, fp8_tflops=4500, link_gbps=900, nvlink=True),
     )
 }
 
@@ -103,7 +107,9 @@ GPU_PERF: dict[str, GpuPerf] = {
 # (``gemms``: ``row_compute`` is then how many times their measured seconds a pass pays); without
 # them a nominal 1 TFLOP/s "peak" (``row_compute`` in seconds per TFLOP of a pass's GEMMs).
 CPU = "cpu"
-CPU_DEVICE = GpuPerf(CPU, 0.0, 1.0, None, 0.0, False, kind="cpu")
+CPU_DEVICE = GpuPerf(
+    name=CPU, memory_gbps=0.0, bf16_tflops=1.0, fp8_tflops=None, link_gbps=0.0, nvlink=False, kind="cpu"
+)
 
 
 def gpu_perf(name: str) -> GpuPerf:

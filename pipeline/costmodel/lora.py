@@ -40,7 +40,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.costmodel.step import Deployment, StepCost, roofline_s
+from pipeline.costmodel.pricing import target_step
+from pipeline.costmodel.step import Deployment, StepCost
+from pipeline.costmodel.step_gpu import roofline_s
 from pipeline.geometry import ModelGeometry
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -121,8 +123,6 @@ def shared_speedup(d: Deployment, load: LoraLoad, batch: int) -> float:
     """A fine-tune's predicted speedup on the shared LoRA engine (no speculation) over plain decoding
     of the base: plain step / (plain step + its LoRA parts), at ``batch`` requests in flight. The
     shared option's figure in the fleet's decision (pipeline/fleet/lora_decision.py)."""
-    from pipeline.costmodel.step import target_step
-
     plain = target_step(d, batch, 1, logit_rows=1)
     with_lora = add_lora(target_step(d, batch, 1, logit_rows=1), d, load, batch)
     return plain.total_s / with_lora.total_s

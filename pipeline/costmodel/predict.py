@@ -3,7 +3,7 @@
 ``speedup(b) = acceptance_length x t_plain(b) / t_method(b)``: a step of the method produces
 ``acceptance_length`` tokens per request (1 + accepted draft tokens, the mean acceptance length
 ``return_perf_metrics`` reports) at the price of one method step, where plain decoding produces one
-token per plain step. Times come from :mod:`pipeline.costmodel.step`.
+token per plain step. Times come from :mod:`pipeline.costmodel.pricing`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pipeline.costmodel.lora import LoraLoad, add_lora
-from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
+from pipeline.costmodel.pricing import method_step, target_step
+from pipeline.costmodel.step import Deployment, Drafting
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchPrediction:
     batch: int
     plain_s: float
@@ -55,7 +56,13 @@ def predict(
         if lora is not None:
             add_lora(step, deployment, lora, batch * drafting.rows)
         out.append(
-            BatchPrediction(batch, plain, step.total_s, acceptance_length * plain / step.total_s, dict(step.parts))
+            BatchPrediction(
+                batch=batch,
+                plain_s=plain,
+                method_s=step.total_s,
+                speedup=acceptance_length * plain / step.total_s,
+                parts=dict(step.parts),
+            )
         )
     return out
 

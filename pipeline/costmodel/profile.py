@@ -1,6 +1,6 @@
 """A runtime's constants for the cost model, and the error its predictions carry.
 
-The roofline in :mod:`pipeline.costmodel.step` is the same for every runtime; what a runtime adds on
+The roofline in :mod:`pipeline.costmodel.step_gpu` is the same for every runtime; what a runtime adds on
 top of it are the constants of a :class:`RuntimeProfile`:
 
 * ``bandwidth_efficiency`` / ``compute_efficiency``: the attainable fractions of the datasheet peaks;
@@ -35,7 +35,7 @@ A prediction's error comes from held-out residuals (leave-one-source-out): an :c
 the 10th and 90th percentile of ``predicted / published - 1`` for one method and profile, and turns a
 point prediction into a :class:`SpeedupInterval`:
 
-    >>> ErrorBand(-0.10, 0.20, 12).interval(1.5).text()
+    >>> ErrorBand(low_error=-0.10, high_error=0.20, residuals=12).interval(1.5).text()
     '1.50x (1.25-1.67)'
 """
 
@@ -56,9 +56,10 @@ KERNEL_SIDE = ("row_compute", "tree_row_s", "lookahead_row_s")  # GPU work, not 
 LOW_PERCENTILE, HIGH_PERCENTILE = 10.0, 90.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeProfile:
-    """The constants one runtime adds to the roofline (see the module docstring)."""
+    """The constants one runtime adds to the roofline (see the module docstring), by name: a run of
+    seconds and fractions in a row is too easy to misplace by position."""
 
     runtime: str
     bandwidth_efficiency: float = 0.8
@@ -81,7 +82,7 @@ class RuntimeProfile:
         return {name: getattr(self, name) for name in FITTED}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpeedupInterval:
     """A predicted speedup and the range its method's held-out error puts around it."""
 
@@ -99,7 +100,7 @@ class SpeedupInterval:
         return self.low <= other.high and other.low <= self.high
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ErrorBand:
     """Percentiles of held-out relative error (predicted / measured - 1) of one method and profile."""
 
@@ -110,10 +111,10 @@ class ErrorBand:
 
     def interval(self, point: float) -> SpeedupInterval:
         """measured = predicted / (1 + error): an over-predicting model (error > 0) lowers the low end."""
-        return SpeedupInterval(point, point / (1 + self.high_error), point / (1 + self.low_error))
+        return SpeedupInterval(point=point, low=point / (1 + self.high_error), high=point / (1 + self.low_error))
 
 
-EXACT = ErrorBand(0.0, 0.0, 0)  # plain decoding against itself: 1.0x by definition
+EXACT = ErrorBand(low_error=0.0, high_error=0.0, residuals=0)  # plain decoding against itself: 1.0x by definition
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,15 @@ from pipeline import presets, trees
 from pipeline.costmodel import calibrate, served
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
+from pipeline.costmodel.pricing import target_step
 from pipeline.costmodel.profile import RuntimeProfile
-from pipeline.costmodel.step import Deployment, target_step
+from pipeline.costmodel.step import Deployment
 
 GPU = "h100-sxm-80gb"
 ARCH = presets.preset("llama-3.1-8b")
 # What the user's servers "are": constants the shipped trtllm profile does not have.
 TRUE = RuntimeProfile(
-    "trtllm", row_compute=0.6, host_step_s=0.9e-3, level_s=0.1e-3, tree_row_s=0.004e-3, lookahead_row_s=0.01e-3
+    runtime="trtllm", row_compute=0.6, host_step_s=0.9e-3, level_s=0.1e-3, tree_row_s=0.004e-3, lookahead_row_s=0.01e-3
 )
 SERVED = {
     "none": {"method": "none", "settings": {}},

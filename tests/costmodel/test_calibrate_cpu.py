@@ -13,8 +13,9 @@ import pytest
 from pipeline import presets, trees
 from pipeline.costmodel import calibrate, gemm_probe, served
 from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
+from pipeline.costmodel.pricing import method_step
 from pipeline.costmodel.profile import RuntimeProfile
-from pipeline.costmodel.step import Deployment, method_step
+from pipeline.costmodel.step import Deployment
 
 ARCH = presets.preset("smollm2-135m-instruct")
 CONTEXT = 64
@@ -23,7 +24,7 @@ CONTEXT = 64
 # costs apart (plain decoding and Lookahead alone cannot). No method row terms: on the CPU a draft
 # row is a row (its per-row term is collinear with the FLOPs and per-request terms).
 TRUE = RuntimeProfile(
-    "reference", row_compute=25.0, host_step_s=4e-3, host_layer_s=1.5e-3, level_s=0.0, request_s=20e-3
+    runtime="reference", row_compute=25.0, host_step_s=4e-3, host_layer_s=1.5e-3, level_s=0.0, request_s=20e-3
 )  # fmt: skip
 SERVED = {
     "none": {"method": "none", "settings": {}},
@@ -176,8 +177,18 @@ def test_cpu_device_measures_the_runs_model_on_this_host(tmp_path):
 
 def test_noisy_cpu_runs_show_their_noise_in_the_leave_one_out_residuals(tmp_path):
     found = runs(tmp_path, concurrencies=(1, 2, 4))
-    noisy = [run if i % 3 else calibrate.Run(run.path, run.served, run.concurrency, run.tokens_per_second * 1.08,
-             run.acceptance_length) for i, run in enumerate(found)]  # fmt: skip
+    noisy = [
+        run
+        if i % 3
+        else calibrate.Run(
+            path=run.path,
+            served=run.served,
+            concurrency=run.concurrency,
+            tokens_per_second=run.tokens_per_second * 1.08,
+            acceptance_length=run.acceptance_length,
+        )
+        for i, run in enumerate(found)
+    ]
     content = calibrate.calibrate(noisy, "cpu", "trtllm", CONTEXT)
     assert "leave-one-out" in content["calibration"]["source"]
     assert 0.01 < max(abs(o["residual"]) for o in content["observations"]) < 0.3

@@ -17,11 +17,11 @@ from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.profile import FITTED, ErrorBand, RuntimeProfile, load_calibrations
 from pipeline.costmodel.step import Deployment, Drafting
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.lookahead import LookaheadConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = RuntimeProfile(
-    "synthetic",
+    runtime="synthetic",
     row_compute=0.8,
     host_step_s=1.5e-3,
     host_layer_s=0.02e-3,
@@ -54,20 +54,20 @@ def synthetic(profile: RuntimeProfile, noise: float = 0.0, seed: int = 0) -> lis
                 speedup = p.speedup * (1 + rng.uniform(-noise, noise))
                 out.append(
                     fit.Observation(
-                        f"source{i}",
-                        method,
-                        Deployment(arch, gpu_perf(gpu), tp=tp, context_len=512),
-                        drafting,
-                        al,
-                        speedup,
-                        batch,
+                        source=f"source{i}",
+                        method=method,
+                        deployment=Deployment(arch, gpu_perf(gpu), tp=tp, context_len=512),
+                        drafting=drafting,
+                        acceptance_length=al,
+                        speedup=speedup,
+                        batch=batch,
                     )
                 )
     return out
 
 
 def test_fit_recovers_known_constants():
-    start = RuntimeProfile("synthetic")  # the trtllm assumptions: every constant wrong
+    start = RuntimeProfile(runtime="synthetic")  # the trtllm assumptions: every constant wrong
     found = fit.fit(synthetic(KNOWN), start)
     for name in FITTED:
         assert getattr(found, name) == pytest.approx(getattr(KNOWN, name), rel=1e-4, abs=1e-9), name
@@ -75,12 +75,12 @@ def test_fit_recovers_known_constants():
 
 
 def test_held_out_errors_of_an_exact_model_are_zero_and_noise_shows_in_them():
-    exact = fit.leave_one_source_out(synthetic(KNOWN), RuntimeProfile("synthetic"))
+    exact = fit.leave_one_source_out(synthetic(KNOWN), RuntimeProfile(runtime="synthetic"))
     assert max(abs(e) for e in exact) < 1e-5
     observations = synthetic(KNOWN, noise=0.05)
-    noisy = fit.fit(observations, RuntimeProfile("synthetic"))
+    noisy = fit.fit(observations, RuntimeProfile(runtime="synthetic"))
     assert max(abs(e) for e in fit.relative_errors(observations, noisy)) < 0.08  # in-sample: about the noise
-    held_out = fit.leave_one_source_out(observations, RuntimeProfile("synthetic"))
+    held_out = fit.leave_one_source_out(observations, RuntimeProfile(runtime="synthetic"))
     assert statistics.fmean(abs(e) for e in held_out) > statistics.fmean(
         abs(e) for e in fit.relative_errors(observations, noisy)
     )
@@ -98,9 +98,9 @@ def test_nnls_keeps_constants_non_negative():
 def test_one_source_cannot_be_held_out():
     one = [dataclasses.replace(o, source="only") for o in synthetic(KNOWN)]
     with pytest.raises(fit.FitError, match="only one source"):
-        fit.leave_one_source_out(one, RuntimeProfile("synthetic"))
+        fit.leave_one_source_out(one, RuntimeProfile(runtime="synthetic"))
     with pytest.raises(fit.FitError, match="no observations"):
-        fit.fit([], RuntimeProfile("synthetic"))
+        fit.fit([], RuntimeProfile(runtime="synthetic"))
 
 
 def test_interval_covers_the_share_it_claims():
@@ -122,10 +122,10 @@ def test_interval_covers_the_share_it_claims():
 
 def test_interval_direction():
     """An over-predicting method (errors > 0) lowers the low end below the point."""
-    interval = ErrorBand(0.0, 0.25, 10).interval(1.5)
+    interval = ErrorBand(low_error=0.0, high_error=0.25, residuals=10).interval(1.5)
     assert interval.low == pytest.approx(1.2) and interval.high == pytest.approx(1.5)
     assert interval.text() == "1.50x (1.20-1.50)"
-    assert not interval.overlaps(ErrorBand(0.0, 0.0, 1).interval(1.1))
+    assert not interval.overlaps(ErrorBand(low_error=0.0, high_error=0.0, residuals=1).interval(1.1))
 
 
 def _bench():

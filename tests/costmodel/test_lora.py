@@ -17,7 +17,7 @@ from pipeline.geometry import ModelGeometry
 # hidden 100, 2 query heads and 1 KV head of 50, intermediate 200, 2 layers.
 TINY = ModelGeometry("tiny", 1000, 100, 2, 2, 1, 50, 200)
 # 1 GB/s, 1 TFLOP/s at 100% efficiency below: times are bytes / 1e9 and FLOPs / 1e12.
-SLOW = GpuPerf("slow", memory_gbps=1.0, bf16_tflops=1.0, fp8_tflops=2.0, link_gbps=1.0, nvlink=True)
+SLOW = GpuPerf(name="slow", memory_gbps=1.0, bf16_tflops=1.0, fp8_tflops=2.0, link_gbps=1.0, nvlink=True)
 
 
 @pytest.fixture(autouse=True)

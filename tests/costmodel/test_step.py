@@ -12,10 +12,11 @@ from pipeline.costmodel import hardware
 from pipeline.costmodel.gemm_probe import CpuProfile, gemm_shapes
 from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
 from pipeline.costmodel.predict import break_even_batch, predict
+from pipeline.costmodel.pricing import method_step, target_step
 from pipeline.costmodel.profile import RuntimeProfile, load_calibrations
-from pipeline.costmodel.step import Deployment, Drafting, method_step, target_step
+from pipeline.costmodel.step import Deployment, Drafting
 from pipeline.geometry import ModelGeometry
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.lookahead import LookaheadConfig
 
 # decoder layer: 100 x 50 x (2 x 2 + 2 x 2) + 3 x 100 x 200 + 2 x 100 = 100200 params; 2 layers;
 # lm_head 1000 x 100 = 100000 params.
@@ -32,7 +33,7 @@ TINY = ModelGeometry(
     rope_theta=1e4,
 )
 # 1 GB/s and 1 TFLOP/s (2 FP8) at 100% efficiency below: times are bytes / 1e9 and FLOPs / 1e12.
-SLOW = GpuPerf("slow", memory_gbps=1.0, bf16_tflops=1.0, fp8_tflops=2.0, link_gbps=1.0, nvlink=True)
+SLOW = GpuPerf(name="slow", memory_gbps=1.0, bf16_tflops=1.0, fp8_tflops=2.0, link_gbps=1.0, nvlink=True)
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +114,7 @@ def test_cpu_passes_stream_only_the_weights_their_probe_timed_in_cache():
     # 1 ms a decoder layer's worth of weights (100200 params); the GEMMs themselves free. A pass
     # streams its layers' 2 x 100000 GEMM weights, and the 100000 of the lm_head unless the probe
     # timed the lm_head out of cache (its seconds then hold its streaming already).
-    profile = RuntimeProfile("reference", row_compute=0.0, host_step_s=0.0, host_layer_s=1e-3, level_s=0.0)
+    profile = RuntimeProfile(runtime="reference", row_compute=0.0, host_step_s=0.0, host_layer_s=1e-3, level_s=0.0)
     for out_of_cache, params in ((frozenset(), 300000), (frozenset({"lm_head"}), 200000)):
         probed = CpuProfile((1, 2), {name: (0.0, 0.0) for name in gemm_shapes(TINY)}, out_of_cache)
         d = Deployment(TINY, dataclasses.replace(CPU_DEVICE, gemms=probed), context_len=0, profile=profile)

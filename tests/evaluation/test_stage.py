@@ -219,12 +219,14 @@ def test_a_calibration_file_prices_the_candidates(cli, spec, tmp_path):
     from pipeline.costmodel.calibrate import FORMAT, write
     from pipeline.costmodel.profile import Calibration, ErrorBand, RuntimeProfile
 
-    band = ErrorBand(-0.25, 0.5, 4)
+    band = ErrorBand(low_error=-0.25, high_error=0.5, residuals=4)
     content = {
         "format": FORMAT,
         "gpu": "l40s",
         "calibration": Calibration(
-            RuntimeProfile("trtllm", host_step_s=2e-3), {m: band for m in ("medusa", "eagle", "lookahead")}, "mine"
+            RuntimeProfile(runtime="trtllm", host_step_s=2e-3),
+            {m: band for m in ("medusa", "eagle", "lookahead")},
+            "mine",
         ).to_dict(),
     }
     write(content, tmp_path / "cal.json")
