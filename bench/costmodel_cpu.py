@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 from pipeline import presets, trees
 from pipeline.costmodel.cpu import interpolate, predicted_cpu_speedup
 from pipeline.costmodel.gemm_probe import CpuProfile, probe
-from pipeline.costmodel.step import Drafting
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.drafting import Drafting
+from pipeline.methods.lookahead import LookaheadConfig
 
 
 def drafting_of(record: dict) -> Drafting:

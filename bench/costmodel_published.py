@@ -94,7 +94,8 @@ from pipeline import presets, trees
 from pipeline.costmodel import fit
 from pipeline.costmodel.hardware import GpuPerf, gpu_perf
 from pipeline.costmodel.profile import KERNEL_SIDE, PROFILES_FILE, Calibration, RuntimeProfile
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
+from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
 
 DATA = Path(__file__).with_name("published_speedups.csv")

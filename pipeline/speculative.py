@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline import methods
+from pipeline.methods.drafting import Drafting
 from pipeline.methods.eagle import EagleConfig
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.medusa import MedusaConfig
@@ -90,6 +91,11 @@ class SpeculativeConfig:
             if config is not None:
                 return config.max_draft_len
         return 0
+
+    def drafting(self) -> Drafting:
+        """What a step of this method costs beyond the verification pass (the cost model's input)."""
+        config = getattr(self, self.method, None)
+        return Drafting.plain() if config is None else config.drafting()
 
     @property
     def build_mode(self) -> str | None:

@@ -85,3 +85,22 @@ def test_the_spec_targets_are_the_defined_targets():
     }
     # every method runs on defined targets only
     assert {t for d in methods.definitions() for t in d.targets} <= {d.name for d in targets.definitions()}
+
+
+def test_the_cost_model_prices_a_method_by_its_drafting_alone(monkeypatch):
+    """A method the cost model has never heard of is priced from what its step feeds: its rows and
+    the per-row constant it names."""
+    from pipeline import presets
+    from pipeline.costmodel.hardware import gpu_perf
+    from pipeline.costmodel.pricing import method_step
+    from pipeline.costmodel.step import Deployment
+    from pipeline.methods.drafting import Drafting
+
+    deployment = Deployment(presets.preset("llama-3.1-8b"), gpu_perf("h100-sxm-80gb"))
+    charged = dataclasses.replace(deployment, profile=dataclasses.replace(deployment.constants(), lookahead_row_s=1e-5))
+    plain = method_step(charged, Drafting.plain(), batch=64)
+    ngram = method_step(charged, Drafting("ngram", rows=16, row_term="lookahead_row_s"), batch=64)
+    assert ngram.parts["lookahead mask and n-gram pool"] == pytest.approx(
+        1e-5 * 64 * 15
+    )  # the per-row constant it names
+    assert ngram.parts["weights and GEMMs"] > plain.parts["weights and GEMMs"]  # 16 rows a request, not 1

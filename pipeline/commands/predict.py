@@ -80,7 +80,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def drafting_from_args(args: argparse.Namespace):
-    from pipeline.costmodel.step import Drafting
+    from pipeline.methods.drafting import Drafting
     from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 
     if args.method == "none":

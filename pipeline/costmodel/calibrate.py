@@ -58,15 +58,16 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import methods
 from pipeline.costmodel import fit, gemm_probe, inputs, served
 from pipeline.costmodel.hardware import CPU, GpuPerf, gpu_perf
 from pipeline.costmodel.profile import Calibration, RuntimeProfile, calibration
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
+from pipeline.methods.drafting import Drafting
 
 FORMAT = "specdeploy-calibration/1"
-METHOD_TERMS = {"lookahead": ("lookahead_row_s",), "medusa": ("tree_row_s",), "eagle": ("level_s", "tree_row_s")}
 SHARED_TERMS = ("row_compute", "host_step_s", "host_layer_s")
 CPU_SHARED_TERMS = ("row_compute", "request_s", "host_layer_s", "host_step_s")
 CPU_BASE = RuntimeProfile(runtime="reference", row_compute=0.0, host_step_s=0.0, level_s=0.0)
@@ -107,7 +108,7 @@ def read_run(folder: Path) -> Run:
                 "with the Triton repository the server loaded"
             )
         served = inputs.section(body, "server")
-        method = inputs.choice(served, "method", inputs.METHODS, "server.")
+        method = inputs.choice(served, "method", methods.names(), "server.")
         inputs.architecture(served, "server.")
         if not body.get("completed"):
             raise CalibrationError(f"{path}: no completed requests to calibrate on")
@@ -116,7 +117,7 @@ def read_run(folder: Path) -> Run:
         acceptance = body.get("acceptance") or {}
         if not isinstance(acceptance, dict):
             raise inputs.FieldError("acceptance", "not an object")
-        if method == "none":
+        if method == methods.PLAIN:
             al = 1.0
         elif acceptance.get("mean_acceptance_length") is None:
             raise CalibrationError(f"{path}: a {method} run without an acceptance length")
@@ -174,19 +175,19 @@ def refuse_undetermined(runs: Sequence[Run]) -> None:
             "the runs serve different models or engines (shape, dtype or tp/pp): calibrate one model at a time"
         )
     concurrencies = sorted({r.concurrency for r in runs})
-    methods = sorted({r.served["method"] for r in runs})
+    served = sorted({r.served["method"] for r in runs})
     if len(concurrencies) < 2:
         raise CalibrationError(
             f"every run is at concurrency {concurrencies[0]}: one concurrency cannot tell per-step from per-row "
             "costs apart; bench each variant at a second --concurrency"
         )
-    if len(methods) < 2 or "none" not in methods:
+    if len(served) < 2 or methods.PLAIN not in served:
         raise CalibrationError(
-            f"the runs serve {' and '.join(methods)} only: a speedup needs plain decoding and a speculative "
+            f"the runs serve {' and '.join(served)} only: a speedup needs plain decoding and a speculative "
             "method on the same model at the same concurrency; bench both"
         )
-    plain = {r.concurrency for r in runs if r.served["method"] == "none"}
-    if len({r.concurrency for r in runs if r.served["method"] != "none" and r.concurrency in plain}) < 2:
+    plain = {r.concurrency for r in runs if r.served["method"] == methods.PLAIN}
+    if len({r.concurrency for r in runs if r.served["method"] != methods.PLAIN and r.concurrency in plain}) < 2:
         raise CalibrationError(
             "no speculative run has a plain-decoding run at two concurrencies: bench plain decoding at the "
             "speculative runs' concurrencies"
@@ -199,11 +200,11 @@ def observations(
     """One observation per speculative run with a plain run at its concurrency, priced on ``device``
     (default: ``gpu``'s figures); refusals as documented."""
     refuse_undetermined(runs)
-    plain = {r.concurrency: r for r in runs if r.served["method"] == "none"}
+    plain = {r.concurrency: r for r in runs if r.served["method"] == methods.PLAIN}
     found = []
     for r in runs:
         absolute = gpu == CPU  # every run a measured step time (see the module docstring)
-        if r.concurrency not in plain or (r.served["method"] == "none" and not absolute):
+        if r.concurrency not in plain or (r.served["method"] == methods.PLAIN and not absolute):
             continue
         s = r.served
         deployment = Deployment(
@@ -237,8 +238,8 @@ def observations(
 def choose_constants(found: Sequence[fit.Observation], base: RuntimeProfile, cpu: bool = False) -> list[str]:
     """The constants the observations resolve, greedily in the module's order; on the CPU at least one
     observation more than constants (see the module docstring)."""
-    methods = [t for m in sorted({o.method for o in found}) for t in METHOD_TERMS.get(m, ())]
-    order = [*CPU_SHARED_TERMS, *methods] if cpu else [*methods, *SHARED_TERMS]
+    terms = [t for m in sorted({o.method for o in found}) for t in methods.definition(m).cost_terms]
+    order = [*CPU_SHARED_TERMS, *terms] if cpu else [*terms, *SHARED_TERMS]
     most = len(found) - 1 if cpu else len(found)
     chosen: list[str] = []
     rank = 0
@@ -323,7 +324,7 @@ def calibrate(
         residuals, how = fit.relative_errors(found, profile), "in-sample (no more observations than constants)"
     by_method: dict[str, list[float]] = {}
     for o, e in zip(found, residuals):
-        if o.method != "none":  # plain decoding's speedup is 1 by definition (its tokens/s residuals are listed)
+        if o.method != methods.PLAIN:  # plain decoding's speedup is 1 by definition (its tokens/s residuals are listed)
             by_method.setdefault(o.method, []).append(e)
     bands = {m: fit.band(e) for m, e in sorted(by_method.items())}
     shipped = calibration(runtime)

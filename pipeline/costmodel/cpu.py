@@ -31,8 +31,8 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from pipeline.costmodel.gemm_probe import CpuProfile, eagle_level_gemms, medusa_gemms, target_gemms
-from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
+from pipeline.methods.drafting import Drafting
 
 
 def target_gemms_s(profile: CpuProfile, arch: ModelGeometry, rows: float, logit_rows: float) -> float:
@@ -41,16 +41,16 @@ def target_gemms_s(profile: CpuProfile, arch: ModelGeometry, rows: float, logit_
 
 def drafting_gemms_s(profile: CpuProfile, drafting: Drafting) -> float:
     """A method's own GEMM seconds beyond the target pass: Medusa's heads, EAGLE's drafter levels."""
-    if drafting.method == "medusa":
+    if drafting.medusa_heads:
         return profile.total_s(medusa_gemms(drafting.medusa_heads, 1))
-    if drafting.method == "eagle":
+    if drafting.eagle_level_rows:
         return sum(profile.total_s(eagle_level_gemms(rows, logits)) for rows, logits in drafting.eagle_levels())
     return 0.0
 
 
 def method_gemms_s(profile: CpuProfile, arch: ModelGeometry, drafting: Drafting, rows: float) -> float:
     """One step's GEMM seconds of a method feeding ``rows`` rows (plain decoding: 1 row, 1 logit row)."""
-    if drafting.method == "none":
+    if drafting.is_plain:
         return target_gemms_s(profile, arch, 1, 1)
     return target_gemms_s(profile, arch, rows, rows) + drafting_gemms_s(profile, drafting)
 
@@ -78,7 +78,7 @@ def predicted_cpu_speedup(
     target pass is that measurement at ``rows``, plus the method's own GEMMs from the probe, plus
     ``other`` = plain's measured step - its 1-row pass, plus a target layer's non-GEMM work per EAGLE
     level. Without: GEMMs from the probe only, ``other`` = plain's measured step - its probed GEMMs."""
-    fed = 1.0 if drafting.method == "none" else rows
+    fed = 1.0 if drafting.is_plain else rows
     if forward_s:
         other = max(plain_step_s - interpolate(forward_s, 1), 0.0)
         layer = max(interpolate(forward_s, 1) - target_gemms_s(profile, arch, 1, 1), 0.0) / arch.num_layers

@@ -28,7 +28,8 @@ import numpy as np
 
 from pipeline.costmodel.pricing import method_step
 from pipeline.costmodel.profile import FITTED, HIGH_PERCENTILE, LOW_PERCENTILE, ErrorBand, RuntimeProfile
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
+from pipeline.methods.drafting import Drafting
 
 # (requests decoding, share of the steps) of a measured run (load.batch_mix); empty: every step at
 # the run's nominal batch.

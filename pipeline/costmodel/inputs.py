@@ -22,7 +22,6 @@ from pipeline.geometry import ModelGeometry
 MAX_TOKENS_PER_SECOND = 1e7  # far above any server; a larger figure is a broken file
 MAX_ACCEPTANCE_LENGTH = 1 + 1024  # a step accepts at most its draft (TensorRT-LLM: max_draft_len <= 1024)
 MAX_CONCURRENCY = 1 << 16
-METHODS = ("none", "medusa", "eagle", "lookahead")
 
 
 class FieldError(ValueError):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from pipeline.costmodel.lora import LoraLoad, add_lora
 from pipeline.costmodel.pricing import method_step, target_step
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
+from pipeline.methods.drafting import Drafting
 
 
 @dataclass(frozen=True, kw_only=True)

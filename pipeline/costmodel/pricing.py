@@ -8,7 +8,8 @@ deployment, the method's drafting, the cost by part): :mod:`pipeline.costmodel.s
 from __future__ import annotations
 
 from pipeline.costmodel import step_cpu, step_gpu
-from pipeline.costmodel.step import Deployment, Drafting, StepCost
+from pipeline.costmodel.step import Deployment, StepCost
+from pipeline.methods.drafting import Drafting
 
 
 def target_step(d: Deployment, batch: int, rows: int, logit_rows: int | None = None) -> StepCost:

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from pipeline import methods
+
 Runtime = Literal["trtllm", "pytorch-eager"]
 RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 DEFAULT_RUNTIME: Runtime = "trtllm"
@@ -126,7 +128,7 @@ class Calibration:
     source: str  # what it was fitted on, one line
 
     def band(self, method: str) -> ErrorBand:
-        if method == "none":
+        if method == methods.PLAIN:
             return EXACT
         return self.bands[method]
 

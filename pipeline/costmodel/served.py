@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import trees
-from pipeline.costmodel.step import Drafting, Dtype
+from pipeline.costmodel.step import Dtype
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
-from pipeline.speculative import LookaheadConfig, engine_mode_method
+from pipeline.methods.drafting import Drafting
+from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.speculative import engine_mode_method
 
 
 def _tensorrt_llm_config(repository: Path) -> Path:

@@ -25,7 +25,8 @@ reference backend's heads share the base lm_head), EAGLE one per drafter level (
 from __future__ import annotations
 
 from pipeline.costmodel.gemm_probe import Gemms, eagle_level_gemms, gemm_shapes, medusa_gemms, target_gemms
-from pipeline.costmodel.step import Deployment, Drafting, StepCost, attention_flops
+from pipeline.costmodel.step import Deployment, StepCost, attention_flops
+from pipeline.methods.drafting import ROW_PARTS, Drafting
 
 
 def pass_s(d: Deployment, gemms: Gemms, attention: float = 0.0) -> float:
@@ -75,17 +76,16 @@ def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     its heads' rows (the reference backend's heads share the base lm_head), EAGLE's fc + layer +
     lm_head per level."""
     k = d.constants()
-    plain = drafting.method == "none"
+    plain = drafting.is_plain
     cost = target_step(d, batch, drafting.rows, 1 if plain else drafting.rows)
     drafts = batch * (drafting.rows - 1)
-    if drafting.method == "medusa":
+    if drafting.medusa_heads:
         cost.add("medusa heads", pass_s(d, medusa_gemms(drafting.medusa_heads, batch)))
-    elif drafting.method == "eagle":
+    if drafting.eagle_level_rows:
         for rows, logit_rows in drafting.eagle_levels():
             gemms = eagle_level_gemms(batch * rows, batch * logit_rows)
             cost.add("eagle drafter", pass_s(d, gemms, attention_flops(d, batch, rows, 1)) + k.level_s)
-    if drafting.method in ("medusa", "eagle") and k.tree_row_s:
-        cost.add("tree mask and acceptance", k.tree_row_s * drafts)
-    if drafting.method == "lookahead" and k.lookahead_row_s:
-        cost.add("lookahead mask and n-gram pool", k.lookahead_row_s * drafts)
+    per_row = getattr(k, drafting.row_term) if drafting.row_term else 0.0
+    if per_row:
+        cost.add(ROW_PARTS[drafting.row_term], per_row * drafts)
     return cost

@@ -21,7 +21,7 @@ pp does not shorten a step; it adds a hop per stage boundary. Per GPU:
 * a fixed per-step overhead (hardware.STEP_OVERHEAD_S), or with a runtime profile its host work:
   ``host_step_s + host_layer_s x layers``.
 
-Each method's own work (what it is: :class:`~pipeline.costmodel.step.Drafting`):
+Each method's own work (what it is: :class:`~pipeline.methods.drafting.Drafting`):
 
 * Medusa: its K heads' ResBlocks and lm_heads in one roofline (the heads stay bf16: FP8 heads are not
   supported, TensorRT-LLM#2115);
@@ -42,15 +42,9 @@ from __future__ import annotations
 from pipeline.costmodel import hardware
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.profile import RuntimeProfile
-from pipeline.costmodel.step import (
-    ACTIVATION_BYTES,
-    DTYPE_BYTES,
-    Deployment,
-    Drafting,
-    StepCost,
-    attention_flops,
-)
+from pipeline.costmodel.step import ACTIVATION_BYTES, DTYPE_BYTES, Deployment, StepCost, attention_flops
 from pipeline.geometry import ModelGeometry
+from pipeline.methods.drafting import ROW_PARTS, Drafting
 
 
 def roofline_s(
@@ -138,18 +132,17 @@ def eagle_level_s(d: Deployment, batch: int, rows: int, logit_rows: int) -> floa
 
 def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     """One step of ``drafting``'s method: the verification pass plus the method's own work."""
-    plain = drafting.method == "none"
+    plain = drafting.is_plain
     cost = target_step(d, batch, drafting.rows, logit_rows=1 if plain else drafting.rows)
     k = d.constants()
     drafts = batch * (drafting.rows - 1)
-    if drafting.method == "medusa":
+    if drafting.medusa_heads:
         cost.add("medusa heads", medusa_heads_s(d, batch, drafting.medusa_heads))
-    elif drafting.method == "eagle":
+    if drafting.eagle_level_rows:
         for rows, logit_rows in drafting.eagle_levels():
             cost.add("eagle drafter", eagle_level_s(d, batch, rows, logit_rows))
         cost.add("eagle level launches", len(drafting.eagle_level_rows) * (k.level_s + k.host_layer_s))
-    if drafting.method in ("medusa", "eagle") and k.tree_row_s:
-        cost.add("tree mask and acceptance", k.tree_row_s * drafts)
-    if drafting.method == "lookahead" and k.lookahead_row_s:
-        cost.add("lookahead mask and n-gram pool", k.lookahead_row_s * drafts)
+    per_row = getattr(k, drafting.row_term) if drafting.row_term else 0.0
+    if per_row:
+        cost.add(ROW_PARTS[drafting.row_term], per_row * drafts)
     return cost

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pipeline import trees
-from pipeline.costmodel.step import Drafting
+from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod

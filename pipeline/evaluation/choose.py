@@ -119,7 +119,7 @@ class GateCheck:
 def gate_checks(record: dict, gates: Gates, batch: int) -> list[GateCheck]:
     """Every gate that applies to this candidate at the expected concurrency, in the order they are judged:
     losslessness always, then each gate the spec sets. Plain decoding passes them all by definition."""
-    plain = record["method"] == "none"
+    plain = record["method"] == methods.PLAIN
     al, speedup = record["mean_acceptance_length"], interval(record, batch)[gates.speedup_bound]
     lossless = bool(record["identity"]["lossless"])
     checks = [
@@ -188,7 +188,7 @@ def choose(
     error cannot separate from it, then the gates (see the module). ``planned``: a candidate fixed by the
     spec (method auto or explicit) instead of the best one; the gates judge it the same way."""
     ranked = sorted(records, key=lambda r: -r["predicted_speedup"][str(batch)])
-    plain = next(r for r in records if r["method"] == "none")
+    plain = next(r for r in records if r["method"] == methods.PLAIN)
     tie = ""
     tied: list[str] = []
     if planned is not None:
@@ -198,7 +198,7 @@ def choose(
         if best is not plain:
             taken, tied = tie_break(records, best, batch, prefer)
             if tied:
-                order = " < ".join("plain" if m == "none" else m for m in preference(prefer))
+                order = " < ".join("plain" if m == methods.PLAIN else m for m in preference(prefer))
                 tie = (
                     f"{', '.join(tied)} are not separable by the model's error at batch {batch} (their intervals "
                     f"overlap {best['name']}'s {interval_text(best, batch)}); tie rule {order}: {taken['name']}; "
@@ -213,7 +213,7 @@ def choose(
 
     misses = {r["name"]: miss for r in ranked if (miss := gate_miss(r, gates, batch))}
 
-    if best["method"] == "none":
+    if best["method"] == methods.PLAIN:
         if planned is not None:
             reason = "planned: plain decoding"
         elif tie:
@@ -249,14 +249,15 @@ def choose(
         (
             r
             for r in ranked
-            if r["name"] not in misses and (r["method"] == "none" or r["predicted_speedup"][str(batch)] > 1.0)
+            if r["name"] not in misses and (r["method"] == methods.PLAIN or r["predicted_speedup"][str(batch)] > 1.0)
         ),
         plain,
     )
     return Choice(
         passing["name"],
         passing["method"],
-        f"{tie}{missed}; fell back to {passing['name']}" + (f": {why(passing)}" if passing["method"] != "none" else ""),
+        f"{tie}{missed}; fell back to {passing['name']}"
+        + (f": {why(passing)}" if passing["method"] != methods.PLAIN else ""),
         misses=misses,
         not_separable=tied,
         speedup_bound=gates.speedup_bound,

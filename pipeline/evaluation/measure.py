@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline import methods
 from pipeline.evaluation.candidates import Candidate, Loaded
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
@@ -186,7 +187,7 @@ def forward_rows(candidates: Sequence[Candidate]) -> tuple[int, ...]:
         config = c.lookahead or c.settings.lookahead
         if c.method == "lookahead" and config is not None:
             rows |= set(range(config.window * (config.ngram - 1), c.drafting.rows + 1))
-        elif c.method != "none":
+        elif c.method != methods.PLAIN:
             rows.add(c.drafting.rows)
     return tuple(sorted(rows))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline import methods
 from pipeline.evaluation.choose import interval_text
 
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -121,7 +122,7 @@ def charts(result: dict, out: Path) -> list[str]:
         curve = c["predicted_curve"]
         xs = [int(b) for b in curve]
         band = c.get("predicted_curve_interval") or {}
-        if band and c["method"] != "none":
+        if band and c["method"] != methods.PLAIN:
             low, high = [band[b]["low"] for b in curve], [band[b]["high"] for b in curve]
             ax.fill_between(xs, low, high, color=colour[c["name"]], alpha=0.18, linewidth=0)
         ax.plot(xs, list(curve.values()), marker=".", color=colour[c["name"]], label=c["name"])

@@ -43,7 +43,7 @@ from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.lora import LoraLoad, shared_speedup
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, calibration
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
 from pipeline.errors import InputError
 from pipeline.fleet.assign import Engine, assign_gpus
 from pipeline.fleet.lora_decision import (
@@ -242,19 +242,6 @@ def _load(spec: Any, variant: Any, num_layers: int, weights_present: bool) -> _L
     return _Load(max([config.r, *config.rank_pattern.values()]), modules)
 
 
-def _drafting(speculative: Any) -> Drafting:
-    if speculative.method == "medusa" and speculative.medusa is not None:
-        return Drafting.medusa(speculative.medusa.tree, speculative.medusa.num_heads)
-    if speculative.method == "eagle" and speculative.eagle is not None:
-        e = speculative.eagle
-        if e.dynamic_tree or e.tree is None:
-            return Drafting.eagle_dynamic(e.dynamic_tree_max_top_k, e.num_eagle_layers, e.max_draft_len)
-        return Drafting.eagle(e.tree)
-    if speculative.method == "lookahead" and speculative.lookahead is not None:
-        return Drafting.lookahead(speculative.lookahead)
-    return Drafting.plain()
-
-
 def _measured_acceptance(plan: Any) -> float | None:
     """The chosen candidate's mean acceptance length from the variant's rehearsal, when one ran."""
     stage = next((s for s in plan.stages if s.name == "evaluate"), None)
@@ -274,7 +261,7 @@ def _measured_acceptance(plan: Any) -> float | None:
 
 def _merged(plan: Any, concurrency: int) -> tuple[MergedOption, str]:
     method = plan.speculative.method
-    drafting = _drafting(plan.speculative)
+    drafting = plan.speculative.drafting()
     measured = _measured_acceptance(plan)
     acceptance = measured if measured is not None else methods.definition(method).prior_acceptance
     acceptance = min(max(acceptance, 1.0), drafting.rows)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pipeline.errors import InputError
 from pipeline.files import kind_of
 from pipeline.geometry import ModelGeometry
-from pipeline.yaml_source import KeyPath
 
 if TYPE_CHECKING:
     from pipeline.spec import VariantSpec
+    from pipeline.yaml_source import KeyPath
 
 TARGETS = ("tensorrt", "reference")  # every target the project deploys to (spec.target)
 

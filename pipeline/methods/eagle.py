@@ -18,6 +18,7 @@ from pipeline.errors import InputError
 from pipeline.files import read_json
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads, tp_problem
+from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
     from pipeline.spec import VariantSpec
@@ -156,6 +157,12 @@ class EagleConfig:
         if config.max_draft_len > EAGLE_MAX_DRAFT_LEN:
             problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
         return config
+
+    def drafting(self) -> Drafting:
+        """What a step of this drafter costs beyond the verification pass (EAGLE-2: its dynamic tree)."""
+        if self.dynamic_tree or self.tree is None:
+            return Drafting.eagle_dynamic(self.dynamic_tree_max_top_k, self.num_eagle_layers, self.max_draft_len)
+        return Drafting.eagle(self.tree)
 
 
 def resolve(variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems) -> EagleConfig:

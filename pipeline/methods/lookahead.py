@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import TARGETS, MethodDefinition, Problems
+from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
     from pipeline.spec import VariantSpec
@@ -64,6 +65,10 @@ class LookaheadConfig:
     @property
     def max_draft_len(self) -> int:
         return lookahead_max_draft_len(self.window, self.ngram, self.verification_set)
+
+    def drafting(self) -> Drafting:
+        """What a step of (W, N, G) costs beyond the verification pass: its rows only."""
+        return Drafting.lookahead(self)
 
     @classmethod
     def check(cls, variant: VariantSpec, problems: Problems) -> LookaheadConfig | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import inputs, trees
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads
+from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
     from pipeline.spec import VariantSpec
@@ -94,6 +95,10 @@ class MedusaConfig:
                 "keep quantize_heads: false (FP8 base, 16-bit heads)",
             )
         return cls(num_heads, num_layers, tree, max_draft_len)
+
+    def drafting(self) -> Drafting:
+        """What a step of these heads costs beyond the verification pass."""
+        return Drafting.medusa(self.tree, self.num_heads)
 
 
 def resolve(

@@ -10,9 +10,9 @@ from pipeline import trees
 from pipeline.costmodel import gemm_probe
 from pipeline.costmodel.cpu import interpolate, method_gemms_s, predicted_cpu_speedup
 from pipeline.costmodel.gemm_probe import CpuProfile, gemm_shapes, probe
-from pipeline.costmodel.step import Drafting
 from pipeline.geometry import ModelGeometry
-from pipeline.speculative import LookaheadConfig
+from pipeline.methods.drafting import Drafting
+from pipeline.methods.lookahead import LookaheadConfig
 
 TINY = ModelGeometry(
     "tiny",

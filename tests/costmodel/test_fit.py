@@ -16,7 +16,8 @@ from pipeline.costmodel import fit
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.profile import FITTED, ErrorBand, RuntimeProfile, load_calibrations
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
+from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
 
 ROOT = Path(__file__).resolve().parents[2]

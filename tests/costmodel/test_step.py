@@ -14,8 +14,9 @@ from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
 from pipeline.costmodel.predict import break_even_batch, predict
 from pipeline.costmodel.pricing import method_step, target_step
 from pipeline.costmodel.profile import RuntimeProfile, load_calibrations
-from pipeline.costmodel.step import Deployment, Drafting
+from pipeline.costmodel.step import Deployment
 from pipeline.geometry import ModelGeometry
+from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
 
 # decoder layer: 100 x 50 x (2 x 2 + 2 x 2) + 3 x 100 x 200 + 2 x 100 = 100200 params; 2 layers;

@@ -78,9 +78,9 @@ def test_a_planned_method_is_judged_by_the_same_gates():
 
 def test_a_chosen_candidate_becomes_the_plan_config():
     from pipeline import trees
-    from pipeline.costmodel.step import Drafting
     from pipeline.evaluation.apply import candidate_build, config_of
     from pipeline.evaluation.candidates import Candidate
+    from pipeline.methods.drafting import Drafting
     from pipeline.methods.eagle import EagleConfig
     from pipeline.methods.lookahead import LookaheadConfig
     from pipeline.methods.medusa import MedusaConfig

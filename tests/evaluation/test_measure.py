@@ -28,8 +28,8 @@ def test_similar_trees_fit_the_heads_and_the_build():
 
 
 def test_forward_rows_are_every_count_a_candidate_feeds():
-    from pipeline.costmodel.step import Drafting
     from pipeline.evaluation.candidates import Candidate
+    from pipeline.methods.drafting import Drafting
     from pipeline.runtime.spec_decode.factory import MethodSettings
 
     server = LookaheadConfig(4, 3, 4)

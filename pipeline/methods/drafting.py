@@ -1,0 +1,80 @@
+"""What a method adds to one decoding step, per request: :class:`Drafting`, the cost model's input.
+
+Each method's resolved config says its own (``MedusaConfig.drafting()``, ...); the cost model's step
+models (pipeline/costmodel/step_gpu.py, step_cpu.py) price it from these fields alone:
+
+* plain decoding: one row per request, logits for it;
+* Medusa: K heads, each a ResBlock (hidden x hidden) and its own lm_head, over one row per request (the
+  last accepted token's hidden state); rows fed = 1 + tree nodes;
+* EAGLE-1 / EAGLE-2: per tree level, one drafter pass (fc 2 hidden x hidden + one decoder layer) and
+  one lm_head pass over the nodes expanded at that level (level 0, over the accepted tokens, takes
+  the logits of the last one only); rows fed = 1 + tree nodes;
+* Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pipeline import trees
+
+# The runtime constant charged per draft row (pipeline.costmodel.profile.RuntimeProfile), by the work it prices.
+RowTerm = Literal["", "tree_row_s", "lookahead_row_s"]
+ROW_PARTS: dict[str, str] = {
+    "tree_row_s": "tree mask and acceptance",
+    "lookahead_row_s": "lookahead mask and n-gram pool",
+}
+
+
+class _DraftLength(Protocol):
+    @property
+    def max_draft_len(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """A method's per-step work besides the verification pass, per request."""
+
+    method: str  # the method's name (pipeline.methods)
+    rows: int  # rows fed to the target per request per step
+    medusa_heads: int = 0  # Medusa heads run over one row each
+    eagle_level_rows: tuple[int, ...] = ()  # drafter rows per request at each tree level
+    row_term: RowTerm = ""  # the runtime constant charged per draft row
+
+    @property
+    def is_plain(self) -> bool:
+        """Plain decoding: one row, its logits only."""
+        return self.method == "none"
+
+    @classmethod
+    def plain(cls) -> Drafting:
+        return cls("none", 1)
+
+    @classmethod
+    def medusa(cls, tree: trees.Tree, num_heads: int | None = None) -> Drafting:
+        return cls("medusa", 1 + len(tree), medusa_heads=num_heads or trees.tree_depth(tree), row_term="tree_row_s")
+
+    def eagle_levels(self) -> list[tuple[int, int]]:
+        """(drafter rows, lm_head rows) per request of each EAGLE drafter pass: level 0 runs over the
+        accepted tokens and takes the logits of the last (the root's children), each further level
+        over the nodes it expands, with logits for each."""
+        return [(rows, 1 if level == 0 else rows) for level, rows in enumerate(self.eagle_level_rows)]
+
+    @classmethod
+    def eagle(cls, tree: trees.Tree) -> Drafting:
+        """EAGLE-1's static tree: level 0 runs over the accepted tokens (up to depth + 1 rows), level d
+        over the tree's non-leaf nodes at depth d."""
+        levels = trees.non_leaves_per_level(tree)
+        depth = trees.tree_depth(tree)
+        return cls("eagle", 1 + len(tree), eagle_level_rows=(depth + 1, *levels[1:]), row_term="tree_row_s")
+
+    @classmethod
+    def eagle_dynamic(cls, top_k: int, num_layers: int, max_draft_len: int) -> Drafting:
+        """EAGLE-2: top_k nodes expanded per level after the first; max_draft_len nodes verified."""
+        levels = (num_layers + 1, *([top_k] * (num_layers - 1)))
+        return cls("eagle", 1 + max_draft_len, eagle_level_rows=levels, row_term="tree_row_s")
+
+    @classmethod
+    def lookahead(cls, config: _DraftLength) -> Drafting:
+        return cls("lookahead", 1 + config.max_draft_len, row_term="lookahead_row_s")
