@@ -20,9 +20,9 @@ from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import HostFilesystemError, InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.lora import auto as lora_auto
-from pipeline.lora.auto import AutoDecision
-from pipeline.lora.group import LoraBuild, LoraGroupPlan, check_shared_variant, plan_groups
+from pipeline.lora.group import check_shared_variant, plan_groups
 from pipeline.lora.rules import speculative_refusal
+from pipeline.lora.types import AutoDecision, LoraBuild, LoraGroupPlan
 from pipeline.memory import MemoryEstimate, estimate_memory
 from pipeline.methods.base import tp_problem
 from pipeline.quantize.calibration import DEFAULT_CALIBRATION

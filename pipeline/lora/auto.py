@@ -48,7 +48,6 @@ from pipeline.errors import InputError
 from pipeline.fleet.assign import Engine, assign_gpus
 from pipeline.fleet.lora_decision import (
     FineTune,
-    LoraDecision,
     LoraDecisionError,
     LoraFleet,
     MergedOption,
@@ -59,6 +58,7 @@ from pipeline.fleet.lora_decision import (
 from pipeline.lora.group import base_key, hf_modules
 from pipeline.lora.memory import LoraCacheSize, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
+from pipeline.lora.types import AutoDecision
 from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 
 # A merged fine-tune whose acceptance no rehearsal has measured is priced at its method's
@@ -67,37 +67,6 @@ from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 # 12 rows, 1.61-1.69). A fine-tune's own acceptance can be far lower (stale heads): `evaluate` measures
 # it, and the decision then uses the measurement.
 DEFAULT_CONCURRENCY = 1  # evaluation.batch_sizes[0] when the spec has no evaluation section
-
-
-@dataclass(frozen=True)
-class AutoDecision:
-    """The decision for one LoRA family: the choice per fine-tune, and the solver's result when a GPU
-    was weighed (None on the CPU reference target or without gpu.type)."""
-
-    base: str
-    choices: tuple[VariantChoice, ...]
-    decision: LoraDecision | None
-    rule: str  # how it was decided, one line
-
-    @property
-    def shared(self) -> set[str]:
-        return {c.name for c in self.choices if c.choice == "shared"}
-
-    def to_dict(self) -> dict[str, Any]:
-        body = self.decision.to_dict() if self.decision is not None else {"variants": {}}
-        body["variants"] = {c.name: c.to_dict() for c in self.choices}
-        return {"base": self.base, "rule": self.rule, **body}
-
-    def lines(self) -> list[str]:
-        head = f"LoRA decision for base {self.base}: {self.rule}"
-        if self.decision is not None:
-            d = self.decision
-            head += (
-                f"; fleet speedup {d.fleet_speedup:.2f}x at concurrency {d.concurrency} "
-                f"(all shared {d.all_shared_speedup:.2f}x); GiB used per GPU "
-                + ", ".join(f"{u:.1f}/{f:.1f}" for u, f in zip(d.used_gib, d.free_gib))
-            )
-        return [head] + [f"  {c.name}: {c.reason}" for c in self.choices]
 
 
 def families(variants: Sequence[Any]) -> list[tuple[Any, list[Any]]]:

@@ -24,16 +24,15 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from pipeline import targets
 from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
-from pipeline.lora.memory import LoraCacheSize, adapter_bytes, cache_size
+from pipeline.lora.memory import adapter_bytes, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM, MODULE_IDS, speculative_refusal
+from pipeline.lora.types import LoraGroupPlan, LoraMember
 from pipeline.memory import BYTES_PER_ELEMENT
 
 
@@ -79,74 +78,6 @@ def hf_modules(config: AdapterConfig, num_layers: int) -> set[str]:
             if re.fullmatch(targets, f"model.layers.{layer}.{block}.{m}")
         }
     return {t.rsplit(".", 1)[-1] for t in targets}
-
-
-@dataclass(frozen=True)
-class LoraBuild:
-    """The LoRA plugin settings of a group's engine (trtllm-build --lora_plugin/--max_lora_rank/
-    --lora_target_modules; build_config.plugin_config.lora_plugin and build_config.lora_config)."""
-
-    plugin_dtype: str  # the engine's dtype
-    max_rank: int
-    target_modules: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LoraMember:
-    variant: str
-    task_id: int
-    adapter: Path
-    rank: int  # the largest rank of the adapter (r, or a rank_pattern value)
-    modules: tuple[str, ...]  # TensorRT-LLM module names
-    bytes_per_gpu: int
-
-
-@dataclass(frozen=True)
-class LoraGroupPlan:
-    """One shared engine and its adapters."""
-
-    name: str  # the group's engine and tensorrt_llm model: <base variant>-lora
-    base_variant: str | None  # a variant of the spec without adapter on this engine, if any
-    members: tuple[LoraMember, ...]
-    max_lora_rank: int
-    target_modules: tuple[str, ...]
-    cache: LoraCacheSize
-    engine_gib: float  # the engine's estimate without the LoRA cache (per GPU)
-    merged_gib: float  # the same fine-tunes merged: one engine each (per GPU of each engine)
-    gpus_per_engine: int
-
-    @property
-    def shared_gib(self) -> float:
-        return self.engine_gib + self.cache.gpu_gib
-
-    def build(self, dtype: str) -> LoraBuild:
-        return LoraBuild(dtype, self.max_lora_rank, self.target_modules)
-
-    def triton_parameters(self, prefetch_dir: PurePosixPath) -> dict[str, str]:
-        """The tensorrt_llm model's LoRA cache parameters (TensorRT-LLM's PeftCacheConfig);
-        ``prefetch_dir``: the adapters' folder where the deployment mounts it."""
-        return {
-            "lora_cache_optimal_adapter_size": str(self.cache.optimal_adapter_size),
-            "lora_cache_max_adapter_size": str(self.cache.max_adapter_size),
-            "lora_cache_host_memory_bytes": str(self.cache.host_bytes),
-            "lora_prefetch_dir": str(prefetch_dir),
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["members"] = [{**asdict(m), "adapter": str(m.adapter)} for m in self.members]
-        data["shared_gib"] = round(self.shared_gib, 3)
-        return data
-
-    def describe(self) -> str:
-        n = len(self.members)
-        return (
-            f"LoRA group {self.name}: {n} fine-tune(s) on one engine, max_lora_rank {self.max_lora_rank}, "
-            f"modules {' '.join(self.target_modules)}; {self.shared_gib:.1f} GiB per GPU (engine "
-            f"{self.engine_gib:.1f} + LoRA cache {self.cache.gpu_gib:.2f}) on {self.gpus_per_engine} GPU(s), "
-            f"against {n} merged engine(s) of {self.merged_gib:.1f} GiB each ({n * self.merged_gib:.1f} GiB "
-            f"per GPU slot in all)"
-        )
 
 
 def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
