@@ -38,8 +38,9 @@ from bench.serve import free_ports, process_tree_stat
 from pipeline.cli import main as cli
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.costmodel import calibrate
-from pipeline.plan import OutputRoots, VariantPlan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, VariantPlan
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
 

@@ -24,11 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import presets, trees
+from pipeline import trees
 from pipeline.costmodel.cpu import interpolate, predicted_cpu_speedup
 from pipeline.costmodel.gemm_probe import CpuProfile, probe
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.spec import presets
 
 
 def drafting_of(record: dict) -> Drafting:

@@ -90,13 +90,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import presets, trees
+from pipeline import trees
 from pipeline.costmodel import fit
 from pipeline.costmodel.hardware import GpuPerf, gpu_perf
 from pipeline.costmodel.profile import KERNEL_SIDE, PROFILES_FILE, Calibration, RuntimeProfile
 from pipeline.costmodel.step import Deployment
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.spec import presets
 
 DATA = Path(__file__).with_name("published_speedups.csv")
 CONTEXT_LEN = 512  # Spec-Bench: prompts of a few hundred tokens plus up to 1024 generated

@@ -41,8 +41,9 @@ from pipeline.heads.export import load_eagle_folder, load_medusa_folder
 from pipeline.heads.medusa import MedusaTrainConfig, train_medusa
 from pipeline.heads.refresh import RefreshSettings, data_key, fast_bf16, split_validation, training_data
 from pipeline.heads.train import EAGLE_TREES, MEDUSA_TREES, base_embedding, validation_score
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 
 SPEC = REPO / "specs" / "smollm2-fleet.yaml"

@@ -32,11 +32,12 @@ sys.path.insert(0, str(REPO))
 import torch
 
 from pipeline.lora.convert import convert_adapter
-from pipeline.plan import OutputRoots, make_plan
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest, LoraRequest
 from pipeline.runtime.serving.scheduler import Scheduler
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 
 OUT = REPO / "bench" / "out" / "lora-step"

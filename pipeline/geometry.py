@@ -3,7 +3,7 @@
 :class:`ModelGeometry` is what the planner (presets, memory, resources), the converter, the head
 trainer, the synthetic checkpoints and the reference runtime know of a model. It is built from a
 Hugging Face ``config.json`` (:meth:`ModelGeometry.from_hf`), a TensorRT-LLM ``pretrained_config``
-(:meth:`ModelGeometry.from_trtllm`), or a preset (pipeline/presets.py).
+(:meth:`ModelGeometry.from_trtllm`), or a preset (pipeline/spec/presets.py).
 
 ``from_hf`` is one parser for the planner and the converter, so ``validate`` refuses exactly the
 configs the converter would: wrong types (``"sixty-four"``, a list for an object), non-integers

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pipeline.checkpoint import forward_logits
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from tests.quantize.conftest import build_tiny_llama
 
 peft = pytest.importorskip("peft")

@@ -13,8 +13,9 @@ from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.eagle import EagleDrafter
 from pipeline.heads.export import export_eagle
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from pipeline.stages.runner import FINGERPRINT_FILE
 from tests.quantize.conftest import build_tiny_llama
 

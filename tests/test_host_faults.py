@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import atomic
 from pipeline.errors import DiskFullError, HostFilesystemError, host_error
-from pipeline.plan import StagePlan
+from pipeline.io import atomic
+from pipeline.plan.types import StagePlan
 from pipeline.stages.runner import run_stage
 from tests.preflight_fixtures import model, spec_for  # noqa: F401  (model: a fixture)
 
@@ -180,7 +180,7 @@ _CHILD = """
 import sys
 from pathlib import Path
 from pipeline.errors import SpecdeployError
-from pipeline.plan import StagePlan
+from pipeline.plan.types import StagePlan
 from pipeline.stages.runner import run_stage
 
 source, output, size = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])

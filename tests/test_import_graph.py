@@ -1,5 +1,6 @@
-"""The package's import graph: no circle anywhere in ``pipeline/``, and the runtime's layers import
-one way (triton -> serving -> spec_decode -> model).
+"""The package's import graph: no circle anywhere in ``pipeline/``, every import runs down the
+floors of ``pipeline/docs_gen/layers.py``, and the runtime's layers import one way
+(triton -> serving -> spec_decode -> model).
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``: a lazy import that
 closes a circle still makes two modules one concept that cannot be read apart.
@@ -7,35 +8,11 @@ closes a circle still makes two modules one concept that cannot be read apart.
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+from pipeline.docs_gen.layers import FLOORS, import_graph, part_of, upward_imports
+
 RUNTIME_LAYERS = ("model", "spec_decode", "serving", "triton")  # each may import only those before it
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # ``from package import submodule`` depends on the submodule, not on the package's
-                # __init__ (which Python imports first for any submodule anyway).
-                submodules = [f"{node.module}.{alias.name}" for alias in node.names]
-                targets = [t for t in submodules if t in modules] or [node.module]
-            graph[name] |= {t for t in targets if t in modules and t != name}
-    return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -106,3 +83,24 @@ def test_the_runtime_vocabulary_imports_no_layer():
     graph = import_graph()
     for module in ("pipeline.runtime.request", "pipeline.runtime.sampling"):
         assert [t for t in graph[module] if _layer(t)] == []
+
+
+def test_every_module_is_on_a_floor():
+    assert [m for m in import_graph() if part_of(m) is None] == []
+
+
+def test_every_import_runs_down_the_floors():
+    assert upward_imports(import_graph()) == []
+
+
+def test_every_part_names_something():
+    used = {found[1] for found in map(part_of, import_graph()) if found is not None}
+    assert [part for _, parts in FLOORS for part in parts if part not in used] == []
+
+
+def test_upward_imports_finds_one_going_up():
+    # methods sit below the plan's records: a method importing the plan would go up
+    assert upward_imports({"pipeline.methods.x": {"pipeline.plan.types"}}) == [
+        "pipeline.methods.x -> pipeline.plan.types"
+    ]
+    assert upward_imports({"pipeline.plan.types": {"pipeline.methods.x"}}) == []

@@ -1,4 +1,4 @@
-"""The Kubernetes manifests (pipeline/kubernetes.py) against the Kubernetes 1.30 API schema.
+"""The Kubernetes manifests (pipeline/release/kubernetes.py) against the Kubernetes 1.30 API schema.
 
 Deployment and Service are checked with kubernetes-validate (the API's OpenAPI schemas, shipped in
 the package, strict: unknown fields are errors). The PodMonitor is a prometheus-operator CRD that
@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from pipeline.errors import InputError
-from pipeline.kubernetes import DEPLOY_FOLDER, FILES, in_pod, write_deploy
-from pipeline.plan import OutputRoots, Plan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, Plan
+from pipeline.release.kubernetes import DEPLOY_FOLDER, FILES, in_pod, write_deploy
+from pipeline.spec.document import load_spec
 from pipeline.triton.launch_gpu import gpu_spec_launch_argv
 from tests.conftest import REPO
 

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from pipeline import hashing
-from pipeline.hashing import HashCache
+from pipeline.io import hashing
+from pipeline.io.hashing import HashCache
 from tests.quantize.conftest import build_tiny_llama
 
 LIMITS = "build: {max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}\n"
@@ -117,9 +117,10 @@ def test_bytecode_caches_and_dot_files_are_not_content(tmp_path):
 
 
 def test_runs_of_some_variants_keep_the_others_entries(write_spec, tmp_path):
-    from pipeline.manifest import write_manifest
-    from pipeline.plan import OutputRoots, make_plan
-    from pipeline.spec import load_spec
+    from pipeline.plan.planner import make_plan
+    from pipeline.plan.types import OutputRoots
+    from pipeline.release.manifest import write_manifest
+    from pipeline.spec.document import load_spec
 
     spec = write_spec("name: two\nmodel: {preset: llama-3.1-8b}\nvariants:\n  - name: a\n  - name: b\n")
     plan = make_plan(load_spec(spec), OutputRoots(tmp_path / "engines", tmp_path / "t", tmp_path / "c"))

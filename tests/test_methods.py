@@ -13,8 +13,8 @@ from pipeline import methods
 from pipeline.errors import InputError
 from pipeline.evaluation.choose import preference
 from pipeline.lora.rules import speculative_refusal
-from pipeline.spec import SpeculativeSpec
-from pipeline.speculative import Method, engine_mode_method, identity
+from pipeline.plan.speculative import Method, engine_mode_method, identity
+from pipeline.spec.document import SpeculativeSpec
 
 
 def test_names_are_unique_and_plain_is_none():
@@ -78,7 +78,7 @@ def test_a_new_method_is_one_definition(monkeypatch):
 
 def test_the_spec_targets_are_the_defined_targets():
     from pipeline import targets
-    from pipeline.spec import VariantSpec
+    from pipeline.spec.document import VariantSpec
 
     assert set(typing.get_args(VariantSpec.model_fields["target"].annotation)) == {
         d.name for d in targets.definitions()
@@ -90,11 +90,11 @@ def test_the_spec_targets_are_the_defined_targets():
 def test_the_cost_model_prices_a_method_by_its_drafting_alone(monkeypatch):
     """A method the cost model has never heard of is priced from what its step feeds: its rows and
     the per-row constant it names."""
-    from pipeline import presets
     from pipeline.costmodel.hardware import gpu_perf
     from pipeline.costmodel.pricing import method_step
     from pipeline.costmodel.step import Deployment
     from pipeline.methods.drafting import Drafting
+    from pipeline.spec import presets
 
     deployment = Deployment(presets.preset("llama-3.1-8b"), gpu_perf("h100-sxm-80gb"))
     charged = dataclasses.replace(deployment, profile=dataclasses.replace(deployment.constants(), lookahead_row_s=1e-5))

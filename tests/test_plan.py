@@ -11,8 +11,9 @@ from safetensors.torch import save_file
 
 from pipeline.errors import InputError
 from pipeline.methods.lookahead import lookahead_max_draft_len
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 
 
 @pytest.fixture

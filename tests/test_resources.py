@@ -1,4 +1,4 @@
-"""Per-stage machine needs in the plan (pipeline.resources), checked against reported figures."""
+"""Per-stage machine needs in the plan (pipeline.plan.resources), checked against reported figures."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from tests.conftest import REPO
 
 KEYS = {"gpus", "gpu_memory_gib_per_gpu", "host_memory_gib", "disk_gib"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 
 BASE = """
 name: demo

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.spec_schema import spec_json_schema
+from pipeline.spec.json_schema import spec_json_schema
 from tests.conftest import REPO
 
 JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}

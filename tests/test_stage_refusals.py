@@ -10,7 +10,7 @@ verdict in :data:`VERDICTS`:
 * ``twin(name)``: ``validate`` refuses the same condition (exit 2, located at ``spec.yaml:LINE``);
   :data:`TWINS` holds the case, run by :func:`test_twin_is_refused_by_validate`. Where validate runs
   the stage's own header checks (``check_checkpoint``, ``open_checked_adapter``, ``read_calibration``,
-  in pipeline/preflight.py), a whole function may share one case: the case shows that function's
+  in pipeline/plan/preflight.py), a whole function may share one case: the case shows that function's
   refusals reach the user at the spec's line;
 * ``needs_values(why)``: decided only by the tensors' values or a file's bytes;
 * ``host(why)``: decided by this host or an earlier stage's output;

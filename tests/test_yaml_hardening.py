@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.spec import MAX_VARIANTS, load_spec
-from pipeline.yaml_source import MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES, load_yaml
+from pipeline.spec.document import MAX_VARIANTS, load_spec
+from pipeline.spec.yaml_source import MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES, load_yaml
 
 HEAD = "name: demo\nmodel: {preset: llama-3-8b}\n"
 

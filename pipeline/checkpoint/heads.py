@@ -19,8 +19,8 @@ from pipeline.checkpoint.hf_reader import FP8, HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorRef, TensorSource
 from pipeline.checkpoint.sharding import Src
 from pipeline.errors import InputError
-from pipeline.files import read_json, require_regular_file
 from pipeline.geometry import ModelGeometry
+from pipeline.io.files import read_json, require_regular_file
 
 
 @dataclass(frozen=True)

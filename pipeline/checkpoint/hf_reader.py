@@ -16,8 +16,8 @@ import torch
 
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, TensorMeta, TensorRef
 from pipeline.errors import InputError
-from pipeline.files import read_json
 from pipeline.geometry import ModelGeometry
+from pipeline.io.files import read_json
 
 __all__ = ["FP8", "FP8Info", "HFCheckpoint", "open_hf_checkpoint"]
 

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
-from pipeline.adapters import WEIGHT_FILES, AdapterConfig, adapter_folder_problem, read_adapter_config
 from pipeline.checkpoint.hf_reader import HFCheckpoint
 from pipeline.checkpoint.safetensors_io import SafetensorsFile, StateDictSource, TensorSource
 from pipeline.checkpoint.values import non_finite_row
 from pipeline.errors import InputError
+from pipeline.plan.adapters import WEIGHT_FILES, AdapterConfig, adapter_folder_problem, read_adapter_config
 
 PREFIX = "base_model.model."
 EMBEDDING_BASES = ("model.embed_tokens.weight", "lm_head.weight")

@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from pipeline.errors import InputError
-from pipeline.files import require_regular_file
+from pipeline.io.files import require_regular_file
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,

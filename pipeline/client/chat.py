@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.embedded import hf_offline
 from pipeline.errors import InputError
+from pipeline.io.files import hf_offline
 
 TOKENIZER_IN_REPO = Path("preprocessing") / "tokenizer"
 PARAMETER = "specdeploy_chat_template"

@@ -58,9 +58,9 @@ def print_summary(summary: dict, console: Console) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.atomic import check_replaceable
     from pipeline.client.load import load_prompts, run_load, summarize, write_report
     from pipeline.commands.query import request_from_args
+    from pipeline.io.atomic import check_replaceable
 
     if args.out:  # a folder of earlier runs' bench.json is ours; one holding anything else is not
         check_replaceable(Path(args.out), "--out", lambda folder: (folder / "bench.json").is_file())

@@ -97,7 +97,7 @@ def _print_review(review: dict, out: Path, console: Console) -> None:
 
 
 def _commands(variant) -> dict[str, list[str]]:
-    from pipeline.kubernetes import launch_argv
+    from pipeline.release.kubernetes import launch_argv
     from pipeline.triton.launch_gpu import gpu_launch_argv
     from pipeline.trtllm.build_command import trtllm_build_argv
 
@@ -128,8 +128,8 @@ def _print_commands(variant, console: Console) -> None:
 
 
 def _print_spec_command(plan, console: Console) -> None:
-    """The whole-spec repository's container argv, when the manifests run it (pipeline/kubernetes.py)."""
-    from pipeline.kubernetes import served, spec_launch_argv
+    """The whole-spec repository's container argv, when the manifests run it (pipeline/release/kubernetes.py)."""
+    from pipeline.release.kubernetes import served, spec_launch_argv
     from pipeline.triton.spec_repository import sharing_problem
     from pipeline.trtllm.build_command import display
 

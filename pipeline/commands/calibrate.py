@@ -18,8 +18,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import gpus
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES
+from pipeline.spec import gpus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,9 +43,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from pipeline.atomic import check_replaceable, json_of
     from pipeline.costmodel import calibrate
     from pipeline.errors import InputError
+    from pipeline.io.atomic import check_replaceable, json_of
 
     out = Path(args.out)  # a calibration file only: checked before anything is measured
     check_replaceable(out, "--out", lambda p: (json_of(p) or {}).get("format") == calibrate.FORMAT, folder=False)

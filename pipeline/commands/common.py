@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pipeline.errors import InputError, SpecdeployError
 
 if TYPE_CHECKING:  # the planner imports much of the package: only the commands that plan pay for it
-    from pipeline.plan import OutputRoots, Plan
+    from pipeline.plan.types import OutputRoots, Plan
 
 # The project's example specs, beside the pipeline package.
 SPECS_DIR = Path(__file__).resolve().parents[2] / "specs"
@@ -43,7 +43,7 @@ def add_variant_filter(parser: argparse.ArgumentParser) -> None:
 
 def output_roots(args: argparse.Namespace) -> OutputRoots:
     """Where engines, Triton repositories and the embedded model go (global CLI options)."""
-    from pipeline.plan import OutputRoots
+    from pipeline.plan.types import OutputRoots
 
     return OutputRoots(Path(args.engines_dir), Path(args.triton_repo), Path(args.cache_dir))
 
@@ -67,11 +67,11 @@ def spec_path(value: str, specs_dir: Path = SPECS_DIR) -> Path:
 
 def load_plan(args: argparse.Namespace, *, resolve: bool = False) -> Plan:
     """The plan of ``args.spec``, with everything ``validate`` checks in the input files short of the
-    weights' values (:mod:`pipeline.preflight`); InputError (exit 2) listing every problem.
+    weights' values (:mod:`pipeline.plan.preflight`); InputError (exit 2) listing every problem.
     ``resolve``: the spec file as an absolute path, so that its relative paths resolve absolute."""
     path = spec_path(args.spec)
-    from pipeline.preflight import checked_plan
-    from pipeline.spec import load_spec
+    from pipeline.plan.preflight import checked_plan
+    from pipeline.spec.document import load_spec
 
     return checked_plan(load_spec(path.resolve() if resolve else path), output_roots(args))
 
@@ -103,7 +103,7 @@ def check_ci_outputs(args: argparse.Namespace) -> None:
     """``--junit-xml`` may replace only a JUnit file specdeploy wrote: checked before the run starts."""
     if getattr(args, "junit_xml", None) is None:
         return
-    from pipeline.atomic import check_replaceable
+    from pipeline.io.atomic import check_replaceable
 
     def ours(path: Path) -> bool:
         try:
@@ -117,7 +117,7 @@ def check_ci_outputs(args: argparse.Namespace) -> None:
 def report_run(run, args: argparse.Namespace) -> None:
     """The CI outputs of a finished run: the JUnit file (--junit-xml), GitHub's step summary (when
     $GITHUB_STEP_SUMMARY is set) and the JSON document (--json)."""
-    from pipeline.ci.summary import append_step_summary
+    from pipeline.release.ci.summary import append_step_summary
 
     if args.junit_xml is not None:  # junitparser only then: containers that install specdeploy --no-deps work
         junit_module().write_junit(run, args.junit_xml)
@@ -151,9 +151,9 @@ def run_reporting_errors(command: str, args: argparse.Namespace, run: Callable[[
 
 
 def junit_module():
-    """pipeline.ci.junit; InputError (exit 2) saying what to install when junitparser is missing."""
+    """pipeline.release.ci.junit; InputError (exit 2) saying what to install when junitparser is missing."""
     try:
-        from pipeline.ci import junit
+        from pipeline.release.ci import junit
     except ImportError:
         raise InputError("--junit-xml needs junitparser: pip install 'junitparser==5.0.3'") from None
     return junit

@@ -69,7 +69,7 @@ def cmd_doctor(args: argparse.Namespace, console: Console) -> int:
 
 
 def _print_stages(verdict, console: Console) -> None:
-    """Each stage's needs (pipeline.resources) against this host."""
+    """Each stage's needs (pipeline.plan.resources) against this host."""
     from rich.markup import escape
 
     from pipeline.console import Table

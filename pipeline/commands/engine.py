@@ -1,7 +1,7 @@
 """`specdeploy engine [SPEC] [--variant V] [--force] [--ray [ADDRESS]] [--hash-inputs] [--junit-xml PATH] [--json]`:
 run the stages quantize, convert, build, package, then write the release manifest (engines/<spec>/manifest.json) and,
-when every variant is done, the Kubernetes manifests (engines/<spec>/deploy/, :mod:`pipeline.kubernetes`).
-``--junit-xml``, ``--json`` and ``$GITHUB_STEP_SUMMARY``: the run for CI (:mod:`pipeline.ci`).
+when every variant is done, the Kubernetes manifests (engines/<spec>/deploy/, :mod:`pipeline.release.kubernetes`).
+``--junit-xml``, ``--json`` and ``$GITHUB_STEP_SUMMARY``: the run for CI (:mod:`pipeline.release.ci`).
 
 Without ``--ray`` the variants run one after another here. Exit 0 when every variant is done;
 otherwise the largest exit code of the variants that stopped at a stage this host cannot run (3)
@@ -36,10 +36,10 @@ def cmd_engine(args: argparse.Namespace, console: Console) -> int:
 
 
 def _engine(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.ci.records import RunRecord
     from pipeline.commands.engine_run import HereStages, RayStages, run_engine
-    from pipeline.hashing import HashCache
-    from pipeline.manifest import write_manifest
+    from pipeline.io.hashing import HashCache
+    from pipeline.release.ci.records import RunRecord
+    from pipeline.release.manifest import write_manifest
 
     roots = output_roots(args)  # as given (RayStages makes them absolute for the workers)
     hashes = HashCache(roots.cache)
@@ -59,8 +59,8 @@ def _engine(args: argparse.Namespace, console: Console) -> int:
 
 
 def _write_deploy(plan, engines_root: Path, console: Console) -> None:
-    """engines/<spec>/deploy/: the Kubernetes manifests of what the plan serves (pipeline/kubernetes.py)."""
-    from pipeline.kubernetes import write_deploy
+    """engines/<spec>/deploy/: the Kubernetes manifests of what the plan serves (pipeline/release/kubernetes.py)."""
+    from pipeline.release.kubernetes import write_deploy
     from pipeline.triton.spec_repository import sharing_problem
 
     whole_spec = plan.repository is not None and sharing_problem(plan) is None

@@ -20,17 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pipeline.ci.records import FAILED, UNAVAILABLE, StageRecord
 from pipeline.commands.common import load_plan, output_roots
 from pipeline.errors import InputError
 from pipeline.evaluation.result import GATE_FAILED
+from pipeline.release.ci.records import FAILED, UNAVAILABLE, StageRecord
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from pipeline.ci.records import VariantRecord
-    from pipeline.hashing import HashCache
-    from pipeline.plan import Plan
+    from pipeline.io.hashing import HashCache
+    from pipeline.plan.types import Plan
+    from pipeline.release.ci.records import VariantRecord
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,9 @@ class StageRunner(Protocol):
 
 
 def run_engine(args: argparse.Namespace, console: Console, runner: StageRunner) -> EngineRun:
-    from pipeline.ci.records import variant_record
     from pipeline.evaluation.apply import split_at_evaluate
-    from pipeline.report import print_lora_decisions
+    from pipeline.release.ci.records import variant_record
+    from pipeline.release.report import print_lora_decisions
 
     plan = runner.load_plan()
     print_lora_decisions(plan, console)
@@ -267,7 +267,7 @@ class RayStages:
 
 def _record_state(state: str) -> str:
     """A Ray task's state as the CI records say it (a task after one that stopped: not run)."""
-    from pipeline.ci.records import NOT_RUN
     from pipeline.fleet.task import BLOCKED
+    from pipeline.release.ci.records import NOT_RUN
 
     return NOT_RUN if state == BLOCKED else state

@@ -45,7 +45,7 @@ def with_default_evaluation(spec):
     """The spec with ``evaluation: {}`` (the defaults) for every variant that has no evaluation section."""
     import dataclasses
 
-    from pipeline.spec import EvaluationSpec
+    from pipeline.spec.document import EvaluationSpec
 
     variants = tuple(
         v if v.evaluation is not None else v.model_copy(update={"evaluation": EvaluationSpec()}) for v in spec.variants
@@ -60,12 +60,12 @@ def cmd_evaluate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.ci.records import UNAVAILABLE, RunRecord, StageRecord, variant_record
     from pipeline.commands.common import output_roots, report_run, spec_path
     from pipeline.errors import InputError, StageUnavailable
     from pipeline.evaluation.result import GATE_FAILED, RELEASE_EXIT_CODE, read_result
-    from pipeline.plan import make_plan
-    from pipeline.spec import load_spec
+    from pipeline.plan.planner import make_plan
+    from pipeline.release.ci.records import UNAVAILABLE, RunRecord, StageRecord, variant_record
+    from pipeline.spec.document import load_spec
     from pipeline.stages.execute import stage_body
     from pipeline.stages.runner import run_stage
 

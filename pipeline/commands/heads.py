@@ -37,18 +37,18 @@ def _base_dir(args: argparse.Namespace) -> Path:
 
 def _heads_folder(path: Path) -> bool:
     """A heads folder specdeploy wrote (train-heads: its manifest; expand-heads: expanded_from)."""
-    from pipeline.atomic import json_of
     from pipeline.heads.export import MANIFEST
+    from pipeline.io.atomic import json_of
 
     return (path / MANIFEST).is_file() or "expanded_from" in (json_of(path / "config.json") or {})
 
 
 def cmd_train_heads(args: argparse.Namespace, console) -> int:
-    from pipeline.atomic import check_replaceable
+    from pipeline.io.atomic import check_replaceable
 
     check_replaceable(Path(args.out), "--out", _heads_folder)  # before anything is trained
     if args.report:
-        from pipeline.atomic import json_of
+        from pipeline.io.atomic import json_of
 
         check_replaceable(Path(args.report), "--report", lambda p: isinstance(json_of(p), dict), folder=False)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -78,8 +78,8 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
 def _refresh(args: argparse.Namespace, say, command: str) -> int:
     import tempfile
 
-    from pipeline.atomic import replace_folder
     from pipeline.heads.refresh import RefreshSettings, refresh_heads
+    from pipeline.io.atomic import replace_folder
 
     settings = RefreshSettings(
         method=args.method,
@@ -110,8 +110,8 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
 
 
 def cmd_expand_heads(args: argparse.Namespace, console) -> int:
-    from pipeline.atomic import check_replaceable
     from pipeline.heads.expand import expand_medusa
+    from pipeline.io.atomic import check_replaceable
 
     check_replaceable(Path(args.out), "--out", _heads_folder)
 

@@ -14,7 +14,7 @@ from pipeline.commands.common import add_json_flag, add_spec_argument, add_varia
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from pipeline.plan import Plan
+    from pipeline.plan.types import Plan
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -30,7 +30,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print_json(plan_with_commands(plan))
         return 0
-    from pipeline.report import print_plan
+    from pipeline.release.report import print_plan
 
     print_plan(plan, console, details=args.details, only=frozenset(args.variant or ()))
     return 0

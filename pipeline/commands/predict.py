@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from pipeline import gpus, presets, trees
+from pipeline import trees
 from pipeline.commands.common import add_json_flag, print_json
 from pipeline.costmodel.profile import DEFAULT_RUNTIME, RUNTIMES, calibration
 from pipeline.errors import InputError
+from pipeline.spec import gpus, presets
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -35,8 +35,8 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     from pipeline.console import Table
     from pipeline.evaluation.report import spec_table
     from pipeline.evaluation.result import read_result
-    from pipeline.plan import make_plan
-    from pipeline.spec import load_spec
+    from pipeline.plan.planner import make_plan
+    from pipeline.spec.document import load_spec
 
     plan = make_plan(with_default_evaluation(load_spec(spec_path(args.spec))), output_roots(args))
     rows = [(v.name, read_result(v.stage("evaluate").output)) for v in plan.variants]
@@ -59,7 +59,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 def _variant_json(variant, result: dict | None) -> dict:
     """A variant's row of ``report --json``: the same facts as the table's, as numbers."""
-    from pipeline.ci.records import CHARTS
+    from pipeline.release.ci.records import CHARTS
 
     if result is None:
         return {"name": variant.name, "evaluated": False}

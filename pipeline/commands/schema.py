@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.spec_schema import spec_json_schema
+    from pipeline.spec.json_schema import spec_json_schema
 
     print(json.dumps(spec_json_schema(), indent=2))
     return 0

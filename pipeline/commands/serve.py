@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 if TYPE_CHECKING:
-    from pipeline.plan import Plan, VariantPlan
+    from pipeline.plan.types import Plan, VariantPlan
 
 
 def resolve_variant(plan: Plan, args: argparse.Namespace) -> VariantPlan:

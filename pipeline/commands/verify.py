@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from pipeline.manifest import verify
+    from pipeline.release.manifest import verify
 
     checked, problems = verify(Path(args.manifest), triton_repo=Path(args.triton_repo))
     if args.json:

@@ -1,4 +1,4 @@
-"""Published performance figures of the GPU types in ``pipeline.gpus``, for the cost model.
+"""Published performance figures of the GPU types in ``pipeline.spec.gpus``, for the cost model.
 
 Every figure is the vendor's datasheet value: HBM/GDDR bandwidth, dense (no 2:4 sparsity)
 tensor-core peaks for BF16 and FP8 with FP32 accumulation, and the GPU-to-GPU link a tensor-parallel
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline import gpus
 from pipeline.costmodel.gemm_probe import CpuProfile
+from pipeline.spec import gpus
 
 # Fraction of peak HBM bandwidth a decode-phase GEMV/GEMM or attention kernel streams at (an
 # assumption: memory-bound kernels reach 80-90% of peak on A100/H100 in NVIDIA's own STREAM-like
@@ -113,7 +113,7 @@ CPU_DEVICE = GpuPerf(
 
 
 def gpu_perf(name: str) -> GpuPerf:
-    """The figures of a ``pipeline.gpus`` type (or the CPU device, ``cpu``); ValueError for a name it
+    """The figures of a ``pipeline.spec.gpus`` type (or the CPU device, ``cpu``); ValueError for a name it
     does not know."""
     if name == CPU:
         return CPU_DEVICE

@@ -5,7 +5,7 @@ positive, an acceptance length lies between 1 and what a draft can add), and a b
 one line naming the file and the field: a NaN tokens/s would otherwise fail deep in a least-squares
 fit, and an infinite one be written into a calibration that then drives ``best`` and the release
 gates. Files are read as regular files only (a FIFO would hang the reader) and through
-:func:`pipeline.files.read_json` (size and nesting bounded).
+:func:`pipeline.io.files.read_json` (size and nesting bounded).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.files import read_json
 from pipeline.geometry import ModelGeometry
+from pipeline.io.files import read_json
 
 MAX_TOKENS_PER_SECOND = 1e7  # far above any server; a larger figure is a broken file
 MAX_ACCEPTANCE_LENGTH = 1 + 1024  # a step accepts at most its draft (TensorRT-LLM: max_draft_len <= 1024)

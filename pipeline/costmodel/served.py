@@ -23,7 +23,7 @@ from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
-from pipeline.speculative import engine_mode_method
+from pipeline.plan.speculative import engine_mode_method
 
 
 def _tensorrt_llm_config(repository: Path) -> Path:

@@ -13,7 +13,7 @@ constants), and :mod:`pipeline.costmodel.step_cpu`, the CPU reference backend's 
 streamed, then GEMMs as the host's probe measured them). :mod:`pipeline.costmodel.pricing` picks one
 by the deployment's device.
 
-Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/presets.py).
+Byte and FLOP counts come from ``ModelGeometry`` (pipeline/geometry.py; the presets in pipeline/spec/presets.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.docs_gen import cli_reference, contract_reference, spec_reference
+from pipeline.docs_gen import cli_reference, contract_reference, layers, spec_reference
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
 COMMAND = "python -m pipeline.docs_gen"
@@ -23,6 +23,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "spec.md": spec_reference.render,
     "cli.md": cli_reference.render,
     "triton-contract.md": contract_reference.render,
+    "layers.md": layers.render,
 }
 
 

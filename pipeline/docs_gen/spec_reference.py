@@ -3,7 +3,7 @@
 Every field of a spec file by its dotted path (``serving.grpc_port``): type, default, the rules
 the schema enforces (ranges, choices, patterns, required keys) and its description. The checks
 a schema cannot express, which the loader makes across fields, come from the validators of
-:mod:`pipeline.spec` (their error messages, as a user sees them), and the names a field accepts
+:mod:`pipeline.spec.document` (their error messages, as a user sees them), and the names a field accepts
 (tree presets, architecture presets, GPU types, embedded models) from the tables that define them.
 """
 
@@ -15,9 +15,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import embedded, gpus, presets, spec, trees
+from pipeline import embedded, trees
 from pipeline.docs_gen.markdown import GENERATED_NOTE, code, rst_to_markdown, table
-from pipeline.spec_schema import PARTIAL_PREFIX, spec_json_schema
+from pipeline.spec import document as spec
+from pipeline.spec import gpus, presets
+from pipeline.spec.json_schema import PARTIAL_PREFIX, spec_json_schema
 
 ROOT = "(top level)"
 
@@ -120,7 +122,7 @@ def default_of(body: dict[str, Any]) -> str:
 
 
 def cross_field_checks(definition: str | None) -> list[str]:
-    """The messages of the checks :mod:`pipeline.spec`'s validators make on this object
+    """The messages of the checks :mod:`pipeline.spec.document`'s validators make on this object
     (``give either 'builtin' or 'path', not both``), its own and its base classes'; formatted parts
     shown as ``…``. The top level is checked by ``_TopLevel`` and, once merged, ``VariantSpec``."""
     messages: list[str] = []
@@ -210,7 +212,9 @@ def render() -> str:
     found = sections(schema)
     anchors = {s.definition: s.path for s in found if s.definition}
     out = [
-        GENERATED_NOTE.format(source="the JSON schema of `specdeploy schema` and the validators of `pipeline/spec.py`"),
+        GENERATED_NOTE.format(
+            source="the JSON schema of `specdeploy schema` and the validators of `pipeline/spec/document.py`"
+        ),
         "",
         "# Spec reference",
         "",

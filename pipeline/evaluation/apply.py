@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from pipeline import methods
-from pipeline.speculative import Method, SpeculativeConfig
+from pipeline.plan.speculative import Method, SpeculativeConfig
 
 EVALUATE = "evaluate"
 

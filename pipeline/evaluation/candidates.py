@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pipeline import trees
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
+from pipeline.plan.speculative import Method, engine_mode_method, identity
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.speculative import Method, engine_mode_method, identity
 
 SIMILAR_SIZE = 0.5  # fitted trees within +-50% of the spec tree's node count
 

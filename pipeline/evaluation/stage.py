@@ -51,9 +51,9 @@ from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
 from pipeline.evaluation.result import RESULT_FILE
 from pipeline.methods.lookahead import LookaheadConfig
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan.types import StagePlan, VariantPlan
+from pipeline.progress import step_progress
 from pipeline.runtime.model.engine import Engine
-from pipeline.stages.progress import step_progress
 from pipeline.trtllm.engine_config import predict_engine_config
 
 EVALUATION_PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)  # the rows decode steps and trees feed here

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline.atomic import check_replaceable, replace_folder
 from pipeline.errors import InputError, host_error
-from pipeline.files import read_json
 from pipeline.finetune.data import FORMATS, IGNORE, TASKS, DataSettings, Example, TaskData, code_task, format_task
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import greedy_answers, load_base, stop_ids
+from pipeline.io.atomic import check_replaceable, replace_folder
+from pipeline.io.files import read_json
 
 REPORT_FILE = "training_report.json"
 SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

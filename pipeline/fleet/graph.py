@@ -7,7 +7,7 @@ every owner waits for (a base model merged once for several adapters). Variants 
 embedded model share one task that prepares it.
 
 What a task asks of a node comes from the plan (``StagePlan.resources``, see
-:mod:`pipeline.resources`): ``num_gpus`` = the GPUs the stage needs (the build's world size,
+:mod:`pipeline.plan.resources`): ``num_gpus`` = the GPUs the stage needs (the build's world size,
 or ``build.workers``), ``memory`` = its host RAM, one CPU; a GPU stage runs inside a
 STRICT_PACK placement group holding exactly that request, so that every rank of one engine
 builds on one node (a bundle never spans nodes).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import InputError
-from pipeline.plan import Plan, StagePlan, VariantPlan
+from pipeline.plan.types import Plan, StagePlan, VariantPlan
 
 GIB = 1024**3
 PREPARE = "prepare"  # the task that prepares an embedded model

@@ -3,7 +3,7 @@
 Each ``tensorrt_llm`` model instance otherwise sizes its paged KV cache from
 ``kv_cache_free_gpu_mem_fraction`` (0.9) of the GPU memory free when it loads, so the first
 instance on a GPU takes nearly all of it and the next one gets almost nothing. Here, with the
-plan's own per-GPU estimate (:mod:`pipeline.memory`):
+plan's own per-GPU estimate (:mod:`pipeline.plan.memory`):
 
 * every rank of a variant needs ``fixed`` = weights + heads + activations + overhead on its GPU,
   and ``kv`` = the KV cache for max_batch_size full sequences (engine max_seq_len each);
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pipeline import targets
 from pipeline.errors import InputError
 from pipeline.fleet.assign import Engine, assign_gpus
-from pipeline.gpus import GpuType
-from pipeline.memory import GIB, RESERVE_FRACTION
-from pipeline.plan import Plan, VariantPlan
+from pipeline.plan.memory import GIB, RESERVE_FRACTION
+from pipeline.plan.types import Plan, VariantPlan
+from pipeline.spec.gpus import GpuType
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pipeline.fleet import storage
 from pipeline.fleet.graph import GIB, FleetGraph, FleetTask, TaskRequest
 from pipeline.fleet.task import BLOCKED, FAILED, GATED, UNAVAILABLE, TaskReport, run_task
 from pipeline.fleet.view import WAITING, Board
-from pipeline.hashing import HashCache
+from pipeline.io.hashing import HashCache
 
 DEFAULT_RETRIES = 3
 POLL_SECONDS = 0.25

@@ -20,7 +20,7 @@ from typing import Any
 from pipeline.errors import SpecdeployError, StageUnavailable
 from pipeline.evaluation.result import RELEASE_EXIT_CODE, release_failure
 from pipeline.fleet.graph import PREPARE, FleetTask
-from pipeline.hashing import HashCache
+from pipeline.io.hashing import HashCache
 
 RAN, SKIPPED, FAILED, UNAVAILABLE, BLOCKED = "ran", "skipped", "failed", "unavailable", "blocked"
 GATED = "gate failed"  # an evaluate stage that ran and whose choice failed a release gate (evaluation/result.py)

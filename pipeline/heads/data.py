@@ -52,7 +52,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.heads.prompts import PROMPTS_DIR, load_prompts
 from pipeline.heads.teacher import teacher_forced, teacher_forced_states
-from pipeline.stages.progress import step_progress
+from pipeline.progress import step_progress
 
 DATA_VERSION = 1
 KINDS = ("chat", "code")

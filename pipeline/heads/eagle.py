@@ -42,7 +42,7 @@ from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import SeqData
 from pipeline.heads.teacher import soft_cross_entropy
 from pipeline.heads.vocab import loss_lm_head
-from pipeline.stages.progress import step_progress
+from pipeline.progress import step_progress
 
 Progress = Callable[[str], None]
 

@@ -7,7 +7,7 @@ to the embedding), which would add 3 x 113 MB. :func:`expand_medusa` writes::
     out_dir/config.json                   {"medusa_num_heads": N, "medusa_num_layers": L, ...}
     out_dir/medusa_lm_head.safetensors    {h}.{l}.linear.weight|bias  and  {h}.{L}.weight = base lm_head
 
-which ``pipeline.inputs.inspect_medusa``, ``pipeline.checkpoint.heads.load_medusa`` and
+which ``pipeline.methods.heads_reader.inspect_medusa``, ``pipeline.checkpoint.heads.load_medusa`` and
 TensorRT-LLM's ``examples/medusa/convert_checkpoint.py --medusa_model_dir`` read. Same inputs ->
 same bytes (safetensors orders keys; no timestamps). :func:`ensure_expanded_medusa` caches the
 result under ``<cache>/heads/<name>-<key>/`` keyed by the inputs' hashes, so the convert stage can
@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.errors import InputError
 from pipeline.heads.export import MEDUSA_RESBLOCKS, sha256_file, verify_manifest, write_json
-from pipeline.inputs import MEDUSA_FORMAT, is_compact_medusa
+from pipeline.methods.heads_reader import MEDUSA_FORMAT, is_compact_medusa
 
 LM_HEAD_NAMES = ("lm_head.weight", "model.embed_tokens.weight")  # the second when the embedding is tied
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -23,7 +23,7 @@ from pipeline.embedded import sha256_file
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.eagle import EagleDrafter, drafter_llama_config
 from pipeline.heads.medusa import MedusaResBlocks
-from pipeline.inputs import MEDUSA_FORMAT
+from pipeline.methods.heads_reader import MEDUSA_FORMAT
 
 MEDUSA_RESBLOCKS = "medusa_resblocks.safetensors"
 MANIFEST = "manifest.json"

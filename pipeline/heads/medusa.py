@@ -35,7 +35,7 @@ from torch import nn
 from pipeline.heads.data import SeqData
 from pipeline.heads.teacher import soft_cross_entropy
 from pipeline.heads.vocab import loss_lm_head
-from pipeline.stages.progress import step_progress
+from pipeline.progress import step_progress
 
 Progress = Callable[[str], None]
 IGNORE = -100

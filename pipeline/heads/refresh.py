@@ -36,7 +36,6 @@ import torch
 from pipeline.checkpoint.merge import PROVENANCE_FILE
 from pipeline.errors import InputError, StageUnavailable
 from pipeline.geometry import ModelGeometry
-from pipeline.hashing import HashCache, sha256_file
 from pipeline.heads.data import DATA_VERSION, DataSettings, SeqData, build_split, load_base
 from pipeline.heads.eagle import EagleTrainConfig, train_eagle
 from pipeline.heads.evaluate import evaluate_eagle, evaluate_medusa
@@ -48,6 +47,7 @@ from pipeline.heads.prompts import PROMPTS_DIR, load_prompts
 from pipeline.heads.teacher import TEACHER_TOP_K
 from pipeline.heads.train import EAGLE_TREES, MEDUSA_TREES, VALID_EVERY, base_embedding, best_epoch, validation_score
 from pipeline.heads.train import split_validation as split_every
+from pipeline.io.hashing import HashCache, sha256_file
 
 Progress = Callable[[str], None]
 SELF_DISTILL = "self-distill"

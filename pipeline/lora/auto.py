@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import methods, targets
-from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.lora import LoraLoad, shared_speedup
 from pipeline.costmodel.predict import predict
@@ -59,7 +58,8 @@ from pipeline.lora.group import base_key, hf_modules
 from pipeline.lora.memory import LoraCacheSize, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
 from pipeline.lora.types import AutoDecision
-from pipeline.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
+from pipeline.plan.adapters import AdapterConfig, check_adapter_folder
+from pipeline.plan.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 
 # A merged fine-tune whose acceptance no rehearsal has measured is priced at its method's
 # prior_acceptance (pipeline/methods/): the median mean acceptance length of the fitted published

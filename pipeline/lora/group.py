@@ -27,13 +27,13 @@ import zlib
 from typing import Any, Protocol
 
 from pipeline import targets
-from pipeline.adapters import AdapterConfig, check_adapter_folder
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.lora.memory import adapter_bytes, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM, MODULE_IDS, speculative_refusal
 from pipeline.lora.types import LoraGroupPlan, LoraMember
-from pipeline.memory import BYTES_PER_ELEMENT
+from pipeline.plan.adapters import AdapterConfig, check_adapter_folder
+from pipeline.plan.memory import BYTES_PER_ELEMENT
 
 
 class _Problems(Protocol):

@@ -4,7 +4,7 @@ An adapter of rank r on module m of every layer holds r * (in_m + out_m) values 
 [r, in] and lora_B [out, r]); with tensor parallelism each rank holds its shard (in or out split
 by tp, as TensorRT-LLM's ``LoraModule::localInDim/localOutDim``), so per GPU about 1/tp of it.
 
->>> from pipeline.presets import preset
+>>> from pipeline.spec.presets import preset
 >>> round(adapter_bytes(preset("llama-3.1-8b"), 16, ALL_LINEAR, 2) / 1e6)  # rank 16, every projection, fp16
 84
 """

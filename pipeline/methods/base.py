@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pipeline.errors import InputError
-from pipeline.files import kind_of
 from pipeline.geometry import ModelGeometry
+from pipeline.io.files import kind_of
 
 if TYPE_CHECKING:
-    from pipeline.spec import VariantSpec
-    from pipeline.yaml_source import KeyPath
+    from pipeline.spec.document import VariantSpec
+    from pipeline.spec.yaml_source import KeyPath
 
 TARGETS = ("tensorrt", "reference")  # every target the project deploys to (spec.target)
 

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import inputs, targets, trees
+from pipeline import targets, trees
 from pipeline.errors import InputError
-from pipeline.files import read_json
 from pipeline.geometry import ModelGeometry
+from pipeline.io.files import read_json
+from pipeline.methods import heads_reader
 from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads, tp_problem
 from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
-    from pipeline.spec import VariantSpec
+    from pipeline.spec.document import VariantSpec
 
 HEADS = HeadsNeed(
     key="eagle",
@@ -64,7 +65,7 @@ class EagleConfig:
     def check(cls, variant: VariantSpec, arch: ModelGeometry, heads_dir: Path, problems: Problems) -> EagleConfig:
         """The EAGLE config of ``variant`` (drafter read from ``heads_dir`` when present)."""
         settings = variant.speculative.eagle
-        layout = read_heads(HEADS, heads_dir, inputs.inspect_eagle, problems) if heads_dir.exists() else None
+        layout = read_heads(HEADS, heads_dir, heads_reader.inspect_eagle, problems) if heads_dir.exists() else None
         if layout is not None:
             if not layout.has_fc_bias:
                 problems.note(f"{heads_dir}: no fc.bias (NVIDIA/TensorRT-LLM#2588); the converter writes zeros")

@@ -17,7 +17,7 @@ from pipeline.methods.base import TARGETS, MethodDefinition, Problems
 from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
-    from pipeline.spec import VariantSpec
+    from pipeline.spec.document import VariantSpec
 
 
 def lookahead_max_draft_len(window: int, ngram: int, verification_set: int) -> int:

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import inputs, trees
+from pipeline import trees
 from pipeline.geometry import ModelGeometry
+from pipeline.methods import heads_reader
 from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads
 from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
-    from pipeline.spec import VariantSpec
+    from pipeline.spec.document import VariantSpec
 
 HEADS = HeadsNeed(
     key="medusa",
@@ -43,7 +44,7 @@ class MedusaConfig:
         head_spec, settings = variant.heads.medusa, variant.speculative.medusa
         assert head_spec is not None
         if heads_dir.exists():
-            layout = read_heads(HEADS, heads_dir, inputs.inspect_medusa, problems)
+            layout = read_heads(HEADS, heads_dir, heads_reader.inspect_medusa, problems)
             if layout is None:
                 return None
             num_heads, num_layers = layout.num_heads, layout.num_layers

@@ -32,9 +32,10 @@ from typing import Any
 import pipeline.quantize.calibration as calib
 import pipeline.quantize.placement as place
 from pipeline.errors import InputError, StageError, StageUnavailable
+from pipeline.io.files import hf_offline
+from pipeline.plan.resources import EXPORT_SHARD, calibration_bytes
 from pipeline.quantize.checks import require_plain_checkpoint, verify_fp8_export
-from pipeline.quantize.hf import copy_tokenizer_files, fix_config_file, hf_offline, make_readable, read_json
-from pipeline.resources import EXPORT_SHARD, calibration_bytes
+from pipeline.quantize.hf import copy_tokenizer_files, fix_config_file, make_readable, read_json
 
 Progress = Callable[[str], None]
 

@@ -6,7 +6,6 @@ Nothing here imports torch or transformers, so the planner can use it cheaply.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,16 +25,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
-
-
-def hf_offline() -> None:
-    """Never let transformers/huggingface_hub reach a model hub.
-
-    Set before transformers is imported where possible; loads here always pass local paths and
-    ``local_files_only=True`` too, so this is a second line of defence, not the only one.
-    """
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
 def read_json(path: Path) -> dict[str, Any]:

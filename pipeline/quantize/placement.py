@@ -4,7 +4,7 @@ A model that does not fit one GPU is loaded with ``device_map`` (accelerate's bi
 inference, as ModelOpt's own PTQ examples do): transformers builds it on the meta device and
 streams each checkpoint shard straight to the device its layers were assigned, at the target
 dtype, so no full copy of the weights ever sits in host RAM. ``max_memory`` per GPU is the GPU's
-memory minus what the plan keeps free for calibration (``pipeline.resources``); weights that
+memory minus what the plan keeps free for calibration (``pipeline.plan.resources``); weights that
 do not fit go to the CPU or to disk only when asked (``quantization.offload``). Calibration runs
 through accelerate's hooks, which move activations from GPU to GPU (and offloaded weights in
 and out), so ModelOpt sees the same forward passes as on one device.

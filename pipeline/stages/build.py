@@ -25,7 +25,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pipeline import targets
 from pipeline.errors import StageError, StageUnavailable
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan.types import StagePlan, VariantPlan
 from pipeline.trtllm import container_hint, host
 from pipeline.trtllm.build_command import display, trtllm_build_argv
 from pipeline.trtllm.engine_config import check_checkpoint_config, check_engine_config, predict_engine_config

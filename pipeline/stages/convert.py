@@ -9,8 +9,8 @@ from pipeline.checkpoint.convert import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
 from pipeline.errors import StageError
 from pipeline.heads.expand import expand_medusa, is_compact_medusa
-from pipeline.plan import StagePlan, VariantPlan
-from pipeline.stages.progress import byte_progress
+from pipeline.plan.types import StagePlan, VariantPlan
+from pipeline.progress import byte_progress
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan.types import StagePlan, VariantPlan
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:

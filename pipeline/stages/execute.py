@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import StageUnavailable
-from pipeline.hashing import HashCache
-from pipeline.plan import Plan, StagePlan, VariantPlan
+from pipeline.io.hashing import HashCache
+from pipeline.plan.types import Plan, StagePlan, VariantPlan
 from pipeline.stages import build, convert, evaluate, lora, merge, package, quantize, train_heads
 from pipeline.stages.owners import claim_outputs
 from pipeline.stages.runner import StageResult, run_stage

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pipeline.lora.convert import convert_adapter
 from pipeline.lora.rules import ADAPTER_NUMPY_DTYPE
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan.types import StagePlan, VariantPlan
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.checkpoint.merge import merge_adapters
-from pipeline.plan import StagePlan, VariantPlan
-from pipeline.stages.progress import byte_progress
+from pipeline.plan.types import StagePlan, VariantPlan
+from pipeline.progress import byte_progress
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from pipeline.errors import HostFilesystemError
-from pipeline.plan import Plan, StagePlan
+from pipeline.plan.types import Plan, StagePlan
 
 OWNERS_FILE = ".specdeploy-owners.json"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.plan import Plan, StagePlan, VariantPlan
+from pipeline.plan.types import Plan, StagePlan, VariantPlan
 from pipeline.triton.repository import emit_repository
 from pipeline.triton.spec_repository import emit_spec_repository
 

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan.types import StagePlan, VariantPlan
 from pipeline.quantize.fp8 import quantize_fp8
 from pipeline.quantize.placement import Placement, gpu_placement, local_gpu_memory_gib
 

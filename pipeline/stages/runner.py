@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
 from pipeline.errors import UNWRITABLE, HostFilesystemError, InputError, host_error
-from pipeline.hashing import HashCache
-from pipeline.plan import StagePlan
+from pipeline.io.atomic import describe_freed, exclusive_lock, remove_dead_leftovers, replace_folder
+from pipeline.io.hashing import HashCache
+from pipeline.plan.types import StagePlan
 
 FINGERPRINT_FILE = ".specdeploy-stage.json"
 FINGERPRINT_ENV = "SPECDEPLOY_FINGERPRINT"

@@ -1,7 +1,7 @@
 """The train-heads stage: the variant's Medusa heads or EAGLE drafter trained against its own target.
 
 The target is the merged checkpoint of a fine-tune (or the model itself); ``init: base`` starts from
-the heads the variant inherits (see :mod:`pipeline.head_training`, :mod:`pipeline.heads.refresh`).
+the heads the variant inherits (see :mod:`pipeline.plan.head_training`, :mod:`pipeline.heads.refresh`).
 The output is a heads folder the convert stage reads like shipped heads.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.plan import StagePlan, VariantPlan
+from pipeline.plan.types import StagePlan, VariantPlan
 
 
 def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:

@@ -1,7 +1,7 @@
 """Triton side of specdeploy: the model-repository emitter, config validation and launchers.
 
 * ``repository``: writes ``triton_repo/<variant>/`` (ensemble, preprocessing, tensorrt_llm,
-  postprocessing, tensorrt_llm_bls) from a :class:`~pipeline.plan.VariantPlan`.
+  postprocessing, tensorrt_llm_bls) from a :class:`~pipeline.plan.types.VariantPlan`.
 * ``contract``: every tensor of NVIDIA's ``inflight_batcher_llm`` models, the one table the
   configs are built from; ``configs`` / ``pbtxt``: the ``config.pbtxt`` files as protobuf
   messages, and their checks.

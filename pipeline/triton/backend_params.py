@@ -17,8 +17,8 @@ from pathlib import Path, PurePosixPath
 
 from pipeline import targets, trees
 from pipeline.errors import StageError
-from pipeline.plan import VariantPlan
-from pipeline.speculative import identity
+from pipeline.plan.speculative import identity
+from pipeline.plan.types import VariantPlan
 from pipeline.triton.backend_reads import parameter_problems
 
 # Read without a fallback on every instance's creation (getGuidedDecodingConfigFromParams); "" means

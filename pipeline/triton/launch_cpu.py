@@ -38,7 +38,7 @@ from types import TracebackType
 
 import pipeline
 from pipeline.errors import InputError, StageError
-from pipeline.spec import HTTP_DEFAULT_MAX_REQUEST_BYTES
+from pipeline.spec.document import HTTP_DEFAULT_MAX_REQUEST_BYTES
 from pipeline.triton.http_front import READ_HEADER_TIMEOUT_S, HttpFront, HttpFrontConfig, accepts, free_loopback_port
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
-from pipeline.plan import Plan, VariantPlan
+from pipeline.plan.types import Plan, VariantPlan
 
 TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 TENSORRT_LLM_MODEL = "tensorrt_llm"

@@ -21,8 +21,8 @@ import os
 import shutil
 from pathlib import Path, PurePosixPath
 
-from pipeline.atomic import pid_alive, remove_path, replace_folder
 from pipeline.errors import InputError
+from pipeline.io.atomic import pid_alive, remove_path, replace_folder
 from pipeline.triton import pbtxt
 
 ENGINE_CONFIG = "config.json"  # every engine folder has one (trtllm-build's and the reference build's)

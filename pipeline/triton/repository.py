@@ -37,7 +37,7 @@ from typing import Any
 from pipeline.client.chat import template_parameter
 from pipeline.errors import InputError, StageError
 from pipeline.lora.rules import lora_weights_data_type
-from pipeline.plan import VariantPlan
+from pipeline.plan.types import VariantPlan
 from pipeline.triton import pbtxt
 from pipeline.triton.backend_params import (
     check_parameters,

@@ -24,8 +24,8 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.atomic import check_replaceable, remove_path, replace_folder
-from pipeline.plan import Plan, VariantPlan
+from pipeline.io.atomic import check_replaceable, remove_path, replace_folder
+from pipeline.plan.types import Plan, VariantPlan
 from pipeline.triton.repository import TOKENIZER_REQUIRED, emit_repository
 from pipeline.triton.spec_repository import emit_spec_repository, sharing_problem
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
-from pipeline.plan import Plan, VariantPlan
+from pipeline.plan.types import Plan, VariantPlan
 from pipeline.triton import pbtxt
 from pipeline.triton.configs import (
     POSTPROCESSING,

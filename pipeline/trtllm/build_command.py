@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline import methods
 from pipeline.errors import InputError
-from pipeline.plan import VariantPlan
+from pipeline.plan.types import VariantPlan
 from pipeline.trtllm.flags import Flag, load_flags, table_version
 
 PROGRAM = "trtllm-build"

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from importlib import metadata
 
-from pipeline.gpus import GpuType
+from pipeline.spec.gpus import GpuType
 from pipeline.trtllm import TRTLLM_SERIES
 
 BUILD_PROGRAM = "trtllm-build"

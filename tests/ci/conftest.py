@@ -46,7 +46,7 @@ def rechosen(evaluation: dict, **release) -> dict:
 def run_record(evaluation_dir: Path, *, exit_code: int = 3, gate_failed: str | None = None):
     """An engine run of the rehearsal spec on a host without TensorRT-LLM: convert and evaluate ran
     (or evaluate failed its gate), build could not run here, package was not run."""
-    from pipeline.ci.records import RunRecord, StageRecord, VariantRecord
+    from pipeline.release.ci.records import RunRecord, StageRecord, VariantRecord
 
     if gate_failed:
         stages = (

@@ -8,7 +8,7 @@ import sys
 import xmlschema
 from junitparser import Error, JUnitXml, Skipped
 
-import pipeline.ci
+import pipeline.release.ci
 from tests.ci.conftest import SPEC, VARIANT
 from tests.conftest import REPO
 
@@ -122,8 +122,8 @@ def test_prepare_model_json(cli, smollm2_dir):
 def test_engine_without_junitparser_installed(cli, write_spec, tmp_path, monkeypatch):
     # Containers install specdeploy --no-deps: the run needs junitparser only for --junit-xml, and says so.
     monkeypatch.setitem(sys.modules, "junitparser", None)
-    monkeypatch.delitem(sys.modules, "pipeline.ci.junit", raising=False)
-    monkeypatch.delattr(pipeline.ci, "junit", raising=False)  # as if never imported
+    monkeypatch.delitem(sys.modules, "pipeline.release.ci.junit", raising=False)
+    monkeypatch.delattr(pipeline.release.ci, "junit", raising=False)  # as if never imported
     spec = write_spec("name: big\nmodel: {path: /nonexistent/llama, preset: llama-3.1-8b}\n")
     rc, out, err = cli("engine", str(spec), "--json")
     assert rc == 3 and json.loads(out)["exit_code"] == 3, err

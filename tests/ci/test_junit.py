@@ -8,7 +8,7 @@ import pytest
 import xmlschema
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from pipeline.ci.junit import write_error_junit, write_junit
+from pipeline.release.ci.junit import write_error_junit, write_junit
 from tests.ci.conftest import VARIANT, rechosen, run_record
 from tests.conftest import REPO
 

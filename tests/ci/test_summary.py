@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.ci.summary import append_step_summary, step_summary
+from pipeline.release.ci.summary import append_step_summary, step_summary
 from tests.ci.conftest import VARIANT, rechosen, run_record
 
 

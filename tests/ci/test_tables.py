@@ -66,8 +66,9 @@ def test_the_fleet_progress_table_wraps_a_long_variant_name(write_spec, tmp_path
     # squeezed the stage columns to nothing at a narrow width.
     from pipeline.fleet.graph import build_graph
     from pipeline.fleet.view import Board
-    from pipeline.plan import OutputRoots, make_plan
-    from pipeline.spec import load_spec
+    from pipeline.plan.planner import make_plan
+    from pipeline.plan.types import OutputRoots
+    from pipeline.spec.document import load_spec
 
     name = "code-lookahead-with-a-long-name"
     spec = write_spec(f"name: fleet\nmodel: {{builtin: smollm2-135m-instruct}}\nvariants:\n  - name: {name}\n")

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from pipeline.ci.records import NOT_RUN, RAN, UNAVAILABLE, StageRecord
 from pipeline.commands.engine_run import Stop, VariantRun, exit_code_of, run_engine
 from pipeline.evaluation.result import GATE_FAILED
+from pipeline.release.ci.records import NOT_RUN, RAN, UNAVAILABLE, StageRecord
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,9 @@ class Runner:
 @pytest.fixture
 def flow(monkeypatch):
     import pipeline.evaluation.apply
-    import pipeline.report
+    import pipeline.release.report
 
-    monkeypatch.setattr(pipeline.report, "print_lora_decisions", lambda plan, console: None)
+    monkeypatch.setattr(pipeline.release.report, "print_lora_decisions", lambda plan, console: None)
     monkeypatch.setattr(pipeline.evaluation.apply, "split_at_evaluate", lambda plan, only: ("first", lambda p: "rest"))
     console = Console(file=io.StringIO(), width=200)
     return lambda runner: (run_engine(argparse.Namespace(variant=None), console, runner), console.file.getvalue())

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import presets, trees
+from pipeline import trees
 from pipeline.costmodel import calibrate, served
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.pricing import target_step
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.costmodel.step import Deployment
+from pipeline.spec import presets
 
 GPU = "h100-sxm-80gb"
 ARCH = presets.preset("llama-3.1-8b")

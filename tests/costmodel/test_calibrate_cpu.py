@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import presets, trees
+from pipeline import trees
 from pipeline.costmodel import calibrate, gemm_probe, served
 from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
 from pipeline.costmodel.pricing import method_step
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.costmodel.step import Deployment
+from pipeline.spec import presets
 
 ARCH = presets.preset("smollm2-135m-instruct")
 CONTEXT = 64

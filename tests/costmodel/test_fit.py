@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import presets, trees
+from pipeline import trees
 from pipeline.costmodel import fit
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
@@ -19,6 +19,7 @@ from pipeline.costmodel.profile import FITTED, ErrorBand, RuntimeProfile, load_c
 from pipeline.costmodel.step import Deployment
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.spec import presets
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN = RuntimeProfile(

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from pipeline import presets
 from pipeline.costmodel import hardware, lora
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.lora import LoraLoad, add_lora, lora_bytes, lora_flops, module_features
 from pipeline.costmodel.lora_cpu import LoraCpuProfile, group_sizes
 from pipeline.costmodel.step import Deployment, StepCost
 from pipeline.geometry import ModelGeometry
+from pipeline.spec import presets
 
 # hidden 100, 2 query heads and 1 KV head of 50, intermediate 200, 2 layers.
 TINY = ModelGeometry("tiny", 1000, 100, 2, 2, 1, 50, 200)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipeline import gpus, presets, trees
+from pipeline import trees
 from pipeline.costmodel import hardware
 from pipeline.costmodel.gemm_probe import CpuProfile, gemm_shapes
 from pipeline.costmodel.hardware import CPU_DEVICE, GpuPerf, gpu_perf
@@ -18,6 +18,7 @@ from pipeline.costmodel.step import Deployment
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.spec import gpus, presets
 
 # decoder layer: 100 x 50 x (2 x 2 + 2 x 2) + 3 x 100 x 200 + 2 x 100 = 100200 params; 2 layers;
 # lm_head 1000 x 100 = 100000 params.

@@ -13,7 +13,7 @@ from pipeline.cli import EXIT_CODES
 from pipeline.docs_gen import cli_reference, markdown, spec_reference
 from pipeline.docs_gen.__main__ import COMMAND, PAGES, REFERENCE_DIR, main, render_all, stale, write
 from pipeline.docs_gen.markdown import cell, code, table
-from pipeline.spec_schema import PARTIAL_PREFIX, spec_json_schema
+from pipeline.spec.json_schema import PARTIAL_PREFIX, spec_json_schema
 from pipeline.triton import contract
 
 

@@ -84,8 +84,8 @@ def test_a_chosen_candidate_becomes_the_plan_config():
     from pipeline.methods.eagle import EagleConfig
     from pipeline.methods.lookahead import LookaheadConfig
     from pipeline.methods.medusa import MedusaConfig
+    from pipeline.plan.speculative import SpeculativeConfig
     from pipeline.runtime.spec_decode.factory import MethodSettings
-    from pipeline.speculative import SpeculativeConfig
 
     tree = trees.CPU_SMALL_10_DEPTH_3
     heads = SpeculativeConfig("eagle", "heads", eagle=EagleConfig(tree, trees.tree_depth(tree), 10, 10, False, 10))

@@ -6,8 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from pipeline.adapters import read_adapter_config
 from pipeline.costmodel.lora import LORA_MODULES
+from pipeline.plan.adapters import read_adapter_config
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDER = REPO / "adapters" / "llama8b-fleet"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.adapters import check_adapter_folder
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.adapters import check_adapter_folder
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 FORMAT_TASKS = ("yaml", "xml", "bullets", "tldr", "numbered", "heading")

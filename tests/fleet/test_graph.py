@@ -12,8 +12,9 @@ from pipeline.fleet import storage
 from pipeline.fleet.graph import GIB, PREPARE, build_graph
 from pipeline.fleet.ray_runner import FleetResult, fits, infeasible_message
 from pipeline.fleet.task import BLOCKED, FAILED, RAN, UNAVAILABLE, TaskReport
-from pipeline.plan import OutputRoots, Plan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, Plan
+from pipeline.spec.document import load_spec
 
 FLEET = """\
 name: fleet

@@ -7,8 +7,9 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.fleet.placement import RESERVE_FRACTION, place_fleet
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 
 BASE = """\
 name: served

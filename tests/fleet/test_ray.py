@@ -20,9 +20,10 @@ from pipeline.errors import StageError
 from pipeline.fleet.graph import build_graph
 from pipeline.fleet.ray_runner import project_runtime_env, run_fleet
 from pipeline.fleet.task import BLOCKED, FAILED, RAN, SKIPPED, UNAVAILABLE
-from pipeline.hashing import content_files, sha256_file
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.io.hashing import content_files, sha256_file
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import STAGE_BODIES
 from tests.conftest import embedded_cache_dir
 from tests.quantize.conftest import build_tiny_llama

@@ -22,9 +22,9 @@ GOLDEN = Path(__file__).resolve().parent / "plans"
 def plan_json(spec: Path, workdir: Path) -> object:
     """``specdeploy plan SPEC --json`` run in ``workdir``, with the checkout's path as ``<repo>``."""
     from pipeline.commands.plan import plan_with_commands
-    from pipeline.plan import OutputRoots
-    from pipeline.preflight import checked_plan
-    from pipeline.spec import load_spec
+    from pipeline.plan.preflight import checked_plan
+    from pipeline.plan.types import OutputRoots
+    from pipeline.spec.document import load_spec
 
     here = Path.cwd()
     os.chdir(workdir)

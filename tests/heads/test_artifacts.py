@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import inputs
 from pipeline.heads.expand import compact_medusa_layout, is_compact_medusa
 from pipeline.heads.export import MAX_ARTIFACT_BYTES, verify_manifest
+from pipeline.methods import heads_reader
 
 HEADS = Path(__file__).resolve().parents[2] / "heads"
 
@@ -35,7 +35,7 @@ def test_shipped_medusa_is_three_heads_one_layer(name):
 @pytest.mark.parametrize("name", ["smollm2-eagle", "smollm2-code-eagle"])
 def test_shipped_eagle_is_smollm2_shaped(name):
     folder = HEADS / name
-    layout = inputs.inspect_eagle(folder)
+    layout = heads_reader.inspect_eagle(folder)
     assert (layout.num_layers, layout.has_fc_bias, layout.hidden_size) == (1, True, 576)
     config = json.loads((folder / "config.json").read_text())
     assert (

@@ -9,11 +9,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from pipeline import inputs
 from pipeline.commands import heads
 from pipeline.errors import StageUnavailable
 from pipeline.heads.export import export_medusa
 from pipeline.heads.medusa import MedusaResBlocks
+from pipeline.methods import heads_reader
 from tests.heads.conftest import HIDDEN, VOCAB
 
 
@@ -65,7 +65,7 @@ def test_expand_heads_command(tmp_path, tiny_base, capsys):
         ]
     )
     assert args.handler(args, Console(file=open("/dev/null", "w"))) == 0
-    assert inputs.inspect_medusa(tmp_path / "out").num_heads == 2
+    assert heads_reader.inspect_medusa(tmp_path / "out").num_heads == 2
     args = parser().parse_args(["expand-heads", str(tmp_path / "shipped"), "--out", str(tmp_path / "again"),
                                 "--model", str(tiny_base), "--json"])  # fmt: skip
     assert args.handler(args, Console(file=open("/dev/null", "w"))) == 0

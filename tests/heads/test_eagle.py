@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pipeline import inputs
 from pipeline.checkpoint.heads import EagleOptions, load_eagle
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.eagle import EagleDrafter, EagleTrainConfig, attend, drafter_llama_config, eagle_loss, pad_batch
 from pipeline.heads.export import export_eagle, load_eagle_folder, verify_manifest
+from pipeline.methods import heads_reader
 from tests.heads.conftest import HIDDEN, TINY_DRAFTER, VOCAB, tiny_llama_model
 
 
@@ -133,7 +133,7 @@ def test_export_is_the_eagle1_layout(tmp_path, tiny_base):
     config = json.loads((folder / "config.json").read_text())
     spec = ModelGeometry.from_hf(config, "config.json")
     assert (spec.num_layers, spec.rope_theta, spec.num_kv_heads) == (1, 10000.0, 2)
-    layout = inputs.inspect_eagle(folder)
+    layout = heads_reader.inspect_eagle(folder)
     assert (layout.num_layers, layout.has_fc_bias, layout.hidden_size) == (1, True, HIDDEN)
     drafter_in = load_eagle(EagleOptions(folder), open_hf_checkpoint(tiny_base))
     assert len(drafter_in.layers) == 1 and drafter_in.fc_bias is not None

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pipeline.errors import InputError
-from pipeline.hashing import HashCache
 from pipeline.heads.eagle import EagleDrafter, EagleTrainConfig, train_eagle
 from pipeline.heads.fixed_text import fixed_text_data, read_texts, token_blocks
 from pipeline.heads.medusa import MedusaResBlocks, MedusaTrainConfig, train_medusa
+from pipeline.io.hashing import HashCache
 from tests.heads.conftest import HIDDEN, TINY_DRAFTER
 from tests.quantize.conftest import build_tiny_llama
 

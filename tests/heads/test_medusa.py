@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from pipeline import inputs
 from pipeline.checkpoint.heads import MedusaOptions, load_medusa
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
 from pipeline.heads.expand import compact_medusa_layout, ensure_expanded_medusa, expand_medusa, is_compact_medusa
 from pipeline.heads.export import export_medusa, load_medusa_folder, sha256_file, verify_manifest
 from pipeline.heads.medusa import IGNORE, MedusaResBlocks, MedusaTrainConfig, medusa_targets, train_medusa
+from pipeline.methods import heads_reader
 from tests.heads.conftest import HIDDEN, VOCAB, tiny_llama_model
 
 
@@ -72,7 +72,7 @@ def test_shipped_folder_and_expansion(tmp_path, tiny_base):
     assert all(torch.equal(v, blocks.state_dict()[k]) for k, v in reloaded.state_dict().items())
 
     out = expand_medusa(shipped, tiny_base, tmp_path / "expanded")
-    layout = inputs.inspect_medusa(out)
+    layout = heads_reader.inspect_medusa(out)
     assert (layout.format, layout.num_heads, layout.num_layers, layout.config_num_heads) == ("fasterdecoding", 3, 1, 3)
     embedding = tiny_llama_model().model.embed_tokens.weight.detach()
     with safe_open(str(out / "medusa_lm_head.safetensors"), framework="pt") as handle:

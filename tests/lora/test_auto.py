@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.hashing import HashCache
-from pipeline.manifest import write_manifest
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.io.hashing import HashCache
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.release.manifest import write_manifest
+from pipeline.spec.document import load_spec
 from tests.lora.helpers import make_adapter
 from tests.runtime.fixtures import make_hf_model
 

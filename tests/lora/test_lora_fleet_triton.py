@@ -23,8 +23,9 @@ import torch
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.embedded import prepare_embedded_model
 from pipeline.heads.data import load_base
-from pipeline.plan import OutputRoots, Plan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, Plan
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan, execute_spec_repository
 from pipeline.triton.launch_cpu import reference_backend_available
 from tests.conftest import embedded_cache_dir

@@ -11,8 +11,9 @@ import pytest
 from pipeline.errors import InputError
 from pipeline.lora.group import task_id
 from pipeline.lora.memory import adapter_bytes
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from tests.lora.helpers import make_adapter
 from tests.runtime.fixtures import make_hf_model
 
@@ -259,8 +260,8 @@ def test_shared_needs_a_base_variant_for_the_groups_engine(tiny, write_spec, tmp
 
 
 def test_the_manifest_records_how_each_fine_tune_is_served(tiny, write_spec, tmp_path):
-    from pipeline.hashing import HashCache
-    from pipeline.manifest import write_manifest
+    from pipeline.io.hashing import HashCache
+    from pipeline.release.manifest import write_manifest
 
     plan = plan_of(write_spec, tmp_path, tiny, SHARED.replace("ADAPTERS", str(tiny)))
     path = write_manifest(plan, tmp_path / "engines", {v.name: {} for v in plan.variants}, HashCache(None))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.plan import OutputRoots, make_plan
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
 from pipeline.runtime.triton.io import parse_parameters
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 from pipeline.stages import lora as lora_stage
 from pipeline.triton import pbtxt
 from pipeline.triton.relocate import served_repository

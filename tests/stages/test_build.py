@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "trtllm"))
 from trtllm_helpers import write_checkpoint  # noqa: E402
 
 from pipeline.errors import StageError  # noqa: E402
-from pipeline.plan import OutputRoots, make_plan  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
+from pipeline.plan.planner import make_plan  # noqa: E402
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec  # noqa: E402
 from pipeline.stages import build  # noqa: E402
 from pipeline.stages.execute import StageUnavailable  # noqa: E402
 from pipeline.stages.runner import run_stage  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.plan import StagePlan
+from pipeline.plan.types import StagePlan
 from pipeline.stages.runner import FINGERPRINT_ENV, FINGERPRINT_FILE, fingerprint, run_stage
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.atomic import exclusive_lock, pid_alive, remove_dead_leftovers
 from pipeline.errors import StageError
-from pipeline.plan import StagePlan
+from pipeline.io.atomic import exclusive_lock, pid_alive, remove_dead_leftovers
+from pipeline.plan.types import StagePlan
 from pipeline.stages.runner import run_stage
 
 

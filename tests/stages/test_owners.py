@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import HostFilesystemError
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from pipeline.stages.owners import OWNERS_FILE, claim_outputs, folders
 from tests.triton.triton_fixtures import make_model_dir
 

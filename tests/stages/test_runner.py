@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import StageError
-from pipeline.plan import StagePlan
+from pipeline.plan.types import StagePlan
 from pipeline.stages.runner import FINGERPRINT_FILE, run_stage
 
 

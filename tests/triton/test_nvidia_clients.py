@@ -27,8 +27,9 @@ import tritonclient.grpc as grpcclient
 from triton_fixtures import NVIDIA_CLIENTS, run_client, serve_repository
 
 from pipeline.client import GenerationRequest, TritonClient, build_inputs
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from pipeline.triton.launch_cpu import reference_backend_available
 from pipeline.triton.repository import emit_repository

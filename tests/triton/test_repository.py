@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from pipeline import trees
 from pipeline.errors import InputError, StageError
-from pipeline.speculative import identity
+from pipeline.plan.speculative import identity
 from pipeline.stages import package
 from pipeline.stages.runner import run_stage
 from pipeline.triton import pbtxt

@@ -16,7 +16,7 @@ from triton_fixtures import fake_engine, make_model_dir, plan_spec
 
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
-from pipeline.plan import Plan
+from pipeline.plan.types import Plan
 from pipeline.stages.execute import execute_spec_repository
 from pipeline.triton import pbtxt
 from pipeline.triton.launch_gpu import gpu_spec_launch_argv

@@ -23,11 +23,12 @@ from transformers import AutoTokenizer
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.costmodel import calibrate, gemm_probe
 from pipeline.geometry import ModelGeometry
-from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, Plan, VariantPlan
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest as RuntimeRequest
 from pipeline.runtime.spec_decode.base import PlainDecoding
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan, execute_spec_repository
 from pipeline.triton.launch_cpu import reference_backend_available
 from tests.conftest import embedded_cache_dir

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import SpecdeployError
-from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, Plan, VariantPlan
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import stage_body
 from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from pipeline.plan import OutputRoots, VariantPlan, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, VariantPlan
+from pipeline.spec.document import load_spec
 
 # Hypothesis keeps a cache of its own even without an example database; keep it inside the
 # already-ignored pytest cache instead of a new .hypothesis/ folder in the repository.

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from trtllm_helpers import REPO
 
-from pipeline.plan import OutputRoots, make_plan
-from pipeline.spec import load_spec
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 
 SCRIPT = REPO / "scripts" / "gpu-smoke.sh"
 

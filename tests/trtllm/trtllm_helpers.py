@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from pipeline.plan import VariantPlan
+from pipeline.plan.types import VariantPlan
 from pipeline.stages.runner import FINGERPRINT_FILE
 from pipeline.trtllm.checkpoint_contract import checkpoint_problems
 

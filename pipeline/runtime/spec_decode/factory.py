@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pipeline import methods, trees
 from pipeline.errors import InputError
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.plan.speculative import TRITON_PLAIN_DECODING_MODES, TRITON_SPECULATIVE_DECODING_MODES, engine_mode_method
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.eagle.decoding import EagleDecoding
 from pipeline.runtime.spec_decode.lookahead import LookaheadDecoding
 from pipeline.runtime.spec_decode.medusa import MedusaDecoding
-from pipeline.speculative import TRITON_PLAIN_DECODING_MODES, TRITON_SPECULATIVE_DECODING_MODES, engine_mode_method
 
 DEFAULT_DYNAMIC_TREE_TOP_K = 10  # the spec's default for speculative.eagle.dynamic_tree_max_top_k
 

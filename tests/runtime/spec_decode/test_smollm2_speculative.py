@@ -17,7 +17,8 @@ import torch
 from pipeline.heads.data import encode_prompt
 from pipeline.heads.prompts import PROMPTS_DIR, read_jsonl
 from pipeline.methods.lookahead import LookaheadConfig
-from pipeline.plan import OutputRoots, make_plan
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.serving.metrics import SpecDecodingStats
@@ -25,7 +26,7 @@ from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.base import PlainDecoding
 from pipeline.runtime.spec_decode.exactness import NEAR_TIE_BF16_STEPS, divergence
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from pipeline.spec import load_spec
+from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
 from tests.conftest import REPO, embedded_cache_dir

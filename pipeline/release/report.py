@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from pipeline.console import Table
-from pipeline.plan import Plan, VariantPlan
-from pipeline.resources import StageResources
+from pipeline.plan.resources import StageResources
+from pipeline.plan.types import Plan, VariantPlan
 
 
 def _speculative_line(variant: VariantPlan) -> str:

@@ -64,7 +64,7 @@ TRITON_REPO_FOLDER = "triton_repo"  # under mount_path: the --triton-repo root
 class DeploySpec(BaseModel):
     """The Kubernetes manifests the package stage writes (``engines/<spec>/deploy/``)."""
 
-    # The same strictness as every spec section (pipeline/spec.py).
+    # The same strictness as every spec section (pipeline/spec/document.py).
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
     namespace: str = Field("default", pattern=DNS_LABEL)

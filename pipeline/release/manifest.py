@@ -5,7 +5,7 @@ Ray): per variant the sha256 of every input file (model, heads, calibration data
 Triton model sources: every stage input that no stage produced), of every output file, the plan,
 the method and why it was chosen, how each stage ended and, when the evaluate stage ran, its choice,
 release gates and per-candidate figures; once, the tool versions. Hashes are
-streamed and cached by file identity (:mod:`pipeline.hashing`), so re-runs do not re-read a
+streamed and cached by file identity (:mod:`pipeline.io.hashing`), so re-runs do not re-read a
 checkpoint. ``specdeploy verify MANIFEST`` re-hashes the outputs (:func:`verify`).
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.atomic import exclusive_lock
 from pipeline.errors import UNWRITABLE, InputError, host_error
-from pipeline.hashing import HashCache, content_files
-from pipeline.plan import Plan, VariantPlan
+from pipeline.io.atomic import exclusive_lock
+from pipeline.io.hashing import HashCache, content_files
+from pipeline.plan.types import Plan, VariantPlan
 
 MANIFEST_NAME = "manifest.json"
 DONE_STATES = ("ran", "skipped", "gate failed")  # a stage whose output is complete ("gate failed": evaluate)

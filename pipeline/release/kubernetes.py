@@ -39,11 +39,11 @@ from typing import Any
 import yaml
 
 from pipeline import targets
-from pipeline.atomic import remove_path, replace_folder
-from pipeline.deploy_spec import DeploySpec
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
-from pipeline.plan import Plan, VariantPlan
+from pipeline.io.atomic import remove_path, replace_folder
+from pipeline.plan.types import Plan, VariantPlan
+from pipeline.spec.deploy import DeploySpec
 from pipeline.triton.launch_gpu import gpu_launch_argv, gpu_spec_launch_argv
 
 DEPLOY_FOLDER = "deploy"  # engines/<spec>/deploy/

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.errors import InputError
-from pipeline.files import kind_of
+from pipeline.io.files import kind_of
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")

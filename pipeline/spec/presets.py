@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.files import read_json
 from pipeline.geometry import ModelGeometry
+from pipeline.io.files import read_json
 
 
 def _llama3_scaling(factor: float, original: int) -> dict[str, Any]:

@@ -33,11 +33,11 @@ quantize (ModelOpt FP8 PTQ of the HF model; on GPUs, dispatched over all G by ac
 convert (pipeline.checkpoint, streamed): no GPU; host RAM 2 GiB + three 8 MiB chunks (the
   converter's bound, measured in tests/checkpoint/test_streaming.py) + the heads, which are
   loaded whole in float32; disk = the TensorRT-LLM checkpoint, world size x a rank's weights
-  (``pipeline.memory``: the embedding is replicated on every rank) + the heads as stored.
+  (``pipeline.plan.memory``: the embedding is replicated on every rank) + the heads as stored.
 
 build (trtllm-build, target tensorrt): each worker builds one rank on one GPU, which holds that
   rank's weights and heads, the activation workspace TensorRT times tactics with and 2 GiB:
-  ``pipeline.memory``'s serving estimate without the KV cache (NVIDIA/TensorRT-Model-Connect#1386
+  ``pipeline.plan.memory``'s serving estimate without the KV cache (NVIDIA/TensorRT-Model-Connect#1386
   reports a 27.45 GiB FP8 engine built with 28.8 GB of GPU memory). Host RAM per worker is 3 x the
   rank's weights (the checkpoint arrays, TensorRT's copy in the network, the serialized engine)
   + 2 GiB; ``--workers W`` builds W ranks at once (W GPUs, W x the host RAM), one worker builds
@@ -46,7 +46,7 @@ build (trtllm-build, target tensorrt): each worker builds one rank on one GPU, w
 
 package: no GPU; 1 GiB of host RAM; the repository holds configs and the tokenizer (0.1 GiB).
 
-serve (not a stage: the Triton server): ``pipeline.memory``'s per-GPU estimate on tp x pp GPUs;
+serve (not a stage: the Triton server): ``pipeline.plan.memory``'s per-GPU estimate on tp x pp GPUs;
   host RAM 4 GiB + each rank's engine read once into memory. Target reference: no GPU, host RAM
   2 x the checkpoint (weights are dequantized for the CPU runtime) + 2 GiB.
 """
@@ -58,9 +58,9 @@ from dataclasses import dataclass
 
 from pipeline import targets
 from pipeline.geometry import ModelGeometry
-from pipeline.gpus import GpuType
-from pipeline.memory import BYTES_PER_ELEMENT, GIB, RUNTIME_OVERHEAD_BYTES, MemoryEstimate
-from pipeline.speculative import SpeculativeConfig
+from pipeline.plan.memory import BYTES_PER_ELEMENT, GIB, RUNTIME_OVERHEAD_BYTES, MemoryEstimate
+from pipeline.plan.speculative import SpeculativeConfig
+from pipeline.spec.gpus import GpuType
 
 QUANTIZE_HOST_BASE_GIB = 4.0
 CHECKPOINT_SHARD_GIB = 5.0
@@ -113,7 +113,7 @@ class Sizing:
     arch: ModelGeometry
     dtype: str  # model.dtype
     speculative: SpeculativeConfig
-    memory: MemoryEstimate  # the serving estimate (pipeline.memory)
+    memory: MemoryEstimate  # the serving estimate (pipeline.plan.memory)
     tp: int
     world_size: int
     target: str

@@ -4,7 +4,7 @@ they are typed. ``specdeploy schema`` prints it.
 A spec file is the base keys of a variant plus ``name``, ``description`` and ``variants``;
 each variant is a ``name`` plus overrides that are merged into the base, so in a variant no
 nested key is required and any key may be ``null`` (reset to its default). The loader
-(:func:`pipeline.spec.load_spec`) stays the authority: it also checks what a schema cannot,
+(:func:`pipeline.spec.document.load_spec`) stays the authority: it also checks what a schema cannot,
 e.g. known presets, GPU types and named trees.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pipeline.spec import VariantSpec, _TopLevel
+from pipeline.spec.document import VariantSpec, _TopLevel
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 PARTIAL_PREFIX = "Override"

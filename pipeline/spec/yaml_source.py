@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import InputError
-from pipeline.files import read_regular_file
+from pipeline.io.files import read_regular_file
 
 KeyPath = tuple[str | int, ...]
 

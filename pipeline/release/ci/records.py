@@ -2,8 +2,8 @@
 
 A :class:`RunRecord` holds, per variant, each stage's state in this run (with its seconds and, for a
 stage that stopped, why) and where the variant's evaluation is. ``--json`` prints
-:meth:`RunRecord.to_json`, ``--junit-xml`` writes :func:`pipeline.ci.junit.write_junit` of it, and
-``GITHUB_STEP_SUMMARY`` gets :func:`pipeline.ci.summary.step_summary` of it.
+:meth:`RunRecord.to_json`, ``--junit-xml`` writes :func:`pipeline.release.ci.junit.write_junit` of it, and
+``GITHUB_STEP_SUMMARY`` gets :func:`pipeline.release.ci.summary.step_summary` of it.
 
 Stage states: ``ran``, ``skipped`` (up to date: the fingerprint matched), ``gate failed`` (an evaluate
 stage that ran and whose choice failed a release gate), ``unavailable`` (it cannot run on this host:

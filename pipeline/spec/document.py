@@ -15,11 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline import gpus, presets, trees
-from pipeline.deploy_spec import DeploySpec
-from pipeline.embedded import EMBEDDED_MODELS
+from pipeline import trees
 from pipeline.errors import InputError
-from pipeline.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
+from pipeline.spec import gpus, presets
+from pipeline.spec.builtin import EMBEDDED_MODELS
+from pipeline.spec.deploy import DeploySpec
+from pipeline.spec.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
 
 VARIANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 INT32_MAX = 2**31 - 1  # TensorRT-LLM sizes are SizeType32: a larger value overflows inside the engine

@@ -1,4 +1,4 @@
-"""What the planner learns from input folders without loading any weights.
+"""What the planner learns from heads folders without loading any weights.
 
 Only safetensors headers and small config files are read here, so ``plan`` stays fast
 on a 70B checkpoint. Head counts come from tensor names, never from the head config:
@@ -14,7 +14,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from pipeline.errors import InputError
-from pipeline.files import read_json, require_regular_file
+from pipeline.io.files import read_json, require_regular_file
 
 _FASTERDECODING_KEY = re.compile(r"^(\d+)\.(\d+)\.(?:linear\.)?weight$")
 _MODELOPT_KEY = re.compile(r"^medusa_heads\.(\d+)\.(\d+)\.(?:linear\.)?weight$")

@@ -1,6 +1,6 @@
 """What ``validate`` checks in the files on this host: everything but the weights' values.
 
-:func:`pipeline.plan.make_plan` checks the spec against TensorRT-LLM's rules. A spec that passes
+:func:`pipeline.plan.planner.make_plan` checks the spec against TensorRT-LLM's rules. A spec that passes
 must also build, so :func:`checked_plan` adds, per variant and located at the spec line:
 
 * ``build.extra_flags`` against the trtllm-build 1.2 flag table (the build stage checks them again);
@@ -24,13 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import InputError
-from pipeline.files import read_json, require_regular_file
-from pipeline.plan import OutputRoots, Plan, VariantPlan, make_plan
+from pipeline.io.files import read_json, require_regular_file
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots, Plan, VariantPlan
 from pipeline.quantize.calibration import read_calibration
 from pipeline.quantize.fp8 import EXPORT_DTYPES
-from pipeline.spec import Spec
+from pipeline.spec.document import Spec
+from pipeline.spec.yaml_source import KeyPath
 from pipeline.trtllm.build_command import extra_flag_problems
-from pipeline.yaml_source import KeyPath
 
 TOKENIZER_JSON_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
 MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
@@ -96,9 +97,9 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
         folders, base_dir = [str(spec.resolve_path(a)) for a in adapters], lora.inputs["model"]
     else:
         return []
-    from pipeline.adapters import has_weights
     from pipeline.checkpoint.hf_reader import open_hf_checkpoint
     from pipeline.checkpoint.merge import open_checked_adapter
+    from pipeline.plan.adapters import has_weights
 
     if merge is not None and variant.quant.prequantized:  # the merge's refusal (checkpoint/merge.py), from headers
         return [
@@ -162,7 +163,7 @@ def _has_weights(folder: Path) -> bool:
 def _check_checkpoint(variant: VariantPlan) -> None:
     from pipeline.checkpoint.convert import check_checkpoint
     from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
-    from pipeline.inputs import is_compact_medusa
+    from pipeline.methods.heads_reader import is_compact_medusa
 
     assert variant.model_dir is not None
     spec, heads = variant.speculative, variant.heads_dir

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from pipeline.geometry import ModelGeometry
-from pipeline.speculative import SpeculativeConfig
+from pipeline.plan.speculative import SpeculativeConfig
 
 GIB = 1024**3
 # What a GPU keeps free of the planned engines (allocator fragmentation): pipeline.fleet.placement.

@@ -13,9 +13,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.ci.records import RunRecord, VariantRecord, shown_path
 from pipeline.errors import host_error
 from pipeline.evaluation.choose import Gates, gate_checks
+from pipeline.release.ci.records import RunRecord, VariantRecord, shown_path
 
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 EXIT_MEANING = {

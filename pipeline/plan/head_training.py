@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import methods
-from pipeline.inputs import is_compact_medusa
+from pipeline.methods.heads_reader import is_compact_medusa
 
 SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
 # What the heads learn: the target's own top-10 next-token distribution, on every kind of data.

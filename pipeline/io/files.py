@@ -89,3 +89,13 @@ def read_json(path: Path, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
         ) from None
     except RecursionError:
         raise InputError(f"{path}: {what} nests too deeply to be a real config; re-download it") from None
+
+
+def hf_offline() -> None:
+    """Never let transformers/huggingface_hub reach a model hub.
+
+    Set before transformers is imported where possible; loads here always pass local paths and
+    ``local_files_only=True`` too, so this is a second line of defence, not the only one.
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"

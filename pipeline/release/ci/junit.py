@@ -22,10 +22,10 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from pipeline.ci.records import FAILED, NOT_RUN, UNAVAILABLE, RunRecord, VariantRecord
 from pipeline.errors import host_error
 from pipeline.evaluation.choose import Gates, gate_checks
 from pipeline.evaluation.result import GATE_FAILED
+from pipeline.release.ci.records import FAILED, NOT_RUN, UNAVAILABLE, RunRecord, VariantRecord
 
 STAGE_SHOWN = {"ran": "ran", "skipped": "up to date (skipped by its fingerprint)", GATE_FAILED: "ran"}
 
