@@ -35,7 +35,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from pipeline import methods, targets
 from pipeline.costmodel.hardware import gpu_perf
@@ -54,12 +53,15 @@ from pipeline.fleet.lora_decision import (
     VariantChoice,
     decide,
 )
+from pipeline.geometry import ModelGeometry
 from pipeline.lora.group import base_key, hf_modules
 from pipeline.lora.memory import LoraCacheSize, cache_size
 from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
 from pipeline.lora.types import AutoDecision
 from pipeline.plan.adapters import AdapterConfig, check_adapter_folder
 from pipeline.plan.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
+from pipeline.plan.types import VariantPlan
+from pipeline.spec.document import Spec, VariantSpec
 
 # A merged fine-tune whose acceptance no rehearsal has measured is priced at its method's
 # prior_acceptance (pipeline/methods/): the median mean acceptance length of the fitted published
@@ -69,7 +71,7 @@ from pipeline.plan.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
 DEFAULT_CONCURRENCY = 1  # evaluation.batch_sizes[0] when the spec has no evaluation section
 
 
-def families(variants: Sequence[Any]) -> list[tuple[Any, list[Any]]]:
+def families(variants: Sequence[VariantSpec]) -> list[tuple[VariantSpec, list[VariantSpec]]]:
     """(base variant, its LoRA fine-tunes) for every base with at least one ``serving.lora: auto`` fine-tune."""
     out = []
     for base in (v for v in variants if not v.model.adapters):
@@ -81,7 +83,12 @@ def families(variants: Sequence[Any]) -> list[tuple[Any, list[Any]]]:
 
 
 def decide_family(
-    spec: Any, base: Any, tunes: list[Any], plans: dict[str, Any], others: Sequence[Any], engine: Any
+    spec: Spec,
+    base: VariantSpec,
+    tunes: list[VariantSpec],
+    plans: dict[str, VariantPlan],
+    others: Sequence[VariantPlan],
+    engine: VariantPlan,
 ) -> AutoDecision:
     """The choice for each fine-tune of ``base`` (``plans``: every variant planned, auto ones as merged;
     ``others``: the planned variants outside this family, whose engines take GPU memory first; ``engine``:
@@ -152,7 +159,7 @@ def decide_family(
     return AutoDecision(base.name, noted, decision, rule)
 
 
-def _fixed(t: Any, plans: dict[str, Any], where: str, merged_only: str = "") -> VariantChoice:
+def _fixed(t: VariantSpec, plans: dict[str, VariantPlan], where: str, merged_only: str = "") -> VariantChoice:
     """The choice without a GPU to weigh; ``merged_only``: why sharing is impossible (auto means merged)."""
     if t.serving.lora == "merged":
         choice, reason = "merged", "merged (serving.lora: merged)"
@@ -161,15 +168,16 @@ def _fixed(t: Any, plans: dict[str, Any], where: str, merged_only: str = "") -> 
     elif merged_only:
         choice, reason = "merged", f"merged: {merged_only}"
     elif methods.definition(plans[t.name].speculative.method).heads is not None:
-        method = plans[t.name].speculative.method
-        choice, reason = "merged", f"merged: {where}, and its {method} heads need an engine of their own"
+        heads = plans[t.name].speculative.method
+        choice, reason = "merged", f"merged: {where}, and its {heads} heads need an engine of their own"
     else:
         choice, reason = "shared", f"shared: {where}, one copy of the weights serves every fine-tune"
     method = "lora" if choice == "shared" else plans[t.name].speculative.method
     return VariantChoice(t.name, choice, method, (), {}, math.nan, math.nan, reason)  # type: ignore[arg-type]
 
 
-def _deployment(plan: Any) -> Deployment:
+def _deployment(plan: VariantPlan) -> Deployment:
+    assert plan.gpu is not None  # weighed only with a gpu.type
     return Deployment(
         plan.arch,
         gpu_perf(plan.gpu.name),
@@ -188,7 +196,7 @@ class _Load:
 
 
 def _cache(
-    candidates: Sequence[_Load], arch: Any, dtype_bytes: int, max_batch_size: int, tp: int
+    candidates: Sequence[_Load], arch: ModelGeometry, dtype_bytes: int, max_batch_size: int, tp: int
 ) -> LoraCacheSize | None:
     """The LoRA cache the group would get if every fine-tune that may share did
     (:func:`pipeline.lora.memory.cache_size`: ``min(adapters, max_batch_size)`` slots of the largest rank
@@ -202,7 +210,7 @@ def _cache(
     return cache_size(arch, [c.rank for c in candidates], modules, dtype_bytes, max_batch_size, tp)
 
 
-def _load(spec: Any, variant: Any, num_layers: int, weights_present: bool) -> _Load:
+def _load(spec: Spec, variant: VariantSpec, num_layers: int, weights_present: bool) -> _Load:
     config: AdapterConfig = check_adapter_folder(
         spec.resolve_path(variant.model.adapters[0]), require_weights=weights_present
     )
@@ -211,7 +219,7 @@ def _load(spec: Any, variant: Any, num_layers: int, weights_present: bool) -> _L
     return _Load(max([config.r, *config.rank_pattern.values()]), modules)
 
 
-def _measured_acceptance(plan: Any) -> float | None:
+def _measured_acceptance(plan: VariantPlan) -> float | None:
     """The chosen candidate's mean acceptance length from the variant's rehearsal, when one ran."""
     stage = next((s for s in plan.stages if s.name == "evaluate"), None)
     if stage is None:
@@ -228,7 +236,7 @@ def _measured_acceptance(plan: Any) -> float | None:
     return found[0] if found else None
 
 
-def _merged(plan: Any, concurrency: int) -> tuple[MergedOption, str]:
+def _merged(plan: VariantPlan, concurrency: int) -> tuple[MergedOption, str]:
     method = plan.speculative.method
     drafting = plan.speculative.drafting()
     measured = _measured_acceptance(plan)
@@ -244,7 +252,7 @@ def _merged(plan: Any, concurrency: int) -> tuple[MergedOption, str]:
     return MergedOption(method, speedup, plan.memory.total_gib, plan.world_size), note
 
 
-def _free_after(others: Sequence[Any], count: int, usable: float) -> list[float]:
+def _free_after(others: Sequence[VariantPlan], count: int, usable: float) -> list[float]:
     """Each GPU's memory left after the other engines, placed as the fleet placement places them
     (:func:`pipeline.fleet.assign.assign_gpus`)."""
     engines = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pipeline import targets
@@ -34,6 +35,8 @@ from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM, MODULE_IDS, spec
 from pipeline.lora.types import LoraGroupPlan, LoraMember
 from pipeline.plan.adapters import AdapterConfig, check_adapter_folder
 from pipeline.plan.memory import BYTES_PER_ELEMENT
+from pipeline.plan.types import VariantPlan
+from pipeline.spec.document import Spec, VariantSpec
 
 
 class _Problems(Protocol):
@@ -51,7 +54,7 @@ def task_id(variant: str) -> int:
     return zlib.crc32(variant.encode()) % (2**31 - 1) + 1
 
 
-def base_key(variant: Any) -> str:
+def base_key(variant: VariantSpec) -> str:
     """What must be equal for two variants to share an engine: everything but the adapter and the
     speculative method (a shared engine decodes plainly) and the serving settings of its name."""
     data = variant.model_dump(mode="json")
@@ -80,7 +83,7 @@ def hf_modules(config: AdapterConfig, num_layers: int) -> set[str]:
     return {t.rsplit(".", 1)[-1] for t in targets}
 
 
-def check_shared_variant(spec: Any, variant: Any, problems: _Problems) -> Any:
+def check_shared_variant(spec: Spec, variant: VariantSpec, problems: _Problems) -> VariantSpec:
     """A ``serving.lora: shared`` variant as it is planned: plain decoding (``auto`` resolves to
     ``none``), one adapter the LoRA plugin can apply. Returns the variant to plan (maybe updated)."""
     if variant.serving.lora != "shared":
@@ -124,10 +127,10 @@ def _adapter_problem(config: AdapterConfig, modules: set[str]) -> str | None:
 
 
 def plan_groups(
-    spec: Any,
-    plans: list[Any],
-    problems_for: Any,
-    variants: list[Any] | None = None,
+    spec: Spec,
+    plans: list[VariantPlan],
+    problems_for: Callable[[str], _Problems],
+    variants: list[VariantSpec] | None = None,
 ) -> list[LoraGroupPlan]:
     """The spec's LoRA groups from its planned variants (``plans``: VariantPlan, in spec order;
     ``variants``: the variant specs as planned, serving.lora auto already decided; default the spec's).
@@ -154,7 +157,13 @@ def plan_groups(
     return [g for g in result if g is not None]
 
 
-def _plan_group(spec: Any, by_name: dict[str, Any], base: str | None, members: list[Any], problems_for: Any):
+def _plan_group(
+    spec: Spec,
+    by_name: dict[str, VariantSpec],
+    base: str | None,
+    members: list[VariantPlan],
+    problems_for: Callable[[str], _Problems],
+) -> LoraGroupPlan | None:
     first = members[0]
     arch: ModelGeometry = first.arch
     dtype_bytes = BYTES_PER_ELEMENT[by_name[first.name].model.dtype]
