@@ -1,6 +1,6 @@
 """The cost model fitted on published GPU speedups, with the error left on results it has not seen.
 
-    .venv/bin/python bench/costmodel_published.py [--markdown] [--write]
+    .venv/bin/python bench/costmodel_published.py [--markdown] [--write] [--plot PNG]
 
 Reads bench/published_speedups.csv: published (model, GPU, dtype, method and settings, mean accepted
 tokens per step, speedup over plain decoding) results, each with its source. Fits the ``pytorch-eager``
@@ -8,7 +8,8 @@ profile's constants (pipeline/costmodel/profile.py) on the rows measured with Py
 implementations, by leave-one-source-out cross-validation: each source's rows are predicted by a fit
 on the other sources, and those held-out errors are printed per row, per method and per source. The
 profile shipped in pipeline/costmodel/profiles.json is the fit on every source, its error bands the
-10th-90th percentiles of the held-out errors per method (``--write`` rewrites the file).
+10th-90th percentiles of the held-out errors per method (``--write`` rewrites the file). ``--plot``
+draws each fitted row's held-out predicted speedup against the published one (docs/img/costmodel_published.png).
 
 ``trtllm`` has no row to fit: the published TensorRT-LLM results found with a mean acceptance length
 beside a speedup (3, ``trtllm-ngram-blog``) are of N-gram drafting on a mixture-of-experts model, which
@@ -259,6 +260,64 @@ def summary(groups: dict[str, list[float]]) -> list[tuple[str, int, float, float
     ]
 
 
+BAND = 0.15  # the shaded band of the plot: the CPU cost model's target (bench/costmodel_cpu.py)
+
+
+def plot(found: list[fit.Observation], held_out: list[float], bands: dict, path: Path) -> None:
+    """Held-out predicted against published speedup per fitted row: colour the method, marker the source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    methods = sorted({o.method for o in found})
+    sources = sorted({o.source for o in found})
+    colour = {m: f"C{i}" for i, m in enumerate(methods)}
+    marker = dict(zip(sources, "o^sDvP*X"))
+    fig, ax = plt.subplots(figsize=(9.5, 6))
+    top = max(max(o.speedup, o.speedup * (1 + e)) for o, e in zip(found, held_out)) * 1.08
+    line = [1.0, top]
+    ax.fill_between(line, [x * (1 - BAND) for x in line], [x * (1 + BAND) for x in line], color="0.9", lw=0)
+    ax.plot(line, line, color="black", lw=0.8)
+    for o, e in zip(found, held_out):
+        predicted = o.speedup * (1 + e)
+        style = {"color": colour[o.method], "marker": marker[o.source], "edgecolors": "black", "linewidths": 0.4}
+        ax.scatter(o.speedup, predicted, s=36, zorder=3, **style)
+    handles = []
+    for m in methods:
+        errors = [e for o, e in zip(found, held_out) if o.method == m]
+        mae = statistics.fmean(abs(e) for e in errors)
+        band = f"{bands[m].low_error:+.0%}..{bands[m].high_error:+.0%}"
+        label = f"{m}: {len(errors)} rows, mean |error| {mae:.1%}, 10th-90th pct. {band}"
+        handles.append(Line2D([], [], ls="", marker="o", color=colour[m], label=label))
+    handles += [Line2D([], [], ls="", marker=marker[s], color="0.5", label=f"held out: {s}") for s in sources]
+    handles += [
+        Line2D([], [], color="black", lw=0.8, label="predicted = published"),
+        Line2D([], [], color="0.9", lw=8, label=f"within ±{BAND:.0%}"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    ticks = [t for t in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8) if t <= top]
+    ax.set_xscale("log")  # log axes: the band is as wide at 1.2x as at 5x
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+        axis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{t:g}x" for t in ticks]))
+        axis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlim(1.0, top)
+    ax.set_ylim(1.0, top)
+    ax.set_aspect("equal")
+    ax.set_xlabel("published speedup over plain decoding")
+    ax.set_ylabel("predicted, fitted without the row's source")
+    mae = statistics.fmean(abs(e) for e in held_out)
+    title = f"cost model vs {len(found)} published GPU speedups, leave-one-source-out: mean |error| {mae:.1%}"
+    ax.set_title(title, fontsize=9.5)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="tables as Markdown (the README's)")
@@ -269,6 +328,7 @@ def main() -> int:
     parser.add_argument(
         "--gpu-for", nargs="+", default=[], metavar="SOURCE=GPU", help="what-if: another GPU for a source's rows"
     )
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="draw held-out predicted vs published to PNG")
     args = parser.parse_args()
     if args.write and (args.sources or args.gpu_for):
         parser.error("--write ships the fit on every row as published: drop --sources and --gpu-for")
@@ -356,6 +416,9 @@ def main() -> int:
     if args.write:
         PROFILES_FILE.write_text(json.dumps({k: c.to_dict() for k, c in shipped.items()}, indent=2) + "\n")
         print(f"wrote {PROFILES_FILE}")
+    if args.plot:
+        plot(found, held_out, bands, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

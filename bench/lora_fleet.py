@@ -1,6 +1,6 @@
 """A LoRA fleet served as ONE shared engine against every fine-tune merged, side by side in one run.
 
-    .venv/bin/python bench/lora_fleet.py [SPEC] [--requests 16] [--max-tokens 32] [--concurrency 1,8]
+    .venv/bin/python bench/lora_fleet.py [SPEC] [--requests 16] [--max-tokens 32] [--concurrency 1,8] [--replot]
 
 SPEC (default specs/smollm2-lora-fleet.yaml) is a base and its LoRA fine-tunes with ``serving.lora:
 shared``. Three copies of it are built with `specdeploy engine` under bench/out/lora-fleet (up-to-date
@@ -20,7 +20,9 @@ every fine-tune (the same requests spread round-robin; EOS ignored, so each requ
 ``--max-tokens``) at each concurrency: tokens/s. It prints the ratios the product targets: shared RSS
 over base RSS (target <= 1.5x for 8 fine-tunes; merged: about 8x) and shared tokens/s over merged
 tokens/s at the highest concurrency (target >= 0.8x). Not a test: the machine's load moves absolute
-figures; the ratios are measured in one run.
+figures; the ratios are measured in one run. Writes bench/out/lora-fleet/result.json and draws it in
+lora_fleet.png beside it: each fleet's server memory (PSS per kind of process, RSS marked) and its
+tokens/s at each concurrency; ``--replot`` only redraws the PNG from result.json.
 """
 
 from __future__ import annotations
@@ -149,7 +151,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 8])
+    parser.add_argument("--replot", action="store_true", help="only redraw lora_fleet.png from result.json")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads((OUT / "result.json").read_text()), OUT / "lora_fleet.png")
+        print(f"wrote {OUT / 'lora_fleet.png'}")
+        return 0
     cache = Path(os.environ.get("SPECDEPLOY_CACHE", REPO / ".cache"))
     load = [os.getloadavg()[0]]
     results = {}
@@ -182,7 +189,53 @@ def main() -> int:
     print(f"shared / merged tokens/s at concurrency {top}: {ratio:.2f} (target >= 0.8)")
     print(f"load average before / after: {load[0]:.1f} / {load[1]:.1f}")
     (OUT / "result.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(json.loads((OUT / "result.json").read_text()), OUT / "lora_fleet.png")
+    print(f"wrote {OUT / 'result.json'}, {OUT / 'lora_fleet.png'}")
     return 0
+
+
+def plot(results: dict, path: Path) -> None:
+    """Left: each fleet's server memory, its PSS stacked by kind of process, its RSS marked; right: its
+    tokens/s at each concurrency. ``results`` as result.json holds it (concurrencies as strings)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fleets = list(results)
+    fig, (memory, speed) = plt.subplots(1, 2, figsize=(11, 4.3))
+    kinds = {"tritonserver": "tritonserver", "tokenizer_stubs": "tokenizer stubs", "other_stubs": "other stubs"}
+    bottom = [0.0] * len(fleets)
+    for i, (kind, label) in enumerate(kinds.items()):
+        part = [results[f][f"pss_{kind}_gib"] for f in fleets]
+        memory.bar(fleets, part, 0.6, bottom=bottom, color=f"C{i}", label=f"PSS: {label}")
+        bottom = [b + p for b, p in zip(bottom, part)]
+    base = results[fleets[0]]["rss_gib"]
+    for x, f in enumerate(fleets):
+        label = "RSS (shared pages counted per process)" if x == 0 else None
+        memory.plot([x - 0.3, x + 0.3], [results[f]["rss_gib"]] * 2, color="black", lw=2, label=label)
+        memory.annotate(f"{results[f]['rss_gib']:.2f} GiB ({results[f]['rss_gib'] / base:.2f}x)",
+                        (x, results[f]["rss_gib"]), xytext=(0, 5), textcoords="offset points", ha="center",
+                        fontsize=8)  # fmt: skip
+    memory.set_ylim(0, max(r["rss_gib"] for r in results.values()) * 1.15)
+    memory.set_ylabel("server memory (GiB)")
+    memory.set_title("memory once every model is ready")
+    memory.legend(fontsize=8, loc="upper left")
+    levels = list(results[fleets[0]]["tokens_per_second"])
+    width = 0.8 / len(fleets)
+    for i, f in enumerate(fleets):
+        rates = [results[f]["tokens_per_second"][c] for c in levels]
+        xs = [x + (i - (len(fleets) - 1) / 2) * width for x in range(len(levels))]
+        speed.bar(xs, rates, width, label=f, color=f"C{i + len(kinds)}")
+        for x, rate in zip(xs, rates):
+            speed.annotate(f"{rate:.1f}", (x, rate), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8)
+    speed.set_xticks(range(len(levels)), [f"concurrency {c}" for c in levels])
+    speed.set_ylabel("tokens/s over every fine-tune")
+    speed.set_title("throughput")
+    speed.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

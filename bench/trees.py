@@ -1,6 +1,6 @@
 """Draft trees fitted to the shipped SmolLM2 heads: which n-node tree accepts the most tokens.
 
-    .venv/bin/python bench/trees.py [--sizes 6 10 15 20 25 63] [--methods medusa eagle]
+    .venv/bin/python bench/trees.py [--sizes 6 10 15 20 25 63] [--methods medusa eagle] [--plot PNG [--replot]]
 
 For every decoding position of self-distilled text, the heads' ranks of the true next tokens
 along the true path (pipeline/heads/evaluate.py) form a rank path; trees.most_frequent_paths
@@ -11,7 +11,8 @@ paths that do not pay off) and scored on the held-out eval sequences (offline to
 the walk of evaluate.simulate), next to the presets, per prompt kind. Writes bench/trees.json
 (kept in the repository, like bench/heads.json: the presets in pipeline/trees.py come from it).
 Needs the self-distillation cache that ``specdeploy train-heads`` fills (.cache/heads-data;
-generated if missing, ~1 h).
+generated if missing, ~1 h). ``--plot`` draws the report's tokens per step by tree size, fitted trees
+against the presets (docs/img/trees.png); with ``--replot`` it only draws bench/trees.json, in seconds.
 """
 
 from __future__ import annotations
@@ -94,7 +95,15 @@ def main() -> int:
     )
     parser.add_argument("--methods", nargs="+", default=["medusa", "eagle"], choices=["medusa", "eagle"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="draw tokens/step by tree size to PNG")
+    parser.add_argument("--replot", action="store_true", help=f"measure nothing: only draw {REPORT.name} (--plot)")
     args = parser.parse_args()
+    if args.replot:
+        if not args.plot:
+            parser.error("--replot draws the kept report: name the PNG with --plot")
+        plot(json.loads(REPORT.read_text()), args.plot)
+        print(f"wrote {args.plot}")
+        return 0
     torch.set_num_threads(args.threads)
     base_dir = prepare_embedded_model(REPO / ".cache")
     train, held_out, _ = prepare_data(base_dir, REPO / ".cache", say=lambda text: print(f"  {text}", flush=True))
@@ -133,7 +142,57 @@ def main() -> int:
         report["methods"] = {**json.loads(REPORT.read_text()).get("methods", {}), **report["methods"]}
     REPORT.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {REPORT}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
     return 0
+
+
+def plot(report: dict, path: Path) -> None:
+    """Held-out tokens per step by tree size, a panel per prompt kind: each method's fitted trees as a
+    line, the presets (scored with the same heads) as open markers at their node counts, a shape each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    sections = report["methods"]
+    kinds = list(next(iter(sections.values()))["tokens_per_step"])
+    shape = {name: "v^sDPXh*dp<>"[i % 12] for i, name in enumerate(trees.TREE_PRESETS)}
+    colour = {method: f"C{i}" for i, method in enumerate(sections)}
+    fig, axes = plt.subplots(1, len(kinds), figsize=(12, 4.6), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for method, section in sections.items():
+            scores = section["tokens_per_step"][kind]
+            fitted = sorted(
+                (int(name.removeprefix("fitted_")), v) for name, v in scores.items() if name.startswith("fitted_")
+            )
+            ax.plot(*zip(*fitted), "o-", ms=4, color=colour[method], zorder=2)
+            for name, tree in trees.TREE_PRESETS.items():
+                if name in scores:
+                    ax.scatter(len(tree), scores[name], marker=shape[name], s=70, facecolors="none",
+                               edgecolors=colour[method], linewidths=1.1, zorder=3)  # fmt: skip
+        sizes = sorted(
+            {len(trees.TREE_PRESETS[n]) for n in shape} | {n for s in sections.values() for n in s["settings"]["sizes"]}
+        )
+        ax.set_xscale("log")
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set_xlabel("tree nodes (draft tokens verified per step)")
+        ax.set_title(f"{kind}: held-out prompts")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("tokens per step (offline, greedy)")
+    handles = [Line2D([], [], marker="o", ms=4, color=c, label=f"{m} heads: fitted trees") for m, c in colour.items()]
+    handles += [
+        Line2D([], [], ls="", marker=shape[name], ms=8, mfc="none", mec="0.3", label=f"preset {name} ({len(tree)})")
+        for name, tree in trees.TREE_PRESETS.items()
+    ]
+    axes[0][-1].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
 
 
 if __name__ == "__main__":
