@@ -45,9 +45,9 @@ def test_cli_choices_are_the_defined_methods(command, option, expected):
 
 def test_unknown_method_is_one_line_naming_the_known_ones():
     with pytest.raises(
-        InputError, match=r"unknown speculative method 'ngram' \(known: eagle, medusa, lookahead, none\)"
+        InputError, match=r"unknown speculative method 'sa' \(known: eagle, medusa, lookahead, ngram, none\)"
     ):
-        methods.definition("ngram")
+        methods.definition("sa")
 
 
 def test_identity_round_trips_through_the_engine_mode():
@@ -58,22 +58,22 @@ def test_identity_round_trips_through_the_engine_mode():
 
 def test_a_new_method_is_one_definition(monkeypatch):
     """A method registered in the test is known to every layer that asks the definitions."""
-    ngram = dataclasses.replace(
+    sa = dataclasses.replace(
         methods.definition("lookahead"),
-        name="ngram",
-        title="NGram",
-        build_mode="draft_tokens_external",
-        triton_decoding_mode="ngram",
+        name="sa",
+        title="SA",
+        build_mode="explicit_draft_tokens",
+        triton_decoding_mode="sa",
         maintenance=1,
         prior_acceptance=1.4,
-        lora_refusal="NGram",
+        lora_refusal="SA",
         auto_reason=None,
     )
-    monkeypatch.setattr(methods, "DEFINITIONS", (*methods.DEFINITIONS, ngram))
-    assert methods.definition("ngram") is ngram
-    assert engine_mode_method(identity("ngram").engine_mode) == "ngram"  # the engine's mode names it
-    assert preference(None)[:3] == ("none", "lookahead", "ngram")  # best's tie-break by upkeep
-    assert speculative_refusal("ngram").startswith("NGram;")  # the shared LoRA engine's refusal
+    monkeypatch.setattr(methods, "DEFINITIONS", (*methods.DEFINITIONS, sa))
+    assert methods.definition("sa") is sa
+    assert engine_mode_method(identity("sa").engine_mode) == "sa"  # the engine's mode names it
+    assert preference(None)[:4] == ("none", "lookahead", "ngram", "sa")  # best's tie-break by upkeep
+    assert speculative_refusal("sa").startswith("SA;")  # the shared LoRA engine's refusal
 
 
 def test_the_spec_targets_are_the_defined_targets():

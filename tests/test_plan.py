@@ -105,6 +105,24 @@ def test_max_beam_width_reaches_the_build_and_only_without_speculation(plan_of, 
     assert "beam width 1 only" in message and "max_beam_width" in message
 
 
+# --- ngram -----------------------------------------------------------------------------------
+
+
+def test_ngram_plans_on_the_reference_target_as_external_draft_tokens(plan_of, tmp_path):
+    text = (
+        PRESET_8B + "target: reference\nspeculative: {method: ngram, ngram: {max_draft_len: 5, is_use_oldest: false}}\n"
+    )
+    variant = plan_of(text).variants[0]
+    assert variant.method == "ngram" and variant.build.max_draft_len == 5  # K
+    assert variant.build.speculative_decoding_mode == "draft_tokens_external"
+    assert variant.speculative.ngram is not None and not variant.speculative.ngram.use_oldest
+
+
+def test_ngram_on_the_engine_target_is_refused_with_what_runs_there(problems_of):
+    message = problems_of(PRESET_8B + "speculative: {method: ngram}\n")
+    assert "NGram runs on target reference only, not tensorrt; use method: lookahead there" in message
+
+
 # --- lookahead -------------------------------------------------------------------------------
 
 

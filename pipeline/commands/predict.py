@@ -42,13 +42,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8"], help="weights (and KV cache)")
     parser.add_argument(
-        "--method", required=True, choices=["medusa", "eagle", "lookahead", "none"], help="the speculative method"
+        "--method",
+        required=True,
+        choices=["medusa", "eagle", "lookahead", "ngram", "none"],
+        help="the speculative method",
     )
     parser.add_argument("--tree", help=f"draft tree preset for medusa/eagle (default {DEFAULT_TREE})")
     parser.add_argument("--medusa-heads", type=int, help="Medusa heads (default: the tree depth)")
     parser.add_argument("--eagle-dynamic-top-k", type=int, help="EAGLE-2 dynamic tree with this top_k")
     parser.add_argument("--eagle-layers", type=int, default=4, help="EAGLE-2 tree depth (default 4)")
-    parser.add_argument("--max-draft-len", type=int, help="EAGLE-2 nodes verified (default top_k x layers)")
+    parser.add_argument(
+        "--max-draft-len", type=int, help="EAGLE-2 nodes verified (default top_k x layers); NGram's K (default 4)"
+    )
     parser.add_argument("--lookahead", metavar="W,N,G", help=f"Lookahead (W, N, G) (default {DEFAULT_LOOKAHEAD})")
     parser.add_argument(
         "--acceptance-length",
@@ -86,6 +91,11 @@ def drafting_from_args(args: argparse.Namespace):
 
     if args.method == "none":
         return Drafting.plain()
+    if args.method == "ngram":
+        k = args.max_draft_len or 4
+        if k < 1:
+            raise InputError("--max-draft-len must be >= 1")
+        return Drafting.ngram(k)
     if args.method == "lookahead":
         text = args.lookahead or DEFAULT_LOOKAHEAD
         try:
@@ -211,6 +221,6 @@ def error_note(runtime: str, band, source: str) -> str:
     """One line: where the interval comes from, and how far it can be trusted."""
     borrowed = f", borrowed from {band.borrowed_from}" if band.borrowed_from else ""
     return (
-        f"interval: the 10th-90th percentile of {band.residuals} held-out errors of this method "
+        f"interval: the 10th-90th percentile of {band.residuals} held-out errors "
         f"({band.low_error:+.0%} .. {band.high_error:+.0%}{borrowed}); {runtime} profile {source}"
     )

@@ -130,7 +130,15 @@ class Calibration:
     def band(self, method: str) -> ErrorBand:
         if method == methods.PLAIN:
             return EXACT
-        return self.bands[method]
+        if method in self.bands:
+            return self.bands[method]
+        # A method no calibration has fitted (NGram): the widest of the fitted bands, not a narrower guess.
+        return ErrorBand(
+            low_error=min(b.low_error for b in self.bands.values()),
+            high_error=max(b.high_error for b in self.bands.values()),
+            residuals=sum(b.residuals for b in self.bands.values()),
+            borrowed_from=f"every fitted method ({', '.join(sorted(self.bands))}): {method} has no fitted band",
+        )
 
     def interval(self, method: str, point: float) -> SpeedupInterval:
         return self.band(method).interval(point)

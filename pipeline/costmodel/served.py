@@ -70,6 +70,8 @@ def describe(repository: Path) -> dict[str, Any]:
         settings["eagle_dynamic_tree"] = params.eagle_dynamic_tree
         settings["eagle_dynamic_tree_max_top_k"] = params.eagle_dynamic_tree_max_top_k
         settings["num_eagle_layers"] = int(pc.get("num_eagle_layers") or 0)
+    elif method == "ngram" and params.ngram is not None:
+        settings["ngram_max_matching_ngram_size"] = params.ngram.max_matching_ngram_size
     elif method == "lookahead":
         look = params.lookahead
         if look is None:
@@ -96,6 +98,8 @@ def drafting(served: dict[str, Any]) -> Drafting:
         return Drafting.plain()
     if method == "lookahead":
         return Drafting.lookahead(LookaheadConfig(*settings["lookahead"]))
+    if method == "ngram":
+        return Drafting.ngram(settings["max_draft_len"])
     if method == "medusa":
         tree = tuple(tuple(n) for n in settings["medusa_choices"])
         return Drafting.medusa(tree, settings.get("medusa_heads") or None)

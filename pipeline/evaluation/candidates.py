@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pipeline import trees
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
+from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.speculative import Method, engine_mode_method, identity
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod
@@ -29,7 +30,7 @@ SIMILAR_SIZE = 0.5  # fitted trees within +-50% of the spec tree's node count
 @dataclass(frozen=True)
 class Candidate:
     name: str  # e.g. "plain", "lookahead(4,3,4)", "medusa[smollm2_medusa_10]", "eagle2(top_k 4)"
-    method: Method  # none | medusa | eagle | lookahead: what a build of it would be
+    method: Method  # a method's name (pipeline.methods): what a build of it would be
     settings: MethodSettings
     drafting: Drafting  # what the cost model charges for it
     lookahead: LookaheadConfig | None = None  # per-request (w, n, g) on the server's (W, N, G)
@@ -89,8 +90,10 @@ def candidates(
     medusa_tree: trees.Tree | None,
     eagle_tree: trees.Tree | None,
     eagle_top_k: int,
+    ngram: NGramConfig | None = None,
 ) -> list[Candidate]:
-    """Every candidate this engine's weights can serve (see the module docstring)."""
+    """Every candidate this engine's weights can serve (see the module docstring); ``ngram``: the plan's
+    NGram pool, a candidate when the plan decodes with it."""
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     out = [Candidate("plain", "none", MethodSettings(), Drafting.plain(), describe="plain decoding")]
     for config in lookahead_sweep(lookahead):
@@ -105,6 +108,17 @@ def candidates(
                 f"(w, n, g) = ({w}, {n}, {g}) on a ({lookahead.window}, {lookahead.ngram}, "
                 f"{lookahead.verification_set}) server",
                 lookahead.max_draft_len,
+            )
+        )
+    if ngram is not None:
+        out.append(
+            Candidate(
+                f"ngram(k {ngram.max_draft_len}, m {ngram.max_matching_ngram_size})",
+                "ngram",
+                MethodSettings(ngram=ngram),
+                ngram.drafting(),
+                describe=f"NGram, {ngram.max_draft_len} drafts from tails of up to {ngram.max_matching_ngram_size}",
+                max_draft_len=ngram.max_draft_len,
             )
         )
     stage = engine.stage(engine.pp - 1)[0]

@@ -155,6 +155,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             spec.medusa.tree if spec.medusa else None,
             spec.eagle.tree if spec.eagle else None,
             params["eagle_dynamic_top_k"],
+            spec.ngram,
         )
         loaded = [cands.load(engine, candidate) for candidate in listed]
         say(
@@ -289,7 +290,7 @@ def add_predictions(
     )
     for record, candidate in zip(records, listed):
         drafting = candidate.drafting
-        if drafting.method == "lookahead":  # it feeds fewer than (W + G)(N - 1) rows when the pool has no match
+        if drafting.rows_vary:  # Lookahead, NGram: fewer rows than the most when the pool has no match
             drafting = dataclasses.replace(drafting, rows=max(1, math.ceil(record["rows_per_step"])))
         al = min(max(record["mean_acceptance_length"], 1.0), drafting.rows)
         band = calibrated.band(drafting.method)

@@ -1,6 +1,6 @@
 """The speculative-decoding methods, each defined once (:class:`~pipeline.methods.base.MethodDefinition`).
 
-One module per method: ``eagle.py`` (EAGLE-1/2), ``medusa.py``, ``lookahead.py`` and ``plain.py``
+One module per method: ``eagle.py`` (EAGLE-1/2), ``medusa.py``, ``lookahead.py``, ``ngram.py`` and ``plain.py``
 (plain decoding, the baseline). Each holds the method's definition and its plan-time rules; the
 reference runtime's loop for it lives in ``pipeline/runtime/spec_decode/``. Every other module asks
 :func:`definition` (``definition(name).heads``, ``.build_mode``, ``.drafts_tree``, ...) rather than
@@ -11,7 +11,7 @@ comparing method names, so a new method is one more module here, one more entry 
 from __future__ import annotations
 
 from pipeline.errors import InputError
-from pipeline.methods import eagle, lookahead, medusa, plain
+from pipeline.methods import eagle, lookahead, medusa, ngram, plain
 from pipeline.methods.base import MethodDefinition
 
 # Every method, in the order method: auto tries them (the first whose heads are present and that has
@@ -20,6 +20,7 @@ DEFINITIONS: tuple[MethodDefinition, ...] = (
     eagle.DEFINITION,
     medusa.DEFINITION,
     lookahead.DEFINITION,
+    ngram.DEFINITION,
     plain.DEFINITION,
 )
 

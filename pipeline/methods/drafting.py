@@ -41,6 +41,7 @@ class Drafting:
     medusa_heads: int = 0  # Medusa heads run over one row each
     eagle_level_rows: tuple[int, ...] = ()  # drafter rows per request at each tree level
     row_term: RowTerm = ""  # the runtime constant charged per draft row
+    rows_vary: bool = False  # drafts come from a pool: a step feeds fewer rows when it has no match
 
     @property
     def is_plain(self) -> bool:
@@ -77,4 +78,9 @@ class Drafting:
 
     @classmethod
     def lookahead(cls, config: _DraftLength) -> Drafting:
-        return cls("lookahead", 1 + config.max_draft_len, row_term="lookahead_row_s")
+        return cls("lookahead", 1 + config.max_draft_len, row_term="lookahead_row_s", rows_vary=True)
+
+    @classmethod
+    def ngram(cls, max_draft_len: int) -> Drafting:
+        """A chain of up to K drafts looked up in the text; no weights."""
+        return cls("ngram", 1 + max_draft_len, rows_vary=True)

@@ -159,6 +159,16 @@ class EagleConfig:
             problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
         return config
 
+    def triton_parameters(self) -> dict[str, str]:
+        """``eagle_choices`` for a static tree; EAGLE-2 is not exposed by the C++ backend (it ignores
+        unknown keys), so a dynamic tree is the reference backend's ``reference_eagle_*`` parameters."""
+        if not self.dynamic_tree and self.tree is not None:
+            return {"eagle_choices": trees.to_triton_choices(self.tree)}
+        return {
+            "reference_eagle_use_dynamic_tree": "true",
+            "reference_eagle_dynamic_tree_max_top_k": str(self.dynamic_tree_max_top_k),
+        }
+
     def drafting(self) -> Drafting:
         """What a step of this drafter costs beyond the verification pass (EAGLE-2: its dynamic tree)."""
         if self.dynamic_tree or self.tree is None:

@@ -59,7 +59,8 @@ class LookaheadConfig:
         return iter((self.window, self.ngram, self.verification_set))
 
     def triton_parameters(self) -> dict[str, str]:
-        """``{"lookahead_window_size": "W", ...}``: the model-config parameters of these values."""
+        """``{"lookahead_window_size": "W", ...}``: the model-config parameters of these values (all three
+        or the C++ backend throws; equal to the engine's build or it asserts at load, tensorrtllm_backend#710)."""
         return dict(zip(LOOKAHEAD_TRITON_KEYS, map(str, self)))
 
     @property

@@ -97,6 +97,10 @@ class MedusaConfig:
             )
         return cls(num_heads, num_layers, tree, max_draft_len)
 
+    def triton_parameters(self) -> dict[str, str]:
+        """The tensorrt_llm model's ``medusa_choices`` (the compact form Triton takes)."""
+        return {"medusa_choices": trees.to_triton_choices(self.tree)}
+
     def drafting(self) -> Drafting:
         """What a step of these heads costs beyond the verification pass."""
         return Drafting.medusa(self.tree, self.num_heads)

@@ -423,6 +423,14 @@ def _choose_method(
     else:
         chosen, reason = methods.definition(requested), f"method: {requested} set in the spec"
     method = cast(Method, chosen.name)
+    if variant.target not in chosen.targets:
+        here = [d.name for d in methods.definitions() if variant.target in d.targets and d.speculative and not d.heads]
+        problems.error(
+            ("speculative", "method"),
+            f"{chosen.title} runs on target {' or '.join(chosen.targets)} only, not {variant.target}; "
+            f"use method: {' or '.join(here)} there (no extra weights), or target: {chosen.targets[0]}",
+        )
+        return None, None
     heads_dir = None
     if chosen.heads is not None:
         key = chosen.heads.key

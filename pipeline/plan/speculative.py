@@ -19,8 +19,9 @@ from pipeline.methods.drafting import Drafting
 from pipeline.methods.eagle import EagleConfig
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.medusa import MedusaConfig
+from pipeline.methods.ngram import NGramConfig
 
-Method = Literal["medusa", "eagle", "lookahead", "none"]  # the names of pipeline.methods' definitions
+Method = Literal["medusa", "eagle", "lookahead", "ngram", "none"]  # the names of pipeline.methods' definitions
 
 # tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode (an IntFlag, stored in the engine's
 # build_config as its int), by trtllm-build's --speculative_decoding_mode value (None: no speculation).
@@ -84,10 +85,11 @@ class SpeculativeConfig:
     medusa: MedusaConfig | None = None
     eagle: EagleConfig | None = None
     lookahead: LookaheadConfig | None = None
+    ngram: NGramConfig | None = None
 
     @property
     def max_draft_len(self) -> int:
-        for config in (self.medusa, self.eagle, self.lookahead):
+        for config in (self.medusa, self.eagle, self.lookahead, self.ngram):
             if config is not None:
                 return config.max_draft_len
         return 0

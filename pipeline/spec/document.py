@@ -174,8 +174,23 @@ class LookaheadSettings(_Strict):
     """Optional; when given it must equal the value (W, N, G) implies."""
 
 
+class NGramSettings(_Strict):
+    """TensorRT-LLM's NGramDecodingConfig (its defaults, but max_draft_len, which it requires)."""
+
+    max_draft_len: int = Field(4, ge=1, le=256)
+    """K: the most draft tokens a step verifies."""
+    max_matching_ngram_size: int = Field(2, ge=1, le=INT32_MAX)
+    """M: the longest tail of the text looked up in the pool."""
+    is_keep_all: bool = True
+    """Keep every match of a pattern; false: only the longest (the most recent of equal length)."""
+    is_use_oldest: bool = True
+    """Draft the oldest kept match; false: the newest."""
+    is_public_pool: bool = True
+    """One pool for every request; false: a pool per request."""
+
+
 class SpeculativeSpec(_Strict):
-    method: Literal["auto", "best", "medusa", "eagle", "lookahead", "none"] = "auto"
+    method: Literal["auto", "best", "medusa", "eagle", "lookahead", "ngram", "none"] = "auto"
     """auto: EAGLE > Medusa > Lookahead by which heads exist; best: the evaluate stage's measured choice."""
     medusa: MedusaSettings = MedusaSettings()
     """Medusa tree settings (used when the method is medusa)."""
@@ -183,6 +198,8 @@ class SpeculativeSpec(_Strict):
     """EAGLE tree settings (used when the method is eagle)."""
     lookahead: LookaheadSettings = LookaheadSettings()
     """Lookahead (W, N, G) settings (used when the method is lookahead)."""
+    ngram: NGramSettings = NGramSettings()
+    """NGram pool settings (used when the method is ngram; the reference target)."""
 
 
 class CalibrationSpec(_Strict):
@@ -348,9 +365,9 @@ class EvaluationSpec(_Strict):
     """Concurrencies to predict GPU speedups for; the first is the expected one (method: best chooses there)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the reference runtime runs: cpu, or cuda (one GPU, for models too large for a CPU)."""
-    prefer: list[Literal["none", "lookahead", "medusa", "eagle"]] | None = None
+    prefer: list[Literal["none", "lookahead", "ngram", "medusa", "eagle"]] | None = None
     """method: best's tie rule, for candidates whose predicted intervals overlap: the method order to
-    prefer (default none, lookahead, medusa, eagle: the least to maintain first; unlisted methods follow
+    prefer (default none, lookahead, ngram, medusa, eagle: the least to maintain first; unlisted methods follow
     in that order)."""
 
     @field_validator("prefer")

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from pipeline import targets, trees
+from pipeline import targets
 from pipeline.errors import StageError
+from pipeline.methods.ngram import NGRAM_TRITON_KEYS
 from pipeline.plan.speculative import identity
 from pipeline.plan.types import VariantPlan
 from pipeline.triton.backend_reads import parameter_problems
@@ -91,18 +92,9 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
     }
     if not targets.on_gpus(variant.target):  # the GPU backend has no use for it
         params["reference_engine_path"] = packaged_path(engine_dir, repository)
-    if spec.medusa is not None:
-        params["medusa_choices"] = trees.to_triton_choices(spec.medusa.tree)
-    if spec.eagle is not None and spec.eagle.tree is not None:  # a dynamic tree has no choices to send
-        params["eagle_choices"] = trees.to_triton_choices(spec.eagle.tree)
-    if spec.eagle is not None and spec.eagle.dynamic_tree:
-        # EAGLE-2 is not exposed by the C++ backend (it ignores unknown keys); the reference backend reads these.
-        params["reference_eagle_use_dynamic_tree"] = "true"
-        params["reference_eagle_dynamic_tree_max_top_k"] = str(spec.eagle.dynamic_tree_max_top_k)
-    if spec.lookahead is not None:
-        # All three or the backend throws; equal to the engine's build or it asserts at load (#710).
-        look = spec.lookahead
-        params.update(look.triton_parameters())
+    config = getattr(spec, spec.method, None)  # the method's own parameters, as its config says them
+    if config is not None:
+        params.update(config.triton_parameters())
     params.update(lora_parameters(variant, repository))
     check_parameters(params)
     return params
@@ -117,6 +109,7 @@ REFERENCE_PARAMETER_KEYS = frozenset(
         "reference_engine_path",
         "reference_lora_prefetch_path",
         "reference_lora_client_adapters",
+        *NGRAM_TRITON_KEYS,
     }
 )
 

@@ -16,7 +16,7 @@ from pipeline.runtime.serving.metrics import SpecDecodingStats
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
-from tests.runtime.fixtures import LOOKAHEAD, TREE, test_prompts
+from tests.runtime.fixtures import LOOKAHEAD, NGRAM, TREE, test_prompts
 
 
 class Collector:
@@ -45,6 +45,7 @@ METHODS = {
     "eagle": ("eagle", MethodSettings("eagle", eagle_choices=TREE)),
     "eagle2": ("eagle", MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=3)),
     "lookahead": ("lookahead", MethodSettings("lookahead", lookahead=LOOKAHEAD)),
+    "ngram": ("ngram", MethodSettings(ngram=NGRAM)),
 }
 
 

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.methods.ngram import NGramConfig
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.serving.scheduler import Scheduler
@@ -45,7 +46,7 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-SPEC_MODE = {"medusa": 4, "lookahead": 8, "eagle": 32}  # build_config.speculative_decoding_mode (IntFlag)
+SPEC_MODE = {"ngram": 2, "medusa": 4, "lookahead": 8, "eagle": 32}  # build_config.speculative_decoding_mode (IntFlag)
 MODEL = dict(
     vocab_size=96,
     hidden_size=64,
@@ -58,6 +59,7 @@ MODEL = dict(
 )
 MEDUSA_HEADS, EAGLE_LAYERS, EAGLE_MAX_DRAFT = 3, 3, 16
 LOOKAHEAD = LookaheadConfig(4, 3, 4)
+NGRAM = NGramConfig(max_draft_len=4)  # TensorRT-LLM's defaults otherwise: tails of up to 2 tokens
 TREE = CPU_SMALL_10_DEPTH_3
 # The speculative engines' limits: every method's drafts fit, 64 requests may be in flight.
 SPEC_LIMITS = {"max_batch_size": 64, "max_seq_len": 160, "max_num_tokens": 4096}
@@ -285,7 +287,13 @@ def write_engine(
 ) -> Path:
     """A reference engine folder: the converter's checkpoint + the build_config trtllm-build would write
     (``build`` overrides its limits)."""
-    draft = {"medusa": len(TREE), "eagle": EAGLE_MAX_DRAFT, "lookahead": LOOKAHEAD.max_draft_len, None: 0}[method]
+    draft = {
+        "medusa": len(TREE),
+        "eagle": EAGLE_MAX_DRAFT,
+        "lookahead": LOOKAHEAD.max_draft_len,
+        "ngram": NGRAM.max_draft_len,
+        None: 0,
+    }[method]
     out.mkdir(parents=True)
     convert_checkpoint(
         src,

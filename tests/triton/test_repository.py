@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
-from triton_fixtures import fake_engine, make_model_dir, plan_spec, tiny_plan
+from triton_fixtures import TINY_SPEC, fake_engine, make_model_dir, plan_spec, tiny_plan
 from tritonclient.grpc import model_config_pb2
 
 from pipeline import trees
@@ -230,3 +230,23 @@ def test_repository_packaged_before_the_bls_model_is_stale_not_broken(tmp_path):
     shutil.rmtree(out / "tensorrt_llm_bls")
     validate_repository(out)
     assert stale_models(out) == ["tensorrt_llm_bls"]
+
+
+def test_an_ngram_variant_carries_its_pool_settings_to_the_reference_backend(tmp_path):
+    from pipeline.runtime.triton.io import parse_parameters
+
+    text = TINY_SPEC.replace(
+        "  method: lookahead\n",
+        "  method: ngram\n  ngram: {max_draft_len: 3, max_matching_ngram_size: 3, is_public_pool: false}\n",
+    )
+    variant = tiny_plan(tmp_path, text)
+    engine = fake_engine(variant)
+    stage = variant.stage("package")
+    run_stage(stage, lambda out: package.run(variant, stage, out), on_wait=print)
+    _check_against_plan(variant, stage.output, engine)
+    params = _params(_parse_all(stage.output)["tensorrt_llm"])
+    config = {"parameters": {key: {"string_value": value} for key, value in params.items()}}
+    settings = parse_parameters(config, stage.output / "tensorrt_llm").method_settings()
+    # K is the engine's (0 here: read at load); the pool's settings are the spec's
+    assert settings.ngram is not None
+    assert (settings.ngram.max_matching_ngram_size, settings.ngram.public_pool) == (3, False)

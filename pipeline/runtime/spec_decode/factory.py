@@ -7,17 +7,20 @@ and its parameters to a :class:`~pipeline.runtime.spec_decode.base.DecodingMetho
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pipeline import methods, trees
 from pipeline.errors import InputError
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.speculative import TRITON_PLAIN_DECODING_MODES, TRITON_SPECULATIVE_DECODING_MODES, engine_mode_method
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.eagle.decoding import EagleDecoding
 from pipeline.runtime.spec_decode.lookahead import LookaheadDecoding
 from pipeline.runtime.spec_decode.medusa import MedusaDecoding
+from pipeline.runtime.spec_decode.ngram import NGramDecoding
 
 DEFAULT_DYNAMIC_TREE_TOP_K = 10  # the spec's default for speculative.eagle.dynamic_tree_max_top_k
 
@@ -37,6 +40,7 @@ class MethodSettings:
     lookahead: LookaheadConfig | None = None  # the server's (W, N, G)
     eagle_dynamic_tree: bool = False
     eagle_dynamic_tree_max_top_k: int | None = None
+    ngram: NGramConfig | None = None  # the pool's settings (reference_ngram_* parameters)
 
 
 def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> tuple[DecodingMethod, list[str]]:
@@ -51,7 +55,9 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     where = engine.config.folder / "config.json"
     if built == "none":
-        if mode in {d.triton_decoding_mode for d in methods.definitions() if d.speculative}:
+        if mode in {d.triton_decoding_mode for d in methods.definitions() if d.speculative} - set(
+            TRITON_PLAIN_DECODING_MODES
+        ):
             raise InputError(
                 f"decoding_mode {mode}, but {where} has no speculative_decoding_mode: the engine was "
                 f"built without {mode}; rebuild it from a {mode} plan or set decoding_mode top_k_top_p"
@@ -67,7 +73,10 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
             return PlainDecoding(), []
         return PlainDecoding(), [f"decoding_mode {settings.decoding_mode!r} is not valid; using top_k_top_p"]
     warnings = []
-    if mode not in ("", "auto", built):
+    # A method without a decoding_mode of its own (NGram: external draft tokens) is configured with the
+    # plain one; only another mode is overwritten with a warning.
+    own = next((d.triton_decoding_mode for d in methods.definitions() if d.name == built), built)
+    if mode not in ("", "auto", built, own):
         warnings.append(
             f"the engine is built for {built} but decoding_mode is {mode!r}; "
             f"overwriting decoding_mode to {built} (as TensorRT-LLM does)"
@@ -93,6 +102,10 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
                 "eagle_choices parameter is not specified; using the default mc_sim_7b_63 (as TensorRT-LLM does)"
             )
         return EagleDecoding(engine, tree=settings.eagle_choices or trees.MC_SIM_7B_63), warnings
+    if built == "ngram":  # K is the engine's; the pool's settings the server's, else TensorRT-LLM's defaults
+        pool = settings.ngram or NGramConfig(0)
+        k = pool.max_draft_len or engine.config.limits.max_draft_len
+        return NGramDecoding(engine, dataclasses.replace(pool, max_draft_len=k)), warnings
     if built == "lookahead":
         if settings.lookahead is None:
             raise InputError(

@@ -30,6 +30,7 @@ from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.lora.rules import REQUEST_CHECKS
 from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
+from pipeline.methods.ngram import NGRAM_TRITON_KEYS, NGramConfig
 from pipeline.runtime.request import GenerationRequest, LoraRequest, SamplingParams, StepOutput, parse_words_list
 from pipeline.runtime.spec_decode.factory import MethodSettings
 
@@ -52,6 +53,7 @@ class BackendParams:
     # Our own keys (the C++ backend ignores unknown keys; it exposes no EAGLE-2 dynamic tree):
     eagle_dynamic_tree: bool = False  # reference_eagle_use_dynamic_tree
     eagle_dynamic_tree_max_top_k: int | None = None  # reference_eagle_dynamic_tree_max_top_k
+    ngram: NGramConfig | None = None  # reference_ngram_*; max_draft_len 0: the engine's
     decoupled: bool = True
     # The LoRA cache (TensorRT-LLM's PeftCacheConfig): adapters loaded at startup from
     # <lora_prefetch_dir>/<task id>/, and the host cache's size (the reference engine keeps its
@@ -70,6 +72,7 @@ class BackendParams:
             self.lookahead,
             self.eagle_dynamic_tree,
             self.eagle_dynamic_tree_max_top_k,
+            self.ngram,
         )
 
 
@@ -132,6 +135,16 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         except ValueError as exc:
             raise InputError(f"parameter {key}: {exc}") from None
     policy = model_config.get("model_transaction_policy") or {}
+    ngram = None
+    if any(key in values for key in NGRAM_TRITON_KEYS):
+        size_key, keep_key, oldest_key, public_key = NGRAM_TRITON_KEYS
+        ngram = NGramConfig(
+            0,
+            integer(size_key, 2) or 2,
+            boolean(keep_key, True),
+            boolean(oldest_key, True),
+            boolean(public_key, True),
+        )
     return BackendParams(
         engine_dir=engine_dir,
         max_beam_width=integer("max_beam_width", 1) or 1,
@@ -144,6 +157,7 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         num_threads=integer("reference_num_threads", None),
         eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
         eagle_dynamic_tree_max_top_k=integer("reference_eagle_dynamic_tree_max_top_k", None),
+        ngram=ngram,
         decoupled=bool(policy.get("decoupled", False)),
         lora_prefetch_dir=_prefetch_dir(values, model_dir),
         lora_cache_host_memory_bytes=integer("lora_cache_host_memory_bytes", None),
