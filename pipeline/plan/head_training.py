@@ -20,7 +20,7 @@ SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
 # What the heads learn: the target's own top-10 next-token distribution, on every kind of data.
 # Fingerprinted, so heads trained on other labels (the text's tokens, greedy tokens only) retrain.
 LABELS = "target-top-10"
-PROMPTS_DIR = Path(__file__).parent / "data" / "prompts"  # the self-distillation prompts (train files)
+PROMPTS_DIR = Path(__file__).parents[1] / "data" / "prompts"  # the self-distillation prompts (train files)
 
 
 class _Problems(Protocol):
