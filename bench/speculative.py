@@ -1,7 +1,7 @@
-"""Speculative decoding on SmolLM2 through the reference backend: plain vs Medusa, EAGLE, EAGLE-2, Lookahead.
+"""Speculative decoding on SmolLM2 through the reference backend: plain vs Medusa, EAGLE, EAGLE-2, Lookahead, NGram.
 
     .venv/bin/python bench/speculative.py [--dtype bfloat16] [--medusa-tree PRESET] [--eagle-tree PRESET]
-        [--lookahead W,N,G]
+        [--lookahead W,N,G] [--ngram K,M]
         [--sets code chat] [--batch 1 4] [--prompts 10] [--new-tokens 64] [--methods ...]
 
 In one process: builds the three SmolLM2 engines through the pipeline (``specs/smollm2-{medusa,eagle,
@@ -10,9 +10,13 @@ a build-time setting; up-to-date stages are skipped), then for each prompt set
 (pipeline/data/prompts/{code,chat}_eval.jsonl) and each batch size (requests in flight) decodes the
 same prompts greedily with every method through the scheduler and reports tokens/s, speedup over
 plain decoding, mean acceptance length and per-position acceptance (metrics.py has the
-definitions). Writes bench/out/speculative.{json,md,png}. Not a test: the numbers depend on the
-machine and its load; tokens per CPU-second (this thread's CPU time, torch on 1 thread) is reported
-next to wall-clock tokens/s because it is what the rate would be on an idle machine.
+definitions). NGram (prompt lookup, TensorRT-LLM's NGramDecodingConfig: K draft tokens, patterns of up
+to M tokens) needs no weights of its own: it runs on a view of the Lookahead engine's weights with an
+NGram build config (pipeline/evaluation/candidates.py engine_as), beside Lookahead and plain decoding.
+With --methods, only the engines those methods need are built. Writes bench/out/speculative.{json,md,png}.
+Not a test: the numbers depend on the machine and its load; tokens per CPU-second (this thread's CPU
+time, torch on 1 thread) is reported next to wall-clock tokens/s because it is what the rate would be
+on an idle machine.
 
 Every method's output is compared with plain decoding: identical, or (bfloat16 engines) different
 only from a near-tie of plain decoding on (pipeline/runtime/spec_decode/exactness.py).
@@ -41,7 +45,9 @@ sys.path.insert(0, str(REPO))
 from pipeline import trees
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.evaluation.candidates import engine_as
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.planner import make_plan
 from pipeline.plan.types import OutputRoots, VariantPlan
 from pipeline.runtime.model.engine import Engine
@@ -358,21 +364,25 @@ def run(
         tally.outputs.append(out.tokens)
 
 
-def load_methods(built: dict[str, Built], eagle2_top_k: int) -> dict[str, tuple[Engine, DecodingMethod]]:
+def load_methods(
+    built: dict[str, Built], eagle2_top_k: int, ngram: NGramConfig
+) -> dict[str, tuple[Engine, DecodingMethod]]:
     """Plain decoding and each method with the settings its engine was built for (plain decoding runs
-    on the Lookahead engine, which holds no heads), EAGLE-2 on the EAGLE engine."""
+    on the Lookahead engine, which holds no heads), EAGLE-2 on the EAGLE engine, NGram on a view of the
+    Lookahead engine's weights built for external draft tokens with max_draft_len K (engine_as)."""
     engines = {kind: Engine.load(b.engine_dir) for kind, b in built.items()}
+    engines["ngram"] = engine_as(engines["lookahead"], "ngram", ngram.max_draft_len)
     spec = {kind: b.variant.speculative for kind, b in built.items()}
-    look = spec["lookahead"].lookahead
-    settings = {
-        "medusa": MethodSettings("medusa", medusa_choices=spec["medusa"].medusa.tree),
-        "eagle": MethodSettings("eagle", eagle_choices=spec["eagle"].eagle.tree),
-        "eagle2": MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=eagle2_top_k),
-        "lookahead": MethodSettings("lookahead", lookahead=look),
-    }
+    settings = {"lookahead": MethodSettings("lookahead", lookahead=spec["lookahead"].lookahead)}
+    if "medusa" in built:
+        settings["medusa"] = MethodSettings("medusa", medusa_choices=spec["medusa"].medusa.tree)
+    if "eagle" in built:
+        settings["eagle"] = MethodSettings("eagle", eagle_choices=spec["eagle"].eagle.tree)
+        settings["eagle2"] = MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=eagle2_top_k)
+    settings["ngram"] = MethodSettings(ngram=ngram)
     methods: dict[str, tuple[Engine, DecodingMethod]] = {"plain": (engines["lookahead"], PlainDecoding())}
     for name, setting in settings.items():
-        engine = engines[setting.decoding_mode]
+        engine = engines[setting.decoding_mode or name]
         methods[name] = (engine, make_method(engine, setting)[0])
     return methods
 
@@ -437,10 +447,16 @@ def main() -> int:
     )
     parser.add_argument("--lookahead", metavar="W,N,G", help="build the Lookahead engine for this (W, N, G)")
     parser.add_argument(
+        "--ngram",
+        metavar="K,M",
+        default="4,2",
+        help="NGram max_draft_len K and max_matching_ngram_size M (on the Lookahead engine's weights)",
+    )
+    parser.add_argument(
         "--methods",
         nargs="+",
-        choices=["medusa", "eagle", "eagle2", "lookahead"],
-        help="only these (and plain decoding); default: all",
+        choices=["medusa", "eagle", "eagle2", "lookahead", "ngram"],
+        help="only these (and plain decoding; the engines they need are built); default: all",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
     parser.add_argument("--replot", action="store_true", help="only rewrite the .md/.png from speculative.json")
@@ -450,12 +466,16 @@ def main() -> int:
         return 0
     torch.set_num_threads(args.threads)
     overrides = Overrides.from_args(args)
-    built = {kind: build(kind, overrides) for kind in ("medusa", "eagle", "lookahead")}
+    k, m = (int(v) for v in args.ngram.split(","))
+    ngram = NGramConfig(k, m)
+    wanted = set(args.methods or ("medusa", "eagle", "eagle2", "lookahead", "ngram"))
+    kinds = [kind for kind in ("medusa", "eagle") if kind in {w.rstrip("2") for w in wanted}] + ["lookahead"]
+    built = {kind: build(kind, overrides) for kind in kinds}
     spec = {kind: b.variant.speculative for kind, b in built.items()}
-    methods = load_methods(built, args.eagle2_top_k)
+    methods = load_methods(built, args.eagle2_top_k, ngram)
     engines = {kind: methods[kind][0] for kind in built}
     described: dict[str, str] = {}
-    for tree in args.extra_trees:  # medusa_choices / eagle_choices are runtime knobs: same engines
+    for tree in args.extra_trees if "medusa" in built and "eagle" in built else ():  # runtime knobs: same engines
         methods[f"medusa[{tree}]"] = (
             engines["medusa"],
             make_method(engines["medusa"], MethodSettings("medusa", medusa_choices=trees.resolve_tree(tree)))[0],
@@ -475,11 +495,15 @@ def main() -> int:
     look = spec["lookahead"].lookahead
     described |= {
         "plain": "PlainDecoding",
-        "medusa": f"medusa_choices {tree_name(spec['medusa'].medusa.tree)}",
-        "eagle": f"eagle_choices {tree_name(spec['eagle'].eagle.tree)}",
-        "eagle2": f"dynamic tree, top_k {args.eagle2_top_k}, at most {methods['eagle2'][1].max_draft_len} nodes",
         "lookahead": f"(W, N, G) = ({look.window}, {look.ngram}, {look.verification_set})",
+        "ngram": f"(K, M) = ({k}, {m}), keep_all, use_oldest, public pool, on the Lookahead engine's weights",
     }
+    if "medusa" in built:
+        described["medusa"] = f"medusa_choices {tree_name(spec['medusa'].medusa.tree)}"
+    if "eagle" in built:
+        described["eagle"] = f"eagle_choices {tree_name(spec['eagle'].eagle.tree)}"
+        top_k, nodes = args.eagle2_top_k, methods["eagle2"][1].max_draft_len
+        described["eagle2"] = f"dynamic tree, top_k {top_k}, at most {nodes} nodes"
     results: dict = {
         "settings": vars(args),
         "heads": {k: b.heads for k, b in built.items()},
@@ -502,6 +526,10 @@ def main() -> int:
             # Interleaved: each group of `batch` prompts runs with every method before the next group,
             # so a change in the host's speed during the run hits every method alike.
             tallies = {name: Tally() for name in methods}
+            if "ngram" in methods:  # its public pool starts empty in every cell: the cells repeat the same
+                # prompts, and a pool that had seen their outputs would draft them whole
+                view = methods["ngram"][0]
+                methods["ngram"] = (view, make_method(view, MethodSettings(ngram=ngram))[0])
             for first in range(0, len(prompts), batch):
                 for name, (engine, method) in methods.items():
                     run(
