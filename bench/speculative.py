@@ -475,16 +475,12 @@ def main() -> int:
     methods = load_methods(built, args.eagle2_top_k, ngram)
     engines = {kind: methods[kind][0] for kind in built}
     described: dict[str, str] = {}
-    for tree in args.extra_trees if "medusa" in built and "eagle" in built else ():  # runtime knobs: same engines
-        methods[f"medusa[{tree}]"] = (
-            engines["medusa"],
-            make_method(engines["medusa"], MethodSettings("medusa", medusa_choices=trees.resolve_tree(tree)))[0],
-        )
-        methods[f"eagle[{tree}]"] = (
-            engines["eagle"],
-            make_method(engines["eagle"], MethodSettings("eagle", eagle_choices=trees.resolve_tree(tree)))[0],
-        )
-        described.update({f"medusa[{tree}]": f"medusa_choices {tree}", f"eagle[{tree}]": f"eagle_choices {tree}"})
+    for tree in args.extra_trees:  # medusa_choices / eagle_choices are runtime knobs: same engines
+        for kind in ("medusa", "eagle"):
+            if kind in built:
+                setting = MethodSettings(kind, **{f"{kind}_choices": trees.resolve_tree(tree)})
+                methods[f"{kind}[{tree}]"] = (engines[kind], make_method(engines[kind], setting)[0])
+                described[f"{kind}[{tree}]"] = f"{kind}_choices {tree}"
     per_request: dict[str, LookaheadConfig] = {}
     for text in args.extra_lookahead:  # Triton's per-request lookahead_* inputs, same engine and server
         w, n, g = (int(v) for v in text.split(","))
