@@ -13,7 +13,7 @@ from pipeline import methods
 from pipeline.errors import InputError
 from pipeline.evaluation.choose import preference
 from pipeline.lora.rules import speculative_refusal
-from pipeline.plan.speculative import Method, engine_mode_method, identity
+from pipeline.plan.speculative import Method, engine_mode_method
 from pipeline.spec.document import SpeculativeSpec
 
 
@@ -53,7 +53,7 @@ def test_unknown_method_is_one_line_naming_the_known_ones():
 def test_identity_round_trips_through_the_engine_mode():
     # the build mode in an engine's config.json names the method it was built for
     for d in methods.definitions():
-        assert engine_mode_method(identity(d.name).engine_mode) == d.name
+        assert engine_mode_method(d.engine_mode) == d.name
 
 
 def test_a_new_method_is_one_definition(monkeypatch):
@@ -71,7 +71,7 @@ def test_a_new_method_is_one_definition(monkeypatch):
     )
     monkeypatch.setattr(methods, "DEFINITIONS", (*methods.DEFINITIONS, sa))
     assert methods.definition("sa") is sa
-    assert engine_mode_method(identity("sa").engine_mode) == "sa"  # the engine's mode names it
+    assert engine_mode_method(sa.engine_mode) == "sa"  # the engine's mode names it
     assert preference(None)[:4] == ("none", "lookahead", "ngram", "sa")  # best's tie-break by upkeep
     assert speculative_refusal("sa").startswith("SA;")  # the shared LoRA engine's refusal
 

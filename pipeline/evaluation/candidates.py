@@ -15,11 +15,11 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-from pipeline import trees
+from pipeline import methods, trees
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 from pipeline.methods.ngram import NGramConfig
-from pipeline.plan.speculative import Method, engine_mode_method, identity
+from pipeline.plan.speculative import Method, engine_mode_method
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
@@ -48,7 +48,9 @@ class Loaded:
 def engine_as(engine: Engine, method: Method, max_draft_len: int) -> Engine:
     """The same weights with the build config of a ``method`` engine (shallow: nothing is copied)."""
     limits = dataclasses.replace(
-        engine.config.limits, speculative_decoding_mode=identity(method).engine_mode, max_draft_len=max_draft_len
+        engine.config.limits,
+        speculative_decoding_mode=methods.definition(method).engine_mode,
+        max_draft_len=max_draft_len,
     )
     view = copy.copy(engine)
     view.config = dataclasses.replace(engine.config, limits=limits)

@@ -26,6 +26,17 @@ if TYPE_CHECKING:
 
 TARGETS = ("tensorrt", "reference")  # every target the project deploys to (spec.target)
 
+# tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode (an IntFlag, stored in the engine's
+# build_config as its int), by trtllm-build's --speculative_decoding_mode value (None: no speculation).
+SPECULATIVE_DECODING_MODES: dict[str | None, int] = {
+    None: 1,  # NONE
+    "draft_tokens_external": 2,
+    "medusa": 4,
+    "lookahead_decoding": 8,
+    "explicit_draft_tokens": 16,
+    "eagle": 32,
+}
+
 
 class Problems(Protocol):
     """Where a method's ``resolve`` reports: errors at a spec key path, notes for the plan."""
@@ -78,6 +89,11 @@ class MethodDefinition:
     def speculative(self) -> bool:
         """Whether it drafts tokens at all (plain decoding does not)."""
         return self.build_mode is not None
+
+    @property
+    def engine_mode(self) -> int:
+        """build_config.speculative_decoding_mode in the engine's config.json."""
+        return SPECULATIVE_DECODING_MODES[self.build_mode]
 
 
 def tp_problem(arch: ModelGeometry, tp: int) -> str | None:

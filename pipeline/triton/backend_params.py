@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from pipeline import targets
+from pipeline import methods, targets
 from pipeline.errors import StageError
 from pipeline.methods.ngram import NGRAM_TRITON_KEYS
-from pipeline.plan.speculative import identity
 from pipeline.plan.types import VariantPlan
 from pipeline.triton.backend_reads import parameter_problems
 
@@ -87,7 +86,7 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
         "exclude_input_in_output": "true",
         "enable_chunked_context": "false",
         "gpu_device_ids": ",".join(str(i) for i in gpu_device_ids(variant)),
-        "decoding_mode": identity(spec.method).triton_decoding_mode,
+        "decoding_mode": methods.definition(spec.method).triton_decoding_mode,
         **GUIDED_DECODING_UNSET,
     }
     if not targets.on_gpus(variant.target):  # the GPU backend has no use for it

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.plan.speculative import SPECULATIVE_DECODING_MODES
+from pipeline.methods.base import SPECULATIVE_DECODING_MODES
 from pipeline.plan.types import VariantPlan
 from pipeline.trtllm import TRTLLM_SERIES, TRTLLM_VERSION
 from pipeline.trtllm.build_command import TIMING_CACHE, checkpoint_architecture

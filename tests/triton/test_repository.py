@@ -12,9 +12,8 @@ from google.protobuf import text_format
 from triton_fixtures import TINY_SPEC, fake_engine, make_model_dir, plan_spec, tiny_plan
 from tritonclient.grpc import model_config_pb2
 
-from pipeline import trees
+from pipeline import methods, trees
 from pipeline.errors import InputError, StageError
-from pipeline.plan.speculative import identity
 from pipeline.stages import package
 from pipeline.stages.runner import run_stage
 from pipeline.triton import pbtxt
@@ -60,7 +59,7 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
         group = variant.stage("package").inputs["lora"].parent.name  # the group's engine folder
         assert params["lora_prefetch_dir"] == f"{variant.deploy.mount_path}/engines/{group}/lora"
     assert params["max_beam_width"] == "1"
-    assert params["decoding_mode"] == identity(variant.method).triton_decoding_mode
+    assert params["decoding_mode"] == methods.definition(variant.method).triton_decoding_mode
     assert params["batch_scheduler_policy"] == variant.serving.batch_scheduler_policy
     assert float(params["kv_cache_free_gpu_mem_fraction"]) == variant.serving.kv_cache_free_gpu_mem_fraction
     ids = [int(i) for i in params["gpu_device_ids"].split(",")]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline import methods
-from pipeline.plan.speculative import SPECULATIVE_DECODING_MODES as SPECULATIVE_DECODING_MODE
+from pipeline.methods.base import SPECULATIVE_DECODING_MODES as SPECULATIVE_DECODING_MODE
 from pipeline.trtllm.flags import TABLE_FILE, argv_problems, flag, load_flags, plan_owned, table_version
 
 # Flags older TensorRT-LLM had and 1.x removed (tensorrt_llm/commands/build.py @ 65f1d153); emitting one
