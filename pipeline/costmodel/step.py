@@ -25,6 +25,7 @@ from pipeline.costmodel import hardware
 from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.geometry import ModelGeometry
+from pipeline.methods.drafting import Drafting
 
 Dtype = Literal["bfloat16", "fp8"]
 DTYPE_BYTES = {"bfloat16": 2, "fp8": 1}
@@ -61,6 +62,13 @@ class Deployment:
         )
 
 
+# What each per-draft-row constant prices, as a step's parts name it.
+ROW_PARTS: dict[str, str] = {
+    "tree_row_s": "tree mask and acceptance",
+    "lookahead_row_s": "lookahead mask and n-gram pool",
+}
+
+
 @dataclass
 class StepCost:
     """Seconds per part of one step; ``total_s`` is their sum."""
@@ -73,6 +81,13 @@ class StepCost:
     @property
     def total_s(self) -> float:
         return sum(self.parts.values())
+
+    def add_draft_rows(self, drafting: Drafting, k: RuntimeProfile, batch: int) -> None:
+        """The runtime's work per draft row the method names (tree mask and acceptance, Lookahead's
+        pool), when the profile charges any: the same in both step models."""
+        per_row = getattr(k, drafting.row_term) if drafting.row_term else 0.0
+        if per_row:
+            self.add(ROW_PARTS[drafting.row_term], per_row * batch * (drafting.rows - 1))
 
 
 def attention_flops(d: Deployment, batch: int, rows: int, layers: int) -> float:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pipeline.costmodel.gemm_probe import Gemms, eagle_level_gemms, gemm_shapes, medusa_gemms, target_gemms
 from pipeline.costmodel.step import Deployment, StepCost, attention_flops
-from pipeline.methods.drafting import ROW_PARTS, Drafting
+from pipeline.methods.drafting import Drafting
 
 
 def pass_s(d: Deployment, gemms: Gemms, attention: float = 0.0) -> float:
@@ -78,14 +78,11 @@ def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     k = d.constants()
     plain = drafting.is_plain
     cost = target_step(d, batch, drafting.rows, 1 if plain else drafting.rows)
-    drafts = batch * (drafting.rows - 1)
     if drafting.medusa_heads:
         cost.add("medusa heads", pass_s(d, medusa_gemms(drafting.medusa_heads, batch)))
     if drafting.eagle_level_rows:
         for rows, logit_rows in drafting.eagle_levels():
             gemms = eagle_level_gemms(batch * rows, batch * logit_rows)
             cost.add("eagle drafter", pass_s(d, gemms, attention_flops(d, batch, rows, 1)) + k.level_s)
-    per_row = getattr(k, drafting.row_term) if drafting.row_term else 0.0
-    if per_row:
-        cost.add(ROW_PARTS[drafting.row_term], per_row * drafts)
+    cost.add_draft_rows(drafting, k, batch)
     return cost

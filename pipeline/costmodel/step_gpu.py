@@ -44,7 +44,7 @@ from pipeline.costmodel.hardware import GpuPerf
 from pipeline.costmodel.profile import RuntimeProfile
 from pipeline.costmodel.step import ACTIVATION_BYTES, DTYPE_BYTES, Deployment, StepCost, attention_flops
 from pipeline.geometry import ModelGeometry
-from pipeline.methods.drafting import ROW_PARTS, Drafting
+from pipeline.methods.drafting import Drafting
 
 
 def roofline_s(
@@ -135,14 +135,11 @@ def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     plain = drafting.is_plain
     cost = target_step(d, batch, drafting.rows, logit_rows=1 if plain else drafting.rows)
     k = d.constants()
-    drafts = batch * (drafting.rows - 1)
     if drafting.medusa_heads:
         cost.add("medusa heads", medusa_heads_s(d, batch, drafting.medusa_heads))
     if drafting.eagle_level_rows:
         for rows, logit_rows in drafting.eagle_levels():
             cost.add("eagle drafter", eagle_level_s(d, batch, rows, logit_rows))
         cost.add("eagle level launches", len(drafting.eagle_level_rows) * (k.level_s + k.host_layer_s))
-    per_row = getattr(k, drafting.row_term) if drafting.row_term else 0.0
-    if per_row:
-        cost.add(ROW_PARTS[drafting.row_term], per_row * drafts)
+    cost.add_draft_rows(drafting, k, batch)
     return cost

@@ -21,10 +21,6 @@ from pipeline import trees
 
 # The runtime constant charged per draft row (pipeline.costmodel.profile.RuntimeProfile), by the work it prices.
 RowTerm = Literal["", "tree_row_s", "lookahead_row_s"]
-ROW_PARTS: dict[str, str] = {
-    "tree_row_s": "tree mask and acceptance",
-    "lookahead_row_s": "lookahead mask and n-gram pool",
-}
 
 
 class _DraftLength(Protocol):
