@@ -11,16 +11,8 @@ from pipeline.plan.types import Plan, VariantPlan
 
 
 def _speculative_line(variant: VariantPlan) -> str:
-    spec = variant.speculative
-    if spec.medusa:
-        return f"medusa: {spec.medusa.num_heads} heads, {len(spec.medusa.tree or ())}-node tree"
-    if spec.eagle:
-        tree = "dynamic (EAGLE-2)" if spec.eagle.dynamic_tree else f"{len(spec.eagle.tree or ())}-node tree"
-        return f"eagle: {spec.eagle.num_eagle_layers} layers, {tree}"
-    if spec.lookahead:
-        la = spec.lookahead
-        return f"lookahead: W={la.window} N={la.ngram} G={la.verification_set}"
-    return "none"
+    config = variant.speculative.config
+    return "none" if config is None else config.describe()
 
 
 def _needs(resources: StageResources | None) -> str:
