@@ -30,11 +30,12 @@ ROWS = (
         ("convert", "TRT-LLM checkpoint,\nTP/PP shards + heads", False, "#e6f4ea"),
     ),
     (
+        ("checkpoint", "target pytorch: the HF\ncheckpoint, no engine", True, "#fdf1e0"),
         ("evaluate", "every method measured\non CPU, one chosen", True, "#fdf1e0"),
         ("build", "engines with in-flight\nbatching (trtllm-build)", False, "#e6f4ea"),
         ("lora", "a shared engine's\nadapters, per task id", True, "#fdf1e0"),
-        ("package", "Triton model repository\n(ensemble, BLS, ...)", False, "#e6f4ea"),
-        ("tritonserver", "GPU: TensorRT-LLM\nCPU: reference backend", False, "#ede7f6"),
+        ("package", "Triton repository, or\ntrtllm-serve's options", False, "#e6f4ea"),
+        ("serve", "tritonserver or\ntrtllm-serve", False, "#ede7f6"),
     ),
 )
 BOX_W, BOX_H, GAP_X, GAP_Y = 2.3, 1.15, 0.55, 0.9
@@ -82,7 +83,8 @@ def draw(out: Path) -> None:
         width / 2,
         -0.45,
         "dashed: stages a variant runs only when its spec asks (adapters, heads.<method>.train, FP8, evaluation:,"
-        " serving.lora: shared); each stage's output is atomic and fingerprinted under engines/<variant>/",
+        " serving.lora: shared, target pytorch); each stage's output is atomic and fingerprinted under"
+        " engines/<variant>/",
         ha="center",
         va="center",
         fontsize=8.3,

@@ -73,7 +73,7 @@ def test_a_new_method_is_one_definition(monkeypatch):
     assert methods.definition("sa") is sa
     assert engine_mode_method(sa.engine_mode) == "sa"  # the engine's mode names it
     assert preference(None)[:4] == ("none", "lookahead", "ngram", "sa")  # best's tie-break by upkeep
-    assert speculative_refusal("sa").startswith("SA;")  # the shared LoRA engine's refusal
+    assert speculative_refusal("sa", "tensorrt").startswith("SA;")  # the shared LoRA engine's refusal
 
 
 def test_the_spec_targets_are_the_defined_targets():

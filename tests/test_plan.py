@@ -120,7 +120,7 @@ def test_ngram_plans_on_the_reference_target_as_external_draft_tokens(plan_of, t
 
 def test_ngram_on_the_engine_target_is_refused_with_what_runs_there(problems_of):
     message = problems_of(PRESET_8B + "speculative: {method: ngram}\n")
-    assert "NGram runs on target reference only, not tensorrt; use method: lookahead there" in message
+    assert "NGram runs on target reference or pytorch only, not tensorrt; use method: lookahead there" in message
 
 
 # --- lookahead -------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def test_bad_yaml_is_one_line_with_position(write_spec):
 
 def test_wrong_type_and_literal(write_spec):
     path = write_spec(BASE + "target: gpu\n")
-    assert "target: must be one of 'tensorrt' or 'reference' (got 'gpu')" in error_of(path)
+    assert "target: must be one of 'tensorrt', 'reference' or 'pytorch' (got 'gpu')" in error_of(path)
     path = write_spec(BASE + "serving: {decoupled: 'yes'}\n", "b.yaml")
     assert "serving.decoupled: must be true or false" in error_of(path)
 

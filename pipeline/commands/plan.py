@@ -37,12 +37,18 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def plan_with_commands(plan: Plan) -> dict:
-    """The plan plus, per variant, the exact trtllm-build and GPU launch argv it implies."""
+    """The plan plus, per variant, the exact trtllm-build and GPU launch argv it implies (trtllm-serve's on
+    the PyTorch backend)."""
+    from pipeline import targets
+    from pipeline.llm_api.deployment import launch_argv
     from pipeline.triton.launch_gpu import gpu_launch_argv
     from pipeline.trtllm.build_command import trtllm_build_argv
 
     body = json.loads(plan.to_json())
     for data, variant in zip(body["variants"], plan.variants):
+        if not targets.definition(variant.target).builds_engines:
+            data["commands"] = {"trtllm_serve": launch_argv(variant)}
+            continue
         data["commands"] = {
             "trtllm_build": trtllm_build_argv(
                 variant, variant.stage("convert").output, variant.stage("build").output, visible_gpus=None

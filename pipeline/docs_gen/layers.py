@@ -37,7 +37,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("the reference runtime", ("runtime",)),
-    ("serving contracts", ("client", "triton", "trtllm")),
+    ("serving contracts", ("client", "triton", "trtllm", "llm_api")),
     ("the cost model", ("costmodel",)),
     ("checkpoints and quantization", ("checkpoint", "quantize", "embedded")),
     ("heads and fine-tunes", ("heads", "finetune")),

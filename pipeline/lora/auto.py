@@ -56,7 +56,7 @@ from pipeline.fleet.lora_decision import (
 from pipeline.geometry import ModelGeometry
 from pipeline.lora.group import base_key, hf_modules
 from pipeline.lora.memory import LoraCacheSize, cache_size
-from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM
+from pipeline.lora.rules import BFLOAT16_REFUSAL, HF_TO_TRTLLM, speculative_refusal
 from pipeline.lora.types import AutoDecision
 from pipeline.plan.adapters import AdapterConfig, check_adapter_folder
 from pipeline.plan.memory import BYTES_PER_ELEMENT, GIB, RESERVE_FRACTION
@@ -101,8 +101,8 @@ def decide_family(
         why = "TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine"
         choices = [_fixed(t, plans, "", merged_only=why) for t in tunes]
         return AutoDecision(base.name, tuple(choices), None, rule)
-    if base.speculative.method not in ("auto", methods.PLAIN):  # the group's engine is the base's: it decodes plainly
-        method = base.speculative.method
+    method = base.speculative.method
+    if method != "auto" and speculative_refusal(method, base_plan.target):  # the group's engine is the base's
         rule = (
             f"every auto fine-tune merged: the base runs speculative.method {method}, and the LoRA engine it "
             "would become runs no speculative method; set the base's speculative.method to auto or none to "
@@ -136,7 +136,7 @@ def decide_family(
             FineTune(
                 t.name,
                 slot_gib,
-                shared_speedup(deployment, LoraLoad(load.rank, load.modules, mixed), concurrency),
+                _shared_speedup(engine, deployment, LoraLoad(load.rank, load.modules, mixed), concurrency),
                 merged,
                 t.traffic.share,
                 t.serving.lora,
@@ -217,6 +217,17 @@ def _load(spec: Spec, variant: VariantSpec, num_layers: int, weights_present: bo
     order = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     modules = tuple(m for m in order if m in hf_modules(config, num_layers))
     return _Load(max([config.r, *config.rank_pattern.values()]), modules)
+
+
+def _shared_speedup(engine: VariantPlan, deployment: Deployment, load: LoraLoad, concurrency: int) -> float:
+    """A fine-tune's predicted speedup on the shared engine: plain decoding plus its LoRA parts, or, where
+    the target speculates on a LoRA engine, the engine's method with the LoRA parts on every row it feeds,
+    at the method's published acceptance (one shared draft: the adapters change the target only)."""
+    if not methods.is_speculative(engine.speculative.method):
+        return shared_speedup(deployment, load, concurrency)
+    drafting = engine.speculative.drafting()
+    acceptance = min(max(methods.definition(engine.speculative.method).prior_acceptance, 1.0), drafting.rows)
+    return predict(deployment, drafting, acceptance, [concurrency], lora=load)[0].speedup
 
 
 def _measured_acceptance(plan: VariantPlan) -> float | None:

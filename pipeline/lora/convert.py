@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
 from pipeline.checkpoint.lora import Adapter, check_adapter_values, check_against_base, open_adapter
 from pipeline.errors import InputError
 from pipeline.lora.rules import FLOAT16_MAX, HF_TO_TRTLLM, MODULE_IDS, PREFETCH_FILES
+from pipeline.plan.adapters import CONFIG_FILE, WEIGHT_FILES, AdapterConfig
 
 _MODULE = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp)\.([a-z_]+)\.weight")
 NP_DTYPES = {"float32": np.float32, "float16": np.float16}  # numpy has no bfloat16
@@ -78,6 +81,25 @@ def convert_adapter(folder: Path, dtype: str = "float32", base: Path | None = No
         return _convert(adapter, dtype)
     finally:
         adapter.close()
+
+
+def copy_peft_adapter(folder: Path, base: Path | None, out: Path) -> AdapterConfig:
+    """Check a PEFT folder as :func:`convert_adapter` does and write it to ``out`` as the LLM API loads
+    it (``LoRARequest(lora_path=...)``, PEFT's own layout): ``adapter_config.json`` as given and the
+    tensors re-saved as ``adapter_model.safetensors`` (an ``adapter_model.bin`` read safely is never
+    handed to a server that would unpickle it)."""
+    adapter = open_adapter(folder)
+    try:
+        check_adapter_values(adapter)
+        if base is not None:
+            check_against_base(adapter, open_hf_checkpoint(base))
+        tensors = {name: adapter.read(name).contiguous() for name in adapter.source.names()}
+    finally:
+        adapter.close()
+    out.mkdir(parents=True)
+    shutil.copyfile(folder / CONFIG_FILE, out / CONFIG_FILE)
+    save_file(tensors, str(out / WEIGHT_FILES[0]))
+    return adapter.config
 
 
 def _convert(adapter: Adapter, dtype: str) -> RuntimeLora:

@@ -100,6 +100,8 @@ def check_shared_variant(spec: Spec, variant: VariantSpec, problems: _Problems) 
     if not targets.definition(variant.target).lora_on_bfloat16 and variant.model.dtype == "bfloat16":
         problems.error(("serving", "lora"), f"shared on a bfloat16 engine: {BFLOAT16_REFUSAL}")
     method = variant.speculative.method
+    if method == "auto" and targets.definition(variant.target).lora_speculative_methods:
+        return variant  # auto chooses among the methods the target runs on a LoRA engine
     if method == "auto":
         problems.note(
             "serving.lora shared: speculative.method auto resolves to none: TensorRT-LLM 1.2.1's engine flow "
@@ -107,7 +109,7 @@ def check_shared_variant(spec: Spec, variant: VariantSpec, problems: _Problems) 
             "'Many fine-tunes on one engine')"
         )
         return variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
-    refusal = speculative_refusal(method)
+    refusal = speculative_refusal(method, variant.target)
     if refusal is not None:
         problems.error(("speculative", "method"), f"{method} with serving.lora shared: {refusal}")
     return variant

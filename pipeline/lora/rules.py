@@ -47,7 +47,7 @@ resolved here, these are the 1.2-era versions of the files in the public index):
 
 from __future__ import annotations
 
-from pipeline import methods
+from pipeline import methods, targets
 
 # tensorrt_llm/lora_manager.py LoraManager.LORA_MODULE_IDS (the decoder modules of a Llama).
 MODULE_IDS: dict[str, int] = {
@@ -127,23 +127,29 @@ BFLOAT16_REFUSAL = (
 )
 
 
-def speculative_refusal(method: str) -> str | None:
-    """Why a shared LoRA engine cannot use ``method`` in TensorRT-LLM 1.2.1, or None (plain decoding).
+def speculative_refusal(method: str, target: str) -> str | None:
+    """Why a shared LoRA engine of ``target`` cannot use ``method``, or None (it can, or plain decoding).
 
-    >>> speculative_refusal("none") is None
+    The engine flow (TensorRT-LLM 1.2.1) combines the LoRA plugin with no speculative mode; the PyTorch
+    backend applies the adapters to the target while it speculates with one shared draft
+    (:attr:`pipeline.targets.base.TargetDefinition.lora_speculative_methods`).
+
+    >>> speculative_refusal("none", "tensorrt") is None
     True
-    >>> speculative_refusal("eagle").startswith("EAGLE")
+    >>> speculative_refusal("eagle", "tensorrt").startswith("EAGLE")
+    True
+    >>> speculative_refusal("ngram", "pytorch") is None
     True
     """
-    if method == "plain":
-        return None
     what = methods.definition(method).lora_refusal
-    if what is None:
+    if what is None or method in targets.definition(target).lora_speculative_methods:
         return None
+    elsewhere = [t.name for t in targets.definitions() if method in t.lora_speculative_methods]
+    on = f"target: {' or '.join(elsewhere)} (adapted target, one shared draft), " if elsewhere else ""
     return (
         f"{what}; TensorRT-LLM 1.2.1's engine flow has no test, example or document combining the LoRA "
         "plugin with speculative decoding (NVIDIA/TensorRT-LLM#12617: NGram + LoRA crashed until PR #12661, "
-        "after 1.2); serve this fine-tune with serving.lora: merged, or set speculative.method: none"
+        f"after 1.2); serve this fine-tune with {on}serving.lora: merged, or set speculative.method: none"
     )
 
 

@@ -53,3 +53,28 @@ def is_speculative(name: str) -> bool:
 def with_heads() -> tuple[MethodDefinition, ...]:
     """The methods that draft with heads or a drafter of their own (``heads.<key>`` in a spec)."""
     return tuple(d for d in definitions() if d.heads is not None)
+
+
+# What a target runs instead of a method it does not: TensorRT-LLM's PyTorch backend drafts with
+# EAGLE-3 drafters ("EAGLE (v1/v2) draft checkpoints are incompatible", docs/source/features/
+# speculative-decoding.md) and has no Medusa or Lookahead; the engine flow's Triton backend cannot
+# draft NGram for itself (examples/prompt_lookup drafts outside the engine).
+DRAFTER_ELSEWHERE = {
+    "pytorch": "EAGLE-3 drafters (EAGLE-1/2 and Medusa heads do not load on TensorRT-LLM's PyTorch backend)",
+}
+
+
+def target_refusal(method: MethodDefinition, target: str) -> str:
+    """Why ``method`` cannot run on ``target``, with the nearest method that can: another method that
+    needs no extra weights for one that needs none, the target's drafter for heads."""
+    zero_touch = [d.name for d in definitions() if target in d.targets and d.speculative and d.heads is None]
+    drafters = [d.name for d in definitions() if target in d.targets and d.heads is not None]
+    if method.heads is not None and drafters:
+        nearest = f"use method: {' or '.join(drafters)} there (heads of that kind)"
+    elif method.heads is not None and target in DRAFTER_ELSEWHERE:
+        drafter = DRAFTER_ELSEWHERE[target]
+        nearest = f"that target runs {drafter}; use method: {' or '.join(zero_touch)} there (no extra weights)"
+    else:
+        nearest = f"use method: {' or '.join(zero_touch)} there (no extra weights, the nearest to {method.title})"
+    where = " or ".join(method.targets)
+    return f"{method.title} runs on target {where} only, not {target}; {nearest}, or target: {method.targets[0]}"

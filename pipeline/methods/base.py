@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from pipeline.spec.document import VariantSpec
     from pipeline.spec.yaml_source import KeyPath
 
-TARGETS = ("tensorrt", "reference")  # every target the project deploys to (spec.target)
+ENGINE_TARGETS = ("tensorrt", "reference")  # the targets that build TensorRT-LLM 1.2 engines (spec.target)
+TARGETS = (*ENGINE_TARGETS, "pytorch")  # every target the project deploys to
 
 # tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode (an IntFlag, stored in the engine's
 # build_config as its int), by trtllm-build's --speculative_decoding_mode value (None: no speculation).

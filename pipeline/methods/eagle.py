@@ -18,7 +18,7 @@ from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.io.files import read_json
 from pipeline.methods import heads_reader
-from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads, tp_problem
+from pipeline.methods.base import ENGINE_TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads, tp_problem
 from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
@@ -159,6 +159,11 @@ class EagleConfig:
             problems.error(("speculative", "eagle", "max_draft_len"), f"EAGLE allows at most {EAGLE_MAX_DRAFT_LEN}")
         return config
 
+    def describe(self) -> str:
+        """One line for the plan: ``eagle: 1 layers, dynamic (EAGLE-2)``."""
+        tree = "dynamic (EAGLE-2)" if self.dynamic_tree else f"{len(self.tree or ())}-node tree"
+        return f"eagle: {self.num_eagle_layers} layers, {tree}"
+
     def triton_parameters(self) -> dict[str, str]:
         """``eagle_choices`` for a static tree; EAGLE-2 is not exposed by the C++ backend (it ignores
         unknown keys), so a dynamic tree is the reference backend's ``reference_eagle_*`` parameters."""
@@ -198,7 +203,7 @@ def measured(build: dict[str, Any], built: EagleConfig | None) -> EagleConfig | 
 DEFINITION = MethodDefinition(
     name="eagle",
     title="Eagle",
-    targets=TARGETS,
+    targets=ENGINE_TARGETS,
     heads=HEADS,
     resolve=resolve,
     measured=measured,

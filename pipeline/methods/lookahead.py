@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.geometry import ModelGeometry
-from pipeline.methods.base import TARGETS, MethodDefinition, Problems
+from pipeline.methods.base import ENGINE_TARGETS, MethodDefinition, Problems
 from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
@@ -57,6 +57,10 @@ class LookaheadConfig:
     def __iter__(self) -> Iterator[int]:
         """``w, n, g = config``."""
         return iter((self.window, self.ngram, self.verification_set))
+
+    def describe(self) -> str:
+        """One line for the plan: ``lookahead: W=4 N=3 G=4``."""
+        return f"lookahead: W={self.window} N={self.ngram} G={self.verification_set}"
 
     def triton_parameters(self) -> dict[str, str]:
         """``{"lookahead_window_size": "W", ...}``: the model-config parameters of these values (all three
@@ -107,7 +111,7 @@ def measured(build: dict[str, Any], built: LookaheadConfig | None) -> LookaheadC
 DEFINITION = MethodDefinition(
     name="lookahead",
     title="Lookahead",
-    targets=TARGETS,
+    targets=ENGINE_TARGETS,
     heads=None,
     resolve=resolve,
     measured=measured,

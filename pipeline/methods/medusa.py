@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import trees
 from pipeline.geometry import ModelGeometry
 from pipeline.methods import heads_reader
-from pipeline.methods.base import TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads
+from pipeline.methods.base import ENGINE_TARGETS, HeadsNeed, MethodDefinition, Problems, read_heads
 from pipeline.methods.drafting import Drafting
 
 if TYPE_CHECKING:
@@ -97,6 +97,10 @@ class MedusaConfig:
             )
         return cls(num_heads, num_layers, tree, max_draft_len)
 
+    def describe(self) -> str:
+        """One line for the plan: ``medusa: 4 heads, 63-node tree``."""
+        return f"medusa: {self.num_heads} heads, {len(self.tree or ())}-node tree"
+
     def triton_parameters(self) -> dict[str, str]:
         """The tensorrt_llm model's ``medusa_choices`` (the compact form Triton takes)."""
         return {"medusa_choices": trees.to_triton_choices(self.tree)}
@@ -124,7 +128,7 @@ def measured(build: dict[str, Any], built: MedusaConfig | None) -> MedusaConfig 
 DEFINITION = MethodDefinition(
     name="medusa",
     title="Medusa",
-    targets=TARGETS,
+    targets=ENGINE_TARGETS,
     heads=HEADS,
     resolve=resolve,
     measured=measured,

@@ -7,8 +7,8 @@ No extra weights. TensorRT-LLM's PyTorch backend runs it as ``NGramDecodingConfi
 ``is_public_pool``; tensorrt_llm/llmapi/llm_args.py and the pool in
 tensorrt_llm/_torch/speculative/ngram.py), and its engine flow as external draft tokens
 (``--speculative_decoding_mode draft_tokens_external``, examples/prompt_lookup), which the Triton C++
-backend cannot draft for itself: so it runs on the reference target here, and on the PyTorch backend
-once that target lands. The reference runtime's loop is
+backend cannot draft for itself: so it runs on the reference target and the PyTorch-backend target
+(``pytorch``), where ``method: auto`` chooses it. The reference runtime's loop is
 :class:`pipeline.runtime.spec_decode.ngram.NGramDecoding`.
 """
 
@@ -43,6 +43,21 @@ class NGramConfig:
     keep_all: bool = True  # keep every match of a pattern (else only the longest, the most recent)
     use_oldest: bool = True  # draft the oldest kept match (else the newest)
     public_pool: bool = True  # one pool for every request (else one per request)
+
+    def describe(self) -> str:
+        """One line for the plan: ``ngram: K=4 M=2``."""
+        return f"ngram: K={self.max_draft_len} M={self.max_matching_ngram_size}"
+
+    def llm_api_config(self) -> dict[str, object]:
+        """The LLM API's ``speculative_config`` (``decoding_type: NGram`` selects NGramDecodingConfig)."""
+        return {
+            "decoding_type": "NGram",
+            "max_draft_len": self.max_draft_len,
+            "max_matching_ngram_size": self.max_matching_ngram_size,
+            "is_keep_all": self.keep_all,
+            "is_use_oldest": self.use_oldest,
+            "is_public_pool": self.public_pool,
+        }
 
     def triton_parameters(self) -> dict[str, str]:
         """The pool's settings as the reference backend's ``reference_ngram_*`` parameters (K is the engine's)."""
@@ -86,7 +101,7 @@ def measured(build: dict[str, Any], built: NGramConfig | None) -> NGramConfig | 
 DEFINITION = MethodDefinition(
     name="ngram",
     title="NGram",
-    targets=("reference",),
+    targets=("reference", "pytorch"),
     heads=None,
     resolve=resolve,
     measured=measured,
@@ -94,7 +109,8 @@ DEFINITION = MethodDefinition(
     triton_decoding_mode="top_k_top_p",  # none of its own (the C++ backend has no NGram mode): the plain one
     checkpoint_architecture="LlamaForCausalLM",
     drafts_tree=False,
-    auto_reason=None,  # never chosen by auto on the engine flow (its Triton backend cannot draft it)
+    # auto picks it where nothing before it runs (the PyTorch backend); on the engine targets Lookahead comes first
+    auto_reason="auto: NGram (no extra weights; drafts from the text so far)",
     maintenance=1,
     # NVIDIA's NGram blog (TensorRT-LLM docs/source/blogs/tech_blog/blog7_NGram_performance_Analysis_And_
     # Auto_Enablement.md): acceptance length 1.66 on second turns of 3000 conversations.

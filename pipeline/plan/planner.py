@@ -75,7 +75,8 @@ def _decide_lora(
 ) -> tuple[list[AutoDecision], list[VariantSpec]]:
     """serving.lora auto: the planner's choice per fine-tune (pipeline/lora/auto.py), every auto fine-tune
     planned as merged first; the variants to plan, the ones it shares set to serving.lora shared. The
-    shared engine is weighed as the base decoding plainly (a LoRA engine's only method)."""
+    shared engine is weighed as the base with the method its target runs on a LoRA engine (plain decoding
+    on the engine flow; auto's choice on the PyTorch backend)."""
     by_name = {p.name: p for p in plans}
     decisions = []
     shared: set[str] = set()
@@ -85,10 +86,8 @@ def _decide_lora(
         family = {base.name, *(t.name for t in tunes)}
         others = [p for p in plans if p.name not in family and p.name not in shared]
         engine = by_name[base.name]
-        if base.speculative.method == "auto" and methods.is_speculative(
-            engine.speculative.method
-        ):  # else decided without it
-            plain = variant_with_method(base, methods.PLAIN)
+        if base.speculative.method == "auto" and speculative_refusal(engine.speculative.method, engine.target):
+            plain = variant_with_method(base, methods.PLAIN)  # the method a LoRA engine of this target runs
             engine = _plan_variant(spec, plain, roots, _Problems(spec, base.name)) or engine
         decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine)
         decisions.append(decision)
@@ -186,7 +185,9 @@ def _spec_repository_problems(spec: Spec, roots: OutputRoots) -> list[str]:
 
 
 def _spec_repository(spec: Spec, roots: OutputRoots, variants: list[VariantPlan]) -> StagePlan | None:
-    if len(variants) < 2:
+    """One Triton repository serving every variant; None for one variant, or for a target without engines
+    (the LLM API serves a LoRA group's fine-tunes from its engine's server, named in its serve.json)."""
+    if len(variants) < 2 or not all(targets.definition(v.target).builds_engines for v in variants):
         return None
     params: dict[str, Any] = {}
     for variant in variants:
@@ -208,7 +209,8 @@ def _plan_variant(
     adapters converted by a lora stage, its LoRA cache in the memory estimate)."""
     requested = variant.speculative.method
     variant = check_shared_variant(spec, variant, problems)
-    if lora is not None and variant.speculative.method == "auto":
+    target = targets.definition(variant.target)
+    if lora is not None and variant.speculative.method == "auto" and not target.lora_speculative_methods:
         problems.note(f"the engine of LoRA group {lora.name}: speculative.method auto resolves to none")
         variant = variant_with_method(variant, methods.PLAIN)
     arch, model_dir, weights_present = _resolve_model(spec, variant, roots, problems)
@@ -236,14 +238,21 @@ def _plan_variant(
             heads_dir = heads_dir if methods.definition(chosen.method).heads is not None else None
     tp, pp = variant.parallel.tp, variant.parallel.pp
     _check_parallelism(variant, arch, speculative, problems)
+    if pp > 1 and methods.is_speculative(speculative.method) and not target.pipeline_parallel_speculation:
+        problems.error(
+            ("parallel", "pp"),
+            f"{speculative.method} with pp {pp}: {target.title} runs no speculative decoding under pipeline "
+            "parallelism (docs/source/features/feature-combination-matrix.md: No); use tp instead, or "
+            "speculative.method: none",
+        )
     gpu = gpus.gpu_type(variant.gpu.type) if variant.gpu else None
     quant = _quant_plan(spec, variant, model_dir, weights_present, speculative, gpu, problems)
     build = _build_config(variant, arch, speculative, quant, gpu, problems)
     if lora is not None:
-        if methods.is_speculative(speculative.method):
+        refusal = speculative_refusal(speculative.method, variant.target)
+        if refusal is not None:
             problems.error(
-                ("speculative", "method"),
-                f"{speculative.method} on LoRA group {lora.name}'s engine: {speculative_refusal(speculative.method)}",
+                ("speculative", "method"), f"{speculative.method} on LoRA group {lora.name}'s engine: {refusal}"
             )
         # The group sets these (max_lora_rank from extra_flags was already taken as the group's maximum).
         flags = {k: v for k, v in build.extra_flags.items() if k.lstrip("-") not in ("max_lora_rank", "lora_plugin")}
@@ -286,7 +295,16 @@ def _plan_variant(
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
     calibration = _calibration(spec, variant, problems)
-    if variant.evaluation is not None:
+    if variant.evaluation is not None and not target.builds_engines:
+        problems.note(
+            f"evaluation: rehearsal runs on TensorRT-LLM engines' checkpoints; on target {variant.target} no "
+            "evaluate stage is planned yet (its batch_sizes still set the fleet's concurrency)"
+        )
+        if variant.release is not None:
+            problems.error(
+                ("release",), f"release gates need the evaluate stage, which target {variant.target} has not yet"
+            )
+    elif variant.evaluation is not None:
         stages = _with_evaluate(
             spec, variant, stages, model_dir, heads_dir, gpu, rehearsal, rehearsal_heads, calibration
         )
@@ -415,7 +433,9 @@ def _choose_method(
         chosen = next(
             d
             for d in methods.definitions()
-            if d.auto_reason is not None and (d.heads is None or getattr(heads, d.heads.key) is not None)
+            if d.auto_reason is not None
+            and variant.target in d.targets
+            and (d.heads is None or getattr(heads, d.heads.key) is not None)
         )
         reason = chosen.auto_reason or ""
         if requested == "best":  # the build follows the heads; the evaluate stage measures and chooses
@@ -424,12 +444,7 @@ def _choose_method(
         chosen, reason = methods.definition(requested), f"method: {requested} set in the spec"
     method = cast(Method, chosen.name)
     if variant.target not in chosen.targets:
-        here = [d.name for d in methods.definitions() if variant.target in d.targets and d.speculative and not d.heads]
-        problems.error(
-            ("speculative", "method"),
-            f"{chosen.title} runs on target {' or '.join(chosen.targets)} only, not {variant.target}; "
-            f"use method: {' or '.join(here)} there (no extra weights), or target: {chosen.targets[0]}",
-        )
+        problems.error(("speculative", "method"), methods.target_refusal(chosen, variant.target))
         return None, None
     heads_dir = None
     if chosen.heads is not None:
@@ -652,6 +667,11 @@ def _stages(
             )
         )
         source = quantized
+    if not targets.definition(variant.target).builds_engines:
+        return (
+            *stages,
+            *_llm_api_stages(variant, roots, variant_root, source, model_dir, speculative, build, problems, lora),
+        )
     checkpoint = variant_root / "checkpoint"
     convert_inputs = {"model": source} | ({"heads": heads_dir} if heads_dir else {})
     stages.append(
@@ -698,6 +718,61 @@ def _stages(
                 # The engines' path in the deployment (gpt_model_path); the rest of deploy: is not packaged.
                 "engines_root": str(variant.deploy.engines_root),
                 "target": variant.target,
+                "speculative": jsonable(dataclasses.asdict(speculative)),
+                "build": jsonable(dataclasses.asdict(build)),
+            }
+            | lora_params,
+        )
+    )
+    return tuple(stages)
+
+
+def _llm_api_stages(
+    variant: VariantSpec,
+    roots: OutputRoots,
+    variant_root: Path,
+    source: Path,
+    model_dir: Path | None,
+    speculative: SpeculativeConfig,
+    build: BuildConfig,
+    problems: _Problems,
+    lora: LoraGroupPlan | None,
+) -> tuple[StagePlan, ...]:
+    """A target whose runtime loads the Hugging Face checkpoint (TensorRT-LLM's LLM API): the checkpoint it
+    loads (merged or FP8-quantized when the spec says so), the LoRA group's adapters as PEFT folders, and
+    the runtime configuration (pipeline/llm_api/); no convert, no engine build."""
+    tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
+    checkpoint = variant_root / "checkpoint"
+    stages = [
+        StagePlan("checkpoint", checkpoint, {"model": source, "tokenizer": tokenizer}, {"dtype": variant.model.dtype})
+    ]
+    package_inputs = {"checkpoint": checkpoint}
+    lora_params: dict[str, Any] = {}
+    if lora is not None:  # PEFT folders, one per task id, which the LLM API's LoRARequest loads by path
+        adapters_dir = variant_root / "lora"
+        tasks = {str(m.task_id): m.adapter for m in lora.members}
+        stages.append(StagePlan("lora", adapters_dir, {"model": tokenizer} | tasks, {"format": "peft"}))
+        package_inputs["lora"] = adapters_dir
+        lora_params = {
+            "lora": {
+                "max_lora_rank": lora.max_lora_rank,
+                # the GPU cache's adapters (one batch's worth, pipeline/lora/memory.py); the host holds all
+                "max_loras": max(1, lora.cache.gpu_bytes // max(lora.cache.max_adapter_bytes, 1)),
+                "max_cpu_loras": len(lora.members),
+                "target_modules": list(lora.target_modules),
+                "members": {m.variant: m.task_id for m in lora.members},
+            }
+        }
+    stages.append(
+        StagePlan(
+            "package",
+            _inside(roots.triton_repo, variant.name, problems),
+            package_inputs,
+            {
+                "target": variant.target,
+                "serving": variant.serving.model_dump(),
+                "engines_root": str(variant.deploy.engines_root),
+                "parallel": {"tp": variant.parallel.tp, "pp": variant.parallel.pp},
                 "speculative": jsonable(dataclasses.asdict(speculative)),
                 "build": jsonable(dataclasses.asdict(build)),
             }

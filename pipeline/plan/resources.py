@@ -207,6 +207,12 @@ def lora_resources(s: Sizing) -> StageResources:
     return StageResources(0, 0.0, CONVERT_HOST_BASE_GIB, 1.0, "the group's adapters, one at a time")
 
 
+def checkpoint_resources(s: Sizing) -> StageResources:
+    """The served Hugging Face checkpoint: files hard-linked (or copied) into the output, none loaded."""
+    disk = s.memory.weights_gib * s.world_size
+    return StageResources(0, 0.0, PACKAGE_HOST_GIB, disk, f"links or copies the checkpoint (<= {disk:.1f} GiB)")
+
+
 def train_heads_resources(s: Sizing) -> StageResources:
     """Heads training: the target in float32 for its forward passes, the features of the training tokens
     (float16) and the heads with their optimizer state; on the CPU (device: cuda adds one GPU)."""
@@ -281,6 +287,7 @@ def evaluate_resources(s: Sizing) -> StageResources:
 STAGE_ESTIMATES = {
     "merge": merge_resources,
     "lora": lora_resources,
+    "checkpoint": checkpoint_resources,
     "train-heads": train_heads_resources,
     "quantize": quantize_resources,
     "convert": convert_resources,

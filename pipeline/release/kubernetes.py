@@ -17,6 +17,10 @@ release manifest, once every variant is packaged; ``kubectl apply -k engines/<sp
   Kubernetes' native gRPC probes are GA since 1.27), so HTTP stays off;
 * ``service.yaml``: a ClusterIP Service with the gRPC and metrics ports;
 * ``podmonitor.yaml``: a prometheus-operator PodMonitor scraping ``/metrics``;
+
+On the PyTorch-backend target the container runs ``trtllm-serve`` (:func:`pipeline.llm_api.deployment.
+launch_argv`): its HTTP port in the Service, HTTP probes on ``/health``, no PodMonitor, and one server
+per LoRA group (its fine-tunes are reached by their ``lora_request``, listed in its ``serve.json``).
 * ``kustomization.yaml``: the three, in ``deploy.namespace``.
 
 The container runs exactly :mod:`pipeline.triton.launch_gpu`'s argv (what ``specdeploy build
@@ -42,6 +46,8 @@ from pipeline import targets
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
 from pipeline.io.atomic import remove_path, replace_folder
+from pipeline.llm_api.deployment import HEALTH_PATH
+from pipeline.llm_api.deployment import launch_argv as llm_api_launch_argv
 from pipeline.plan.types import Plan, VariantPlan
 from pipeline.spec.deploy import DeploySpec
 from pipeline.triton.launch_gpu import gpu_launch_argv, gpu_spec_launch_argv
@@ -101,7 +107,10 @@ def in_pod(variant: VariantPlan) -> VariantPlan:
 
 
 def launch_argv(variant: VariantPlan) -> list[str]:
-    """The serving argv of one variant's repository in the deployment (``build --dry-run`` prints it)."""
+    """The serving argv of one variant's repository in the deployment (``build --dry-run`` prints it):
+    tritonserver over its Triton repository, or ``trtllm-serve`` on a target without engines."""
+    if not targets.definition(variant.target).builds_engines:
+        return llm_api_launch_argv(in_pod(variant))
     repo = Path(variant.deploy.triton_repo_root) / variant.stage("package").output.name
     return gpu_launch_argv(in_pod(variant), repo, world_size=variant.world_size)
 
@@ -132,6 +141,9 @@ def served(plan: Plan, whole_spec: bool) -> tuple[list[Served], list[str]]:
         return [Served(plan.spec_name, plan.variants[0], repository, spec_launch_argv(plan), gpus, memory)], notes
     servers = []
     for variant in gpu_variants:
+        if "lora_task_id" in variant.stage("package").params and not targets.definition(variant.target).builds_engines:
+            notes.append(f"{variant.name}: served by its LoRA group's trtllm-serve (its lora_request in serve.json)")
+            continue
         memory = variant.serve_resources.host_memory_gib if variant.serve_resources else 0.0
         repository = variant.stage("package").output.name
         servers.append(Served(variant.name, variant, repository, launch_argv(variant), variant.world_size, memory))
@@ -156,8 +168,31 @@ def _selector(server: Served) -> dict[str, str]:
     return {"app.kubernetes.io/name": "specdeploy", "app.kubernetes.io/instance": object_name(server.name)}
 
 
-def _probe(port: int, **timing: int) -> dict[str, Any]:
-    return {"grpc": {"port": port}, "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5, **timing}
+def _http_front(server: Served) -> bool:
+    """Whether the server is trtllm-serve (HTTP only: an OpenAI-compatible API and ``/health``)."""
+    return not targets.definition(server.variant.target).builds_engines
+
+
+def _probe(server: Served, **timing: int) -> dict[str, Any]:
+    serving = server.variant.serving
+    check: dict[str, Any] = (
+        {"httpGet": {"path": HEALTH_PATH, "port": serving.http_port}}
+        if _http_front(server)
+        else {"grpc": {"port": serving.grpc_port}}
+    )
+    return {**check, "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5, **timing}
+
+
+def _ports(server: Served) -> list[dict[str, Any]]:
+    """The container's ports: trtllm-serve's HTTP port; tritonserver's gRPC and metrics (and HTTP when on)."""
+    serving = server.variant.serving
+    http = [{"name": "http", "containerPort": serving.http_port, "protocol": "TCP"}]
+    if _http_front(server):
+        return http
+    return [
+        {"name": "grpc", "containerPort": serving.grpc_port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"},
+    ] + (http if serving.http else [])
 
 
 def _affinity(variant: VariantPlan) -> dict[str, Any] | None:
@@ -169,11 +204,8 @@ def _affinity(variant: VariantPlan) -> dict[str, Any] | None:
 
 
 def deployment(server: Served, spec_name: str) -> dict[str, Any]:
-    deploy, serving = server.variant.deploy, server.variant.serving
-    ports = [
-        {"name": "grpc", "containerPort": serving.grpc_port, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"},
-    ] + ([{"name": "http", "containerPort": serving.http_port, "protocol": "TCP"}] if serving.http else [])
+    deploy = server.variant.deploy
+    ports = _ports(server)
     memory_mib = math.ceil(server.memory_gib * 1024)
     container = {
         "name": "tritonserver",
@@ -200,9 +232,9 @@ def deployment(server: Served, spec_name: str) -> dict[str, Any]:
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "scratch", "mountPath": SCRATCH},
         ],
-        "startupProbe": _probe(serving.grpc_port, failureThreshold=STARTUP_SECONDS // PROBE_PERIOD_SECONDS),
-        "readinessProbe": _probe(serving.grpc_port, failureThreshold=3),
-        "livenessProbe": _probe(serving.grpc_port, failureThreshold=6),
+        "startupProbe": _probe(server, failureThreshold=STARTUP_SECONDS // PROBE_PERIOD_SECONDS),
+        "readinessProbe": _probe(server, failureThreshold=3),
+        "livenessProbe": _probe(server, failureThreshold=6),
     }
     pod: dict[str, Any] = {
         "containers": [container],
@@ -241,10 +273,11 @@ def deployment(server: Served, spec_name: str) -> dict[str, Any]:
 
 
 def service(server: Served, spec_name: str) -> dict[str, Any]:
-    serving = server.variant.serving
     ports = [
-        {"name": "grpc", "port": serving.grpc_port, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
-        {"name": "metrics", "port": serving.metrics_port, "targetPort": "metrics", "protocol": "TCP"},
+        {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
+        | ({"appProtocol": "grpc"} if p["name"] == "grpc" else {})
+        for p in _ports(server)
+        if p["name"] != "http" or _http_front(server)
     ]
     return {
         "apiVersion": "v1",
@@ -274,12 +307,12 @@ def pod_monitor(server: Served, spec_name: str) -> dict[str, Any]:
     }
 
 
-def kustomization(deploy: DeploySpec) -> dict[str, Any]:
+def kustomization(deploy: DeploySpec, resources: list[str]) -> dict[str, Any]:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": deploy.namespace,
-        "resources": list(FILES),
+        "resources": resources,
     }
 
 
@@ -300,10 +333,10 @@ def manifests(plan: Plan, whole_spec: bool) -> tuple[dict[str, list[dict[str, An
     files = {
         "deployment.yaml": [deployment(s, plan.spec_name) for s in servers],
         "service.yaml": [service(s, plan.spec_name) for s in servers],
-        "podmonitor.yaml": [pod_monitor(s, plan.spec_name) for s in servers],
-        "kustomization.yaml": [kustomization(plan.variants[0].deploy)],
+        "podmonitor.yaml": [pod_monitor(s, plan.spec_name) for s in servers if not _http_front(s)],
     }
-    return files, notes
+    files = {name: documents for name, documents in files.items() if documents}
+    return files | {"kustomization.yaml": [kustomization(plan.variants[0].deploy, list(files))]}, notes
 
 
 class _Dumper(yaml.SafeDumper):

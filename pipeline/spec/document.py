@@ -420,8 +420,9 @@ class VariantSpec(_Strict):
     """The trtllm-build limits."""
     serving: ServingSpec = ServingSpec()
     """The Triton model repository and server."""
-    target: Literal["tensorrt", "reference"] = "tensorrt"
-    """tensorrt: a TensorRT-LLM engine for GPUs; reference: the CPU reference backend."""
+    target: Literal["tensorrt", "reference", "pytorch"] = "tensorrt"
+    """tensorrt: a TensorRT-LLM 1.2 engine for GPUs; reference: the CPU reference backend; pytorch:
+    TensorRT-LLM's PyTorch backend (LLM API, trtllm-serve) on GPUs, no engine build."""
     traffic: TrafficSpec = TrafficSpec()
     """The variant's share of the fleet's traffic (LoRA fine-tunes with serving.lora: auto)."""
     gpu: GpuSpec | None = None

@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeline.errors import StageUnavailable
 from pipeline.io.hashing import HashCache
 from pipeline.plan.types import Plan, StagePlan, VariantPlan
-from pipeline.stages import build, convert, evaluate, lora, merge, package, quantize, train_heads
+from pipeline.stages import build, checkpoint, convert, evaluate, lora, merge, package, quantize, train_heads
 from pipeline.stages.owners import claim_outputs
 from pipeline.stages.runner import StageResult, run_stage
 from pipeline.triton.spec_repository import sharing_problem
@@ -31,6 +31,7 @@ STAGE_BODIES: dict[str, StageBody] = {
     "lora": lora.run,
     "train-heads": train_heads.run,
     "quantize": quantize.run,
+    "checkpoint": checkpoint.run,
     "convert": convert.run,
     "evaluate": evaluate.run,
     "build": build.run,

@@ -1,13 +1,14 @@
 """The deployment targets, each defined once (:class:`~pipeline.targets.base.TargetDefinition`):
-``tensorrt.py`` (TensorRT-LLM 1.2 engines on GPUs) and ``reference.py`` (the CPU reference backend)."""
+``tensorrt.py`` (TensorRT-LLM 1.2 engines on GPUs), ``reference.py`` (the CPU reference backend) and
+``pytorch.py`` (TensorRT-LLM's PyTorch backend on GPUs)."""
 
 from __future__ import annotations
 
 from pipeline.errors import InputError
-from pipeline.targets import reference, tensorrt
+from pipeline.targets import pytorch, reference, tensorrt
 from pipeline.targets.base import TargetDefinition
 
-DEFINITIONS: tuple[TargetDefinition, ...] = (tensorrt.DEFINITION, reference.DEFINITION)
+DEFINITIONS: tuple[TargetDefinition, ...] = (tensorrt.DEFINITION, reference.DEFINITION, pytorch.DEFINITION)
 
 
 def definitions() -> tuple[TargetDefinition, ...]:

@@ -11,6 +11,7 @@ CPU_HTTP_MAX_REQUEST_BYTES = 4 * (1 << 20) - 1
 DEFINITION = TargetDefinition(
     name="reference",
     title="the CPU reference backend",
+    builds_engines=True,
     on_gpus=False,
     lora_on_bfloat16=True,
     dynamic_eagle_trees=True,

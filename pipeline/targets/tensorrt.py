@@ -8,6 +8,7 @@ from pipeline.targets.base import TargetDefinition
 DEFINITION = TargetDefinition(
     name="tensorrt",
     title="TensorRT-LLM 1.2 engines on GPUs",
+    builds_engines=True,
     on_gpus=True,
     lora_on_bfloat16=False,  # TensorRT-LLM 1.2.1 serves no adapters to a bfloat16 engine
     dynamic_eagle_trees=False,  # the Triton backend exposes eagle_choices only

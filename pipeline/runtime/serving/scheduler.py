@@ -294,7 +294,7 @@ class Scheduler:
         if beam is not None:
             return beam
         if request.lora is not None and self.method.name != PlainDecoding.name:
-            return f"lora_task_id: LoRA with {speculative_refusal(self.method.name)}"
+            return f"lora_task_id: LoRA with {speculative_refusal(self.method.name, 'reference')}"
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return request_problem(request, vocab, limits.max_seq_len) or self.method.problem(request)

@@ -1,0 +1,15 @@
+"""The checkpoint stage (targets whose runtime loads the Hugging Face checkpoint, the PyTorch backend):
+the model folder the LLM API loads, at ``<engines>/<variant>/checkpoint`` (see
+:mod:`pipeline.checkpoint.served`): the base, its merged fine-tune, or ModelOpt's FP8 export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.checkpoint.served import place_checkpoint
+from pipeline.plan.types import StagePlan, VariantPlan
+
+
+def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
+    files, size = place_checkpoint(Path(stage.inputs["model"]), Path(stage.inputs["tokenizer"]), out)
+    print(f"[{variant.name}] checkpoint: {files} files ({size / 2**30:.2f} GiB) <- {stage.inputs['model']}", flush=True)

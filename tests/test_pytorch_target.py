@@ -1,0 +1,186 @@
+"""The PyTorch-backend target (``target: pytorch``): which methods it runs, its LoRA engine that
+speculates, its stages (no convert, no engine build), and what its deployment files carry, each key
+held to TensorRT-LLM's own classes as recorded in pipeline/targets/pytorch_sources.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from pipeline.checkpoint.hf_reader import open_hf_checkpoint
+from pipeline.errors import InputError
+from pipeline.llm_api.deployment import LLMAPI_MODEL_YAML, OPTIONS_FILE, SERVE_FILE, launch_argv
+from pipeline.llm_api.options import llm_api_options
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = json.loads((REPO / "pipeline" / "targets" / "pytorch_sources.json").read_text())
+PRESET_8B = "name: p\nmodel: {preset: llama-3.1-8b}\ntarget: pytorch\n"
+
+
+@pytest.fixture
+def roots(tmp_path) -> OutputRoots:
+    return OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
+
+
+@pytest.fixture
+def plan_of(roots, write_spec):
+    return lambda text: make_plan(load_spec(write_spec(text)), roots)
+
+
+@pytest.fixture
+def problems_of(plan_of):
+    def problems(text: str) -> str:
+        with pytest.raises(InputError) as info:
+            plan_of(text)
+        return str(info.value)
+
+    return problems
+
+
+def shipped_plan(name: str, roots: OutputRoots):
+    return make_plan(load_spec(REPO / "specs" / f"{name}.yaml"), roots)
+
+
+# -- methods per target --------------------------------------------------------------------------------
+
+
+def test_auto_chooses_ngram_on_the_pytorch_backend(plan_of):
+    (variant,) = plan_of(PRESET_8B).variants
+    assert variant.speculative.method == "ngram"
+    assert [s.name for s in variant.stages] == ["checkpoint", "package"]  # no convert, no engine build
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        # heads the PyTorch backend cannot load: its own drafter kind is named, and the zero-touch method
+        ("medusa", "Medusa runs on target tensorrt or reference only, not pytorch; that target runs EAGLE-3"),
+        ("eagle", "Eagle runs on target tensorrt or reference only, not pytorch; that target runs EAGLE-3"),
+        # a zero-touch method: the target's zero-touch method is the nearest
+        ("lookahead", "use method: ngram there (no extra weights, the nearest to Lookahead)"),
+    ],
+)
+def test_engine_flow_methods_are_refused_with_the_nearest_equivalent(problems_of, method, expected):
+    message = problems_of(PRESET_8B + f"speculative: {{method: {method}}}\n")
+    assert expected in message
+    assert "use method: ngram" in message
+
+
+def test_no_speculation_under_pipeline_parallelism(problems_of):
+    message = problems_of(PRESET_8B + "parallel: {pp: 2}\n")
+    assert "ngram with pp 2" in message and "feature-combination-matrix" in message
+
+
+def test_pipeline_parallelism_without_speculation_plans(plan_of):
+    (variant,) = plan_of(PRESET_8B + "parallel: {pp: 2}\nspeculative: {method: none}\n").variants
+    assert variant.pp == 2
+
+
+# -- the LoRA fleet: the shared engine speculates --------------------------------------------------------
+
+
+def test_the_lora_fleet_speculates_on_its_shared_engine_and_beats_the_engine_flow(roots):
+    pytorch = shipped_plan("llama8b-lora-fleet-pytorch", roots)
+    engine = shipped_plan("llama8b-lora-fleet", roots)
+    (decision,) = pytorch.lora_decisions
+    (engine_decision,) = engine.lora_decisions
+    assert decision.decision is not None and engine_decision.decision is not None
+    shared = [c for c in decision.choices if c.choice == "shared"]
+    assert len(shared) >= 20  # 24 merged copies do not fit on 2 x L40S
+    assert all(c.speedup > 1.2 for c in shared)  # NGram on the LoRA engine, not plain decoding
+    assert decision.decision.fleet_speedup > engine_decision.decision.fleet_speedup
+    base = next(v for v in pytorch.variants if v.name == "base")
+    assert base.speculative.method == "ngram" and base.build.lora is not None
+
+
+# -- the deployment files, held to TensorRT-LLM's classes -----------------------------------------------
+
+
+def fields(record: dict) -> set[str]:
+    return set(record["fields"])
+
+
+def check_options(options: dict) -> None:
+    """Every key is an argument of the LLM API (TorchLlmArgs, KvCacheConfig, NGramDecodingConfig, LoraConfig)."""
+    assert set(options) <= set(SOURCES["llm_args"]) - {"_class"}, set(options) - set(SOURCES["llm_args"])
+    assert set(options["kv_cache_config"]) <= fields(SOURCES["kv_cache_config"])
+    spec = options.get("speculative_config")
+    if spec is not None:
+        ngram = SOURCES["speculative_config"]["classes"]["NGram"]
+        base = SOURCES["speculative_config"]["classes"]["base"]
+        assert spec["decoding_type"] == ngram["fields"]["decoding_type"]["default"] == "NGram"
+        assert set(spec) <= fields(ngram) | fields(base)
+        assert spec["max_draft_len"] > 0  # validate_ngram_config: NGram needs max_draft_len > 0
+        assert spec["max_matching_ngram_size"] > 0  # PositiveInt
+    lora = options.get("lora_config")
+    if lora is not None:
+        assert set(lora) <= fields(SOURCES["lora_config"])
+        assert set(lora["lora_target_modules"]) <= {
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_dense",
+            "mlp_h_to_4h",
+            "mlp_4h_to_h",
+            "mlp_gate",
+        }
+
+
+def serve_options() -> set[str]:
+    names = set()
+    for option in SOURCES["trtllm_serve"]["options"]:
+        names |= {name.strip() for name in option.split("/")}
+    return names
+
+
+def test_every_emitted_llm_api_argument_is_one_tensorrt_llm_reads(roots):
+    for name in ("llama8b-lora-fleet-pytorch", "smollm2-lora-fleet-pytorch"):
+        plan = shipped_plan(name, roots)
+        for variant in plan.variants:
+            package = variant.stage("package")
+            check_options(llm_api_options(variant, package, Path("/models/engines/base/lora")))
+            argv = launch_argv(variant)
+            assert argv[0] == "trtllm-serve" and argv[1].endswith("/checkpoint")
+            flags = {a for a in argv if a.startswith("--")}
+            assert flags <= serve_options(), flags - serve_options()
+            backend = argv[argv.index("--backend") + 1]
+            assert backend in SOURCES["trtllm_serve"]["options"]["--backend"]["choices"]
+
+
+def test_the_smollm2_fleet_builds_its_gpu_deployment_on_cpu(cli, smollm2_dir, tmp_path):
+    rc, out, err = cli("engine", str(REPO / "specs" / "smollm2-lora-fleet-pytorch.yaml"))
+    assert rc == 0, err + out
+    checkpoint = tmp_path / "engines" / "base" / "checkpoint"
+    opened = open_hf_checkpoint(checkpoint)  # the model the LLM API loads, whole
+    opened.close()
+    assert opened.spec.num_layers == 30
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (checkpoint / name).is_file()
+    serve = json.loads((tmp_path / "triton_repo" / "base" / SERVE_FILE).read_text())
+    tunes = serve["fine_tunes"]
+    assert sorted(tunes) == ["bullets", "code", "heading", "json", "numbered", "tldr", "xml", "yaml"]
+    for name, request in tunes.items():
+        folder = tmp_path / "engines" / "base" / "lora" / str(request["lora_int_id"])
+        assert request["lora_path"] == f"/models/engines/base/lora/{request['lora_int_id']}"
+        copied = load_file(str(folder / "adapter_model.safetensors"))
+        original = load_file(str(REPO / "adapters" / f"smollm2-{name}" / "adapter_model.safetensors"))
+        assert copied.keys() == original.keys() and all((copied[k] == original[k]).all() for k in copied)
+    options = yaml.safe_load((tmp_path / "triton_repo" / "base" / OPTIONS_FILE).read_text())
+    check_options(options)
+    assert options["speculative_config"]["decoding_type"] == "NGram" and "lora_config" in options
+    # Triton's llmapi model passes no lora_request: a LoRA group's deployment does not offer it
+    assert not (tmp_path / "triton_repo" / "base" / LLMAPI_MODEL_YAML).exists()
+    deployment = (tmp_path / "engines" / "smollm2-lora-fleet-pytorch" / "deploy" / "deployment.yaml").read_text()
+    documents = list(yaml.safe_load_all(deployment))
+    assert len(documents) == 1  # one trtllm-serve for the base and its eight fine-tunes
+    container = documents[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["trtllm-serve", "/models/engines/base/checkpoint"]
+    assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
