@@ -4,6 +4,10 @@ The prompt is wrapped in the chat template of the model the server serves: the p
 stores it in the preprocessing model's config, which the server returns on request, so the
 command works the same from any directory. ``--repo`` takes the template from a repository on
 disk instead; ``--no-chat`` sends the raw text, exactly as any other client of the ensemble would.
+
+With ``--url http://HOST:PORT`` it asks an OpenAI-compatible server instead (target ``pytorch``:
+``trtllm-serve`` or its CPU stand-in): ``/v1/chat/completions``, or ``/v1/completions`` with
+``--no-chat``; ``--model`` is the fine-tune's name there.
 """
 
 from __future__ import annotations
@@ -72,9 +76,62 @@ def perf_lines(result: GenerationResult) -> list[str]:
     return lines
 
 
+def query_openai(args: argparse.Namespace) -> int:
+    """``--url http://...``: an OpenAI-compatible server (target pytorch: trtllm-serve or its stand-in)."""
+    from pipeline.client.openai_http import complete, standin_metrics
+    from pipeline.errors import InputError
+
+    if args.top_k is not None or args.repo is not None:
+        raise InputError("--top-k and --repo are for a Triton server; an OpenAI-compatible one takes --top-p")
+    result = complete(
+        args.url,
+        args.model,
+        args.prompt,
+        chat=args.chat is not False,
+        system=args.system,
+        timeout=args.timeout,
+        max_tokens=args.max_tokens,
+        temperature=0.0 if args.temperature is None else args.temperature,  # unset: greedy, as with Triton
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+    )
+    metrics = standin_metrics(args.url) if args.perf else None
+    served = (metrics or {}).get("models", {}).get(args.model)
+    if args.json:
+        print_json(
+            {
+                "model": args.model,
+                "prompt": args.prompt,
+                "text": result.text,
+                "tokens": result.completion_tokens,
+                "seconds": result.seconds,
+                "finish_reason": result.finish_reason,
+                "served": served,
+            }
+        )
+        return 0
+    print(result.text)
+    if args.perf:
+        rate = result.completion_tokens / result.seconds if result.seconds > 0 else 0.0
+        print(f"-- {result.completion_tokens} tokens in {result.seconds:.2f} s: {rate:.1f} tokens/s")
+        if served is not None:
+            print(
+                f"-- {args.model} so far: acceptance rate {served['acceptance_rate']:.2f} "
+                f"({served['accepted_draft_tokens']} of {served['draft_tokens']} draft tokens accepted), "
+                f"mean acceptance length {served['acceptance_length']:.2f} tokens/step"
+            )
+        else:
+            print("-- no acceptance statistics from this server (trtllm-serve reports them in its /metrics)")
+    return 0
+
+
 def cmd_query(args: argparse.Namespace, console: Console) -> int:
     from pipeline.client import TritonClient
     from pipeline.errors import InputError
+
+    if args.url.startswith(("http://", "https://")):
+        return query_openai(args)
 
     def show(piece: Piece) -> None:
         if args.json:  # the answer comes whole, in the document
@@ -118,7 +175,12 @@ def cmd_query(args: argparse.Namespace, console: Console) -> int:
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="127.0.0.1:8001", help="Triton gRPC address (default 127.0.0.1:8001)")
+    parser.add_argument(
+        "--url",
+        default="127.0.0.1:8001",
+        help="Triton gRPC address (default 127.0.0.1:8001); http://HOST:PORT: an OpenAI-compatible server "
+        "(target pytorch: trtllm-serve or its CPU stand-in)",
+    )
     parser.add_argument(
         "--model",
         default="ensemble",

@@ -6,6 +6,8 @@ one server, each variant's ensemble named after the variant (``query --model <va
 
 * target ``reference`` (CPU): the tritonserver from nvidia-pytriton with the reference
   ``tensorrtllm`` backend, in the foreground until Ctrl-C or SIGTERM;
+* target ``pytorch``: ``trtllm-serve`` where it is installed on a GPU host; elsewhere its CPU
+  stand-in, the reference backend behind the same OpenAI-compatible API;
 * target ``tensorrt``: the mpirun command from ``pipeline.triton.launch_gpu`` (one tritonserver
   per rank; for a whole spec, one tritonserver in orchestrator mode whose backend spawns each
   variant's ranks on its gpu_device_ids); run on a GPU host, printed elsewhere (exit code 3: not
@@ -20,9 +22,10 @@ import shlex
 import signal
 import subprocess
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from pipeline import targets
 from pipeline.commands.common import DEFAULT_SPEC, add_spec_argument, load_plan
 from pipeline.errors import InputError, StageError
 from pipeline.targets import on_gpus
@@ -215,11 +218,67 @@ def serve_spec(plan: Plan, args: argparse.Namespace, console: Console) -> int:
     return run_gpu_command(gpu_spec_launch_argv(plan, first, repo.resolve()), args, console, "the variants' GPUs")
 
 
+def serve_llm_api(variant: VariantPlan, args: argparse.Namespace, console: Console) -> int:
+    """Target pytorch: ``trtllm-serve`` on a GPU host where it is installed (--print-command: the
+    deployment's argv); elsewhere the CPU stand-in, the reference backend behind the same
+    OpenAI-compatible API (:mod:`pipeline.llm_api.standin_server`)."""
+    import shutil
+    import tempfile
+
+    from pipeline.llm_api.deployment import OPTIONS_FILE, launch_argv, serve_argv
+
+    if args.print_command:
+        print(shlex.join(launch_argv(variant)))
+        return 0
+    checkpoint, package = variant.stage("checkpoint").output, variant.stage("package").output
+    if not (package / OPTIONS_FILE).is_file() or not checkpoint.is_dir():
+        raise InputError(
+            f"{package}: variant {variant.name} is not built; build it first (`specdeploy engine {args.spec}`)"
+        )
+    s = variant.serving
+    if shutil.which("trtllm-serve") and _gpu_host():
+        local = serve_argv(
+            PurePosixPath(checkpoint.resolve()), PurePosixPath(package.resolve() / OPTIONS_FILE), s.host, s.http_port
+        )
+        return run_gpu_command(local, args, console, f"{variant.world_size} GPU(s)")
+    import uvicorn
+
+    from pipeline.llm_api.standin_runtime import load_standin
+    from pipeline.llm_api.standin_server import make_app
+
+    console.print(
+        "trtllm-serve is not installed here: serving the CPU stand-in (the reference backend behind the same "
+        "OpenAI-compatible API)",
+        highlight=False,
+    )
+    with tempfile.TemporaryDirectory(prefix="standin-", dir=Path(args.cache_dir)) as scratch:
+        runtime = load_standin(
+            variant, Path(scratch), say=lambda line: console.print(line, highlight=False, markup=False)
+        )
+        names = ", ".join(runtime.adapters)
+        console.print(
+            f"[green]ready[/green]: {variant.name} ({runtime.method}) at http://{s.host}:{s.http_port}/v1, "
+            f"models {names}. Ctrl-C stops.",
+            highlight=False,
+        )
+        tune = next(iter(reversed(runtime.adapters)))
+        console.print(
+            f'try: specdeploy query "Hello" --url http://{s.host}:{s.http_port} --model {tune} --perf', highlight=False
+        )
+        try:
+            uvicorn.run(make_app(runtime), host=s.host, port=s.http_port, log_level="warning")
+        finally:
+            runtime.stop()
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     plan = load_plan(args)
     if args.variant is None and plan.repository is not None:
         return serve_spec(plan, args, console)
     variant = with_overrides(resolve_variant(plan, args), args)
+    if not targets.definition(variant.target).builds_engines:
+        return serve_llm_api(variant, args, console)
     if not on_gpus(variant.target):
         if args.print_command:
             raise InputError("--print-command is for target tensorrt (the GPU mpirun command)")

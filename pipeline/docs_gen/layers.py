@@ -43,7 +43,10 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("heads and fine-tunes", ("heads", "finetune")),
     ("LoRA decisions and rehearsal", ("lora", "evaluation")),
     ("planning", ("plan.planner",)),
-    ("stages and validation", ("stages", "evaluation.stage", "plan.preflight")),
+    (
+        "stages and validation",
+        ("stages", "evaluation.stage", "plan.preflight", "llm_api.standin_runtime", "llm_api.standin_server"),
+    ),
     ("Ray", ("fleet",)),
     ("release", ("release", "doctor")),
     ("entry points", ("commands", "docs_gen", "cli", "__main__")),

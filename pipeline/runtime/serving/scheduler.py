@@ -70,8 +70,12 @@ class Scheduler:
         cancel_check_period_s: float = 0.1,
         on_active: Callable[[int], None] | None = None,
         lora_cache: LoraCache | None = None,
+        target: str = "reference",
     ):
         self.engine = engine
+        # The target whose rules the runtime serves: which methods it runs on a LoRA engine (the engine
+        # flow none; the PyTorch backend applies each request's adapter to the target while it speculates).
+        self.target = target
         # TensorRT-LLM's PEFT cache: adapters by lora_task_id (only for engines with the LoRA plugin).
         self.lora_cache = lora_cache or (LoraCache(HOST_CACHE_DEFAULT_BYTES) if engine.lora is not None else None)
         # How often is_cancelled callbacks are polled (TensorRT-LLM's cancellation_check_period_ms).
@@ -293,8 +297,10 @@ class Scheduler:
         beam = self._beam_problem(request)
         if beam is not None:
             return beam
-        if request.lora is not None and self.method.name != PlainDecoding.name:
-            return f"lora_task_id: LoRA with {speculative_refusal(self.method.name, 'reference')}"
+        speculating = request.lora is not None and self.method.name != PlainDecoding.name
+        refusal = speculative_refusal(self.method.name, self.target) if speculating else None
+        if refusal is not None:
+            return f"lora_task_id: LoRA with {refusal}"
         if len(request.sampling.embedding_bias) > vocab:
             return f"embedding_bias has {len(request.sampling.embedding_bias)} values, the vocabulary {vocab}"
         return request_problem(request, vocab, limits.max_seq_len) or self.method.problem(request)

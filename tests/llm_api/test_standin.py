@@ -1,0 +1,157 @@
+"""specs/smollm2-lora-fleet-pytorch.yaml served by the CPU stand-in for trtllm-serve, queried with the
+``openai`` package, the client users of an OpenAI-compatible server have: the base and all eight
+shipped fine-tunes from one engine that speculates with NGram while it applies each request's adapter.
+
+Correct answers come from outside the pipeline (tests/lora/fleet_fixtures.py: each adapter merged by
+PEFT, decoded greedily by transformers); NGram is lossless, so every answer must equal its merged
+model's while requests for all nine names are in flight together.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.request import urlopen
+
+import openai
+import pytest
+import uvicorn
+
+from pipeline.llm_api.standin_runtime import StandinRuntime, load_standin
+from pipeline.llm_api.standin_server import make_app
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
+from pipeline.stages.execute import execute_plan
+from tests.conftest import embedded_cache_dir
+from tests.lora.fleet_fixtures import FINE_TUNES, MIN_MARGIN, PROMPTS, TOKENS, peft_merged_answers
+
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runtime(module_tmp) -> Iterator[StandinRuntime]:
+    root = module_tmp("pytorch-fleet")
+    spec = load_spec(REPO / "specs" / "smollm2-lora-fleet-pytorch.yaml")
+    plan = make_plan(spec, OutputRoots(root / "engines", root / "triton_repo", embedded_cache_dir()))
+    outcomes = execute_plan(plan, only={"base"}, say=lambda _: None)
+    assert all(o.stopped_at is None and o.exit_code == 0 for o in outcomes), outcomes
+    scratch = module_tmp("scratch")
+    loaded = load_standin(plan.variants[0], scratch, say=lambda _: None)
+    try:
+        yield loaded
+    finally:
+        loaded.stop()
+
+
+@pytest.fixture(scope="module")
+def url(runtime) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(runtime), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:  # uvicorn sets it once the socket listens
+        assert thread.is_alive() and time.monotonic() < deadline, "the stand-in did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+
+
+def complete(client: openai.OpenAI, model: str, prompt: str, **extra) -> str:
+    answer = client.completions.create(model=model, prompt=prompt, max_tokens=TOKENS, temperature=0, **extra)
+    return answer.choices[0].text
+
+
+def test_every_fine_tune_by_name_equals_its_peft_merged_model_while_ngram_speculates(runtime, client):
+    expected = peft_merged_answers(("base", *FINE_TUNES), PROMPTS, TOKENS)
+    tokenizer = runtime.tokenizer
+    assert runtime.method == "ngram"
+    assert sorted(m.id for m in client.models.list().data) == sorted(("base", *FINE_TUNES))
+    jobs = [(name, prompt) for name in ("base", *FINE_TUNES) for prompt in PROMPTS]
+    with ThreadPoolExecutor(len(jobs)) as pool:  # every adapter and the base in flight together
+        futures = {job: pool.submit(complete, client, *job) for job in jobs}
+        answers = {job: future.result() for job, future in futures.items()}
+    for (name, prompt), text in answers.items():
+        tokens, margin = expected[name, prompt]
+        assert margin > MIN_MARGIN, (name, prompt, margin)  # no near-tie that float rounding could flip
+        assert text == tokenizer.decode(tokens, skip_special_tokens=True), (name, prompt)
+    changed = {name for name in FINE_TUNES for p in PROMPTS if expected[name, p][0] != expected["base", p][0]}
+    assert len(changed) >= len(FINE_TUNES) // 2, changed  # the adapters do change the text
+    with urlopen(str(client.base_url).replace("/v1/", "/metrics"), timeout=60) as response:
+        metrics = json.load(response)
+    assert metrics["method"] == "ngram"
+    drafted = {name: m["draft_tokens"] for name, m in metrics["models"].items()}
+    assert sum(drafted.values()) > 0 and sum(m["accepted_draft_tokens"] for m in metrics["models"].values()) > 0
+    assert drafted["code"] > 0  # a fine-tune's requests speculate too (the engine flow's would not)
+
+
+def test_a_fine_tune_by_lora_request_as_trtllm_serve_takes_it(runtime, client):
+    # trtllm-serve never checks `model`: the body's lora_request picks the adapter (serve.json lists them)
+    request = {"lora_name": "json", "lora_int_id": runtime.adapters["json"], "lora_path": "/models/x"}
+    prompt = PROMPTS[2]
+    assert complete(client, "checkpoint-or-anything", prompt, extra_body={"lora_request": request}) == complete(
+        client, "json", prompt
+    )
+
+
+def test_chat_completions_apply_the_chat_template(client):
+    answer = client.chat.completions.create(
+        model="json", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0
+    )
+    assert answer.choices[0].message.content.startswith('{"answer"')
+    assert answer.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"model": "nope"}, openai.NotFoundError, "The model `nope` does not exist."),
+        (
+            {
+                "model": "base",
+                "extra_body": {"lora_request": {"lora_name": "mine", "lora_int_id": 9, "lora_path": "/"}},
+            },
+            openai.BadRequestError,
+            "not a deployed fine-tune",
+        ),
+        ({"model": "base", "max_tokens": 0}, openai.BadRequestError, "max_tokens"),
+        ({"model": "base", "stream": True}, openai.BadRequestError, "whole responses only"),
+    ],
+)
+def test_bad_requests_get_one_line_errors_and_the_server_keeps_serving(client, kwargs, error, text):
+    options = {"prompt": "Hello", "max_tokens": 4, "temperature": 0} | kwargs
+    with pytest.raises(error) as info:
+        client.completions.create(**options)
+    assert text in str(info.value)
+    assert complete(client, "base", "Hello")  # still answering
+
+
+def test_specdeploy_query_asks_a_fine_tune_by_name_and_reports_its_acceptance(cli, url):
+    rc, out, err = cli("query", "def is_prime(n):", "--url", url, "--model", "code", "--no-chat", "--perf")
+    assert rc == 0, err
+    assert "return" in out  # the code fine-tune writes the function
+    assert "-- code so far: acceptance rate" in out and "mean acceptance length" in out
+
+
+def test_specdeploy_query_names_a_missing_fine_tune(cli, url):
+    rc, out, err = cli("query", "Hello", "--url", url, "--model", "nope")
+    assert rc != 0 and "404 The model `nope` does not exist." in err
