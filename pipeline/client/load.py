@@ -93,12 +93,13 @@ def run_load(
     time_limit: float = 600.0,
 ) -> LoadRun:
     """``requests`` requests over ``concurrency`` clients, prompts and ``models`` taken round-robin; stops at
-    the time limit."""
+    the time limit. ``url`` ``http://HOST:PORT``: an OpenAI-compatible server (``/v1/completions``)."""
     if concurrency < 1 or requests < 1:
         raise InputError("--concurrency and --requests must be >= 1")
     names = [models] if isinstance(models, str) else list(models)
     if not names or any(not name for name in names):
         raise InputError("give at least one model name (--model NAME, or --models A,B,C)")
+    openai = url.startswith(("http://", "https://"))
     records: list[RequestRecord] = []
     lock = threading.Lock()
     start = time.perf_counter()
@@ -114,9 +115,12 @@ def run_load(
                     index = len(records)
                     record = RequestRecord(index, time.perf_counter() - start, model=names[index % len(names)])
                     records.append(record)
+                request = make_request(prompts[(record.index // len(names)) % len(prompts)])
+                if openai:  # an OpenAI-compatible server: one whole answer per request
+                    _send_openai(url, record, request, max(1.0, deadline - time.monotonic()))
+                    continue
                 if record.model not in clients:
                     clients[record.model] = stack.enter_context(TritonClient(url, record.model))
-                request = make_request(prompts[(record.index // len(names)) % len(prompts)])
                 try:
                     result = clients[record.model].generate(request, timeout=max(1.0, deadline - time.monotonic()))
                 except ClientError as exc:
@@ -132,6 +136,32 @@ def run_load(
     for thread in threads:
         thread.join()
     return LoadRun(concurrency, time.perf_counter() - start, records)
+
+
+def _send_openai(url: str, record: RequestRecord, request: GenerationRequest, timeout: float) -> None:
+    """One completion from an OpenAI-compatible server (trtllm-serve or its stand-in), not streamed: its
+    first token is timed with its last."""
+    from pipeline.client.openai_http import complete
+
+    try:
+        answer = complete(
+            url,
+            record.model,
+            request.prompt,
+            chat=False,
+            system=None,
+            timeout=timeout,
+            max_tokens=request.max_tokens,
+            temperature=0.0 if request.temperature is None else request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+        )
+    except ClientError as exc:
+        record.error = str(exc)
+        return
+    record.ok, record.tokens = True, answer.completion_tokens
+    record.ttft = record.total = answer.seconds
+    record.steps = [(answer.seconds, answer.completion_tokens)]
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:

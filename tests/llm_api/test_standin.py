@@ -155,3 +155,29 @@ def test_specdeploy_query_asks_a_fine_tune_by_name_and_reports_its_acceptance(cl
 def test_specdeploy_query_names_a_missing_fine_tune(cli, url):
     rc, out, err = cli("query", "Hello", "--url", url, "--model", "nope")
     assert rc != 0 and "404 The model `nope` does not exist." in err
+
+
+def test_specdeploy_bench_loads_several_fine_tunes(cli, url, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def is_prime(n):\nName three colors.\n")
+    out = tmp_path / "bench"
+    rc, stdout, err = cli(
+        "bench",
+        "--url",
+        url,
+        "--models",
+        "code,json",
+        "--prompts",
+        str(prompts),
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert rc == 0, err
+    summary = json.loads(stdout)
+    assert summary["completed"] == 4 and summary["tokens_per_second"] > 0
+    assert (out / "bench.json").is_file()
