@@ -9,11 +9,16 @@ by ``model.adapter``), every auto fine-tune first planned as merged:
   group will get, the cache capped at one batch's adapters: :func:`_cache`) and its predicted speedup there
   (:func:`pipeline.costmodel.lora.shared_speedup`: plain decoding plus the LoRA GEMMs and the mixing of
   ``min(fine-tunes, concurrency)`` adapters in a step);
-* **merged option**: the merged variant's planned method (its ``speculative.method``, ``auto``
-  resolved as for any variant), its predicted speedup at the fleet's concurrency on the spec's GPU
-  (:func:`pipeline.costmodel.predict.predict`) at an acceptance length measured by the variant's
-  rehearsal when one ran, else the median of the published results for that method
-  (its method's ``prior_acceptance``, said in the reason), and its per-GPU memory estimate;
+* **merged option**: the merged variant's method, its predicted speedup at the fleet's concurrency on
+  the spec's GPU (:func:`pipeline.costmodel.predict.predict`) at an acceptance length measured by the
+  variant's rehearsal when one ran, else the median of the published results for that method
+  (its method's ``prior_acceptance``, said in the reason), and its per-GPU memory estimate. With
+  ``speculative.method: auto`` every method the merged engine could run on its target
+  (:func:`merged_methods`: the heads it has or will train, and the methods needing none) is priced
+  and the best predicted speedup taken (ties: auto's order), the reason listing them; an explicit
+  method is priced alone. A fine-tune the decision shares, or merges with another method than the
+  one whose heads it asked to train, has that ``heads.<method>.train`` dropped
+  (:func:`as_decided`), and its reason says so with the numbers;
 * the GPUs: each one's usable memory (less the placement's reserve) less what the spec's other
   engines need, placed by the placement's rule (:func:`pipeline.fleet.assign.assign_gpus`);
 * the concurrency: ``evaluation.batch_sizes[0]`` of the base variant, else :data:`DEFAULT_CONCURRENCY`;
@@ -89,11 +94,13 @@ def decide_family(
     plans: dict[str, VariantPlan],
     others: Sequence[VariantPlan],
     engine: VariantPlan,
+    merged_plans: dict[str, list[VariantPlan]] | None = None,
 ) -> AutoDecision:
     """The choice for each fine-tune of ``base`` (``plans``: every variant planned, auto ones as merged;
     ``others``: the planned variants outside this family, whose engines take GPU memory first; ``engine``:
-    the base planned as the shared engine, decoding plainly). InputError (one line) when even the
-    leanest choice does not fit."""
+    the base planned as the shared engine, decoding plainly; ``merged_plans``: a fine-tune's merged plans,
+    one per method its merged engine could run, where it has more than its plan's). InputError (one
+    line) when even the leanest choice does not fit."""
     base_plan = plans[base.name]
     gpu = base_plan.gpu
     if not targets.definition(base_plan.target).lora_on_bfloat16 and base.model.dtype == "bfloat16":
@@ -126,12 +133,14 @@ def decide_family(
     mixed = min(len(candidates), concurrency) or 1
     cache = _cache(candidates, arch, dtype_bytes, base_plan.build.max_batch_size, tp)
     slot_gib = cache.max_adapter_bytes / GIB if cache else 0.0
-    fine_tunes, notes = [], {}
+    fine_tunes, notes, priced = [], {}, {}
     for t in tunes:
         load = loads[t.name]
         merged = None
         if t.serving.lora != "shared":
-            merged, notes[t.name] = _merged(plans[t.name], concurrency)
+            merged, notes[t.name], priced[t.name] = _merged(
+                (merged_plans or {}).get(t.name, [plans[t.name]]), concurrency
+            )
         fine_tunes.append(
             FineTune(
                 t.name,
@@ -155,8 +164,72 @@ def decide_family(
         f"maximize the fleet's predicted speedup 1 / sum(share / speedup) on {count} x {gpu.name} "
         f"({DEFAULT_RUNTIME} profile)"
     )
-    noted = tuple(replace(c, reason=f"{c.reason}; {notes[c.name]}") if c.name in notes else c for c in decision.choices)
-    return AutoDecision(base.name, noted, decision, rule)
+    by_name = {t.name: t for t in tunes}
+    noted = []
+    for c in decision.choices:
+        reason = f"{c.reason}; {notes[c.name]}" if c.name in notes else c.reason
+        for key, unused in _dropped_training(by_name[c.name], c):
+            if c.choice == "shared":
+                why = f"the fine-tune is shared, and the LoRA engine runs none of its own {unused} heads"
+            else:
+                speedup = priced[c.name][unused]
+                why = f"merged {c.method} {c.speedup:.2f}x beats {unused} {speedup:.2f}x with trained heads"
+            reason += f"; heads.{key}.train dropped (no train-heads stage): {why}"
+        noted.append(replace(c, reason=reason))
+    return AutoDecision(base.name, tuple(noted), decision, rule)
+
+
+def merged_methods(variant: VariantSpec) -> list[str]:
+    """The methods a merged engine of ``variant`` could run on its target, in ``method: auto``'s order:
+    those whose heads it has (``heads.<key>.path``) or will train (``heads.<key>.train``), and those
+    needing none."""
+    return [
+        d.name
+        for d in methods.definitions()
+        if d.auto_reason is not None
+        and variant.target in d.targets
+        and (d.heads is None or getattr(variant.heads, d.heads.key) is not None)
+    ]
+
+
+def merged_variant(variant: VariantSpec, method: str) -> VariantSpec:
+    """``variant`` (``speculative.method: auto``) merged with ``method``: the heads of every other method
+    dropped (their training too), ``auto`` kept where it then picks ``method``."""
+    keep = methods.definition(method).heads
+    drop = {
+        d.heads.key: None for d in methods.with_heads() if d.heads is not None and d.heads.key != (keep and keep.key)
+    }
+    out = variant.model_copy(update={"heads": variant.heads.model_copy(update=drop)})
+    if merged_methods(out)[:1] != [method]:
+        out = out.model_copy(update={"speculative": out.speculative.model_copy(update={"method": method})})
+    return out
+
+
+def as_decided(variant: VariantSpec, choice: VariantChoice, planned: str) -> VariantSpec:
+    """The fine-tune as ``choice`` serves it (``planned``: the method it was planned with, merged):
+    shared (``serving.lora: shared``), an auto one without its heads' training, whose heads the LoRA
+    engine does not run; merged with another method than planned, that method's heads only
+    (:func:`merged_variant`)."""
+    if choice.choice == "merged":
+        return variant if choice.method == planned else merged_variant(variant, choice.method)
+    drop = {}
+    for key, _ in _dropped_training(variant, choice):
+        heads = getattr(variant.heads, key)
+        drop[key] = None if heads.path is None else heads.model_copy(update={"train": None})
+    heads = variant.heads.model_copy(update=drop)
+    serving = variant.serving.model_copy(update={"lora": "shared"})
+    return variant.model_copy(update={"heads": heads, "serving": serving})
+
+
+def _dropped_training(variant: VariantSpec, choice: VariantChoice) -> list[tuple[str, str]]:
+    """(heads key, method) of each ``heads.<key>.train`` an auto fine-tune asked for and ``choice`` leaves
+    unused: every one on the shared engine, the other methods' on a merged one (an explicit serving.lora
+    keeps the planner's refusal)."""
+    if variant.serving.lora != "auto":
+        return []
+    runs = choice.method if choice.choice == "merged" else None
+    keys = [(d.heads.key, d.name) for d in methods.with_heads() if d.heads is not None and d.name != runs]
+    return [(k, m) for k, m in keys if getattr(variant.heads, k) is not None and getattr(variant.heads, k).train]
 
 
 def _fixed(t: VariantSpec, plans: dict[str, VariantPlan], where: str, merged_only: str = "") -> VariantChoice:
@@ -247,7 +320,18 @@ def _measured_acceptance(plan: VariantPlan) -> float | None:
     return found[0] if found else None
 
 
-def _merged(plan: VariantPlan, concurrency: int) -> tuple[MergedOption, str]:
+def _merged(options: Sequence[VariantPlan], concurrency: int) -> tuple[MergedOption, str, dict[str, float]]:
+    """The best predicted of ``options`` (one plan per method the merged engine could run, in auto's
+    order: the first wins a tie), its note, and every option's speedup by method."""
+    priced = [_merged_one(p, concurrency) for p in options]
+    best, note = max(priced, key=lambda o: o[0].speedup)
+    if len(priced) > 1:
+        compared = ", ".join(f"{o.method} {o.speedup:.2f}x" for o, _ in priced)
+        note = f"{note}; merged methods compared: {compared} (the best taken)"
+    return best, note, {o.method: o.speedup for o, _ in priced}
+
+
+def _merged_one(plan: VariantPlan, concurrency: int) -> tuple[MergedOption, str]:
     method = plan.speculative.method
     drafting = plan.speculative.drafting()
     measured = _measured_acceptance(plan)

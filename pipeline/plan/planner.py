@@ -74,26 +74,54 @@ def _decide_lora(
     spec: Spec, variants: list[VariantSpec], plans: list[VariantPlan], roots: OutputRoots
 ) -> tuple[list[AutoDecision], list[VariantSpec]]:
     """serving.lora auto: the planner's choice per fine-tune (pipeline/lora/auto.py), every auto fine-tune
-    planned as merged first; the variants to plan, the ones it shares set to serving.lora shared. The
-    shared engine is weighed as the base with the method its target runs on a LoRA engine (plain decoding
-    on the engine flow; auto's choice on the PyTorch backend)."""
+    planned as merged first (with method auto, once more per other method its merged engine could run);
+    the variants to plan as decided (:func:`pipeline.lora.auto.as_decided`: the ones it shares set to
+    serving.lora shared, the training of heads left unused dropped). The shared engine is weighed as the
+    base with the method its target runs on a LoRA engine (plain decoding on the engine flow; auto's
+    choice on the PyTorch backend)."""
     by_name = {p.name: p for p in plans}
     decisions = []
-    shared: set[str] = set()
+    decided: dict[str, VariantSpec] = {}
     for base, tunes in lora_auto.families(variants):
         if base.name not in by_name or any(t.name not in by_name for t in tunes):
             continue  # reported: the plan fails anyway
         family = {base.name, *(t.name for t in tunes)}
-        others = [p for p in plans if p.name not in family and p.name not in shared]
+        shared = {n for n, v in decided.items() if v.serving.lora == "shared"}
+        others = [p for p in by_name.values() if p.name not in family and p.name not in shared]
         engine = by_name[base.name]
         if base.speculative.method == "auto" and speculative_refusal(engine.speculative.method, engine.target):
             plain = variant_with_method(base, methods.PLAIN)  # the method a LoRA engine of this target runs
             engine = _plan_variant(spec, plain, roots, _Problems(spec, base.name)) or engine
-        decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine)
+        candidates = {t.name: _merged_candidates(spec, t, by_name[t.name], roots) for t in tunes}
+        decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine, candidates)
         decisions.append(decision)
-        shared |= {c.name for c in decision.choices if c.choice == "shared" and c.name in family}
-    serving = {v.name: v.serving.model_copy(update={"lora": "shared"}) for v in variants if v.name in shared}
-    return decisions, [v.model_copy(update={"serving": serving[v.name]}) if v.name in serving else v for v in variants]
+        choices = {c.name: c for c in decision.choices}
+        for t in tunes:
+            c = choices[t.name]
+            after = lora_auto.as_decided(t, c, by_name[t.name].speculative.method)
+            if after is not t:
+                decided[t.name] = after
+                if c.choice == "merged":  # later families weigh the engine as merged
+                    by_name[t.name] = next(p for p in candidates[t.name] if p.speculative.method == c.method)
+    return decisions, [decided.get(v.name, v) for v in variants]
+
+
+def _merged_candidates(spec: Spec, variant: VariantSpec, plan: VariantPlan, roots: OutputRoots) -> list[VariantPlan]:
+    """An auto fine-tune with method auto planned merged with every method its engine could run (``plan``
+    for auto's own pick), those that plan without a problem; else ``plan`` alone."""
+    if variant.serving.lora != "auto" or variant.speculative.method != "auto":
+        return [plan]
+    found = []
+    for method in lora_auto.merged_methods(variant):
+        problems = _Problems(spec, variant.name)
+        merged = (
+            plan
+            if method == plan.speculative.method
+            else _plan_variant(spec, lora_auto.merged_variant(variant, method), roots, problems)
+        )
+        if merged is not None and not problems.errors:
+            found.append(merged)
+    return found or [plan]
 
 
 def variant_with_method(variant: VariantSpec, method: str) -> VariantSpec:
