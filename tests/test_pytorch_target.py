@@ -5,7 +5,7 @@ held to TensorRT-LLM's own classes as recorded in pipeline/targets/pytorch_sourc
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -18,6 +18,7 @@ from pipeline.llm_api.options import llm_api_options
 from pipeline.plan.planner import make_plan
 from pipeline.plan.types import OutputRoots
 from pipeline.spec.document import load_spec
+from tests.methods.eagle3_fixtures import config, write
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = json.loads((REPO / "pipeline" / "targets" / "pytorch_sources.json").read_text())
@@ -61,8 +62,8 @@ def test_auto_chooses_ngram_on_the_pytorch_backend(plan_of):
     ("method", "expected"),
     [
         # heads the PyTorch backend cannot load: its own drafter kind is named, and the zero-touch method
-        ("medusa", "Medusa runs on target tensorrt or reference only, not pytorch; that target runs EAGLE-3"),
-        ("eagle", "Eagle runs on target tensorrt or reference only, not pytorch; that target runs EAGLE-3"),
+        ("medusa", "Medusa runs on target tensorrt or reference only, not pytorch; that target drafts with EAGLE-3"),
+        ("eagle", "Eagle runs on target tensorrt or reference only, not pytorch; that target drafts with EAGLE-3"),
         # a zero-touch method: the target's zero-touch method is the nearest
         ("lookahead", "use method: ngram there (no extra weights, the nearest to Lookahead)"),
     ],
@@ -113,12 +114,15 @@ def check_options(options: dict) -> None:
     assert set(options["kv_cache_config"]) <= fields(SOURCES["kv_cache_config"])
     spec = options.get("speculative_config")
     if spec is not None:
-        ngram = SOURCES["speculative_config"]["classes"]["NGram"]
-        base = SOURCES["speculative_config"]["classes"]["base"]
-        assert spec["decoding_type"] == ngram["fields"]["decoding_type"]["default"] == "NGram"
-        assert set(spec) <= fields(ngram) | fields(base)
-        assert spec["max_draft_len"] > 0  # validate_ngram_config: NGram needs max_draft_len > 0
-        assert spec["max_matching_ngram_size"] > 0  # PositiveInt
+        classes = SOURCES["speculative_config"]["classes"]
+        own = classes[spec["decoding_type"]]  # the class the decoding_type selects (NGram, Eagle3)
+        assert spec["decoding_type"] == own["fields"]["decoding_type"]["default"]
+        assert set(spec) <= fields(own) | fields(classes["base"]), set(spec) - fields(own) - fields(classes["base"])
+        assert spec["max_draft_len"] > 0  # NGram's validator; EAGLE-3 drafts at least one token
+        if spec["decoding_type"] == "NGram":
+            assert spec["max_matching_ngram_size"] > 0  # PositiveInt
+        else:  # Eagle3: speculative_model is required
+            assert spec["speculative_model"] and all(isinstance(i, int) for i in spec["eagle3_layers_to_capture"])
     lora = options.get("lora_config")
     if lora is not None:
         assert set(lora) <= fields(SOURCES["lora_config"])
@@ -145,7 +149,8 @@ def test_every_emitted_llm_api_argument_is_one_tensorrt_llm_reads(roots):
         plan = shipped_plan(name, roots)
         for variant in plan.variants:
             package = variant.stage("package")
-            check_options(llm_api_options(variant, package, Path("/models/engines/base/lora")))
+            root = PurePosixPath("/models/engines/base")
+            check_options(llm_api_options(variant, package, root / "lora", root / "checkpoint" / "eagle3"))
             argv = launch_argv(variant)
             assert argv[0] == "trtllm-serve" and argv[1].endswith("/checkpoint")
             flags = {a for a in argv if a.startswith("--")}
@@ -184,3 +189,67 @@ def test_the_smollm2_fleet_builds_its_gpu_deployment_on_cpu(cli, smollm2_dir, tm
     assert container["args"][:2] == ["trtllm-serve", "/models/engines/base/checkpoint"]
     assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_rehearsal_on_the_pytorch_backend_measures_what_it_runs(cli, smollm2_dir, tmp_path, write_spec):
+    # The evaluate stage converts the deployed checkpoint for the reference backend and measures the
+    # methods this target runs (plain and NGram), never Lookahead, which it cannot run.
+    spec = write_spec(
+        "name: p\nmodel: {builtin: smollm2-135m-instruct, dtype: float32}\ntarget: pytorch\n"
+        "speculative: {method: best}\nevaluation: {count: 2, max_new_tokens: 8}\n"
+    )
+    rc, out, err = cli("engine", str(spec))
+    assert rc == 0, err + out
+    report = json.loads((tmp_path / "engines" / "p" / "evaluation" / "evaluation.json").read_text())
+    assert sorted(r["method"] for r in report["candidates"]) == ["ngram", "none"]
+    assert all(r["identity"]["identical"] for r in report["candidates"]), report["candidates"]
+    options = yaml.safe_load((tmp_path / "triton_repo" / "p" / OPTIONS_FILE).read_text())
+    chosen = report["choice"]["method"]
+    assert ("speculative_config" in options) == (chosen == "ngram")
+
+
+# -- EAGLE-3 ------------------------------------------------------------------------------------------
+
+
+def eagle3_spec(hf_config_dir, tmp_path, target: str = "pytorch", method: str = "auto") -> str:
+    drafter = write(tmp_path / "drafter", config())  # ModelOpt's export for this tiny base, capture layers 0, 1
+    model = hf_config_dir()
+    return (
+        f"name: p\nmodel: {{path: {model}}}\ntarget: {target}\nspeculative: {{method: {method}}}\n"
+        f"heads: {{eagle3: {{path: {drafter}}}}}\n"
+    )
+
+
+def test_an_eagle3_drafter_is_auto_s_choice_and_deployed_beside_the_model(plan_of, hf_config_dir, tmp_path):
+    (variant,) = plan_of(eagle3_spec(hf_config_dir, tmp_path)).variants
+    assert variant.speculative.method == "eagle3" and variant.speculative.eagle3.capture_layers == (0, 1)
+    checkpoint = variant.stage("checkpoint")
+    assert checkpoint.inputs["drafter"] == tmp_path / "drafter"
+    root = PurePosixPath("/models/engines/p")
+    options = llm_api_options(variant, variant.stage("package"), root / "lora", root / "checkpoint" / "eagle3")
+    check_options(options)
+    assert options["speculative_config"] == {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": "/models/engines/p/checkpoint/eagle3",
+        "eagle3_layers_to_capture": [0, 1],  # TensorRT-LLM reads them from here, not from the drafter
+    }
+    assert variant.memory.heads_gib > 0
+
+
+def test_an_eagle3_drafter_on_the_engine_flow_is_refused_with_what_it_drafts_with(problems_of, hf_config_dir, tmp_path):
+    message = problems_of(eagle3_spec(hf_config_dir, tmp_path, target="tensorrt", method="eagle3"))
+    assert "EAGLE-3 runs on target pytorch only, not tensorrt; that target drafts with Eagle (heads.eagle)" in message
+    assert "or use method: lookahead there" in message
+
+
+def test_a_broken_eagle3_drafter_is_one_located_error(problems_of, hf_config_dir, tmp_path):
+    text = eagle3_spec(hf_config_dir, tmp_path)
+    (tmp_path / "drafter" / "config.json").write_text(json.dumps(config(hidden_size=128)))
+    message = problems_of(text)
+    assert "heads.eagle3.path" in message and "hidden_size" in message and "\n" not in message.strip()
+
+
+def test_rehearsal_is_refused_for_an_eagle3_variant(problems_of, hf_config_dir, tmp_path):
+    message = problems_of(eagle3_spec(hf_config_dir, tmp_path) + "evaluation: {count: 2}\n")
+    assert "no EAGLE-3 drafter yet" in message

@@ -16,14 +16,16 @@ import shutil
 from pathlib import Path
 
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
+from pipeline.llm_api.deployment import DRAFTER_FOLDER
 from pipeline.quantize.hf import TOKENIZER_FILES
 
 MODEL_FILES = ("config.json", "generation_config.json", "hf_quant_config.json", "model.safetensors.index.json")
 
 
-def place_checkpoint(model: Path, tokenizer: Path, out: Path) -> tuple[int, int]:
-    """Check ``model`` and place its files (and ``tokenizer``'s tokenizer files it lacks) in ``out``;
-    returns (files placed, bytes)."""
+def place_checkpoint(model: Path, tokenizer: Path, out: Path, drafter: Path | None = None) -> tuple[int, int]:
+    """Check ``model`` and place its files (and ``tokenizer``'s tokenizer files it lacks) in ``out``, and
+    an EAGLE-3 ``drafter`` folder's config.json and safetensors in ``out/DRAFTER_FOLDER`` (the planner
+    read it: pipeline/methods/eagle3_reader.py); returns (files placed, bytes)."""
     checkpoint = open_hf_checkpoint(model)
     try:
         shards = [f.path for f in checkpoint.files]
@@ -36,6 +38,10 @@ def place_checkpoint(model: Path, tokenizer: Path, out: Path) -> tuple[int, int]
             placed.append((model / name, out / name))
         elif (tokenizer / name).is_file():
             placed.append((tokenizer / name, out / name))
+    if drafter is not None:
+        (out / DRAFTER_FOLDER).mkdir()
+        files = ["config.json", *sorted(p.name for p in drafter.glob("*.safetensors")), "model.safetensors.index.json"]
+        placed += [(drafter / n, out / DRAFTER_FOLDER / n) for n in dict.fromkeys(files) if (drafter / n).is_file()]
     for source, target in placed:
         shutil.copyfile(source, target)
     return len(placed), sum(source.stat().st_size for source, _ in placed)

@@ -44,15 +44,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--method",
         required=True,
-        choices=["medusa", "eagle", "lookahead", "ngram", "none"],
-        help="the speculative method",
+        choices=["medusa", "eagle", "eagle3", "lookahead", "ngram", "none"],
+        help="the speculative method (eagle3: a chain of --max-draft-len drafts, default 3)",
     )
     parser.add_argument("--tree", help=f"draft tree preset for medusa/eagle (default {DEFAULT_TREE})")
     parser.add_argument("--medusa-heads", type=int, help="Medusa heads (default: the tree depth)")
     parser.add_argument("--eagle-dynamic-top-k", type=int, help="EAGLE-2 dynamic tree with this top_k")
     parser.add_argument("--eagle-layers", type=int, default=4, help="EAGLE-2 tree depth (default 4)")
     parser.add_argument(
-        "--max-draft-len", type=int, help="EAGLE-2 nodes verified (default top_k x layers); NGram's K (default 4)"
+        "--max-draft-len",
+        type=int,
+        help="EAGLE-2 nodes verified (default top_k x layers); NGram's K (default 4); EAGLE-3's chain (default 3)",
     )
     parser.add_argument("--lookahead", metavar="W,N,G", help=f"Lookahead (W, N, G) (default {DEFAULT_LOOKAHEAD})")
     parser.add_argument(
@@ -91,11 +93,11 @@ def drafting_from_args(args: argparse.Namespace):
 
     if args.method == "none":
         return Drafting.plain()
-    if args.method == "ngram":
-        k = args.max_draft_len or 4
+    if args.method in ("ngram", "eagle3"):
+        k = args.max_draft_len or (4 if args.method == "ngram" else 3)
         if k < 1:
             raise InputError("--max-draft-len must be >= 1")
-        return Drafting.ngram(k)
+        return Drafting.ngram(k) if args.method == "ngram" else Drafting.eagle3(k)
     if args.method == "lookahead":
         text = args.lookahead or DEFAULT_LOOKAHEAD
         try:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from pipeline import methods
 from pipeline.costmodel.gemm_probe import probe
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
@@ -157,6 +158,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             params["eagle_dynamic_top_k"],
             spec.ngram,
         )
+        listed = [c for c in listed if variant.target in methods.definition(c.method).targets]  # what it can run
         loaded = [cands.load(engine, candidate) for candidate in listed]
         say(
             f"[{variant.name}] evaluate: {len(listed)} candidates ({', '.join(c.name for c in listed)}) on "

@@ -29,6 +29,7 @@ from pipeline.plan.types import StagePlan, VariantPlan
 from pipeline.spec.deploy import TRITON_REPO_FOLDER
 
 OPTIONS_FILE = "extra_llm_api_options.yaml"
+DRAFTER_FOLDER = "eagle3"  # an EAGLE-3 drafter, beside the model it drafts for: <checkpoint>/eagle3/
 SERVE_FILE = "serve.json"
 LLMAPI_MODEL_YAML = PurePosixPath("llmapi/tensorrt_llm/1/model.yaml")
 HEALTH_PATH = "/health"  # trtllm-serve's liveness endpoint (tensorrt_llm/serve/openai_server.py)
@@ -78,7 +79,7 @@ def emit_deployment(variant: VariantPlan, package: StagePlan, out: Path) -> None
     engines_root = PurePosixPath(package.params["engines_root"])
     model = deployed(engines_root, Path(package.inputs["checkpoint"]))
     adapters_root = model.parent / "lora"
-    options = llm_api_options(variant, package, adapters_root)
+    options = llm_api_options(variant, package, adapters_root, model / DRAFTER_FOLDER)
     (out / OPTIONS_FILE).write_text(yaml.safe_dump(options, sort_keys=False), encoding="utf-8")
     tunes = fine_tunes(package, adapters_root)
     serve: dict[str, Any] = {

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
+from pipeline.methods.eagle3 import Eagle3Config
 from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.types import StagePlan, VariantPlan
 
@@ -31,13 +32,16 @@ from pipeline.plan.types import StagePlan, VariantPlan
 BACKEND = "pytorch"
 
 
-def speculative_config(variant: VariantPlan) -> dict[str, Any] | None:
-    """``speculative_config`` as the LLM API parses it (``decoding_type`` picks the class); None: plain."""
+def speculative_config(variant: VariantPlan, drafter: PurePosixPath) -> dict[str, Any] | None:
+    """``speculative_config`` as the LLM API parses it (``decoding_type`` picks the class); None: plain.
+    ``drafter``: where the deployment mounts an EAGLE-3 drafter."""
     config = variant.speculative.config
     if config is None:
         return None
     if isinstance(config, NGramConfig):
         return config.llm_api_config()
+    if isinstance(config, Eagle3Config):
+        return config.llm_api_config(drafter)
     raise ValueError(f"{variant.name}: {variant.speculative.method} has no LLM API decoding config")  # refused at plan
 
 
@@ -56,8 +60,11 @@ def lora_config(package: StagePlan, adapters_root: PurePosixPath) -> dict[str, A
     }
 
 
-def llm_api_options(variant: VariantPlan, package: StagePlan, adapters_root: PurePosixPath) -> dict[str, Any]:
-    """The LLM API arguments of this variant's deployment, beyond the model path and the backend."""
+def llm_api_options(
+    variant: VariantPlan, package: StagePlan, adapters_root: PurePosixPath, drafter: PurePosixPath
+) -> dict[str, Any]:
+    """The LLM API arguments of this variant's deployment, beyond the model path and the backend;
+    ``adapters_root`` and ``drafter``: where the deployment mounts the adapters and the EAGLE-3 drafter."""
     build = package.params["build"]
     options: dict[str, Any] = {
         "tensor_parallel_size": package.params["parallel"]["tp"],
@@ -72,7 +79,7 @@ def llm_api_options(variant: VariantPlan, package: StagePlan, adapters_root: Pur
             "max_tokens": build["max_batch_size"] * build["engine_max_seq_len"],
         },
     }
-    speculative = speculative_config(variant)
+    speculative = speculative_config(variant, drafter)
     if speculative is not None:
         options["speculative_config"] = speculative
     lora = lora_config(package, adapters_root)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import StageUnavailable
 from pipeline.evaluation.stage import load_engine
 from pipeline.lora.convert import convert_adapter
 from pipeline.lora.rules import ADAPTER_NUMPY_DTYPE
@@ -115,6 +116,11 @@ def load_standin(variant: VariantPlan, scratch: Path, say: Any = print) -> Stand
     """Load the variant's built deployment into the reference backend (``scratch``: an empty folder)."""
     from transformers import AutoTokenizer
 
+    if variant.speculative.eagle3 is not None:
+        raise StageUnavailable(
+            f"{variant.name} drafts with EAGLE-3, and the reference backend has no EAGLE-3 drafter yet: serve it "
+            "on a GPU host with trtllm-serve (`specdeploy serve SPEC --print-command`)"
+        )
     checkpoint = variant.stage("checkpoint").output
     converted = scratch / "checkpoint"
     converted.mkdir()

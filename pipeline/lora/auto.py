@@ -145,7 +145,9 @@ def decide_family(
             FineTune(
                 t.name,
                 slot_gib,
-                _shared_speedup(engine, deployment, LoraLoad(load.rank, load.modules, mixed), concurrency),
+                _shared_speedup(
+                    engine, deployment, LoraLoad(load.rank, load.modules, mixed), concurrency, plans[t.name]
+                ),
                 merged,
                 t.traffic.share,
                 t.serving.lora,
@@ -292,14 +294,21 @@ def _load(spec: Spec, variant: VariantSpec, num_layers: int, weights_present: bo
     return _Load(max([config.r, *config.rank_pattern.values()]), modules)
 
 
-def _shared_speedup(engine: VariantPlan, deployment: Deployment, load: LoraLoad, concurrency: int) -> float:
+def _shared_speedup(
+    engine: VariantPlan, deployment: Deployment, load: LoraLoad, concurrency: int, merged: VariantPlan
+) -> float:
     """A fine-tune's predicted speedup on the shared engine: plain decoding plus its LoRA parts, or, where
-    the target speculates on a LoRA engine, the engine's method with the LoRA parts on every row it feeds,
-    at the method's published acceptance (one shared draft: the adapters change the target only)."""
-    if not methods.is_speculative(engine.speculative.method):
+    the target speculates on a LoRA engine, the engine's method with the LoRA parts on every row it feeds
+    (one shared draft: the adapters change the target only), at the acceptance the fine-tune's own
+    rehearsal measured for that method (``merged``: its merged plan, whose evaluate stage ran its
+    merged weights, which is the adapted target), else the method's published median."""
+    method = engine.speculative.method
+    if not methods.is_speculative(method):
         return shared_speedup(deployment, load, concurrency)
     drafting = engine.speculative.drafting()
-    acceptance = min(max(methods.definition(engine.speculative.method).prior_acceptance, 1.0), drafting.rows)
+    measured = _measured_acceptance(merged) if merged.speculative.method == method else None
+    acceptance = measured if measured is not None else methods.definition(method).prior_acceptance
+    acceptance = min(max(acceptance, 1.0), drafting.rows)
     return predict(deployment, drafting, acceptance, [concurrency], lora=load)[0].speedup
 
 

@@ -1,8 +1,8 @@
 """The speculative-decoding methods, each defined once (:class:`~pipeline.methods.base.MethodDefinition`).
 
-One module per method: ``eagle.py`` (EAGLE-1/2), ``medusa.py``, ``lookahead.py``, ``ngram.py`` and ``plain.py``
-(plain decoding, the baseline). Each holds the method's definition and its plan-time rules; the
-reference runtime's loop for it lives in ``pipeline/runtime/spec_decode/``. Every other module asks
+One module per method: ``eagle3.py`` (EAGLE-3), ``eagle.py`` (EAGLE-1/2), ``medusa.py``, ``lookahead.py``,
+``ngram.py`` and ``plain.py`` (plain decoding, the baseline). Each holds the method's definition and its
+plan-time rules; the reference runtime's loop for it lives in ``pipeline/runtime/spec_decode/``. Every other module asks
 :func:`definition` (``definition(name).heads``, ``.build_mode``, ``.drafts_tree``, ...) rather than
 comparing method names, so a new method is one more module here, one more entry in
 :data:`DEFINITIONS`, and its runtime class.
@@ -11,12 +11,13 @@ comparing method names, so a new method is one more module here, one more entry 
 from __future__ import annotations
 
 from pipeline.errors import InputError
-from pipeline.methods import eagle, lookahead, medusa, ngram, plain
+from pipeline.methods import eagle, eagle3, lookahead, medusa, ngram, plain
 from pipeline.methods.base import MethodDefinition
 
 # Every method, in the order method: auto tries them (the first whose heads are present and that has
 # an auto_reason is chosen): the drafters with the highest acceptance first.
 DEFINITIONS: tuple[MethodDefinition, ...] = (
+    eagle3.DEFINITION,
     eagle.DEFINITION,
     medusa.DEFINITION,
     lookahead.DEFINITION,
@@ -55,26 +56,19 @@ def with_heads() -> tuple[MethodDefinition, ...]:
     return tuple(d for d in definitions() if d.heads is not None)
 
 
-# What a target runs instead of a method it does not: TensorRT-LLM's PyTorch backend drafts with
-# EAGLE-3 drafters ("EAGLE (v1/v2) draft checkpoints are incompatible", docs/source/features/
-# speculative-decoding.md) and has no Medusa or Lookahead; the engine flow's Triton backend cannot
-# draft NGram for itself (examples/prompt_lookup drafts outside the engine).
-DRAFTER_ELSEWHERE = {
-    "pytorch": "EAGLE-3 drafters (EAGLE-1/2 and Medusa heads do not load on TensorRT-LLM's PyTorch backend)",
-}
-
-
 def target_refusal(method: MethodDefinition, target: str) -> str:
-    """Why ``method`` cannot run on ``target``, with the nearest method that can: another method that
-    needs no extra weights for one that needs none, the target's drafter for heads."""
-    zero_touch = [d.name for d in definitions() if target in d.targets and d.speculative and d.heads is None]
-    drafters = [d.name for d in definitions() if target in d.targets and d.heads is not None]
+    """Why ``method`` cannot run on ``target``, with the nearest that can: for heads, the kind of drafter
+    that target loads; for a method without extra weights, the target's own (and those in any case).
+
+    TensorRT-LLM's PyTorch backend drafts with EAGLE-3 only ("EAGLE (v1/v2) draft checkpoints are
+    incompatible", docs/source/features/speculative-decoding.md), and has no Medusa or Lookahead; the
+    engine flow loads no EAGLE-3 drafter, and its Triton backend cannot draft NGram for itself."""
+    zero_touch = " or ".join(d.name for d in definitions() if target in d.targets and d.speculative and not d.heads)
+    drafters = [d for d in definitions() if target in d.targets and d.heads is not None]
     if method.heads is not None and drafters:
-        nearest = f"use method: {' or '.join(drafters)} there (heads of that kind)"
-    elif method.heads is not None and target in DRAFTER_ELSEWHERE:
-        drafter = DRAFTER_ELSEWHERE[target]
-        nearest = f"that target runs {drafter}; use method: {' or '.join(zero_touch)} there (no extra weights)"
+        kinds = ", ".join(f"{d.title} (heads.{d.heads.key})" for d in drafters if d.heads is not None)
+        nearest = f"that target drafts with {kinds}; or use method: {zero_touch} there (no extra weights)"
     else:
-        nearest = f"use method: {' or '.join(zero_touch)} there (no extra weights, the nearest to {method.title})"
+        nearest = f"use method: {zero_touch} there (no extra weights, the nearest to {method.title})"
     where = " or ".join(method.targets)
     return f"{method.title} runs on target {where} only, not {target}; {nearest}, or target: {method.targets[0]}"

@@ -64,6 +64,7 @@ class HeadsNeed:
     holds: str  # what the folder holds, for errors that name it
     training_target: float  # the acceptance length train-heads aims at on the embedded model
     splits_on_hidden: bool = True  # the converter splits the heads' linears on hidden_size under tp
+    trainable: bool = True  # train-heads can train them (heads.<key>.train)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,11 +86,12 @@ class MethodDefinition:
     prior_acceptance: float  # acceptance length assumed before any measurement (the LoRA decision)
     cost_terms: tuple[str, ...]  # the cost model's per-method step terms a calibration fits
     lora_refusal: str | None  # why the engine flow cannot run it on a shared LoRA engine; None: it can
+    llm_api_decoding_type: str | None = None  # speculative_config.decoding_type on the PyTorch backend
 
     @property
     def speculative(self) -> bool:
         """Whether it drafts tokens at all (plain decoding does not)."""
-        return self.build_mode is not None
+        return self.build_mode is not None or self.llm_api_decoding_type is not None
 
     @property
     def engine_mode(self) -> int:

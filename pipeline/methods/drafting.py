@@ -9,6 +9,9 @@ models (pipeline/costmodel/step_gpu.py, step_cpu.py) price it from these fields 
 * EAGLE-1 / EAGLE-2: per tree level, one drafter pass (fc 2 hidden x hidden + one decoder layer) and
   one lm_head pass over the nodes expanded at that level (level 0, over the accepted tokens, takes
   the logits of the last one only); rows fed = 1 + tree nodes;
+* EAGLE-3's chain of K drafts: K drafter passes (fc over the captured hidden states + one decoder
+  layer), the first over the accepted tokens, each later one over the one token it drafted; rows fed =
+  1 + K (priced as EAGLE's passes: its fc fuses three hidden states, not two, a small undercount);
 * Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
 """
 
@@ -71,6 +74,11 @@ class Drafting:
         """EAGLE-2: top_k nodes expanded per level after the first; max_draft_len nodes verified."""
         levels = (num_layers + 1, *([top_k] * (num_layers - 1)))
         return cls("eagle", 1 + max_draft_len, eagle_level_rows=levels, row_term="tree_row_s")
+
+    @classmethod
+    def eagle3(cls, max_draft_len: int) -> Drafting:
+        """EAGLE-3's linear chain: pass 0 over the accepted tokens (up to K + 1 rows), then one row a pass."""
+        return cls("eagle3", 1 + max_draft_len, eagle_level_rows=(max_draft_len + 1, *([1] * (max_draft_len - 1))))
 
     @classmethod
     def lookahead(cls, config: _DraftLength) -> Drafting:

@@ -7,7 +7,7 @@
   lm_head, padded to a multiple of tp, split over tp on the last stage.
 * heads: Medusa adds per head (ResBlocks H*H + lm_head V*H) / tp; EAGLE adds, for each of
   num_eagle_layers drafter copies TensorRT-LLM instantiates, fc (2H*H), one decoder layer
-  and a copy of lm_head, all / tp.
+  and a copy of lm_head, all / tp; EAGLE-3 its drafter once (``Eagle3Config.drafter_params``) / tp.
 * KV cache: 2 (K and V) * layers of the stage * kv_heads per rank * head_dim * bytes per
   element * max_batch_size * engine max_seq_len (a worst case: the runtime sizes the
   pool from kv_cache_free_gpu_mem_fraction, so this asks that every sequence can be full).
@@ -90,6 +90,8 @@ def estimate_memory(
     elif speculative.eagle is not None:
         drafter = 2 * hidden * hidden + hidden + arch.decoder_layer_params() + padded_vocab * hidden
         heads = speculative.eagle.num_eagle_layers * drafter / tp * dense_bytes
+    elif speculative.eagle3 is not None:
+        heads = speculative.eagle3.drafter_params(arch) / tp * dense_bytes
 
     kv_heads_per_rank = max(1, arch.num_kv_heads // tp)
     kv_cache = (

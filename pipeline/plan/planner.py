@@ -323,18 +323,25 @@ def _plan_variant(
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
     calibration = _calibration(spec, variant, problems)
-    if variant.evaluation is not None and not target.builds_engines:
-        problems.note(
-            f"evaluation: rehearsal runs on TensorRT-LLM engines' checkpoints; on target {variant.target} no "
-            "evaluate stage is planned yet (its batch_sizes still set the fleet's concurrency)"
+    if variant.evaluation is not None and speculative.eagle3 is not None:
+        problems.error(
+            ("evaluation",),
+            "rehearsal runs the reference backend, which has no EAGLE-3 drafter yet; remove evaluation: (the "
+            "fleet's concurrency then defaults to 1), or rehearse NGram with speculative.method: ngram",
         )
-        if variant.release is not None:
-            problems.error(
-                ("release",), f"release gates need the evaluate stage, which target {variant.target} has not yet"
-            )
     elif variant.evaluation is not None:
         stages = _with_evaluate(
-            spec, variant, stages, model_dir, heads_dir, gpu, rehearsal, rehearsal_heads, calibration
+            spec,
+            variant,
+            stages,
+            model_dir,
+            heads_dir,
+            gpu,
+            rehearsal,
+            rehearsal_heads,
+            calibration,
+            speculative,
+            quant.kv_cache_fp8,
         )
     stages, serve_resources = _resources(variant, arch, speculative, quant, memory, gpu, stages, problems)
     return VariantPlan(
@@ -698,7 +705,9 @@ def _stages(
     if not targets.definition(variant.target).builds_engines:
         return (
             *stages,
-            *_llm_api_stages(variant, roots, variant_root, source, model_dir, speculative, build, problems, lora),
+            *_llm_api_stages(
+                variant, roots, variant_root, source, model_dir, heads_dir, speculative, build, problems, lora
+            ),
         )
     checkpoint = variant_root / "checkpoint"
     convert_inputs = {"model": source} | ({"heads": heads_dir} if heads_dir else {})
@@ -761,19 +770,20 @@ def _llm_api_stages(
     variant_root: Path,
     source: Path,
     model_dir: Path | None,
+    heads_dir: Path | None,
     speculative: SpeculativeConfig,
     build: BuildConfig,
     problems: _Problems,
     lora: LoraGroupPlan | None,
 ) -> tuple[StagePlan, ...]:
     """A target whose runtime loads the Hugging Face checkpoint (TensorRT-LLM's LLM API): the checkpoint it
-    loads (merged or FP8-quantized when the spec says so), the LoRA group's adapters as PEFT folders, and
-    the runtime configuration (pipeline/llm_api/); no convert, no engine build."""
+    loads (merged or FP8-quantized when the spec says so) with its EAGLE-3 drafter, the LoRA group's
+    adapters as PEFT folders, and the runtime configuration (pipeline/llm_api/); no convert, no engine
+    build."""
     tokenizer = model_dir if model_dir is not None else Path("<weights missing>")
     checkpoint = variant_root / "checkpoint"
-    stages = [
-        StagePlan("checkpoint", checkpoint, {"model": source, "tokenizer": tokenizer}, {"dtype": variant.model.dtype})
-    ]
+    inputs = {"model": source, "tokenizer": tokenizer} | ({"drafter": heads_dir} if heads_dir else {})
+    stages = [StagePlan("checkpoint", checkpoint, inputs, {"dtype": variant.model.dtype})]
     package_inputs = {"checkpoint": checkpoint}
     lora_params: dict[str, Any] = {}
     if lora is not None:  # PEFT folders, one per task id, which the LLM API's LoRARequest loads by path
@@ -834,15 +844,26 @@ def _with_evaluate(
     rehearsal: SpeculativeConfig | None = None,
     rehearsal_heads: Path | None = None,
     calibration: Path | None = None,
+    speculative: SpeculativeConfig | None = None,
+    kv_cache_fp8: bool = False,
 ) -> tuple[StagePlan, ...]:
     """The evaluate stage after convert (pipeline/evaluation/ has what it measures). With method: best
     (``rehearsal``, the heads' candidates) it comes before convert and converts the candidates' checkpoint
-    itself, so that convert, build and package can follow its choice."""
+    itself, so that convert, build and package can follow its choice. On a target without engines (the
+    PyTorch backend) it follows the checkpoint stage and converts that checkpoint, the one deployed."""
     from pipeline.evaluation.prompts import prompt_files
 
     evaluation = variant.evaluation
     assert evaluation is not None
-    convert = next(stage for stage in stages if stage.name == "convert")
+    convert = next((stage for stage in stages if stage.name == "convert"), None)
+    after: StagePlan | None = None  # the stage evaluate follows, where it converts for itself
+    if convert is None:  # the LLM API's checkpoint, converted by the evaluate stage as convert would
+        after = next(stage for stage in stages if stage.name == "checkpoint")
+        rehearsal = rehearsal or speculative
+        assert rehearsal is not None  # the planner passes the variant's resolved method
+        params = {"tp": variant.parallel.tp, "pp": variant.parallel.pp, "dtype": variant.model.dtype}
+        params |= {"speculative": jsonable(dataclasses.asdict(rehearsal)), "kv_cache_fp8": kv_cache_fp8}
+        convert = StagePlan("convert", after.output, {"model": after.output}, params)  # not a stage of the plan
     prompts = prompt_files(spec.resolve_path(evaluation.prompts) if evaluation.prompts else None)
     inputs = (
         {
@@ -876,7 +897,10 @@ def _with_evaluate(
             "method": variant.speculative.method,
         },
     )
-    at = stages.index(convert) + (0 if rehearsal is not None else 1)
+    if after is not None:
+        at = stages.index(after) + 1
+    else:
+        at = stages.index(convert) + (0 if rehearsal is not None else 1)
     return (*stages[:at], stage, *stages[at:])
 
 

@@ -184,6 +184,8 @@ def _heads_file_params(s: Sizing) -> int:
         return spec.medusa.num_heads * (spec.medusa.num_layers * (h * h + h) + s.arch.vocab_size * h)
     if spec.eagle is not None:
         return 2 * h * h + h + s.arch.decoder_layer_params()
+    if spec.eagle3 is not None:
+        return spec.eagle3.drafter_params(s.arch)
     return 0
 
 

@@ -18,11 +18,14 @@ from pipeline import methods
 from pipeline.methods.base import SPECULATIVE_DECODING_MODES
 from pipeline.methods.drafting import Drafting
 from pipeline.methods.eagle import EagleConfig
+from pipeline.methods.eagle3 import Eagle3Config
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.medusa import MedusaConfig
 from pipeline.methods.ngram import NGramConfig
 
-Method = Literal["medusa", "eagle", "lookahead", "ngram", "none"]  # the names of pipeline.methods' definitions
+Method = Literal[
+    "medusa", "eagle", "eagle3", "lookahead", "ngram", "none"
+]  # the names of pipeline.methods' definitions
 
 # The Triton tensorrt_llm model's decoding_mode values (TensorRT-LLM executor's DecodingMode names):
 # those plain decoding serves, and the speculative ones.
@@ -42,6 +45,8 @@ def engine_mode_method(mode: int | str | None) -> str:
         if not names:
             return str(mode)
         build_mode = names[0]
+    if build_mode is None:  # NONE: plain decoding (a method built by no engine flow has no mode either)
+        return "none"
     return next((d.name for d in methods.definitions() if d.build_mode == build_mode), str(build_mode))
 
 
@@ -53,9 +58,10 @@ class SpeculativeConfig:
     eagle: EagleConfig | None = None
     lookahead: LookaheadConfig | None = None
     ngram: NGramConfig | None = None
+    eagle3: Eagle3Config | None = None
 
     @property
-    def config(self) -> MedusaConfig | EagleConfig | LookaheadConfig | NGramConfig | None:
+    def config(self) -> MedusaConfig | EagleConfig | LookaheadConfig | NGramConfig | Eagle3Config | None:
         """The method's own resolved config (None for plain decoding)."""
         return getattr(self, self.method, None)
 

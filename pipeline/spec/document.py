@@ -128,11 +128,21 @@ class EagleHeadsSpec(_TrainedHeads):
     """Train the drafter for this variant's target (train-heads stage); the stage's output replaces ``path``."""
 
 
+class Eagle3HeadsSpec(_Strict):
+    path: str
+    """EAGLE-3 drafter folder in the Hugging Face format ModelOpt, SpecForge and NVIDIA publish
+    (config.json + model.safetensors); relative paths are relative to the spec file."""
+    train: None = None
+    """Not supported yet: specdeploy does not train EAGLE-3 drafters; give ``path``."""
+
+
 class HeadsSpec(_Strict):
     medusa: MedusaHeadsSpec | None = None
     """Medusa heads for the base model (method medusa, or auto without EAGLE heads)."""
     eagle: EagleHeadsSpec | None = None
     """EAGLE-1 drafter for the base model (method eagle, or auto)."""
+    eagle3: Eagle3HeadsSpec | None = None
+    """EAGLE-3 drafter for the base model (method eagle3, or auto on target pytorch)."""
 
 
 class _TreeSettings(_Strict):
@@ -189,8 +199,15 @@ class NGramSettings(_Strict):
     """One pool for every request; false: a pool per request."""
 
 
+class Eagle3Settings(_Strict):
+    """TensorRT-LLM's Eagle3DecodingConfig (a linear chain of drafts)."""
+
+    max_draft_len: int = Field(3, ge=1, le=32)
+    """Draft tokens per step: the drafter runs this many times, one token each."""
+
+
 class SpeculativeSpec(_Strict):
-    method: Literal["auto", "best", "medusa", "eagle", "lookahead", "ngram", "none"] = "auto"
+    method: Literal["auto", "best", "medusa", "eagle", "eagle3", "lookahead", "ngram", "none"] = "auto"
     """auto: EAGLE > Medusa > Lookahead by which heads exist; best: the evaluate stage's measured choice."""
     medusa: MedusaSettings = MedusaSettings()
     """Medusa tree settings (used when the method is medusa)."""
@@ -199,7 +216,9 @@ class SpeculativeSpec(_Strict):
     lookahead: LookaheadSettings = LookaheadSettings()
     """Lookahead (W, N, G) settings (used when the method is lookahead)."""
     ngram: NGramSettings = NGramSettings()
-    """NGram pool settings (used when the method is ngram; the reference target)."""
+    """NGram pool settings (used when the method is ngram)."""
+    eagle3: Eagle3Settings = Eagle3Settings()
+    """EAGLE-3 settings (used when the method is eagle3; target pytorch)."""
 
 
 class CalibrationSpec(_Strict):

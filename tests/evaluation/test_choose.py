@@ -135,7 +135,7 @@ def test_overlapping_intervals_take_the_tie_rule():
     choice = choose(wide, 1, "l40s", Gates())
     assert choice.candidate == "medusa[t]" and set(choice.not_separable) == {"eagle[t]", "medusa[t]"}
     assert "not separable by the model's error" in choice.reason
-    assert "tie rule plain < lookahead < ngram < medusa < eagle: medusa[t]" in choice.reason
+    assert "tie rule plain < lookahead < ngram < medusa < eagle < eagle3: medusa[t]" in choice.reason
     assert choose(wide, 1, "l40s", Gates(), prefer=["eagle"]).candidate == "eagle[t]"
     narrow = [RECORDS[0], record("eagle[t]", "eagle", 2.4, {1: 1.9}, band=(0.97, 1.02)), wide[2]]
     clear = choose(narrow, 1, "l40s", Gates())
@@ -147,5 +147,5 @@ def test_overlapping_intervals_take_the_tie_rule():
 def test_preference_order():
     from pipeline.evaluation.choose import preference
 
-    assert preference(None) == ("none", "lookahead", "ngram", "medusa", "eagle")
-    assert preference(["eagle", "none"]) == ("eagle", "none", "lookahead", "ngram", "medusa")
+    assert preference(None) == ("none", "lookahead", "ngram", "medusa", "eagle", "eagle3")
+    assert preference(["eagle", "none"]) == ("eagle", "none", "lookahead", "ngram", "medusa", "eagle3")

@@ -1,0 +1,107 @@
+"""EAGLE-3 (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test", arXiv 2503.01840): a drafter that fuses the target's low, middle and high hidden
+states (``fc`` over the captured layers) and drafts tokens with one decoder layer, trained with the
+drafter fed its own outputs.
+
+TensorRT-LLM's PyTorch backend runs it as ``Eagle3DecodingConfig`` (``decoding_type: Eagle3``, the
+drafter folder as ``speculative_model``; tensorrt_llm/llmapi/llm_args.py), the only EAGLE it runs
+("EAGLE (v1/v2) draft checkpoints are incompatible"); the engine flow does not. The drafter folder is
+the Hugging Face format ModelOpt, SpecForge and NVIDIA publish, read by
+:mod:`pipeline.methods.eagle3_reader`. specdeploy deploys it as a linear chain of ``max_draft_len``
+drafts; the reference backend has no EAGLE-3 drafter yet, so a variant with it is planned and built
+for GPUs, and its CPU stand-in refuses to serve it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from pipeline.geometry import ModelGeometry
+from pipeline.methods.base import HeadsNeed, MethodDefinition, Problems, read_heads
+from pipeline.methods.drafting import Drafting
+from pipeline.methods.eagle3_reader import read_eagle3
+
+if TYPE_CHECKING:
+    from pipeline.spec.document import VariantSpec
+
+HEADS = HeadsNeed(
+    key="eagle3",
+    holds="an EAGLE-3 drafter (config.json and model.safetensors, as ModelOpt exports it)",
+    training_target=3.0,  # not trained by specdeploy yet
+    splits_on_hidden=False,  # the LLM API loads the folder as it is; no convert stage splits it
+    trainable=False,  # not yet: heads.eagle3 takes a path
+)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """TensorRT-LLM's Eagle3DecodingConfig as specdeploy sets it: a chain of ``max_draft_len`` drafts."""
+
+    max_draft_len: int
+    capture_layers: tuple[int, ...]  # the target layers whose hidden states the drafter fuses
+
+    def describe(self) -> str:
+        """One line for the plan: ``eagle3: K=3, capture 1,15,28``."""
+        return f"eagle3: K={self.max_draft_len}, capture {','.join(map(str, self.capture_layers))}"
+
+    def drafting(self) -> Drafting:
+        return Drafting.eagle3(self.max_draft_len)
+
+    def drafter_params(self, arch: ModelGeometry) -> int:
+        """The drafter's parameters: ``fc`` over the captured layers, one decoder layer whose q/k/v read
+        [embedding; fused hidden] (2 x hidden), its norms, and an lm_head over the vocabulary (ModelOpt
+        always exports one; a reduced draft vocabulary makes it smaller)."""
+        h = arch.hidden_size
+        wider_qkv = h * arch.head_dim * (arch.num_heads + 2 * arch.num_kv_heads)
+        fc = len(self.capture_layers) * h * h
+        return fc + arch.decoder_layer_params() + wider_qkv + 2 * h + arch.vocab_size * h
+
+    def llm_api_config(self, drafter: PurePosixPath) -> dict[str, object]:
+        """The LLM API's ``speculative_config``; ``drafter``: the folder where the deployment mounts it."""
+        return {
+            "decoding_type": "Eagle3",
+            "max_draft_len": self.max_draft_len,
+            "speculative_model": str(drafter),
+            "eagle3_layers_to_capture": list(self.capture_layers),
+        }
+
+
+def resolve(
+    variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems
+) -> Eagle3Config | None:
+    assert heads_dir is not None  # the planner asks for heads.eagle3 first
+    layout = read_heads(HEADS, heads_dir, lambda folder: read_eagle3(folder, arch), problems)
+    if layout is None:
+        return None
+    return Eagle3Config(variant.speculative.eagle3.max_draft_len, tuple(layout.capture_layers))
+
+
+def measured(build: dict[str, Any], built: Eagle3Config | None) -> Eagle3Config | None:
+    """Not rehearsed yet (no reference drafter): nothing measured to build from."""
+    return None
+
+
+DEFINITION = MethodDefinition(
+    name="eagle3",
+    title="EAGLE-3",
+    targets=("pytorch",),
+    heads=HEADS,
+    resolve=resolve,
+    measured=measured,
+    # Engine-flow fields: TensorRT-LLM 1.2.1's engine flow does not run EAGLE-3.
+    build_mode=None,
+    triton_decoding_mode="top_k_top_p",
+    checkpoint_architecture="LlamaForCausalLM",
+    drafts_tree=False,
+    auto_reason="auto: an EAGLE-3 drafter present",
+    maintenance=4,  # a drafter like EAGLE's, trained on more data (training-time test)
+    # The median of published EAGLE-3 drafters' mean acceptance lengths: AngelSlim's Qwen3 1.7B-32B
+    # benchmarks (1.79-2.17), the model cards of lmsys/sglang-EAGLE3-Llama-4-Maverick-17B-128E-Instruct-v1
+    # (2.45) and lmsys/Qwen3-235B-A22B-EAGLE3 (3.02-3.54).
+    prior_acceptance=2.08,
+    cost_terms=("level_s",),
+    lora_refusal="EAGLE-3",
+    llm_api_decoding_type="Eagle3",
+)
