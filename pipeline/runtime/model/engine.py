@@ -16,6 +16,7 @@ weights from ``weights`` (FP8 dequantized at load); this module adds what servin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -60,7 +61,9 @@ class StepInput:
     positions. ``mask`` [n, n] says which new tokens each new token may attend to (default
     causal); every cached token is always visible. ``all_hidden``: return the hidden state of
     every new token, whatever rows get logits (EAGLE's drafter reads the whole prompt, and logits
-    for all of it would cost an lm_head pass per prompt token).
+    for all of it would cost an lm_head pass per prompt token). ``capture_layers``: return, for the
+    same rows as the hidden states, the outputs of these decoder layers (0-based, before the final
+    norm), concatenated in this order (EAGLE-3's drafter fuses them).
     """
 
     cache: KVCache
@@ -70,15 +73,18 @@ class StepInput:
     mask: torch.Tensor | None = None
     all_hidden: bool = False
     lora: LoraWeights | None = None  # the request's adapter (lora_task_id); None: the base model
+    capture_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class StepRows:
     """One item's output rows: logits [rows, vocab] (float32) and the final-normed hidden states
-    [rows, hidden] they came from (Medusa heads and EAGLE drafters read the latter)."""
+    [rows, hidden] they came from (Medusa heads and EAGLE drafters read the latter); ``captured``
+    [rows, k * hidden] the outputs of the item's k ``capture_layers`` at those rows (else None)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
+    captured: torch.Tensor | None = None
 
 
 Span = tuple[int, int]  # an item's rows [a, b) in a step's packed rows
@@ -295,16 +301,26 @@ class Engine:
         if lora is not None and self.lora is None:
             raise InputError("a request carries a LoRA adapter, but the engine was built without the LoRA plugin")
         h = self.embedding[ids]
+        capture = {layer for item in items for layer in item.capture_layers}
+        captured: dict[int, torch.Tensor] = {}  # layer -> its output [T, H] (decoder_layer makes a new tensor)
         for pp_rank, layer_ids in enumerate(self.layer_ids):
             stage = self.stage(pp_rank)
             for layer in layer_ids:
                 shards = [r.layers[layer] for r in stage]
                 h = decoder_layer(shards, h, rope, self.geo, caches, spans, masks, layer, lora)
+                if layer in capture:
+                    captured[layer] = h
         for item in items:
             item.cache.advance(len(item.token_ids))
-        return self._logits(h, items, spans)
+        return self._logits(h, items, spans, captured)
 
-    def _logits(self, h: torch.Tensor, items: Sequence[StepInput], spans: list[tuple[int, int]]) -> list[StepRows]:
+    def _logits(
+        self,
+        h: torch.Tensor,
+        items: Sequence[StepInput],
+        spans: list[tuple[int, int]],
+        captured: dict[int, torch.Tensor] | None = None,
+    ) -> list[StepRows]:
         hidden_rows: list[int] = []
         logit_rows: list[int] = []  # indices into hidden_rows
         hidden_counts, logit_counts = [], []
@@ -317,7 +333,16 @@ class Engine:
             logit_counts.append(len(wanted))
         hidden = rms_norm(h[hidden_rows], self.ln_f, self.geo.eps)
         logits = self.lm_head(hidden[logit_rows]) if logit_rows else torch.empty(0, self.config.model.vocab_size)
-        return [StepRows(lg, hd) for lg, hd in zip(logits.split(logit_counts), hidden.split(hidden_counts))]
+        out = [StepRows(lg, hd) for lg, hd in zip(logits.split(logit_counts), hidden.split(hidden_counts))]
+        if not captured:
+            return out
+        rows = torch.tensor(hidden_rows, dtype=torch.long).split(hidden_counts)
+        return [
+            dataclasses.replace(r, captured=torch.cat([captured[layer][i] for layer in item.capture_layers], dim=-1))
+            if item.capture_layers
+            else r
+            for r, item, i in zip(out, items, rows)
+        ]
 
 
 def _mask(item: StepInput, n: int, total: int) -> torch.Tensor | None:

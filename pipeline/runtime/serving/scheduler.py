@@ -360,7 +360,14 @@ class Scheduler:
                 chunk = list(seq.request.input_ids[seq.prefilled : seq.prefilled + budget])
                 last = seq.prefilled + len(chunk) == len(seq.request.input_ids)
                 rows = Logits.ALL if seq.request.return_context_logits else Logits.LAST if last else Logits.NONE
-                item = StepInput(seq.cache, chunk, rows, all_hidden=self.method.prompt_hidden, lora=entry.lora)
+                item = StepInput(
+                    seq.cache,
+                    chunk,
+                    rows,
+                    all_hidden=self.method.prompt_hidden,
+                    lora=entry.lora,
+                    capture_layers=self.method.capture_layers,
+                )
                 batch.append((entry, [item], True))
                 budget -= len(chunk)
         return batch

@@ -91,6 +91,9 @@ class DecodingMethod:
     # True when every prompt row's hidden state is needed (EAGLE's drafter reads the whole prompt;
     # logits are still computed for the last row only).
     prompt_hidden: bool = False
+    # Target layers whose outputs every prompt row also returns (StepRows.captured; EAGLE-3's drafter
+    # fuses them); a method's generation_input asks for its own.
+    capture_layers: tuple[int, ...] = ()
 
     def problem(self, request: GenerationRequest) -> str | None:
         """A per-request error, answered before the request runs (Lookahead: per-request (w, n, g)

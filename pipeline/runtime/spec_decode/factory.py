@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline import methods, trees
 from pipeline.errors import InputError
+from pipeline.methods.eagle3 import Eagle3Config
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.speculative import TRITON_PLAIN_DECODING_MODES, TRITON_SPECULATIVE_DECODING_MODES, engine_mode_method
 from pipeline.runtime.model.engine import Engine
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.eagle.decoding import EagleDecoding
+from pipeline.runtime.spec_decode.eagle3 import Eagle3Decoding
 from pipeline.runtime.spec_decode.lookahead import LookaheadDecoding
 from pipeline.runtime.spec_decode.medusa import MedusaDecoding
 from pipeline.runtime.spec_decode.ngram import NGramDecoding
@@ -41,6 +44,10 @@ class MethodSettings:
     eagle_dynamic_tree: bool = False
     eagle_dynamic_tree_max_top_k: int | None = None
     ngram: NGramConfig | None = None  # the pool's settings (reference_ngram_* parameters)
+    # EAGLE-3 (the PyTorch backend's; its engine is built without a speculative mode): K and the
+    # capture layers, and the drafter folder (Hugging Face format, as ModelOpt exports it).
+    eagle3: Eagle3Config | None = None
+    eagle3_drafter: Path | None = None
 
 
 def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> tuple[DecodingMethod, list[str]]:
@@ -54,6 +61,15 @@ def make_method(engine: Engine, settings: MethodSettings = MethodSettings()) -> 
     mode = (settings.decoding_mode or "").strip().lower()
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     where = engine.config.folder / "config.json"
+    if settings.eagle3 is not None or settings.eagle3_drafter is not None:
+        if settings.eagle3 is None or settings.eagle3_drafter is None:
+            raise InputError("EAGLE-3 needs both its settings (max_draft_len, capture layers) and the drafter folder")
+        if built != "none":
+            raise InputError(
+                f"{where} is built for {built}; EAGLE-3 runs on an engine built without a speculative mode "
+                "(the PyTorch backend builds none)"
+            )
+        return Eagle3Decoding(engine, settings.eagle3, settings.eagle3_drafter), []
     if built == "none":
         if mode in {d.triton_decoding_mode for d in methods.definitions() if d.speculative} - set(
             TRITON_PLAIN_DECODING_MODES
