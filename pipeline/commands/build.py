@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline import targets
 from pipeline.commands.common import add_json_flag, add_spec_argument, add_variant_filter, print_json
 from pipeline.targets import on_gpus
 
@@ -75,7 +76,13 @@ def cmd_build(args: argparse.Namespace, console: Console) -> int:
     from pipeline.stages.owners import claim_outputs
 
     claim_outputs(plan, set(args.variant or ()), {"build"})  # another spec's engines are refused before it runs
-    built = [_build(variant, args.force, console) for variant in variants]
+    engines = [v for v in variants if targets.definition(v.target).builds_engines]
+    for variant in variants:
+        if variant not in engines:
+            console.print(
+                f"[{variant.name}] target {variant.target}: no engine to build", highlight=False, markup=False
+            )
+    built = [_build(variant, args.force, console) for variant in engines]
     if args.json:
         print_json({"variants": built})
     return max((b["exit_code"] for b in built), default=0)
@@ -101,6 +108,9 @@ def _commands(variant) -> dict[str, list[str]]:
     from pipeline.triton.launch_gpu import gpu_launch_argv
     from pipeline.trtllm.build_command import trtllm_build_argv
 
+    if not targets.definition(variant.target).builds_engines:  # no engine: trtllm-serve loads the checkpoint
+        return {"kubernetes_launch": launch_argv(variant)}
+
     checkpoint, engine = variant.stage("convert").output, variant.stage("build").output
     commands = {
         "trtllm_build": trtllm_build_argv(variant, checkpoint, engine, visible_gpus=None),
@@ -114,8 +124,18 @@ def _commands(variant) -> dict[str, list[str]]:
 def _print_commands(variant, console: Console) -> None:
     from pipeline.trtllm.build_command import display
 
-    engine = variant.stage("build").output
     commands = _commands(variant)
+    if "trtllm_build" not in commands:
+        console.print(
+            f"{variant.name}: {variant.method}, tp={variant.tp} pp={variant.pp} (target {variant.target}: no engine "
+            "build; trtllm-serve loads the checkpoint)",
+            markup=False,
+        )
+        mount = variant.deploy.mount_path
+        console.print(f"# serve (deploy.mount_path {mount})", highlight=False, markup=False)
+        console.print(display(commands["kubernetes_launch"]), highlight=False, markup=False, soft_wrap=True)
+        return
+    engine = variant.stage("build").output
     build_argv, serve_argv = commands["trtllm_build"], commands["gpu_launch"]
     where = "" if on_gpus(variant.target) else " (target reference: on a GPU host this is the build)"
     console.print(f"{variant.name}: {variant.method}, tp={variant.tp} pp={variant.pp}{where}", markup=False)

@@ -13,6 +13,9 @@ the preprocessing config carries (``specdeploy_chat_template``). ``DIR/specdeplo
 says which variants have them. The engines are not checked (there are none here): the package
 stage checks each against the plan on the GPU host.
 
+On a target without engines (``pytorch``) ``DIR/<variant>/`` holds what its package stage writes:
+``extra_llm_api_options.yaml`` and ``serve.json`` (:mod:`pipeline.llm_api.deployment`).
+
 DIR is specdeploy's: it must be absent, empty, or an earlier review (it holds
 ``specdeploy-review.json``); anything else there is refused (exit 4), never deleted. The whole
 folder is written aside and renamed into place.
@@ -24,7 +27,9 @@ import json
 import os
 from pathlib import Path
 
+from pipeline import targets
 from pipeline.io.atomic import check_replaceable, remove_path, replace_folder
+from pipeline.llm_api.deployment import emit_deployment
 from pipeline.plan.types import Plan, VariantPlan
 from pipeline.triton.repository import TOKENIZER_REQUIRED, emit_repository
 from pipeline.triton.spec_repository import emit_spec_repository, sharing_problem
@@ -52,6 +57,13 @@ def write_review(plan: Plan, out: Path, variants: list[VariantPlan]) -> dict:
     try:
         for variant in variants:
             package = variant.stage("package")
+            if not targets.definition(variant.target).builds_engines:  # the LLM API's files (target pytorch)
+                (tmp / package.output.name).mkdir()
+                emit_deployment(variant, package, tmp / package.output.name)
+                summary["repositories"].append(
+                    {"name": package.output.name, "variant": variant.name, "tokenizer": None}
+                )
+                continue
             tokenizer = tokenizer_on_this_host(variant)
             emit_repository(
                 variant,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from triton_fixtures import triton_specs
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.triton.backend_params import REFERENCE_PARAMETER_KEYS
@@ -224,7 +225,7 @@ def _configs(folder: Path) -> dict[Path, mc.ModelConfig]:
     }
 
 
-@pytest.mark.parametrize("spec", [spec.stem for spec in SPECS])
+@pytest.mark.parametrize("spec", [spec.stem for spec in triton_specs()])
 def test_every_tensorrt_llm_model_carries_what_the_backend_requires(reviewed, spec):
     configs = _configs(reviewed[spec])
     llms = {path: config for path, config in configs.items() if config.backend == "tensorrtllm"}
@@ -252,6 +253,13 @@ def test_pre_and_postprocessing_carry_what_nvidias_models_require(reviewed, spec
         if kind is not None:
             assert PYTHON_REQUIRED[kind] <= set(config.parameters), path
             assert config.parameters["tokenizer_dir"].string_value == "tokenizer"  # relative to the model's folder
+
+
+def test_the_review_of_a_pytorch_spec_holds_trtllm_serve_s_files(reviewed):
+    folder = reviewed["llama8b-lora-fleet-pytorch"] / "base"
+    assert sorted(p.name for p in folder.iterdir()) == ["extra_llm_api_options.yaml", "serve.json"]
+    serve = json.loads((folder / "serve.json").read_text())
+    assert serve["argv"][:2] == ["trtllm-serve", "/models/engines/base/checkpoint"]
 
 
 def test_the_review_is_the_package_stages_output(reviewed):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
-from triton_fixtures import fake_engine, plan_spec, tiny_plan
+from triton_fixtures import fake_engine, plan_spec, tiny_plan, triton_specs
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.triton import contract
@@ -22,7 +22,7 @@ from pipeline.triton.pbtxt import DTYPES
 from pipeline.triton.repository import emit_repository, model_steps
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
+EXAMPLE_SPECS = triton_specs()
 NONE_SPEC = """
 name: plain
 model: {path: model, dtype: float32}

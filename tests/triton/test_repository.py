@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
-from triton_fixtures import TINY_SPEC, fake_engine, make_model_dir, plan_spec, tiny_plan
+from triton_fixtures import TINY_SPEC, fake_engine, make_model_dir, plan_spec, tiny_plan, triton_specs
 from tritonclient.grpc import model_config_pb2
 
 from pipeline import methods, trees
@@ -22,7 +22,7 @@ from pipeline.triton.backend_reads import load_table
 from pipeline.triton.repository import MANIFEST, emit_repository, model_steps, validate_repository
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_SPECS = sorted((REPO / "specs").glob("*.yaml"))
+EXAMPLE_SPECS = triton_specs()
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
 
 

@@ -70,6 +70,15 @@ target: reference
 """
 
 
+def triton_specs() -> list[Path]:
+    """The shipped specs served through a Triton repository: every variant's target builds engines
+    (a ``target: pytorch`` spec deploys trtllm-serve's files instead, tests/test_pytorch_target.py)."""
+    from pipeline import targets
+
+    shipped = sorted((Path(__file__).resolve().parents[2] / "specs").glob("*.yaml"))
+    return [p for p in shipped if all(targets.definition(v.target).builds_engines for v in load_spec(p).variants)]
+
+
 def plan_spec(path: Path, roots_dir: Path) -> Plan:
     return make_plan(
         load_spec(path), OutputRoots(roots_dir / "engines", roots_dir / "triton_repo", roots_dir / "cache")
