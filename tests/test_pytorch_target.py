@@ -248,8 +248,3 @@ def test_a_broken_eagle3_drafter_is_one_located_error(problems_of, hf_config_dir
     (tmp_path / "drafter" / "config.json").write_text(json.dumps(config(hidden_size=128)))
     message = problems_of(text)
     assert "heads.eagle3.path" in message and "hidden_size" in message and "\n" not in message.strip()
-
-
-def test_rehearsal_is_refused_for_an_eagle3_variant(problems_of, hf_config_dir, tmp_path):
-    message = problems_of(eagle3_spec(hf_config_dir, tmp_path) + "evaluation: {count: 2}\n")
-    assert "no EAGLE-3 drafter yet" in message

@@ -34,6 +34,8 @@ def candidate_build(candidate: Any) -> dict[str, Any]:
         "dynamic_tree": bool(settings.eagle_dynamic_tree),
         "dynamic_tree_max_top_k": settings.eagle_dynamic_tree_max_top_k if settings.eagle_dynamic_tree else None,
         "lookahead": list(look) if candidate.method == "lookahead" and look is not None else None,
+        "ngram": dataclasses.astuple(settings.ngram) if candidate.method == "ngram" and settings.ngram else None,
+        "eagle3": [settings.eagle3.max_draft_len] if candidate.method == "eagle3" and settings.eagle3 else None,
     }
 
 

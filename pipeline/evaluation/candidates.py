@@ -14,9 +14,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline import methods, trees
 from pipeline.methods.drafting import Drafting
+from pipeline.methods.eagle3 import Eagle3Config
 from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.speculative import Method, engine_mode_method
@@ -93,9 +95,11 @@ def candidates(
     eagle_tree: trees.Tree | None,
     eagle_top_k: int,
     ngram: NGramConfig | None = None,
+    eagle3: tuple[Eagle3Config, Path] | None = None,
 ) -> list[Candidate]:
     """Every candidate this engine's weights can serve (see the module docstring); ``ngram``: the plan's
-    NGram pool, a candidate when the plan decodes with it."""
+    NGram pool, a candidate when the plan decodes with it; ``eagle3``: an EAGLE-3 drafter (its config and
+    folder), drafting a chain of its max_draft_len."""
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     out = [Candidate("plain", "none", MethodSettings(), Drafting.plain(), describe="plain decoding")]
     for config in lookahead_sweep(lookahead):
@@ -121,6 +125,18 @@ def candidates(
                 ngram.drafting(),
                 describe=f"NGram, {ngram.max_draft_len} drafts from tails of up to {ngram.max_matching_ngram_size}",
                 max_draft_len=ngram.max_draft_len,
+            )
+        )
+    if eagle3 is not None:
+        chain, folder = eagle3
+        out.append(
+            Candidate(
+                f"eagle3(k {chain.max_draft_len})",
+                "eagle3",
+                MethodSettings(eagle3=chain, eagle3_drafter=folder),
+                chain.drafting(),
+                describe=f"EAGLE-3, a chain of {chain.max_draft_len} drafts",
+                max_draft_len=chain.max_draft_len,
             )
         )
     stage = engine.stage(engine.pp - 1)[0]

@@ -117,11 +117,12 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def prefill(engine: Engine, prompt: list[int]) -> Prefill:
+def prefill(engine: Engine, prompt: list[int], capture: tuple[int, ...] = ()) -> Prefill:
+    """``capture``: the layers whose outputs a candidate drafts from (EAGLE-3's), kept with the rows."""
     clock = step_clock(engine)
     start = clock()
     cache = engine.new_cache(len(prompt))
-    (rows,) = engine.forward([StepInput(cache, list(prompt), Logits.LAST, all_hidden=True)])
+    (rows,) = engine.forward([StepInput(cache, list(prompt), Logits.LAST, all_hidden=True, capture_layers=capture)])
     return Prefill(cache, rows, clock() - start)
 
 
@@ -241,7 +242,9 @@ def measure(
     found = {item.candidate.name: Measured() for item in loaded}
     base = loaded[0].engine
     with torch_threads(1):
-        shared = [prefill(base, prompt) for prompt in prompts]
+        captured = {layers for item in loaded if (layers := tuple(item.method.capture_layers))}
+        assert len(captured) <= 1, "candidates capturing different layers cannot share their prefills"
+        shared = [prefill(base, prompt, next(iter(captured), ())) for prompt in prompts]
     with torch_threads(threads):
         for item in loaded:
             acceptance = found[item.candidate.name].acceptance

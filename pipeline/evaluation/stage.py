@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pipeline import methods
+from pipeline import methods, targets
 from pipeline.costmodel.gemm_probe import probe
 from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
@@ -52,12 +52,14 @@ from pipeline.evaluation.prompts import encode, needs_tokenizer, read_prompts
 from pipeline.evaluation.report import CURVE_BATCHES, write_report
 from pipeline.evaluation.result import RESULT_FILE
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.types import StagePlan, VariantPlan
 from pipeline.progress import step_progress
 from pipeline.runtime.model.engine import Engine
 from pipeline.trtllm.engine_config import predict_engine_config
 
 EVALUATION_PROBE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)  # the rows decode steps and trees feed here
+DEFAULT_NGRAM_DRAFTS = 4  # NGram's K on the PyTorch backend when the plan decodes otherwise (the spec's default)
 DEFAULT_GPU = "h100-sxm-80gb"  # predictions for a plan without gpu.type (said so in the result)
 
 
@@ -137,6 +139,8 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     prompts = encode(prompts_read, tokenizer, variant.arch.vocab_size)
     look = LookaheadConfig(*params["lookahead"])
     spec = variant.speculative
+    # The PyTorch backend measures its zero-touch method whatever the plan's (TensorRT-LLM's NGram K 4)
+    target = targets.definition(variant.target)
     # On a GPU the methods' own tensors (masks, indices) are made there too; on the CPU no device mode is
     # entered: it would put a torch-function hook in front of every op (~40% on small ops).
     on_device = torch.device(device) if device != "cpu" else contextlib.nullcontext()
@@ -156,7 +160,8 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             spec.medusa.tree if spec.medusa else None,
             spec.eagle.tree if spec.eagle else None,
             params["eagle_dynamic_top_k"],
-            spec.ngram,
+            spec.ngram or (NGramConfig(DEFAULT_NGRAM_DRAFTS) if not target.builds_engines else None),
+            (spec.eagle3, Path(stage.inputs["heads"])) if spec.eagle3 is not None else None,
         )
         listed = [c for c in listed if variant.target in methods.definition(c.method).targets]  # what it can run
         loaded = [cands.load(engine, candidate) for candidate in listed]

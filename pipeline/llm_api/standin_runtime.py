@@ -9,7 +9,8 @@ runtime's LoRA format; nothing is written next to the build.
 
 The PyTorch backend's rules, not the engine flow's, govern the scheduler: a request's adapter is
 applied to the target while it speculates (``Scheduler(target="pytorch")``), with one shared drafter
-(NGram drafts from the text; its pool is the same whatever the adapter).
+(NGram drafts from the text; its pool is the same whatever the adapter). An EAGLE-3 variant drafts
+with the drafter deployed beside the model (``checkpoint/eagle3``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import StageUnavailable
 from pipeline.evaluation.stage import load_engine
+from pipeline.llm_api.deployment import DRAFTER_FOLDER
 from pipeline.lora.convert import convert_adapter
 from pipeline.lora.rules import ADAPTER_NUMPY_DTYPE
 from pipeline.plan.types import StagePlan, VariantPlan, jsonable
@@ -116,11 +117,6 @@ def load_standin(variant: VariantPlan, scratch: Path, say: Any = print) -> Stand
     """Load the variant's built deployment into the reference backend (``scratch``: an empty folder)."""
     from transformers import AutoTokenizer
 
-    if variant.speculative.eagle3 is not None:
-        raise StageUnavailable(
-            f"{variant.name} drafts with EAGLE-3, and the reference backend has no EAGLE-3 drafter yet: serve it "
-            "on a GPU host with trtllm-serve (`specdeploy serve SPEC --print-command`)"
-        )
     checkpoint = variant.stage("checkpoint").output
     converted = scratch / "checkpoint"
     converted.mkdir()
@@ -134,7 +130,9 @@ def load_standin(variant: VariantPlan, scratch: Path, say: Any = print) -> Stand
     say(f"[{variant.name}] stand-in: converting {checkpoint} for the reference backend")
     convert.run(variant, StagePlan("convert", converted, {"model": checkpoint}, params), converted)
     engine = load_engine(variant, converted, scratch)
-    method, warnings = make_method(engine, MethodSettings(ngram=variant.speculative.ngram))
+    spec = variant.speculative
+    drafter = checkpoint / DRAFTER_FOLDER if spec.eagle3 is not None else None  # deployed beside the model
+    method, warnings = make_method(engine, MethodSettings(ngram=spec.ngram, eagle3=spec.eagle3, eagle3_drafter=drafter))
     for warning in warnings:
         say(f"[{variant.name}] stand-in: {warning}")
     cache = None

@@ -8,12 +8,13 @@ drafter folder as ``speculative_model``; tensorrt_llm/llmapi/llm_args.py), the o
 ("EAGLE (v1/v2) draft checkpoints are incompatible"); the engine flow does not. The drafter folder is
 the Hugging Face format ModelOpt, SpecForge and NVIDIA publish, read by
 :mod:`pipeline.methods.eagle3_reader`. specdeploy deploys it as a linear chain of ``max_draft_len``
-drafts; the reference backend has no EAGLE-3 drafter yet, so a variant with it is planned and built
-for GPUs, and its CPU stand-in refuses to serve it.
+drafts; the reference backend's loop is :class:`pipeline.runtime.spec_decode.eagle3.Eagle3Decoding`,
+which rehearsal measures and the CPU stand-in serves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -79,8 +80,10 @@ def resolve(
 
 
 def measured(build: dict[str, Any], built: Eagle3Config | None) -> Eagle3Config | None:
-    """Not rehearsed yet (no reference drafter): nothing measured to build from."""
-    return None
+    """The drafter the candidates were built with, at the measured chain length."""
+    if built is None or not build.get("eagle3"):
+        return None
+    return dataclasses.replace(built, max_draft_len=int(build["eagle3"][0]))
 
 
 DEFINITION = MethodDefinition(

@@ -323,13 +323,7 @@ def _plan_variant(
     if rehearsal is not None:
         rehearsal_build = _build_config(variant, arch, rehearsal, quant, gpu, _Problems(spec, variant.name))
     calibration = _calibration(spec, variant, problems)
-    if variant.evaluation is not None and speculative.eagle3 is not None:
-        problems.error(
-            ("evaluation",),
-            "rehearsal runs the reference backend, which has no EAGLE-3 drafter yet; remove evaluation: (the "
-            "fleet's concurrency then defaults to 1), or rehearse NGram with speculative.method: ngram",
-        )
-    elif variant.evaluation is not None:
+    if variant.evaluation is not None:
         stages = _with_evaluate(
             spec,
             variant,
