@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from pipeline.errors import InputError
+from pipeline.plan.planner import make_plan
+from pipeline.plan.types import OutputRoots
+from pipeline.spec.document import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,3 +120,26 @@ def hf_config_dir(tmp_path):
         return folder
 
     return make
+
+
+@pytest.fixture
+def plan_of(tmp_path, write_spec):
+    """``plan_of(text)``: the plan of a spec written from ``text``, outputs under tmp_path."""
+    roots = OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
+
+    def plan(text: str):
+        return make_plan(load_spec(write_spec(text)), roots)
+
+    return plan
+
+
+@pytest.fixture
+def problems_of(plan_of):
+    """``problems_of(text)``: the one-line errors planning that spec raises (it must raise)."""
+
+    def problems(text: str) -> str:
+        with pytest.raises(InputError) as info:
+            plan_of(text)
+        return str(info.value)
+
+    return problems

@@ -9,31 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pipeline.errors import InputError
 from pipeline.methods.lookahead import lookahead_max_draft_len
-from pipeline.plan.planner import make_plan
-from pipeline.plan.types import OutputRoots
-from pipeline.spec.document import load_spec
-
-
-@pytest.fixture
-def plan_of(tmp_path, write_spec):
-    roots = OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
-
-    def plan(text: str):
-        return make_plan(load_spec(write_spec(text)), roots)
-
-    return plan
-
-
-@pytest.fixture
-def problems_of(plan_of):
-    def problems(text: str) -> str:
-        with pytest.raises(InputError) as info:
-            plan_of(text)
-        return str(info.value)
-
-    return problems
 
 
 def medusa_heads(folder, num_heads: int, config_heads: int | None = None, hidden: int = 64, vocab: int = 1000):

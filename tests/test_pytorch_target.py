@@ -12,7 +12,6 @@ import yaml
 from safetensors.torch import load_file
 
 from pipeline.checkpoint.hf_reader import open_hf_checkpoint
-from pipeline.errors import InputError
 from pipeline.llm_api.deployment import LLMAPI_MODEL_YAML, OPTIONS_FILE, SERVE_FILE, launch_argv
 from pipeline.llm_api.options import llm_api_options
 from pipeline.plan.planner import make_plan
@@ -28,21 +27,6 @@ PRESET_8B = "name: p\nmodel: {preset: llama-3.1-8b}\ntarget: pytorch\n"
 @pytest.fixture
 def roots(tmp_path) -> OutputRoots:
     return OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
-
-
-@pytest.fixture
-def plan_of(roots, write_spec):
-    return lambda text: make_plan(load_spec(write_spec(text)), roots)
-
-
-@pytest.fixture
-def problems_of(plan_of):
-    def problems(text: str) -> str:
-        with pytest.raises(InputError) as info:
-            plan_of(text)
-        return str(info.value)
-
-    return problems
 
 
 def shipped_plan(name: str, roots: OutputRoots):
