@@ -2,9 +2,9 @@
 and the keys of Triton's ``llmapi`` model (its ``model.yaml`` maps every key to an ``LLM()`` argument).
 
 Every key and value is held to TensorRT-LLM's own classes (``TorchLlmArgs``, ``KvCacheConfig``,
-``NGramDecodingConfig``, ``LoraConfig`` in ``tensorrt_llm/llmapi/llm_args.py`` and the LoRA helper it
-imports) by ``tests/llm_api/test_options_contract.py``, against ``pipeline/targets/pytorch_sources.json``
-(file, commit and line of each). Worked example, the SmolLM2 LoRA fleet's shared engine (NGram, K=4)::
+``NGramDecodingConfig``, ``Eagle3DecodingConfig``, ``LoraConfig`` in ``tensorrt_llm/llmapi/llm_args.py``
+and the LoRA config it imports) by ``tests/test_pytorch_target.py``, against
+``pipeline/targets/pytorch_sources.json`` (file and commit of each). Worked example, the SmolLM2 LoRA fleet's shared engine (NGram, K=4)::
 
     tensor_parallel_size: 1
     pipeline_parallel_size: 1
@@ -15,8 +15,8 @@ imports) by ``tests/llm_api/test_options_contract.py``, against ``pipeline/targe
     kv_cache_config: {dtype: auto, max_tokens: 16416}
     speculative_config: {decoding_type: NGram, max_draft_len: 4, max_matching_ngram_size: 2,
                          is_keep_all: true, is_use_oldest: true, is_public_pool: true}
-    lora_config: {lora_dir: [], max_lora_rank: 8, max_loras: 2, max_cpu_loras: 2,
-                  lora_target_modules: [attn_q, attn_v]}
+    lora_config: {lora_dir: [], max_lora_rank: 8, max_loras: 8, max_cpu_loras: 8,
+                  lora_target_modules: [attn_q, attn_k, attn_v, attn_dense, mlp_4h_to_h, mlp_gate]}
 """
 
 from __future__ import annotations
