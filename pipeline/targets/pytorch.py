@@ -22,6 +22,9 @@ DEFINITION = TargetDefinition(
     lora_on_bfloat16=True,  # the LLM API's LoRA loads PEFT adapters in the model's dtype
     dynamic_eagle_trees=False,  # EAGLE-1/2 do not run here at all (EAGLE-3's dynamic tree is its own)
     http_body_limit=None,
-    lora_speculative_methods=("ngram",),  # NGram with LoRA: NVIDIA/TensorRT-LLM PR #12661
+    # The adapters apply to the target, one drafter serves them all (NGram's pool; EAGLE-3's drafter, fed
+    # the adapted target's hidden states). NGram + LoRA crashed until NVIDIA/TensorRT-LLM PR #12661, which
+    # added LoRA +- speculative decoding tests; the feature matrix still marks the pair "Untested".
+    lora_speculative_methods=("ngram", "eagle3"),
     pipeline_parallel_speculation=False,  # the feature-combination matrix: "No"
 )
