@@ -232,3 +232,23 @@ def test_a_broken_eagle3_drafter_is_one_located_error(problems_of, hf_config_dir
     (tmp_path / "drafter" / "config.json").write_text(json.dumps(config(hidden_size=128)))
     message = problems_of(text)
     assert "heads.eagle3.path" in message and "hidden_size" in message and "\n" not in message.strip()
+
+
+def test_a_trained_eagle3_drafter_is_planned_before_the_checkpoint(plan_of, hf_config_dir):
+    model = hf_config_dir()
+    (variant,) = plan_of(
+        f"name: p\nmodel: {{path: {model}}}\ntarget: pytorch\nspeculative: {{method: auto}}\n"
+        "heads: {eagle3: {train: {init: random, tokens: 2000, epochs: 1}}}\n"
+    ).variants
+    assert [s.name for s in variant.stages] == ["train-heads", "checkpoint", "package"]
+    train = variant.stage("train-heads")
+    assert train.params["method"] == "eagle3" and train.inputs["model"] == model
+    assert variant.stage("checkpoint").inputs["drafter"] == train.output  # the trained drafter is deployed
+    assert variant.speculative.eagle3.capture_layers == (0, 1)  # ModelOpt's default for 2 layers
+
+
+def test_eagle3_init_base_needs_the_drafter_path(problems_of, hf_config_dir):
+    message = problems_of(
+        f"name: p\nmodel: {{path: {hf_config_dir()}}}\ntarget: pytorch\nheads: {{eagle3: {{train: {{}}}}}}\n"
+    )
+    assert "give 'path'" in message and "init: random" in message

@@ -2,6 +2,7 @@ r"""`specdeploy train-heads` and `specdeploy expand-heads` (speculative-decoding
 
     specdeploy train-heads --method medusa --out heads/smollm2-medusa [--model DIR] [--seed 0]
     specdeploy train-heads --method eagle  --out heads/smollm2-eagle
+    specdeploy train-heads --method eagle3 --tokens 20000 --epochs 2 --out heads/smollm2-eagle3
     specdeploy expand-heads heads/smollm2-medusa --out DIR [--model DIR]
 
 ``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The self-distillation
@@ -9,7 +10,8 @@ data is cached in ``<cache>/heads-data/`` (a refresh's too, keyed by the target'
 settings); a rerun only trains.
 
 With ``--init``, ``--data``, ``--tokens`` or ``--adapter`` the heads are trained for the target as the
-spec's train-heads stage does (:mod:`pipeline.heads.refresh`): ``--adapter`` (repeatable) merges PEFT
+spec's train-heads stage does (:mod:`pipeline.heads.refresh`; ``--method eagle3`` always: ModelOpt trains
+the drafter, :mod:`pipeline.heads.eagle3`): ``--adapter`` (repeatable) merges PEFT
 LoRA adapters into ``--model`` first, so a fine-tune's heads are refreshed by one command:
 
     specdeploy train-heads --threads 1 --method eagle --adapter adapters/smollm2-code --init heads/smollm2-eagle \
@@ -59,7 +61,9 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
     command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
-    if args.init or args.data or args.tokens or args.adapter or args.lr or args.device != "cpu":
+    # EAGLE-3 drafters train only as the train-heads stage does (no shipped drafter to evaluate offline).
+    refresh = args.init or args.data or args.tokens or args.adapter or args.lr or args.device != "cpu"
+    if refresh or args.method == "eagle3":
         return _refresh(args, say, command if "train-heads" in command else "")
     train_heads(
         args.method,
@@ -123,10 +127,21 @@ def cmd_expand_heads(args: argparse.Namespace, console) -> int:
     return 0
 
 
+def trainable_methods() -> tuple[str, ...]:
+    """The methods whose heads train-heads trains (``HeadsNeed.trainable``)."""
+    from pipeline import methods
+
+    return tuple(d.name for d in methods.with_heads() if d.heads is not None and d.heads.trainable)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     """Adds the subcommands; handlers take (args, console) and return an exit code."""
-    train = commands.add_parser("train-heads", help="train Medusa or EAGLE-1 heads by self-distillation")
-    train.add_argument("--method", choices=("medusa", "eagle"), required=True, help="the heads to train")
+    train = commands.add_parser(
+        "train-heads", help="train Medusa or EAGLE-1 heads, or an EAGLE-3 drafter (ModelOpt), by self-distillation"
+    )
+    train.add_argument(
+        "--method", choices=trainable_methods(), required=True, help="the heads to train (eagle3: an EAGLE-3 drafter)"
+    )
     train.add_argument("--model", help="base HF model folder (default: the embedded SmolLM2)")
     train.add_argument("--out", required=True, help="head folder to write (e.g. heads/smollm2-medusa)")
     train.add_argument(
@@ -140,7 +155,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="torch threads (default 1: reproducible, and fastest on a shared 2-core CPU)",
     )
     train.add_argument("--report", help="merge the evaluation into this JSON file (e.g. bench/heads.json)")
-    train.add_argument("--init", help="warm-start from these heads (e.g. heads/smollm2-eagle); default: random")
+    train.add_argument(
+        "--init", help="warm-start from these heads or drafter (e.g. heads/smollm2-eagle); default: random"
+    )
     train.add_argument(
         "--data",
         help="self-distill (default), fixed-text (stdlib source, teacher-forced) or a text/JSONL file",

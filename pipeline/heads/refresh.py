@@ -18,7 +18,8 @@ Either way the labels are the target's own next-token distribution (:mod:`pipeli
 
 ``tokens`` bounds the training tokens; every ``VALID_EVERY``-th sequence is held back and the epoch
 with the best validation tokens/step ships. The output is the folder the convert stage reads:
-EAGLE-1 (config.json + model.safetensors) or the compact Medusa ResBlocks, with a manifest.
+EAGLE-1 (config.json + model.safetensors) or the compact Medusa ResBlocks, with a manifest; EAGLE-3
+drafters are trained by ModelOpt (:mod:`pipeline.heads.eagle3`) into the folder its export writes.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ WARM_START_LR_FACTOR = 0.5
 
 @dataclass(frozen=True)
 class RefreshSettings:
-    method: str  # medusa | eagle
+    method: str  # medusa | eagle | eagle3
     init: Path | None  # heads folder to start from; None: random initialization
     data: str = SELF_DISTILL  # self-distill | fixed-text | a text/JSONL file (as the spec's default)
     tokens: int = 200_000
@@ -201,6 +202,10 @@ def _check_init(method: str, init: Path, target: ModelGeometry) -> None:
             f"{config_file}: hidden size {hidden} does not match the target's {target.hidden_size}; "
             "warm-start from heads of the same base model, or use init: random"
         )
+    if method == "eagle3":
+        from pipeline.methods.eagle3_reader import read_eagle3
+
+        read_eagle3(init, target)  # an EAGLE-3 drafter for this target, or an InputError that says why
     if method == "medusa" and not is_compact_medusa(init):
         raise InputError(
             f"{init}: init: base needs specdeploy's compact Medusa heads (medusa_resblocks.safetensors); "
@@ -287,8 +292,24 @@ def refresh_heads(
         info.update(train_config=asdict(eagle_cfg), train_log=log, best_epoch=best_epoch(log))
         info["seconds"] = {"data": round(data_seconds, 1), "train": round(time.monotonic() - t0, 1)}
         manifest = export_eagle(drafter, Path(out), info=info, readme=_readme(info))
+    elif settings.method == "eagle3":
+        from pipeline.heads.eagle3 import Eagle3TrainConfig, train_eagle3_folder
+
+        eagle3_cfg = Eagle3TrainConfig(epochs=settings.epochs, seed=settings.seed)
+        if settings.init is not None:
+            eagle3_cfg = replace(eagle3_cfg, lr=eagle3_cfg.lr * WARM_START_LR_FACTOR)
+        if settings.lr is not None:
+            eagle3_cfg = replace(eagle3_cfg, lr=settings.lr)
+        # No validation split: ModelOpt's loss is the score, and every sequence trains.
+        # ModelOpt's loss reads the target's whole next-token distribution, computed online; the data's top-k is unused.
+        kept = {k: v for k, v in data_meta.items() if k not in ("labels", "teacher_mass")}
+        info["data"] = {**kept, "fit_sequences": len(data), "validation_sequences": 0}
+        info["seconds"] = {"data": round(data_seconds, 1)}
+        manifest = train_eagle3_folder(
+            Path(target_dir), Path(out), data, eagle3_cfg, say, init=settings.init, info=info, readme=_readme(info)
+        )
     else:
-        raise InputError(f"unknown heads method {settings.method!r} (medusa or eagle)")
+        raise InputError(f"unknown heads method {settings.method!r} (medusa, eagle or eagle3)")
     say(f"{settings.method} heads: wrote {out} in {time.monotonic() - start:.0f} s")
     return manifest
 
@@ -311,5 +332,16 @@ def _readme(info: dict) -> str:
         )
     if info.get("command"):
         lines.append(f"Reproduce: `{info['command']}`.")
-    lines += ["", "Layout: as the shipped heads of the base model (see heads/smollm2-eagle, heads/smollm2-medusa).", ""]
+    if info["method"] == "eagle3":
+        lines += [
+            "",
+            "Layout: ModelOpt's EAGLE-3 export (config.json + model.safetensors in bfloat16), written by",
+            (
+                "ModelOpt's export_speculative_decoding after training with its HF EAGLE-3 model "
+                "(pipeline/heads/eagle3.py) against the target's own next-token distribution; the last epoch ships."
+            ),
+        ]
+    else:
+        lines += ["", "Layout: as the shipped heads of the base model (see heads/smollm2-eagle, heads/smollm2-medusa)."]
+    lines.append("")
     return "\n".join(lines)

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 HEADS = HeadsNeed(
     key="eagle3",
     holds="an EAGLE-3 drafter (config.json and model.safetensors, as ModelOpt exports it)",
-    training_target=3.0,  # not trained by specdeploy yet
+    training_target=3.0,
     splits_on_hidden=False,  # the LLM API loads the folder as it is; no convert stage splits it
-    trainable=False,  # not yet: heads.eagle3 takes a path
+    trainable=True,  # heads.eagle3.train: ModelOpt trains it (pipeline/heads/eagle3.py)
 )
 
 
@@ -69,10 +69,24 @@ class Eagle3Config:
         }
 
 
+def modelopt_capture_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers ModelOpt 0.47 captures by default (``default_eagle_aux_layer_ids``): TensorRT-LLM's
+    (1, L//2-1, L-4) for L >= 6, clipped and deduplicated below.
+
+        >>> modelopt_capture_layers(30), modelopt_capture_layers(2)
+        ((1, 14, 26), (0, 1))
+    """
+    return tuple(sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)}))
+
+
 def resolve(
     variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems
 ) -> Eagle3Config | None:
     assert heads_dir is not None  # the planner asks for heads.eagle3 first
+    heads = variant.heads.eagle3
+    if heads is not None and heads.train is not None and heads.train.init == "random":
+        # The train-heads stage writes it: ModelOpt's default capture layers (pipeline/heads/eagle3.py).
+        return Eagle3Config(variant.speculative.eagle3.max_draft_len, modelopt_capture_layers(arch.num_layers))
     layout = read_heads(HEADS, heads_dir, lambda folder: read_eagle3(folder, arch), problems)
     if layout is None:
         return None

@@ -128,12 +128,13 @@ class EagleHeadsSpec(_TrainedHeads):
     """Train the drafter for this variant's target (train-heads stage); the stage's output replaces ``path``."""
 
 
-class Eagle3HeadsSpec(_Strict):
-    path: str
+class Eagle3HeadsSpec(_TrainedHeads):
+    path: str | None = None
     """EAGLE-3 drafter folder in the Hugging Face format ModelOpt, SpecForge and NVIDIA publish
     (config.json + model.safetensors); relative paths are relative to the spec file."""
-    train: None = None
-    """Not supported yet: specdeploy does not train EAGLE-3 drafters; give ``path``."""
+    train: HeadsTrainSpec | None = None
+    """Train the drafter for this variant's target with ModelOpt (train-heads stage); the stage's output
+    replaces ``path``; ``init: base`` warm-starts from the drafter at ``path``."""
 
 
 class HeadsSpec(_Strict):
