@@ -4,7 +4,8 @@ and the keys of Triton's ``llmapi`` model (its ``model.yaml`` maps every key to 
 Every key and value is held to TensorRT-LLM's own classes (``TorchLlmArgs``, ``KvCacheConfig``,
 ``NGramDecodingConfig``, ``Eagle3DecodingConfig``, ``LoraConfig`` in ``tensorrt_llm/llmapi/llm_args.py``
 and the LoRA config it imports) by ``tests/test_pytorch_target.py``, against
-``pipeline/targets/pytorch_sources.json`` (file and commit of each). Worked example, the SmolLM2 LoRA fleet's shared engine (NGram, K=4)::
+``pipeline/targets/pytorch_sources.json`` (file and commit of each). Worked example, the SmolLM2
+LoRA fleet's shared engine (NGram, K=4)::
 
     tensor_parallel_size: 1
     pipeline_parallel_size: 1
