@@ -4,9 +4,11 @@ A fine-tune of a base can be served two ways:
 
 * **shared**: its adapter is loaded into the one engine built with the LoRA plugin for the base (one
   engine for every shared fine-tune; the adapter costs ``adapter_gib`` on each GPU of that engine).
-  That engine has no speculative heads (TensorRT-LLM 1.2.1's engine flow does not combine LoRA with
-  Medusa, EAGLE or Lookahead), and its steps pay the LoRA GEMMs and the adapter mixing
-  (pipeline/costmodel/lora.py), so its speedup is at most 1.0x;
+  Its steps pay the LoRA GEMMs and the adapter mixing (pipeline/costmodel/lora.py). On the engine
+  flow it decodes plainly (TensorRT-LLM 1.2.1 does not combine LoRA with Medusa, EAGLE or Lookahead),
+  so its speedup is at most 1.0x; on the PyTorch backend it runs ``SharedEngine.method`` (NGram, or
+  EAGLE-3 with the base's drafter) with the adapters on the target, and the caller weighs one fleet
+  per such method (:func:`pipeline.lora.auto.best_shared_engine`);
 * **merged**: the adapter is merged into a full copy of the weights, built as an engine of its own
   with its own method and KV cache: ``per_gpu_gib`` on each of ``world_size`` GPUs, at the method's
   predicted speedup.
@@ -105,6 +107,12 @@ class SharedEngine:
     per_gpu_gib: float  # base weights / tp + KV cache + LoRA workspace, on each of those GPUs
     required: bool = False  # True when the base itself is served from it
     cache_cap_gib: float = math.inf  # the most its LoRA cache takes per GPU, however many adapters share
+    method: str = "none"  # what it runs beside the adapters: none on the engine flow, e.g. ngram on the PyTorch backend
+
+    @property
+    def label(self) -> str:
+        """How the reasons name this option: ``shared``, or ``shared ngram`` where the engine speculates."""
+        return "shared" if self.method == "none" else f"shared {self.method}"
 
 
 @dataclass(frozen=True)
@@ -412,17 +420,18 @@ def _reason(
     picked: list[_Option],
     used: list[float],
 ) -> str:
+    shared = fleet.shared.label
     if o.choice == "merged":
         m = f.merged
         assert m is not None
         if f.allowed == "merged":
             return f"merged (serving.lora: merged): {m.method} {m.speedup:.2f}x, {_gpu_text(o.memory)} fits"
-        return f"merged: {m.method} {m.speedup:.2f}x vs {f.shared_speedup:.2f}x shared, {_gpu_text(o.memory)} fits"
+        return f"merged: {m.method} {m.speedup:.2f}x vs {f.shared_speedup:.2f}x {shared}, {_gpu_text(o.memory)} fits"
     if f.allowed == "shared" or f.merged is None:
-        return f"shared (serving.lora: shared): {f.shared_speedup:.2f}x"
+        return f"{shared} (serving.lora: shared): {f.shared_speedup:.2f}x"
     m = f.merged
     if m.speedup <= f.shared_speedup:
-        return f"shared: {f.shared_speedup:.2f}x >= merged {m.method} {m.speedup:.2f}x"
+        return f"{shared}: {f.shared_speedup:.2f}x >= merged {m.method} {m.speedup:.2f}x"
     # would merging this one alone (the others kept) fit anywhere?
     others = [p for p in picked if p.variant != o.variant]
     without = _used(fleet, others)  # its cache slot freed, if the cache is under its cap
@@ -431,15 +440,15 @@ def _reason(
         if all(after[g] <= fleet.free_gib[g] + _TOLERANCE for g in range(len(after))):
             # optimal and still shared: merging it would not lower the objective (no traffic, or a tie)
             return (
-                f"shared: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) but gains "
+                f"{shared}: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) but gains "
                 "nothing at traffic share 0"
                 if o.cost == 0
-                else f"shared: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) and "
+                else f"{shared}: merged {m.method} {m.speedup:.2f}x would fit ({_gpu_text(alt.memory)}) and "
                 "gain no more than its memory costs (a tie; the leaner choice wins)"
             )
     room = ", ".join(f"GPU {g} {fleet.free_gib[g] - without[g]:.1f} GiB free" for g in range(len(used)))
     return (
-        f"shared: merged {m.method} {m.speedup:.2f}x needs +{m.per_gpu_gib:.1f} GiB on {m.world_size} GPU(s) "
+        f"{shared}: merged {m.method} {m.speedup:.2f}x needs +{m.per_gpu_gib:.1f} GiB on {m.world_size} GPU(s) "
         f"beside the engines chosen ({room})"
     )
 

@@ -8,7 +8,11 @@ by ``model.adapter``), every auto fine-tune first planned as merged:
 * **shared option**: the adapter's memory per GPU of the shared engine (one slot of the LoRA cache the
   group will get, the cache capped at one batch's adapters: :func:`_cache`) and its predicted speedup there
   (:func:`pipeline.costmodel.lora.shared_speedup`: plain decoding plus the LoRA GEMMs and the mixing of
-  ``min(fine-tunes, concurrency)`` adapters in a step);
+  ``min(fine-tunes, concurrency)`` adapters in a step; where the target speculates on a LoRA engine, the
+  engine's method with the LoRA parts on every row, at the fine-tune's measured acceptance when its
+  rehearsal ran). The planner calls :func:`decide_family` once per method the shared engine could run
+  (on the PyTorch backend: EAGLE-3 with the base's drafter, NGram, plain) and keeps the best fleet
+  (:func:`best_shared_engine`);
 * **merged option**: the merged variant's method, its predicted speedup at the fleet's concurrency on
   the spec's GPU (:func:`pipeline.costmodel.predict.predict`) at an acceptance length measured by the
   variant's rehearsal when one ran, else the median of the published results for that method
@@ -119,11 +123,12 @@ def decide_family(
             _fixed(t, plans, "", merged_only=f"the base's engine runs {method}, a LoRA engine none") for t in tunes
         ]
         return AutoDecision(base.name, tuple(choices), None, rule)
+    engine_method = engine.speculative.method
     if not targets.on_gpus(base_plan.target) or gpu is None:
         where = "no gpu.type" if targets.on_gpus(base_plan.target) else "the CPU reference target"
         rule = f"{where}: no GPU memory or GPU speedup to weigh; auto fine-tunes without heads share the base's engine"
         choices = [_fixed(t, plans, where) for t in tunes]
-        return AutoDecision(base.name, tuple(choices), None, rule)
+        return AutoDecision(base.name, tuple(choices), None, rule, engine_method)
     concurrency = base.evaluation.batch_sizes[0] if base.evaluation else DEFAULT_CONCURRENCY
     arch, tp = base_plan.arch, base_plan.tp
     dtype_bytes = BYTES_PER_ELEMENT[base.model.dtype]
@@ -157,7 +162,7 @@ def decide_family(
     usable = gpu.memory_gib * (1 - RESERVE_FRACTION)
     free = _free_after(others, count, usable)
     cap = cache.gpu_gib if cache else 0.0
-    shared = SharedEngine(tuple(range(base_plan.world_size)), engine.memory.total_gib, True, cap)
+    shared = SharedEngine(tuple(range(base_plan.world_size)), engine.memory.total_gib, True, cap, engine_method)
     try:
         decision = decide(LoraFleet(fine_tunes, shared, tuple(free), concurrency))
     except LoraDecisionError as exc:
@@ -178,7 +183,17 @@ def decide_family(
                 why = f"merged {c.method} {c.speedup:.2f}x beats {unused} {speedup:.2f}x with trained heads"
             reason += f"; heads.{key}.train dropped (no train-heads stage): {why}"
         noted.append(replace(c, reason=reason))
-    return AutoDecision(base.name, tuple(noted), decision, rule)
+    return AutoDecision(base.name, tuple(noted), decision, rule, engine_method)
+
+
+def best_shared_engine(weighed: Sequence[AutoDecision]) -> AutoDecision:
+    """Of one family's decisions, one per method its shared engine could run (auto's order), the one with
+    the best fleet speedup (ties: the first), recording every engine's; the first without a GPU to weigh."""
+    if len(weighed) == 1 or any(d.decision is None for d in weighed):
+        return weighed[0]
+    speedups = [(str(d.shared_method), d.decision.fleet_speedup if d.decision else 0.0) for d in weighed]
+    best = max(range(len(weighed)), key=lambda i: speedups[i][1])
+    return replace(weighed[best], shared_compared=tuple(speedups))
 
 
 def merged_methods(variant: VariantSpec) -> list[str]:

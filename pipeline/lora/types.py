@@ -92,6 +92,18 @@ class AutoDecision:
     choices: tuple[VariantChoice, ...]
     decision: LoraDecision | None
     rule: str  # how it was decided, one line
+    shared_method: str | None = None  # what the shared engine runs beside the adapters (None: not weighed)
+    # the fleet's predicted speedup with each method the shared engine could run, when more than one
+    shared_compared: tuple[tuple[str, float], ...] = ()
+
+    def shared_engine_text(self) -> str:
+        """``eagle3`` or, where methods were compared, ``eagle3 (fleet 1.612x; with ngram 1.504x, plain 0.991x)``."""
+        name = _shown(self.shared_method)
+        if not self.shared_compared:
+            return name
+        speedups = dict(self.shared_compared)
+        others = ", ".join(f"{_shown(m)} {s:.3f}x" for m, s in self.shared_compared if m != self.shared_method)
+        return f"{name} (fleet {speedups[str(self.shared_method)]:.3f}x; with {others})"
 
     @property
     def shared(self) -> set[str]:
@@ -100,15 +112,23 @@ class AutoDecision:
     def to_dict(self) -> dict[str, Any]:
         body = self.decision.to_dict() if self.decision is not None else {"variants": {}}
         body["variants"] = {c.name: c.to_dict() for c in self.choices}
-        return {"base": self.base, "rule": self.rule, **body}
+        compared = {m: round(s, 4) for m, s in self.shared_compared}
+        shared = {"shared_method": self.shared_method, "shared_methods_compared": compared}
+        return {"base": self.base, "rule": self.rule, **shared, **body}
 
     def lines(self) -> list[str]:
         head = f"LoRA decision for base {self.base}: {self.rule}"
         if self.decision is not None:
             d = self.decision
             head += (
+                f"; shared engine {self.shared_engine_text()}"
                 f"; fleet speedup {d.fleet_speedup:.2f}x at concurrency {d.concurrency} "
                 f"(all shared {d.all_shared_speedup:.2f}x); GiB used per GPU "
                 + ", ".join(f"{u:.1f}/{f:.1f}" for u, f in zip(d.used_gib, d.free_gib))
             )
         return [head] + [f"  {c.name}: {c.reason}" for c in self.choices]
+
+
+def _shown(method: str | None) -> str:
+    """A method as the decision's lines name it: plain decoding is ``plain``."""
+    return "plain" if method == "none" else str(method)

@@ -76,9 +76,11 @@ def _decide_lora(
     """serving.lora auto: the planner's choice per fine-tune (pipeline/lora/auto.py), every auto fine-tune
     planned as merged first (with method auto, once more per other method its merged engine could run);
     the variants to plan as decided (:func:`pipeline.lora.auto.as_decided`: the ones it shares set to
-    serving.lora shared, the training of heads left unused dropped). The shared engine is weighed as the
-    base with the method its target runs on a LoRA engine (plain decoding on the engine flow; auto's
-    choice on the PyTorch backend)."""
+    serving.lora shared, the training of heads left unused dropped; a base whose shared engine is best
+    with another method than auto's pick set to that method). The shared engine is weighed as the base
+    with each method its target runs on a LoRA engine (:func:`_shared_engines`: plain decoding on the
+    engine flow; EAGLE-3 with the base's drafter, NGram or plain on the PyTorch backend) and the decision
+    with the best fleet speedup taken."""
     by_name = {p.name: p for p in plans}
     decisions = []
     decided: dict[str, VariantSpec] = {}
@@ -88,13 +90,19 @@ def _decide_lora(
         family = {base.name, *(t.name for t in tunes)}
         shared = {n for n, v in decided.items() if v.serving.lora == "shared"}
         others = [p for p in by_name.values() if p.name not in family and p.name not in shared]
-        engine = by_name[base.name]
-        if base.speculative.method == "auto" and speculative_refusal(engine.speculative.method, engine.target):
-            plain = variant_with_method(base, methods.PLAIN)  # the method a LoRA engine of this target runs
-            engine = _plan_variant(spec, plain, roots, _Problems(spec, base.name)) or engine
         candidates = {t.name: _merged_candidates(spec, t, by_name[t.name], roots) for t in tunes}
-        decision = lora_auto.decide_family(spec, base, tunes, by_name, others, engine, candidates)
+        weighed, refused = [], []
+        for engine in _shared_engines(spec, base, by_name[base.name], roots):
+            try:
+                weighed.append(lora_auto.decide_family(spec, base, tunes, by_name, others, engine, candidates))
+            except InputError as exc:  # nothing fits beside this engine; another may
+                refused.append(exc)
+        if not weighed:
+            raise refused[0]
+        decision = lora_auto.best_shared_engine(weighed)
         decisions.append(decision)
+        if decision.shared_method not in (None, by_name[base.name].speculative.method):
+            decided[base.name] = lora_auto.merged_variant(base, decision.shared_method)
         choices = {c.name: c for c in decision.choices}
         for t in tunes:
             c = choices[t.name]
@@ -104,6 +112,26 @@ def _decide_lora(
                 if c.choice == "merged":  # later families weigh the engine as merged
                     by_name[t.name] = next(p for p in candidates[t.name] if p.speculative.method == c.method)
     return decisions, [decided.get(v.name, v) for v in variants]
+
+
+def _shared_engines(spec: Spec, base: VariantSpec, plan: VariantPlan, roots: OutputRoots) -> list[VariantPlan]:
+    """The base planned as the shared LoRA engine, once per method it could run there, in auto's order:
+    with an explicit method, its plan alone (a refused one is said by the decision); with method auto,
+    every method of :func:`pipeline.lora.auto.merged_methods` the target runs on a LoRA engine, then
+    plain decoding (those that plan without a problem)."""
+    if base.speculative.method != "auto":
+        return [plan]
+    names = [m for m in lora_auto.merged_methods(base) if not speculative_refusal(m, plan.target)]
+    engines = []
+    for method in dict.fromkeys([*names, methods.PLAIN]):
+        if method == plan.speculative.method:
+            engines.append(plan)
+            continue
+        problems = _Problems(spec, base.name)
+        engine = _plan_variant(spec, lora_auto.merged_variant(base, method), roots, problems)
+        if engine is not None and not problems.errors:
+            engines.append(engine)
+    return engines or [plan]
 
 
 def _merged_candidates(spec: Spec, variant: VariantSpec, plan: VariantPlan, roots: OutputRoots) -> list[VariantPlan]:
@@ -140,8 +168,6 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
         as_shared, errors = _plan_variants(spec, changed, roots)
         by_name = {p.name: p for p in as_shared}
         plans = [by_name.get(p.name, p) for p in plans]
-        reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
-        plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]
     if len(spec.variants) > 1:
         errors.extend(_spec_repository_problems(spec, roots))
     group_problems: dict[str, _Problems] = {}
@@ -158,8 +184,25 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
             plans = [_shared_member(p, replanned, members[p.name], roots) if p.name in members else p for p in plans]
     if errors:
         raise InputError("\n".join(errors))
+    reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
+    reasons |= {d.base: _shared_engine_note(d, spec, variants) for d in decisions if d.shared_compared}
+    plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]
     repository = _spec_repository(spec, roots, plans)
     return Plan(spec.file, spec.name, tuple(plans), repository, tuple(groups), tuple(decisions))
+
+
+def _shared_engine_note(decision: AutoDecision, spec: Spec, decided: list[VariantSpec]) -> str:
+    """The base's note: what its shared engine runs, against what else it could, and the training of
+    heads that choice leaves unused."""
+    note = f"serving.lora auto: the shared engine runs {decision.shared_engine_text()}"
+    before = next(v for v in spec.variants if v.name == decision.base).heads
+    after = next(v for v in decided if v.name == decision.base).heads
+    for d in methods.with_heads():
+        key = d.heads.key if d.heads is not None else ""
+        was, now = getattr(before, key), getattr(after, key)
+        if was is not None and was.train and now is None:
+            note += f"; heads.{key}.train dropped (no train-heads stage): {d.name} is not the shared engine's method"
+    return note
 
 
 def _shared_member(member: VariantPlan, engine: VariantPlan, task_id: int, roots: OutputRoots) -> VariantPlan:

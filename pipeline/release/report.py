@@ -100,8 +100,10 @@ def _print_answer(plan: Plan, console: Console) -> None:
         merged = sum(c.choice == "merged" for c in decision.choices)
         shared = sum(c.choice == "shared" for c in decision.choices)
         per_gpu = ", ".join(f"GPU {g} {u:.1f} of {f:.1f}" for g, (u, f) in enumerate(zip(d.used_gib, d.free_gib)))
+        speculates = decision.shared_compared or decision.shared_method not in (None, "none")
+        running = f" running {decision.shared_engine_text()}" if speculates else ""
         console.print(
-            f"  fine-tunes of {decision.base}: {shared} shared on one engine, {merged} merged; fleet speedup "
+            f"  fine-tunes of {decision.base}: {shared} shared on one engine{running}, {merged} merged; fleet speedup "
             f"[bold]{d.fleet_speedup:.2f}x[/bold] at concurrency {d.concurrency} (all shared "
             f"{d.all_shared_speedup:.2f}x); GiB used: {per_gpu}",
             highlight=False,
