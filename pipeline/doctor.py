@@ -3,7 +3,10 @@
 The host probe is separate from the verdicts so tests can assess any host: ``probe_host``
 looks around (versions, GPUs, MPI, Triton backends, disk), ``assess_variant`` decides per
 variant. Reference-target variants build anywhere; TensorRT ones need TensorRT-LLM 1.2.x,
-trtllm-build, enough GPUs of the right architecture and enough memory and disk. Every stage
+trtllm-build, enough GPUs of the right architecture and enough memory and disk. PyTorch-backend ones
+(``target: pytorch``) build anywhere too (no engine: the checkpoint, the adapters and the server's
+options), and what their GPU serving needs here (trtllm-serve, the GPUs, their memory) is said as
+notes. Every stage
 (and the server) is also compared with the host: its GPUs, GPU memory, host RAM and disk, as
 ``pipeline.plan.resources`` estimates them in the plan.
 """
@@ -42,6 +45,7 @@ class HostReport:
     engines_dir: str
     free_disk_gib: float | None
     host_memory_gib: float | None = None  # physical RAM
+    llm_api_missing: tuple[str, ...] = ()  # empty: trtllm-serve (the PyTorch backend) can run here
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ def probe_host(engines_dir: Path) -> HostReport:
         engines_dir=str(engines_dir),
         free_disk_gib=_free_disk_gib(engines_dir),
         host_memory_gib=_host_memory_gib(),
+        llm_api_missing=tuple(host.llm_api_missing()),
     )
 
 
@@ -172,6 +177,14 @@ def host_checks(report: HostReport) -> list[Check]:
             "trtllm-build",
             "missing" if report.engine_flow_missing else "ok",
             "; ".join(report.engine_flow_missing) or "can run",
+        ),
+        Check(
+            "trtllm-serve",
+            "missing" if report.llm_api_missing else "ok",
+            "; ".join(report.llm_api_missing)
+            + " (GPU serving of target: pytorch needs it; on CPU, specdeploy serve runs its stand-in)"
+            if report.llm_api_missing
+            else "can run (target: pytorch)",
         ),
         Check("GPUs", "ok" if report.gpus else "missing", f"{len(report.gpus)}: {gpus}" if gpus else "none found"),
         Check(
@@ -256,25 +269,24 @@ def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
             verdict.notes.append("dtype bfloat16 without CPU bf16 GEMMs: serving runs slowly here (float32 is faster)")
         _refuse_stages(verdict)
         return verdict
+    if not targets.definition(variant.target).builds_engines:
+        # No engine: the checkpoint, the adapters and the server's options are written on any host; the
+        # serve stage's fit says the GPUs and their memory.
+        fp8 = _fp8_problem(variant, report)
+        for problem in [*report.llm_api_missing, *([fp8] if fp8 else [])]:
+            verdict.notes.append(f"serving here: {problem}")
+        _refuse_stages(verdict)
+        return verdict
     for missing in report.engine_flow_missing:
         verdict.refuse(missing)
+    for problem in _gpu_problems(variant, report):
+        verdict.refuse(problem)
     if not report.gpus:
-        verdict.refuse("no NVIDIA GPU found")
         return verdict
-    if len(report.gpus) < variant.world_size:
-        verdict.refuse(f"needs tp*pp = {variant.world_size} GPUs, this host has {len(report.gpus)}")
     weakest = min(report.gpus, key=lambda g: (g.compute_capability, g.memory_mib))
-    sm = f"{weakest.compute_capability[0]}.{weakest.compute_capability[1]}"
-    if variant.quant.weights_fp8 and weakest.compute_capability < FP8_MIN_SM:
-        verdict.refuse(f"FP8 needs compute capability >= 8.9; {weakest.name} is {sm}")
-    smallest = min(g.memory_gib for g in report.gpus)
-    if variant.memory.total_gib > smallest:
-        verdict.refuse(
-            f"needs about {variant.memory.total_gib:.1f} GiB per GPU ({variant.memory.describe()}); "
-            f"the smallest GPU here has {smallest:.1f} GiB"
-        )
     planned: GpuType | None = variant.gpu
     if planned is not None and planned.compute_capability != weakest.compute_capability:
+        sm = f"{weakest.compute_capability[0]}.{weakest.compute_capability[1]}"
         verdict.notes.append(
             f"planned for {planned.name} (SM {planned.compute_capability[0]}."
             f"{planned.compute_capability[1]}) but this host has {weakest.name} (SM {sm}); "
@@ -289,6 +301,36 @@ def assess_variant(variant: VariantPlan, report: HostReport) -> Verdict:
         )
     _refuse_stages(verdict)
     return verdict
+
+
+def _fp8_problem(variant: VariantPlan, report: HostReport) -> str | None:
+    """Why this host's GPUs cannot run the variant's FP8 weights, or None."""
+    if not report.gpus or not variant.quant.weights_fp8:
+        return None
+    weakest = min(report.gpus, key=lambda g: (g.compute_capability, g.memory_mib))
+    if weakest.compute_capability >= FP8_MIN_SM:
+        return None
+    sm = f"{weakest.compute_capability[0]}.{weakest.compute_capability[1]}"
+    return f"FP8 needs compute capability >= 8.9; {weakest.name} is {sm}"
+
+
+def _gpu_problems(variant: VariantPlan, report: HostReport) -> list[str]:
+    """What this host's GPUs lack for the variant's runtime: their count, FP8, memory."""
+    if not report.gpus:
+        return ["no NVIDIA GPU found"]
+    problems = []
+    if len(report.gpus) < variant.world_size:
+        problems.append(f"needs tp*pp = {variant.world_size} GPUs, this host has {len(report.gpus)}")
+    fp8 = _fp8_problem(variant, report)
+    if fp8:
+        problems.append(fp8)
+    smallest = min(g.memory_gib for g in report.gpus)
+    if variant.memory.total_gib > smallest:
+        problems.append(
+            f"needs about {variant.memory.total_gib:.1f} GiB per GPU ({variant.memory.describe()}); "
+            f"the smallest GPU here has {smallest:.1f} GiB"
+        )
+    return problems
 
 
 def to_json(report: HostReport, checks: list[Check], verdicts: list[Verdict]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""What this host offers the TensorRT engine flow: GPUs, TensorRT-LLM, trtllm-build.
+"""What this host offers TensorRT-LLM: GPUs, TensorRT-LLM, trtllm-build (the engine flow) and
+trtllm-serve (the PyTorch backend).
 
 Probes never import tensorrt_llm (that initialises CUDA and takes many seconds); package
 versions come from installed metadata and importability from ``find_spec``.
@@ -16,6 +17,7 @@ from pipeline.spec.gpus import GpuType
 from pipeline.trtllm import TRTLLM_SERIES
 
 BUILD_PROGRAM = "trtllm-build"
+SERVE_PROGRAM = "trtllm-serve"  # the PyTorch backend's OpenAI-compatible server
 
 
 # A GPU found on this host is described exactly like a GPU type named in a spec.
@@ -105,3 +107,13 @@ def visible_gpu_count() -> int | None:
     if shutil.which("nvidia-smi") is None:
         return None
     return len(local_gpus())
+
+
+def llm_api_missing() -> list[str]:
+    """What stops trtllm-serve (the PyTorch backend, ``target: pytorch``) from running here (empty when it can)."""
+    missing = []
+    if shutil.which(SERVE_PROGRAM) is None:
+        missing.append(f"{SERVE_PROGRAM} is not on PATH")
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        missing.append("the tensorrt_llm Python package is not importable")
+    return missing

@@ -80,6 +80,34 @@ def test_reference_variants_build_anywhere(plan_text):
     assert assess_variant(variant, gpu_host(engine_flow_missing=("x",))).can_build
 
 
+def test_pytorch_backend_variants_build_anywhere_and_say_what_serving_needs(plan_text):
+    # no engine to build: the checkpoint, the adapters and trtllm-serve's options are written on any host
+    variant = plan_text(PRESET_8B + "target: pytorch\nparallel: {tp: 2}\n")[0]
+    cpu = gpu_host(
+        engine_flow_missing=("trtllm-build is not on PATH",), llm_api_missing=("trtllm-serve is not on PATH",)
+    )
+    verdict = assess_variant(variant, cpu)
+    assert verdict.can_build and verdict.reasons == []
+    assert verdict.notes == [
+        "serving here: trtllm-serve is not on PATH",
+        "serving here: needs 2 GPU(s), this host has 0",
+    ]
+    # FP8 on A100s: said, not refused
+    fp8 = plan_text(PRESET_8B + "target: pytorch\nparallel: {tp: 2}\nquantization: {weights: fp8}\n")[0]
+    notes = assess_variant(fp8, gpu_host(A100, A100)).notes
+    assert notes == ["serving here: FP8 needs compute capability >= 8.9; NVIDIA A100-SXM4-80GB is 8.0"]
+    assert assess_variant(variant, gpu_host(H100, H100)).notes == []
+
+
+def test_checks_say_whether_trtllm_serve_can_run():
+    checks = {c.name: c for c in host_checks(gpu_host(llm_api_missing=("trtllm-serve is not on PATH",)))}
+    assert (
+        checks["trtllm-serve"].status == "missing"
+        and "specdeploy serve runs its stand-in" in checks["trtllm-serve"].detail
+    )
+    assert {c.name: c for c in host_checks(gpu_host())}["trtllm-serve"].status == "ok"
+
+
 def test_bfloat16_reference_engines_need_cpu_bf16_gemms_to_be_fast(plan_text):
     variant = plan_text(PRESET_8B + "target: reference\n")[0]
     assert variant.build.dtype == "bfloat16"  # the spec default
