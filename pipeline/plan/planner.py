@@ -101,8 +101,9 @@ def _decide_lora(
             raise refused[0]
         decision = lora_auto.best_shared_engine(weighed)
         decisions.append(decision)
-        if decision.shared_compared and decision.shared_method != by_name[base.name].speculative.method:
-            decided[base.name] = lora_auto.merged_variant(base, decision.shared_method)
+        chosen = decision.shared_method
+        if decision.shared_compared and chosen is not None and chosen != by_name[base.name].speculative.method:
+            decided[base.name] = lora_auto.merged_variant(base, chosen)
         choices = {c.name: c for c in decision.choices}
         for t in tunes:
             c = choices[t.name]
