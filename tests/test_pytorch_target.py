@@ -107,6 +107,13 @@ def check_options(options: dict) -> None:
             assert spec["max_matching_ngram_size"] > 0  # PositiveInt
         else:  # Eagle3: speculative_model is required
             assert spec["speculative_model"] and all(isinstance(i, int) for i in spec["eagle3_layers_to_capture"])
+            tree = {"use_dynamic_tree", "dynamic_tree_max_topK", "max_total_draft_tokens"}
+            if spec.get("use_dynamic_tree"):  # topK > 0 required; max_total in [K, topK x K]
+                assert spec["dynamic_tree_max_topK"] > 0
+                assert spec["max_draft_len"] <= spec["max_total_draft_tokens"]
+                assert spec["max_total_draft_tokens"] <= spec["dynamic_tree_max_topK"] * spec["max_draft_len"]
+            else:  # a linear chain: none of the tree's keys (a topK without the tree is warned about)
+                assert not tree & set(spec)
     lora = options.get("lora_config")
     if lora is not None:
         assert set(lora) <= fields(SOURCES["lora_config"])
@@ -195,11 +202,11 @@ def test_rehearsal_on_the_pytorch_backend_measures_what_it_runs(cli, smollm2_dir
 # -- EAGLE-3 ------------------------------------------------------------------------------------------
 
 
-def eagle3_spec(hf_config_dir, tmp_path, target: str = "pytorch", method: str = "auto") -> str:
+def eagle3_spec(hf_config_dir, tmp_path, target: str = "pytorch", method: str = "auto", eagle3: str = "{}") -> str:
     drafter = write(tmp_path / "drafter", config())  # ModelOpt's export for this tiny base, capture layers 0, 1
     model = hf_config_dir()
     return (
-        f"name: p\nmodel: {{path: {model}}}\ntarget: {target}\nspeculative: {{method: {method}}}\n"
+        f"name: p\nmodel: {{path: {model}}}\ntarget: {target}\nspeculative: {{method: {method}, eagle3: {eagle3}}}\n"
         f"heads: {{eagle3: {{path: {drafter}}}}}\n"
     )
 
@@ -219,6 +226,61 @@ def test_an_eagle3_drafter_is_auto_s_choice_and_deployed_beside_the_model(plan_o
         "eagle3_layers_to_capture": [0, 1],  # TensorRT-LLM reads them from here, not from the drafter
     }
     assert variant.memory.heads_gib > 0
+
+
+def test_an_eagle3_dynamic_tree_is_emitted_and_priced_as_a_tree(plan_of, hf_config_dir, tmp_path):
+    tree = "{use_dynamic_tree: true, dynamic_tree_max_top_k: 4, max_draft_len: 3}"
+    text = eagle3_spec(hf_config_dir, tmp_path, eagle3=tree)
+    (variant,) = plan_of(text).variants
+    eagle3 = variant.speculative.eagle3
+    assert (eagle3.dynamic_tree_max_top_k, eagle3.total_draft_tokens) == (4, 12)  # the default: top-k x K
+    assert eagle3.describe() == "eagle3: K=3, dynamic tree (top-4, 12 nodes), capture 0,1"
+    root = PurePosixPath("/models/engines/p")
+    options = llm_api_options(variant, variant.stage("package"), root / "lora", root / "checkpoint" / "eagle3")
+    check_options(options)
+    assert options["speculative_config"] == {
+        "decoding_type": "Eagle3",
+        "max_draft_len": 3,
+        "speculative_model": "/models/engines/p/checkpoint/eagle3",
+        "eagle3_layers_to_capture": [0, 1],
+        "use_dynamic_tree": True,
+        "dynamic_tree_max_topK": 4,  # TensorRT-LLM's spelling
+        "max_total_draft_tokens": 12,
+    }
+    drafting = variant.speculative.drafting()
+    assert drafting.rows == 13 and drafting.eagle_level_rows == (4, 4, 4) and drafting.row_term == "tree_row_s"
+    (variant,) = plan_of(text.replace("max_draft_len: 3", "max_total_draft_tokens: 5")).variants
+    assert variant.speculative.drafting().rows == 6
+    options = llm_api_options(variant, variant.stage("package"), root / "lora", root / "checkpoint" / "eagle3")
+    check_options(options)
+    assert options["speculative_config"]["max_total_draft_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("eagle3", "expected"),
+    [
+        # at the edge: each setting's own range
+        ("{dynamic_tree_max_top_k: 0}", "speculative.eagle3.dynamic_tree_max_top_k: must be >= 1"),
+        ("{max_total_draft_tokens: 0}", "speculative.eagle3.max_total_draft_tokens: must be >= 1"),
+        ("{use_dynamic_tree: 1}", "speculative.eagle3.use_dynamic_tree"),
+        # at plan time: TensorRT-LLM's rules for the combination
+        ("{use_dynamic_tree: true}", "speculative.eagle3.dynamic_tree_max_top_k: use_dynamic_tree needs"),
+        (
+            "{use_dynamic_tree: true, dynamic_tree_max_top_k: 2, max_total_draft_tokens: 7}",
+            "speculative.eagle3.max_total_draft_tokens: max_total_draft_tokens 7 is more than "
+            "dynamic_tree_max_top_k 2 x max_draft_len 3 = 6",
+        ),
+        (
+            "{use_dynamic_tree: true, dynamic_tree_max_top_k: 2, max_total_draft_tokens: 2}",
+            "max_total_draft_tokens 2 is less than max_draft_len 3",
+        ),
+        ("{max_total_draft_tokens: 5}", "5 with a linear chain, which verifies max_draft_len 3 tokens"),
+    ],
+)
+def test_an_illegal_eagle3_tree_is_one_located_error(problems_of, hf_config_dir, tmp_path, eagle3, expected):
+    message = problems_of(eagle3_spec(hf_config_dir, tmp_path, method="eagle3", eagle3=eagle3))
+    assert expected in message and ".yaml:4:" in message  # the spec line of speculative
+    assert "\n" not in message.strip()
 
 
 def test_an_eagle3_drafter_on_the_engine_flow_is_refused_with_what_it_drafts_with(problems_of, hf_config_dir, tmp_path):

@@ -35,8 +35,15 @@ def candidate_build(candidate: Any) -> dict[str, Any]:
         "dynamic_tree_max_top_k": settings.eagle_dynamic_tree_max_top_k if settings.eagle_dynamic_tree else None,
         "lookahead": list(look) if candidate.method == "lookahead" and look is not None else None,
         "ngram": dataclasses.astuple(settings.ngram) if candidate.method == "ngram" and settings.ngram else None,
-        "eagle3": [settings.eagle3.max_draft_len] if candidate.method == "eagle3" and settings.eagle3 else None,
+        "eagle3": _eagle3(settings.eagle3) if candidate.method == "eagle3" and settings.eagle3 else None,
     }
+
+
+def _eagle3(config: Any) -> list[int]:
+    """``[K]`` for a chain, ``[K, top-k, nodes]`` for a dynamic tree (pipeline.methods.eagle3.measured)."""
+    if not config.use_dynamic_tree:
+        return [config.max_draft_len]
+    return [config.max_draft_len, config.dynamic_tree_max_top_k, config.total_draft_tokens]
 
 
 def config_of(build: dict[str, Any], candidates: SpeculativeConfig, reason: str) -> SpeculativeConfig | None:

@@ -99,7 +99,7 @@ def candidates(
 ) -> list[Candidate]:
     """Every candidate this engine's weights can serve (see the module docstring); ``ngram``: the plan's
     NGram pool, a candidate when the plan decodes with it; ``eagle3``: an EAGLE-3 drafter (its config and
-    folder), drafting a chain of its max_draft_len."""
+    folder), drafting its chain of max_draft_len, or its dynamic tree."""
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     out = [Candidate("plain", "none", MethodSettings(), Drafting.plain(), describe="plain decoding")]
     for config in lookahead_sweep(lookahead):
@@ -129,13 +129,18 @@ def candidates(
         )
     if eagle3 is not None:
         chain, folder = eagle3
+        name, describe = f"eagle3(k {chain.max_draft_len})", f"EAGLE-3, a chain of {chain.max_draft_len} drafts"
+        if chain.use_dynamic_tree:
+            k, nodes = chain.dynamic_tree_max_top_k, chain.total_draft_tokens
+            name = f"eagle3(k {chain.max_draft_len}, top {k}, {nodes} nodes)"
+            describe = f"EAGLE-3, a dynamic tree {chain.max_draft_len} deep (top-{k}) of {nodes} nodes"
         out.append(
             Candidate(
-                f"eagle3(k {chain.max_draft_len})",
+                name,
                 "eagle3",
                 MethodSettings(eagle3=chain, eagle3_drafter=folder),
                 chain.drafting(),
-                describe=f"EAGLE-3, a chain of {chain.max_draft_len} drafts",
+                describe=describe,
                 max_draft_len=chain.max_draft_len,
             )
         )

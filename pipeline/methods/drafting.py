@@ -12,6 +12,8 @@ models (pipeline/costmodel/step_gpu.py, step_cpu.py) price it from these fields 
 * EAGLE-3's chain of K drafts: K drafter passes (fc over the captured hidden states + one decoder
   layer), the first over the accepted tokens, each later one over the one token it drafted; rows fed =
   1 + K (priced as EAGLE's passes: its fc fuses three hidden states, not two, a small undercount);
+* EAGLE-3's dynamic tree (top-k, K levels, N nodes): pass 0 over the accepted tokens, then k nodes a
+  pass for K - 1 passes, as EAGLE-2's; rows fed = 1 + N, each a tree row;
 * Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
 """
 
@@ -79,6 +81,17 @@ class Drafting:
     def eagle3(cls, max_draft_len: int) -> Drafting:
         """EAGLE-3's linear chain: pass 0 over the accepted tokens (up to K + 1 rows), then one row a pass."""
         return cls("eagle3", 1 + max_draft_len, eagle_level_rows=(max_draft_len + 1, *([1] * (max_draft_len - 1))))
+
+    @classmethod
+    def eagle3_dynamic(cls, top_k: int, max_draft_len: int, max_total_draft_tokens: int) -> Drafting:
+        """EAGLE-3's dynamic tree: pass 0 over the accepted tokens (up to K + 1 rows), then top_k nodes a
+        pass for the K - 1 further levels; max_total_draft_tokens nodes verified.
+
+            >>> Drafting.eagle3_dynamic(4, 3, 10).eagle_level_rows, Drafting.eagle3_dynamic(4, 3, 10).rows
+            ((4, 4, 4), 11)
+        """
+        levels = (max_draft_len + 1, *([top_k] * (max_draft_len - 1)))
+        return cls("eagle3", 1 + max_total_draft_tokens, eagle_level_rows=levels, row_term="tree_row_s")
 
     @classmethod
     def lookahead(cls, config: _DraftLength) -> Drafting:

@@ -8,8 +8,12 @@ drafter folder as ``speculative_model``; tensorrt_llm/llmapi/llm_args.py), the o
 ("EAGLE (v1/v2) draft checkpoints are incompatible"); the engine flow does not. The drafter folder is
 the Hugging Face format ModelOpt, SpecForge and NVIDIA publish, read by
 :mod:`pipeline.methods.eagle3_reader`. specdeploy deploys it as a linear chain of ``max_draft_len``
-drafts; the reference backend's loop is :class:`pipeline.runtime.spec_decode.eagle3.Eagle3Decoding`,
-which rehearsal measures and the CPU stand-in serves.
+drafts, or (``use_dynamic_tree``) as TensorRT-LLM's dynamic tree: ``max_draft_len`` levels, each level
+the top-k children (k: ``dynamic_tree_max_topK``) of the k best nodes by cumulative draft
+log-probability, of which the best ``max_total_draft_tokens`` nodes are verified (EAGLE-2's rule,
+:class:`pipeline.runtime.spec_decode.eagle.trees.DynamicTree`). The reference backend's loop is
+:class:`pipeline.runtime.spec_decode.eagle3.Eagle3Decoding`, which rehearsal measures and the CPU
+stand-in serves.
 """
 
 from __future__ import annotations
@@ -36,18 +40,60 @@ HEADS = HeadsNeed(
 )
 
 
+def tree_problem(max_draft_len: int, top_k: int | None, max_total_draft_tokens: int | None) -> str | None:
+    """None if a dynamic tree of ``max_draft_len`` levels, ``top_k`` and ``max_total_draft_tokens`` is one
+    TensorRT-LLM accepts (Eagle3DecodingConfig: topK > 0 is required; max_total_draft_tokens lies in
+    [max_draft_len, topK x max_draft_len]), else why not.
+
+        >>> tree_problem(3, 4, None), tree_problem(3, 4, 13)
+        (None, 'max_total_draft_tokens 13 is more than dynamic_tree_max_top_k 4 x max_draft_len 3 = 12')
+    """
+    if not top_k or top_k < 1:
+        return "use_dynamic_tree needs dynamic_tree_max_top_k (TensorRT-LLM requires topK > 0)"
+    if max_total_draft_tokens is not None and max_total_draft_tokens < max_draft_len:
+        return (
+            f"max_total_draft_tokens {max_total_draft_tokens} is less than max_draft_len {max_draft_len} "
+            "(the tree's depth needs a node per level)"
+        )
+    if max_total_draft_tokens is not None and max_total_draft_tokens > top_k * max_draft_len:
+        return (
+            f"max_total_draft_tokens {max_total_draft_tokens} is more than dynamic_tree_max_top_k {top_k} x "
+            f"max_draft_len {max_draft_len} = {top_k * max_draft_len}"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class Eagle3Config:
-    """TensorRT-LLM's Eagle3DecodingConfig as specdeploy sets it: a chain of ``max_draft_len`` drafts."""
+    """TensorRT-LLM's Eagle3DecodingConfig as specdeploy sets it: a chain of ``max_draft_len`` drafts, or
+    (``use_dynamic_tree``) a dynamic tree ``max_draft_len`` deep of ``max_total_draft_tokens`` nodes."""
 
-    max_draft_len: int
+    max_draft_len: int  # the chain's length, the tree's depth
     capture_layers: tuple[int, ...]  # the target layers whose hidden states the drafter fuses
+    use_dynamic_tree: bool = False
+    dynamic_tree_max_top_k: int | None = None  # k: children per expanded node, nodes expanded per level
+    max_total_draft_tokens: int | None = None  # the tree's nodes; None: k x max_draft_len
+
+    @property
+    def total_draft_tokens(self) -> int:
+        """Draft tokens the target verifies per step: the tree's nodes, or the chain's length."""
+        if not self.use_dynamic_tree:
+            return self.max_draft_len
+        return self.max_total_draft_tokens or (self.dynamic_tree_max_top_k or 1) * self.max_draft_len
 
     def describe(self) -> str:
-        """One line for the plan: ``eagle3: K=3, capture 1,15,28``."""
-        return f"eagle3: K={self.max_draft_len}, capture {','.join(map(str, self.capture_layers))}"
+        """One line for the plan: ``eagle3: K=3, capture 1,15,28``, or with a dynamic tree
+        ``eagle3: K=3, dynamic tree (top-4, 10 nodes), capture 1,15,28``."""
+        tree = ""
+        if self.use_dynamic_tree:
+            tree = f", dynamic tree (top-{self.dynamic_tree_max_top_k}, {self.total_draft_tokens} nodes)"
+        return f"eagle3: K={self.max_draft_len}{tree}, capture {','.join(map(str, self.capture_layers))}"
 
     def drafting(self) -> Drafting:
+        """A step's drafter passes and verified rows: the chain's, or the dynamic tree's."""
+        if self.use_dynamic_tree:
+            top_k = self.dynamic_tree_max_top_k or 1
+            return Drafting.eagle3_dynamic(top_k, self.max_draft_len, self.total_draft_tokens)
         return Drafting.eagle3(self.max_draft_len)
 
     def drafter_params(self, arch: ModelGeometry) -> int:
@@ -60,13 +106,19 @@ class Eagle3Config:
         return fc + arch.decoder_layer_params() + wider_qkv + 2 * h + arch.vocab_size * h
 
     def llm_api_config(self, drafter: PurePosixPath) -> dict[str, object]:
-        """The LLM API's ``speculative_config``; ``drafter``: the folder where the deployment mounts it."""
-        return {
+        """The LLM API's ``speculative_config``; ``drafter``: the folder where the deployment mounts it.
+        The dynamic tree's keys only when it is on (TensorRT-LLM warns about a topK without it)."""
+        config: dict[str, object] = {
             "decoding_type": "Eagle3",
             "max_draft_len": self.max_draft_len,
             "speculative_model": str(drafter),
             "eagle3_layers_to_capture": list(self.capture_layers),
         }
+        if self.use_dynamic_tree:
+            config["use_dynamic_tree"] = True
+            config["dynamic_tree_max_topK"] = self.dynamic_tree_max_top_k
+            config["max_total_draft_tokens"] = self.total_draft_tokens
+        return config
 
 
 def modelopt_capture_layers(num_layers: int) -> tuple[int, ...]:
@@ -79,6 +131,32 @@ def modelopt_capture_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)}))
 
 
+def _drafting(variant: VariantSpec, capture_layers: tuple[int, ...], problems: Problems) -> Eagle3Config | None:
+    """The spec's chain or dynamic tree (TensorRT-LLM's rules, reported at the spec line) for these layers."""
+    settings = variant.speculative.eagle3
+    where = ("speculative", "eagle3")
+    if not settings.use_dynamic_tree:
+        if settings.max_total_draft_tokens not in (None, settings.max_draft_len):
+            problems.error(
+                (*where, "max_total_draft_tokens"),
+                f"{settings.max_total_draft_tokens} with a linear chain, which verifies max_draft_len "
+                f"{settings.max_draft_len} tokens; set use_dynamic_tree: true or remove it",
+            )
+            return None
+        if settings.dynamic_tree_max_top_k is not None:
+            problems.note("speculative.eagle3.dynamic_tree_max_top_k is ignored without use_dynamic_tree")
+        return Eagle3Config(settings.max_draft_len, capture_layers)
+    problem = tree_problem(settings.max_draft_len, settings.dynamic_tree_max_top_k, settings.max_total_draft_tokens)
+    if problem is not None:
+        key = "max_total_draft_tokens" if settings.dynamic_tree_max_top_k else "dynamic_tree_max_top_k"
+        problems.error((*where, key), problem)
+        return None
+    top_k = settings.dynamic_tree_max_top_k
+    assert top_k is not None  # tree_problem requires it
+    total = settings.max_total_draft_tokens or top_k * settings.max_draft_len
+    return Eagle3Config(settings.max_draft_len, capture_layers, True, top_k, total)
+
+
 def resolve(
     variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems
 ) -> Eagle3Config | None:
@@ -86,18 +164,28 @@ def resolve(
     heads = variant.heads.eagle3
     if heads is not None and heads.train is not None and heads.train.init == "random":
         # The train-heads stage writes it: ModelOpt's default capture layers (pipeline/heads/eagle3.py).
-        return Eagle3Config(variant.speculative.eagle3.max_draft_len, modelopt_capture_layers(arch.num_layers))
+        return _drafting(variant, modelopt_capture_layers(arch.num_layers), problems)
     layout = read_heads(HEADS, heads_dir, lambda folder: read_eagle3(folder, arch), problems)
     if layout is None:
         return None
-    return Eagle3Config(variant.speculative.eagle3.max_draft_len, tuple(layout.capture_layers))
+    return _drafting(variant, tuple(layout.capture_layers), problems)
 
 
 def measured(build: dict[str, Any], built: Eagle3Config | None) -> Eagle3Config | None:
-    """The drafter the candidates were built with, at the measured chain length."""
+    """The drafter the candidates were built with, drafting what was measured: ``[K]``, a chain of K;
+    ``[K, k, nodes]``, a dynamic tree K deep (pipeline.evaluation.apply.candidate_build)."""
     if built is None or not build.get("eagle3"):
         return None
-    return dataclasses.replace(built, max_draft_len=int(build["eagle3"][0]))
+    k, *tree = (int(v) for v in build["eagle3"])
+    if not tree:
+        return dataclasses.replace(
+            built, max_draft_len=k, use_dynamic_tree=False, dynamic_tree_max_top_k=None, max_total_draft_tokens=None
+        )
+    if len(tree) != 2 or tree_problem(k, tree[0], tree[1]) is not None:
+        return None
+    return dataclasses.replace(
+        built, max_draft_len=k, use_dynamic_tree=True, dynamic_tree_max_top_k=tree[0], max_total_draft_tokens=tree[1]
+    )
 
 
 DEFINITION = MethodDefinition(
@@ -118,7 +206,7 @@ DEFINITION = MethodDefinition(
     # benchmarks (1.79-2.17), the model cards of lmsys/sglang-EAGLE3-Llama-4-Maverick-17B-128E-Instruct-v1
     # (2.45) and lmsys/Qwen3-235B-A22B-EAGLE3 (3.02-3.54).
     prior_acceptance=2.08,
-    cost_terms=("level_s",),
+    cost_terms=("level_s", "tree_row_s"),  # tree_row_s: the dynamic tree's rows
     lora_refusal="EAGLE-3",
     llm_api_decoding_type="Eagle3",
 )

@@ -201,10 +201,17 @@ class NGramSettings(_Strict):
 
 
 class Eagle3Settings(_Strict):
-    """TensorRT-LLM's Eagle3DecodingConfig (a linear chain of drafts)."""
+    """TensorRT-LLM's Eagle3DecodingConfig: a linear chain of drafts, or its dynamic tree."""
 
     max_draft_len: int = Field(3, ge=1, le=32)
-    """Draft tokens per step: the drafter runs this many times, one token each."""
+    """Draft tokens per step: the drafter runs this many times, one token each (a dynamic tree's depth)."""
+    use_dynamic_tree: bool = False
+    """Draft a dynamic tree: per level, the top-k children of the top-k nodes by cumulative draft
+    log-probability; the best ``max_total_draft_tokens`` nodes are verified."""
+    dynamic_tree_max_top_k: int | None = Field(None, ge=1, le=64)
+    """The dynamic tree's k (TensorRT-LLM's ``dynamic_tree_max_topK``); required with ``use_dynamic_tree``."""
+    max_total_draft_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    """Tree nodes the target verifies per step: ``max_draft_len`` to k x ``max_draft_len`` (the default)."""
 
 
 class SpeculativeSpec(_Strict):

@@ -149,3 +149,23 @@ def test_preference_order():
 
     assert preference(None) == ("none", "lookahead", "ngram", "medusa", "eagle", "eagle3")
     assert preference(["eagle", "none"]) == ("eagle", "none", "lookahead", "ngram", "medusa", "eagle3")
+
+
+def test_a_measured_eagle3_tree_becomes_the_plan_config():
+    from pathlib import Path
+
+    from pipeline.evaluation.apply import candidate_build, config_of
+    from pipeline.evaluation.candidates import Candidate
+    from pipeline.methods.eagle3 import Eagle3Config
+    from pipeline.plan.speculative import SpeculativeConfig
+    from pipeline.runtime.spec_decode.factory import MethodSettings
+
+    tree, chain = Eagle3Config(3, (1, 2), True, 4, 10), Eagle3Config(3, (1, 2))
+    drafter = SpeculativeConfig("eagle3", "a drafter", eagle3=tree)
+    for config in (tree, chain):
+        settings = MethodSettings(eagle3=config, eagle3_drafter=Path("d"))
+        measured = Candidate("eagle3", "eagle3", settings, config.drafting())
+        assert candidate_build(measured)["eagle3"] == ([3, 4, 10] if config is tree else [3])
+        assert config_of(candidate_build(measured), drafter, "why").eagle3 == config
+    illegal = {"method": "eagle3", "eagle3": [3, 4, 13]}  # more nodes than 4 x 3
+    assert config_of(illegal, drafter, "why") is None

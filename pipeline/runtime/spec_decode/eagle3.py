@@ -1,5 +1,6 @@
 """EAGLE-3 (Li et al., arXiv 2503.01840): a one-layer drafter over the target's fused low/middle/high
-hidden states, drafting a chain of K tokens per step, verified by the target in one pass.
+hidden states, drafting a chain of K tokens per step, or TensorRT-LLM's dynamic tree K levels deep,
+verified by the target in one pass.
 
 What the drafter computes, as TensorRT-LLM's PyTorch backend serves a ModelOpt export
 (tensorrt_llm/_torch/models/modeling_speculative.py: ``Eagle3DecoderLayer``, ``Eagle3DraftModel``,
@@ -30,14 +31,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file
 
 from pipeline.errors import InputError
 from pipeline.io.files import read_json
-from pipeline.methods.eagle3 import Eagle3Config
+from pipeline.methods.eagle3 import Eagle3Config, tree_problem
 from pipeline.methods.eagle3_reader import Eagle3Layout, read_eagle3
 from pipeline.runtime.model.engine import Engine, Span, StepInput, StepRows, attention
 from pipeline.runtime.model.gemm import Gemm
@@ -45,7 +46,8 @@ from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.model.layers import Geometry, LayerShard, Linear, mlp, rms_norm, rope_inv_freq, rope_tables
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.eagle.drafter import DraftInput
-from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
+from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree
+from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
 
 
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
@@ -145,7 +147,9 @@ class Eagle3Drafter:
     @torch.no_grad()
     def forward(self, items: list[DraftInput]) -> list[torch.Tensor]:
         """Append every item's entries (tokens x_{t+1}, hidden states [n, H], positions t) to its cache;
-        returns each item's pre-norm outputs o [n, H] (fed back as the next entry's hidden state)."""
+        returns each item's pre-norm outputs o [n, H] (fed back as the next entry's hidden state). Each
+        entry sees what the item's ``visible`` says (a tree node: the committed entries, its ancestors,
+        itself), else the whole cache and the item's earlier entries."""
         spans: list[Span] = []
         start = 0
         for item in items:
@@ -157,14 +161,15 @@ class Eagle3Drafter:
         embeds = self.embedding[ids]  # [T, H]
         h = torch.cat([item.features for item in items])  # [T, H]
         caches = [item.cache for item in items]
-        masks: list[torch.Tensor | None] = [
-            None
-            if len(item.tokens) == 1
-            else torch.ones(len(item.tokens), item.cache.length + len(item.tokens), dtype=torch.bool).tril(
-                item.cache.length
-            )
-            for item in items
-        ]
+        masks: list[torch.Tensor | None] = []
+        for item in items:
+            n, past = len(item.tokens), item.cache.length
+            if item.visible is not None:  # tree nodes: the committed entries, their ancestors, themselves
+                masks.append(item.visible)  # [n, past + n]
+            elif n == 1:
+                masks.append(None)  # the whole cache
+            else:
+                masks.append(torch.ones(n, past + n, dtype=torch.bool).tril(past))  # [n, past + n], causal
         for j, layer in enumerate(self.layers):
             w = layer.shard
             x = rms_norm(h, layer.hidden_norm, self.eps)
@@ -186,10 +191,67 @@ class Eagle3Drafter:
         """The greedy draft token (a target id) after each pre-norm output [R, H]."""
         return draft_to_target(self.logits(outputs).argmax(dim=-1), self.d2t).tolist()
 
+    def candidates(self, outputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most likely next tokens (target ids) [R, k], best first, and their draft log-probabilities
+        over the draft vocabulary [R, k], after pre-norm outputs [R, H]."""
+        logits = self.logits(outputs)  # [R, draft_vocab]
+        top = logits.topk(k, dim=-1)  # [R, k]
+        return draft_to_target(top.indices, self.d2t), top.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+
 
 def _opt(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
     value = tensors.get(name)
     return None if value is None else value.float()
+
+
+class Drafts(Protocol):
+    """What :func:`draft_trees` asks of a drafter (:class:`Eagle3Drafter`)."""
+
+    def forward(self, items: list[DraftInput]) -> list[torch.Tensor]: ...
+
+    def candidates(self, outputs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def draft_trees(drafter: Drafts, rule: DynamicTree, catch_up: list[DraftInput], depths: list[int]) -> list[Draft]:
+    """Each request's draft, grown by ``rule`` at most ``depths[i]`` levels deep (its remaining tokens).
+
+    ``catch_up[i]``: the entries of the tokens request i committed last step; the drafter's output at
+    the last one, o_n, gives the root's children. A node at depth d is the entry (its token, the output
+    that drafted it: its parent's) at position n + d - 1, seeing the committed entries, its ancestors and
+    itself; its output gives its children. The draft entries stay in the drafter caches (the caller
+    truncates them to ``Draft.committed``).
+
+    Worked example, k = 2, K = 2, 3 nodes kept: the root's candidates a (log-prob -0.1) and b (-0.5) are
+    level 1; both are expanded (the 2 best), a giving c (-0.2, path -0.3) and d (-1.0, -1.1), b giving
+    e (-0.1, -0.6) and f (-2.0, -2.5). The best 3 paths are a (-0.1), c (-0.3) and b (-0.5): the tree
+    verified is tokens (a, b, c) with parents (root, root, a). With k = 1 the tree is the chain.
+    """
+    outs = drafter.forward(catch_up)  # [n_i, H] per request
+    roots = torch.cat([out[-1:] for out in outs])  # [R, H]: o_n, the root's children's drafter output
+    drafts = [
+        Draft(item.cache.length, [(-1, o, top)])  # o: [H]
+        for item, o, top in zip(catch_up, roots, _candidates(drafter, roots, rule.top_k))
+    ]
+    for depth in range(1, rule.depth + 1):
+        growing = [i for i, most in enumerate(depths) if most >= depth]
+        for i in growing:
+            rule.grow(drafts[i], depth)  # the frontier's k children each
+        picked = [(i, rule.to_expand(drafts[i], depth)) for i in growing if depths[i] > depth]
+        picked = [(i, nodes) for i, nodes in picked if nodes]
+        if not picked:
+            break
+        entries = [drafts[i].expansion(catch_up[i].cache, nodes, depth) for i, nodes in picked]
+        outs = drafter.forward(entries)  # [nodes_i, H] per expanding request
+        tops = iter(_candidates(drafter, torch.cat(outs), rule.top_k))  # over [sum nodes_i, H]
+        for (i, nodes), out in zip(picked, outs):
+            drafts[i].frontier = [(node, o, next(tops)) for node, o in zip(nodes, out)]  # o: [H]
+    return drafts
+
+
+def _candidates(drafter: Drafts, outputs: torch.Tensor, k: int) -> list[Candidates]:
+    """Per row of drafter outputs [R, H]: its top-k tokens and their log-probs."""
+    tokens, log_probs = drafter.candidates(outputs, k)  # [R, k], [R, k]
+    return list(zip(tokens.tolist(), log_probs.tolist()))
 
 
 @dataclass
@@ -201,19 +263,23 @@ class _State:
 
 
 class Eagle3Decoding(DecodingMethod):
-    """EAGLE-3 (Li et al., arXiv 2503.01840) with a chain of K = ``max_draft_len`` drafts per step.
+    """EAGLE-3 (Li et al., arXiv 2503.01840): a chain of K = ``max_draft_len`` drafts per step, or
+    (``use_dynamic_tree``) TensorRT-LLM's dynamic tree, K levels of the top-k children of the k best
+    nodes by cumulative draft log-probability, its best ``max_total_draft_tokens`` nodes verified (the
+    EAGLE-2 rule, :class:`~pipeline.runtime.spec_decode.eagle.trees.DynamicTree`; the chain is its k = 1).
 
     One step, for every running request at once (:meth:`propose`):
 
     1. catch up: one causal drafter pass over the entries of the tokens committed last step (their
        captured target states came back with the verification rows, fused by fc); the last output
-       o_n drafts d_1, the guess for the token after the root x_n (the last committed token);
-    2. chain: entry (d_i, o_{n+i-1}) at position n+i drafts d_{i+1}, up to K drafts; the draft
-       entries are then dropped from the drafter cache;
-    3. the target verifies x_n, d_1..d_K in one pass (K+1 rows) and walks the chain (tree_verify):
-       d_i is an *accepted* token while it equals the target's own choice after x_n, d_1..d_{i-1};
-       the target's choice at the first disagreement (or after d_K) is the *bonus* token. Every
-       emitted token is the target's own choice, so greedy output equals plain decoding's.
+       o_n drafts the children of the root x_n (the last committed token);
+    2. draft level by level (:func:`draft_trees`): each expanded node's entry (its token, its parent's
+       output) at position n + depth - 1 drafts its children, up to K levels (fewer when the request
+       may emit fewer tokens); the draft entries are then dropped from the drafter cache;
+    3. the target verifies x_n and the tree in one pass (tree_verify): a node is *accepted* while it
+       equals the target's own choice after its accepted parent; the target's choice where no child
+       matches is the *bonus* token. Every emitted token is the target's own choice, so greedy output
+       equals plain decoding's.
     """
 
     name = "eagle3"
@@ -227,6 +293,10 @@ class Eagle3Decoding(DecodingMethod):
             )
         if config.max_draft_len < 1:
             raise InputError(f"EAGLE-3 max_draft_len must be at least 1, got {config.max_draft_len}")
+        if config.use_dynamic_tree:
+            problem = tree_problem(config.max_draft_len, config.dynamic_tree_max_top_k, config.max_total_draft_tokens)
+            if problem is not None:
+                raise InputError(f"EAGLE-3 dynamic tree: {problem}")
         self.drafter = Eagle3Drafter(engine, drafter)
         if tuple(config.capture_layers) != self.drafter.capture_layers:
             raise InputError(
@@ -235,11 +305,14 @@ class Eagle3Decoding(DecodingMethod):
             )
         self.config = config
         self.capture_layers = self.drafter.capture_layers
-        self.max_draft_len = self.draft_positions = config.max_draft_len
+        top_k = config.dynamic_tree_max_top_k if config.use_dynamic_tree else 1
+        self.rule = DynamicTree(top_k, config.max_draft_len, config.total_draft_tokens)
+        self.max_draft_len = self.rule.max_draft_len  # tree nodes: the KV-cache room a step needs
+        self.draft_positions = config.max_draft_len
 
     def _state(self, seq: Sequence) -> _State:
         if self.name not in seq.state:
-            seq.state[self.name] = _State(self.drafter.new_cache(seq.cache.limit + self.max_draft_len))
+            seq.state[self.name] = _State(self.drafter.new_cache(seq.cache.limit + self.rule.max_expanded))
         return seq.state[self.name]  # type: ignore[return-value]
 
     def propose(self, seqs: list[Sequence]) -> None:
@@ -247,42 +320,25 @@ class Eagle3Decoding(DecodingMethod):
         if not todo:
             return
         states = [self._state(seq) for seq in todo]
-        # How many drafts each request may use: K, cut to what it may still emit.
-        wanted = [
-            min(self.max_draft_len, len(seq.request.input_ids) + seq.request.max_new_tokens - 1 - len(seq.tokens))
-            for seq in todo
-        ]
+        # How deep each request may draft: K, cut to what it may still emit.
+        room = [len(seq.request.input_ids) + seq.request.max_new_tokens - 1 - len(seq.tokens) for seq in todo]
+        depths = [min(self.config.max_draft_len, r) for r in room]
         # 1. Catch up on the committed tokens with their fused target states.
         fused = self.drafter.fuse(torch.cat([c for s in states for c in s.captured]))  # [sum n, H]
         items, start = [], 0
         for s in states:
             n = len(s.tokens)
             positions = list(range(s.cache.length, s.cache.length + n))
-            items.append(DraftInput(s.cache, s.tokens, fused[start : start + n], positions))
+            items.append(DraftInput(s.cache, s.tokens, fused[start : start + n], positions))  # fused rows [n, H]
             start += n
-        outs = self.drafter.forward(items)
-        committed = [s.cache.length for s in states]
-        last = {i: out[-1:] for i, out in enumerate(outs)}  # request -> its latest output o [1, H]
-        chains: list[list[int]] = [[] for _ in todo]
         for s in states:
             s.tokens, s.captured = [], []
-        # 2. Chain: draft from each latest output; feed (draft, the output that drafted it) back.
-        for depth in range(1, self.max_draft_len + 1):
-            active = [i for i in range(len(todo)) if wanted[i] >= depth]
-            if not active:
-                break
-            for i, token in zip(active, self.drafter.draft(torch.cat([last[i] for i in active]))):
-                chains[i].append(token)
-            more = [i for i in active if wanted[i] > depth]
-            if not more:
-                break
-            feed = [DraftInput(states[i].cache, [chains[i][-1]], last[i], [states[i].cache.length]) for i in more]
-            for i, out in zip(more, self.drafter.forward(feed)):
-                last[i] = out
-        # 3. Drop the draft entries; the target verifies each chain next step.
-        for seq, state, chain, length in zip(todo, states, chains, committed):
-            state.cache.truncate(length)
-            state.proposal = Proposal.of_tree(seq.cache, seq.generated[-1], DraftTree.chain(chain))
+        # 2. Draft each request's tree (the chain when k = 1), level by level.
+        drafts = draft_trees(self.drafter, self.rule, items, depths)
+        # 3. Drop the draft entries; the target verifies each tree next step.
+        for seq, state, draft in zip(todo, states, drafts):
+            state.cache.truncate(draft.committed)
+            state.proposal = Proposal.of_tree(seq.cache, seq.generated[-1], self.rule.final(draft))
             state.proposal.input.capture_layers = self.capture_layers
 
     def generation_input(self, seq: Sequence) -> StepInput:
@@ -297,17 +353,17 @@ class Eagle3Decoding(DecodingMethod):
         assert rows.captured is not None, "EAGLE-3 needs the captured layers (StepInput.capture_layers)"
         if after_prefill:  # pending: entries j = 0..p-1 pair x_{j+1} with the captured rows at j
             first = seq.sample(rows.logits[-1])
-            state.captured.append(rows.captured)
+            state.captured.append(rows.captured)  # [p, k * H_target]
             state.tokens = [*seq.request.input_ids[1:], first]
             return Accepted([first])
         proposal, state.proposal = state.proposal, None
         assert proposal is not None  # generation_input made it
         verdict = verify(proposal, rows, seq.cache, seq.sample)
-        # The committed tokens' captured rows (root and accepted drafts), each paired with the token after it.
+        # The committed tokens' captured rows (root and accepted nodes), each paired with the token after it.
         state.tokens += verdict.tokens
-        state.captured.append(rows.captured[verdict.rows()])
+        state.captured.append(rows.captured[verdict.rows()])  # [1 + accepted, k * H_target]
         return Accepted(verdict.tokens, len(proposal.tree), verdict.accepted_drafts)
 
     def prompt_chunk(self, seq: Sequence, rows: StepRows) -> None:
         assert rows.captured is not None
-        self._state(seq).captured.append(rows.captured)
+        self._state(seq).captured.append(rows.captured)  # [chunk, k * H_target]
