@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import signal
 import subprocess
@@ -225,7 +226,7 @@ def serve_llm_api(variant: VariantPlan, args: argparse.Namespace, console: Conso
     import shutil
     import tempfile
 
-    from pipeline.llm_api.deployment import OPTIONS_FILE, launch_argv, serve_argv
+    from pipeline.llm_api.deployment import OPTIONS_FILE, SERVE_FILE, launch_argv, serve_argv
 
     if args.print_command:
         print(shlex.join(launch_argv(variant)))
@@ -237,10 +238,11 @@ def serve_llm_api(variant: VariantPlan, args: argparse.Namespace, console: Conso
         )
     s = variant.serving
     if shutil.which("trtllm-serve") and _gpu_host():
-        local = serve_argv(
-            PurePosixPath(checkpoint.resolve()), PurePosixPath(package.resolve() / OPTIONS_FILE), s.host, s.http_port
-        )
-        return run_gpu_command(local, args, console, f"{variant.world_size} GPU(s)")
+        model, options = PurePosixPath(checkpoint.resolve()), PurePosixPath(package.resolve() / OPTIONS_FILE)
+        serve = json.loads((package / SERVE_FILE).read_text(encoding="utf-8"))
+        if serve.get("fine_tunes"):
+            return _serve_behind_front(variant, serve, model, options, console)
+        return run_gpu_command(serve_argv(model, options, s.host, s.http_port), args, console, "the GPU(s)")
     import uvicorn
 
     from pipeline.llm_api.standin_runtime import load_standin
@@ -270,6 +272,48 @@ def serve_llm_api(variant: VariantPlan, args: argparse.Namespace, console: Conso
         finally:
             runtime.stop()
     return 0
+
+
+def _serve_behind_front(
+    variant: VariantPlan, serve: dict, model: PurePosixPath, options: PurePosixPath, console: Console
+) -> int:
+    """A LoRA group on the GPU: trtllm-serve on a loopback port, and the name-routing front
+    (:mod:`pipeline.llm_api.front`) where the variant listens, so a client picks a fine-tune by ``model``."""
+    import socket
+    import urllib.request
+
+    import uvicorn
+
+    from pipeline.llm_api.deployment import serve_argv
+    from pipeline.llm_api.front import make_front
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = serve_argv(model, options, "127.0.0.1", port)
+    console.print(f"running: {shlex.join(argv)}", highlight=False)
+    server = subprocess.Popen(argv)
+    upstream = f"http://127.0.0.1:{port}"
+    try:
+        while True:  # trtllm-serve loads the model for minutes: wait for its health, or its exit
+            if server.poll() is not None:
+                console.print(f"[red]trtllm-serve exited[/red] with code {server.returncode}", highlight=False)
+                return server.returncode or 1
+            try:
+                with urllib.request.urlopen(upstream + serve.get("health", "/health"), timeout=5):
+                    break
+            except OSError:
+                time.sleep(2)
+        s = variant.serving
+        names = ", ".join([variant.name, *serve["fine_tunes"]])
+        console.print(f"[green]ready[/green]: http://{s.host}:{s.http_port}/v1, models {names}", highlight=False)
+        uvicorn.run(make_front(serve, variant.name, upstream), host=s.host, port=s.http_port, log_level="warning")
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
