@@ -9,9 +9,11 @@ models (pipeline/costmodel/step_gpu.py, step_cpu.py) price it from these fields 
 * EAGLE-1 / EAGLE-2: per tree level, one drafter pass (fc 2 hidden x hidden + one decoder layer) and
   one lm_head pass over the nodes expanded at that level (level 0, over the accepted tokens, takes
   the logits of the last one only); rows fed = 1 + tree nodes;
-* EAGLE-3's chain of K drafts: K drafter passes (fc over the captured hidden states + one decoder
-  layer), the first over the accepted tokens, each later one over the one token it drafted; rows fed =
-  1 + K (priced as EAGLE's passes: its fc fuses three hidden states, not two, a small undercount);
+* EAGLE-3's chain of K drafts: K drafter passes, the first over the accepted tokens (its fc fusing the
+  captured layers, then one decoder layer whose q/k/v read 2 x hidden), each later one over the one
+  token it drafted (the layer only: it feeds its own hidden state); rows fed = 1 + K. The GPU step
+  model prices those weights exactly (:meth:`Drafting.eagle_level_params`); the CPU one prices each
+  pass as EAGLE's probed shapes;
 * EAGLE-3's dynamic tree (top-k, K levels, N nodes): pass 0 over the accepted tokens, then k nodes a
   pass for K - 1 passes, as EAGLE-2's; rows fed = 1 + N, each a tree row;
 * Lookahead (W, N, G): no weights; rows fed = (W + G)(N - 1) = 1 + max_draft_len.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pipeline import trees
+from pipeline.geometry import ModelGeometry
 
 # The runtime constant charged per draft row (pipeline.costmodel.profile.RuntimeProfile), by the work it prices.
 RowTerm = Literal["", "tree_row_s", "lookahead_row_s"]
@@ -43,6 +46,9 @@ class Drafting:
     eagle_level_rows: tuple[int, ...] = ()  # drafter rows per request at each tree level
     row_term: RowTerm = ""  # the runtime constant charged per draft row
     rows_vary: bool = False  # drafts come from a pool: a step feeds fewer rows when it has no match
+    # EAGLE-3: the captured target layers its fc fuses, at level 0 only, and its layer's q/k/v read
+    # [embedding; hidden] (2 x hidden); 0: EAGLE-1/2, whose fc reads [embedding; feature] at every level
+    eagle_fused_layers: int = 0
 
     @property
     def is_plain(self) -> bool:
@@ -63,6 +69,17 @@ class Drafting:
         over the nodes it expands, with logits for each."""
         return [(rows, 1 if level == 0 else rows) for level, rows in enumerate(self.eagle_level_rows)]
 
+    def eagle_level_params(self, arch: ModelGeometry, level: int) -> int:
+        """The drafter weights one EAGLE pass at ``level`` runs, lm_head aside: EAGLE-1/2's fc (2 x hidden
+        -> hidden) and decoder layer; EAGLE-3's decoder layer with q/k/v over 2 x hidden, and at level 0
+        its fc over the fused captured layers (later levels feed the drafter's own hidden state)."""
+        h = arch.hidden_size
+        if not self.eagle_fused_layers:
+            return arch.decoder_layer_params() + 2 * h * h
+        wider_qkv = h * arch.head_dim * (arch.num_heads + 2 * arch.num_kv_heads)
+        fusion = self.eagle_fused_layers * h * h if level == 0 else 0
+        return arch.decoder_layer_params() + wider_qkv + fusion
+
     @classmethod
     def eagle(cls, tree: trees.Tree) -> Drafting:
         """EAGLE-1's static tree: level 0 runs over the accepted tokens (up to depth + 1 rows), level d
@@ -78,12 +95,15 @@ class Drafting:
         return cls("eagle", 1 + max_draft_len, eagle_level_rows=levels, row_term="tree_row_s")
 
     @classmethod
-    def eagle3(cls, max_draft_len: int) -> Drafting:
+    def eagle3(cls, max_draft_len: int, fused_layers: int = 3) -> Drafting:
         """EAGLE-3's linear chain: pass 0 over the accepted tokens (up to K + 1 rows), then one row a pass."""
-        return cls("eagle3", 1 + max_draft_len, eagle_level_rows=(max_draft_len + 1, *([1] * (max_draft_len - 1))))
+        levels = (max_draft_len + 1, *([1] * (max_draft_len - 1)))
+        return cls("eagle3", 1 + max_draft_len, eagle_level_rows=levels, eagle_fused_layers=fused_layers)
 
     @classmethod
-    def eagle3_dynamic(cls, top_k: int, max_draft_len: int, max_total_draft_tokens: int) -> Drafting:
+    def eagle3_dynamic(
+        cls, top_k: int, max_draft_len: int, max_total_draft_tokens: int, fused_layers: int = 3
+    ) -> Drafting:
         """EAGLE-3's dynamic tree: pass 0 over the accepted tokens (up to K + 1 rows), then top_k nodes a
         pass for the K - 1 further levels; max_total_draft_tokens nodes verified.
 
@@ -91,7 +111,8 @@ class Drafting:
             ((4, 4, 4), 11)
         """
         levels = (max_draft_len + 1, *([top_k] * (max_draft_len - 1)))
-        return cls("eagle3", 1 + max_total_draft_tokens, eagle_level_rows=levels, row_term="tree_row_s")
+        rows = 1 + max_total_draft_tokens
+        return cls("eagle3", rows, eagle_level_rows=levels, row_term="tree_row_s", eagle_fused_layers=fused_layers)
 
     @classmethod
     def lookahead(cls, config: _DraftLength) -> Drafting:

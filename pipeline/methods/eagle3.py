@@ -93,8 +93,8 @@ class Eagle3Config:
         """A step's drafter passes and verified rows: the chain's, or the dynamic tree's."""
         if self.use_dynamic_tree:
             top_k = self.dynamic_tree_max_top_k or 1
-            return Drafting.eagle3_dynamic(top_k, self.max_draft_len, self.total_draft_tokens)
-        return Drafting.eagle3(self.max_draft_len)
+            return Drafting.eagle3_dynamic(top_k, self.max_draft_len, self.total_draft_tokens, len(self.capture_layers))
+        return Drafting.eagle3(self.max_draft_len, len(self.capture_layers))
 
     def drafter_params(self, arch: ModelGeometry) -> int:
         """The drafter's parameters: ``fc`` over the captured layers, one decoder layer whose q/k/v read

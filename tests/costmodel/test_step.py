@@ -112,6 +112,18 @@ def test_eagle_levels():
     assert dynamic.rows == 13 and dynamic.eagle_level_rows == (4, 4, 4)
 
 
+def test_eagle3_levels_fuse_the_captured_layers_once():
+    # A chain of K=3: level 0 over the 4 accepted rows, then one drafted row a level.
+    d = Drafting.eagle3(3, fused_layers=3)
+    assert d.rows == 4 and d.eagle_level_rows == (4, 1, 1)
+    # every level: one layer (100200) with q/k/v over 2 x hidden (+ 100 x 50 x (2 + 2 x 2) = 30000);
+    # level 0 also its fc over the 3 captured layers (3 x 100 x 100); EAGLE's 2 x 100 x 100 fc nowhere
+    assert [d.eagle_level_params(TINY, level) for level in range(3)] == [160200, 130200, 130200]
+    cost = method_step(tiny(), d, 1)
+    assert cost.parts["eagle drafter"] == pytest.approx((160200 + 2 * 130200 + 3 * 100000) * 2e-9)
+    assert Drafting.eagle(trees.CPU_SMALL_10_DEPTH_3).eagle_level_params(TINY, 1) == 120200  # EAGLE-1/2
+
+
 def test_cpu_passes_stream_only_the_weights_their_probe_timed_in_cache():
     # 1 ms a decoder layer's worth of weights (100200 params); the GEMMs themselves free. A pass
     # streams its layers' 2 x 100000 GEMM weights, and the 100000 of the lm_head unless the probe
