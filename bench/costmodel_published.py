@@ -162,7 +162,7 @@ SETTINGS = {
     "eagle2-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
     "eagle2-60-6-10": Drafting.eagle_dynamic(10, 6, 60),
     "eagle2-50-6-10": Drafting.eagle_dynamic(10, 6, 50),
-    "eagle3-60-5-10": Drafting.eagle_dynamic(10, 5, 60),
+    "eagle3-60-5-10": Drafting.eagle3_dynamic(10, 5, 60),  # EAGLE-3's drafter: fc over 3 captured layers
     "medusa1-63": Drafting.medusa(trees.MC_SIM_7B_63, 5),
     "lookahead-7-5-7": Drafting.lookahead(LookaheadConfig(7, 5, 7)),
 }
