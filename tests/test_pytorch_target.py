@@ -226,6 +226,8 @@ def test_an_eagle3_drafter_is_auto_s_choice_and_deployed_beside_the_model(plan_o
         "eagle3_layers_to_capture": [0, 1],  # TensorRT-LLM reads them from here, not from the drafter
     }
     assert variant.memory.heads_gib > 0
+    # the KV cache has room for a step's 3 draft tokens past max_seq_len, as NGram's K
+    assert options["max_seq_len"] == variant.build.max_seq_len + 3
 
 
 def test_an_eagle3_dynamic_tree_is_emitted_and_priced_as_a_tree(plan_of, hf_config_dir, tmp_path):
@@ -249,6 +251,7 @@ def test_an_eagle3_dynamic_tree_is_emitted_and_priced_as_a_tree(plan_of, hf_conf
     }
     drafting = variant.speculative.drafting()
     assert drafting.rows == 13 and drafting.eagle_level_rows == (4, 4, 4) and drafting.row_term == "tree_row_s"
+    assert options["max_seq_len"] == variant.build.max_seq_len + 12  # room for every node a step verifies
     (variant,) = plan_of(text.replace("max_draft_len: 3", "max_total_draft_tokens: 5")).variants
     assert variant.speculative.drafting().rows == 6
     options = llm_api_options(variant, variant.stage("package"), root / "lora", root / "checkpoint" / "eagle3")

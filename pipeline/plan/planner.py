@@ -644,6 +644,9 @@ def _build_config(
         )
     draft = speculative.max_draft_len
     eagle_layers = speculative.eagle.num_eagle_layers if speculative.eagle else 0
+    # KV room for a step's draft tokens: trtllm-build's (draft + EAGLE layers); on a runtime without an
+    # engine build (the LLM API), every row a step verifies beyond the one it decodes (a tree's nodes).
+    room = draft + eagle_layers if speculative.build_mode else speculative.drafting().rows - 1
     # trtllm-build (builder.py check_max_num_tokens): cap at batch*seq, floor at one KV block,
     # then make room for every draft token of a full batch.
     tokens_per_block = BuildConfig.tokens_per_block
@@ -663,7 +666,7 @@ def _build_config(
         max_num_tokens=b.max_num_tokens,
         max_draft_len=draft,
         speculative_decoding_mode=speculative.build_mode,
-        engine_max_seq_len=b.max_seq_len + (draft + eagle_layers if speculative.build_mode else 0),
+        engine_max_seq_len=b.max_seq_len + room,
         engine_max_num_tokens=engine_tokens,
         use_fp8_context_fmha=fp8_fmha,
         gemm_plugin=gemm_plugin,
