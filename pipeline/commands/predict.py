@@ -49,7 +49,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--tree", help=f"draft tree preset for medusa/eagle (default {DEFAULT_TREE})")
     parser.add_argument("--medusa-heads", type=int, help="Medusa heads (default: the tree depth)")
-    parser.add_argument("--eagle-dynamic-top-k", type=int, help="EAGLE-2 dynamic tree with this top_k")
+    parser.add_argument(
+        "--eagle-dynamic-top-k", type=int, help="EAGLE-2 (with --method eagle3: EAGLE-3) dynamic tree of this top_k"
+    )
+    parser.add_argument(
+        "--max-total-draft-tokens", type=int, help="EAGLE-3 dynamic tree: nodes verified (default top_k x K)"
+    )
     parser.add_argument("--eagle-layers", type=int, default=4, help="EAGLE-2 tree depth (default 4)")
     parser.add_argument(
         "--max-draft-len",
@@ -89,6 +94,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def drafting_from_args(args: argparse.Namespace):
     from pipeline.methods.drafting import Drafting
+    from pipeline.methods.eagle3 import tree_problem
     from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 
     if args.method == "none":
@@ -97,7 +103,16 @@ def drafting_from_args(args: argparse.Namespace):
         k = args.max_draft_len or (4 if args.method == "ngram" else 3)
         if k < 1:
             raise InputError("--max-draft-len must be >= 1")
-        return Drafting.ngram(k) if args.method == "ngram" else Drafting.eagle3(k)
+        if args.method == "ngram":
+            return Drafting.ngram(k)
+        top_k, nodes = args.eagle_dynamic_top_k, args.max_total_draft_tokens
+        if top_k is None and nodes is None:
+            return Drafting.eagle3(k)
+        problem = tree_problem(k, top_k, nodes)
+        if problem:
+            raise InputError(f"--eagle-dynamic-top-k / --max-total-draft-tokens: {problem}")
+        assert top_k is not None  # tree_problem requires it
+        return Drafting.eagle3_dynamic(top_k, k, nodes or top_k * k)
     if args.method == "lookahead":
         text = args.lookahead or DEFAULT_LOOKAHEAD
         try:

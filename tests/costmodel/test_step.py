@@ -217,6 +217,14 @@ def test_predict_cli_json(cli):
     assert body["runtime"] == "trtllm" and body["error_band"]["borrowed_from"] == "pytorch-eager"
 
 
+def test_predict_cli_prices_an_eagle3_tree_by_its_nodes(cli):
+    base = ["predict", "--preset", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--method", "eagle3", "--json"]
+    rc, out, err = cli(*base, "--acceptance-length", "2", "--batch", "1")
+    assert rc == 0 and json.loads(out)["rows_per_step"] == 4, err  # a chain of 3
+    rc, out, err = cli(*base, "--acceptance-length", "2", "--batch", "1", "--eagle-dynamic-top-k", "4")
+    assert rc == 0 and json.loads(out)["rows_per_step"] == 13, err  # 4 x 3 nodes, the default
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -226,6 +234,8 @@ def test_predict_cli_json(cli):
         (["--method", "medusa", "--acceptance-length", "99"], "between 1 and the rows"),
         (["--method", "eagle", "--tree", "chain_3", "--eagle-dynamic-top-k", "4"], "mutually exclusive"),
         (["--method", "none", "--dtype", "fp8", "--gpu", "a100-80gb"], "FP8 tensor cores"),
+        (["--method", "eagle3", "--max-total-draft-tokens", "6"], "needs dynamic_tree_max_top_k"),
+        (["--method", "eagle3", "--eagle-dynamic-top-k", "2", "--max-total-draft-tokens", "7"], "more than"),
     ],
 )
 def test_predict_cli_bad_input(cli, args, expected):
