@@ -40,12 +40,12 @@ from pipeline.errors import InputError
 from pipeline.io.files import read_json
 from pipeline.methods.eagle3 import Eagle3Config, tree_problem
 from pipeline.methods.eagle3_reader import Eagle3Layout, read_eagle3
-from pipeline.runtime.model.engine import Engine, Span, StepInput, StepRows, attention
+from pipeline.runtime.model.engine import Engine, StepInput, StepRows, attention
 from pipeline.runtime.model.gemm import Gemm
 from pipeline.runtime.model.kv_cache import KVCache
-from pipeline.runtime.model.layers import Geometry, LayerShard, Linear, mlp, rms_norm, rope_inv_freq, rope_tables
+from pipeline.runtime.model.layers import Geometry, LayerShard, Linear, mlp, rms_norm, rope_inv_freq
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
-from pipeline.runtime.spec_decode.eagle.drafter import DraftInput
+from pipeline.runtime.spec_decode.eagle.drafter import DraftInput, pack
 from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree
 from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
 
@@ -150,14 +150,7 @@ class Eagle3Drafter:
         returns each item's pre-norm outputs o [n, H] (fed back as the next entry's hidden state). Each
         entry sees what the item's ``visible`` says (a tree node: the committed entries, its ancestors,
         itself), else the whole cache and the item's earlier entries."""
-        spans: list[Span] = []
-        start = 0
-        for item in items:
-            item.cache.reserve(len(item.tokens))
-            spans.append((start, start + len(item.tokens)))
-            start += len(item.tokens)
-        ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long)
-        rope = rope_tables(torch.tensor([p for item in items for p in item.positions]), self.inv_freq)
+        spans, ids, rope = pack(items, self.inv_freq)
         embeds = self.embedding[ids]  # [T, H]
         h = torch.cat([item.features for item in items])  # [T, H]
         caches = [item.cache for item in items]

@@ -58,6 +58,22 @@ class DraftInput:
     visible: torch.Tensor | None = None
 
 
+def pack(
+    items: list[DraftInput], inv_freq: torch.Tensor
+) -> tuple[list[Span], torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Reserve every item's new entries in its cache and pack them into one batch of T rows: each item's
+    span, the token ids [T] and the rotary (cos, sin) [T, d] at their positions."""
+    spans: list[Span] = []
+    start = 0
+    for item in items:
+        item.cache.reserve(len(item.tokens))
+        spans.append((start, start + len(item.tokens)))
+        start += len(item.tokens)
+    ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long)
+    rope = rope_tables(torch.tensor([p for item in items for p in item.positions]), inv_freq)
+    return spans, ids, rope
+
+
 class Drafter:
     """The EAGLE-1 drafter of an engine (eagle_nets.0 of every tp rank), batched over requests."""
 
@@ -112,14 +128,7 @@ class Drafter:
     @torch.no_grad()
     def forward(self, items: list[DraftInput]) -> list[torch.Tensor]:
         """Append every item's entries to its cache; returns each item's outputs f' [n, H]."""
-        spans: list[Span] = []
-        start = 0
-        for item in items:
-            item.cache.reserve(len(item.tokens))
-            spans.append((start, start + len(item.tokens)))
-            start += len(item.tokens)
-        ids = torch.tensor([t for item in items for t in item.tokens], dtype=torch.long)
-        rope = rope_tables(torch.tensor([p for item in items for p in item.positions]), self.inv_freq)
+        spans, ids, rope = pack(items, self.inv_freq)
         x = torch.cat((self.embedding[ids], torch.cat([item.features for item in items])), dim=-1)
         h = torch.cat([fc(x) for fc in self.fc], dim=-1)  # column-parallel fc, gathered
         caches = [item.cache for item in items]
