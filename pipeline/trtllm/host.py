@@ -38,14 +38,20 @@ def trtllm_version() -> str | None:
     return package_version("tensorrt_llm", "tensorrt-llm")
 
 
-def engine_flow_missing() -> list[str]:
-    """What stops trtllm-build from running here (empty when it can run)."""
+def _program_missing(program: str) -> list[str]:
+    """What stops TensorRT-LLM's ``program`` from running here: the program, the Python package."""
     missing = []
-    if shutil.which(BUILD_PROGRAM) is None:
-        missing.append(f"{BUILD_PROGRAM} is not on PATH")
+    if shutil.which(program) is None:
+        missing.append(f"{program} is not on PATH")
     if importlib.util.find_spec("tensorrt_llm") is None:
         missing.append("the tensorrt_llm Python package is not importable")
-    else:
+    return missing
+
+
+def engine_flow_missing() -> list[str]:
+    """What stops trtllm-build from running here (empty when it can run)."""
+    missing = _program_missing(BUILD_PROGRAM)
+    if importlib.util.find_spec("tensorrt_llm") is not None:
         version = trtllm_version()
         if version is not None and not version.startswith(TRTLLM_SERIES):
             missing.append(
@@ -111,9 +117,4 @@ def visible_gpu_count() -> int | None:
 
 def llm_api_missing() -> list[str]:
     """What stops trtllm-serve (the PyTorch backend, ``target: pytorch``) from running here (empty when it can)."""
-    missing = []
-    if shutil.which(SERVE_PROGRAM) is None:
-        missing.append(f"{SERVE_PROGRAM} is not on PATH")
-    if importlib.util.find_spec("tensorrt_llm") is None:
-        missing.append("the tensorrt_llm Python package is not importable")
-    return missing
+    return _program_missing(SERVE_PROGRAM)
