@@ -47,6 +47,7 @@ from pipeline.runtime.model.layers import Geometry, LayerShard, Linear, mlp, rms
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.eagle.drafter import DraftInput, pack
 from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree
+from pipeline.runtime.spec_decode.registry import MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
 
 
@@ -360,3 +361,15 @@ class Eagle3Decoding(DecodingMethod):
     def prompt_chunk(self, seq: Sequence, rows: StepRows) -> None:
         assert rows.captured is not None
         self._state(seq).captured.append(rows.captured)  # [chunk, k * H_target]
+
+
+def _claims(settings: MethodSettings) -> bool:
+    """EAGLE-3's settings or drafter select it: its engine is built without a speculative mode."""
+    return settings.eagle3 is not None or settings.eagle3_drafter is not None
+
+
+@register("eagle3", claims=_claims)
+def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
+    if settings.eagle3 is None or settings.eagle3_drafter is None:
+        raise InputError("EAGLE-3 needs both its settings (max_draft_len, capture layers) and the drafter folder")
+    return Eagle3Decoding(engine, settings.eagle3, settings.eagle3_drafter)

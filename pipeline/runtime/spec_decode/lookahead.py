@@ -36,6 +36,7 @@ from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.registry import MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
 
 
@@ -201,3 +202,15 @@ class LookaheadDecoding(DecodingMethod):
         tokens[0] = root  # level 0 column 0 is always the root
         positions = [past + o for o in offsets] + [past + d for d in tree.depths()]
         return Proposal(StepInput(seq.cache, tokens, Logits.ALL, positions, mask), tree, past, offset=size)
+
+
+@register("lookahead")
+def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
+    """The server's (W, N, G): required (TensorRT-LLM fails at load without them)."""
+    if settings.lookahead is None:
+        raise InputError(
+            f"{engine.config.folder / 'config.json'} is a Lookahead engine but "
+            "lookahead_window_size, lookahead_ngram_size and lookahead_verification_set_size are not set "
+            "(decoding_mode lookahead needs all three)"
+        )
+    return LookaheadDecoding(engine, settings.lookahead)

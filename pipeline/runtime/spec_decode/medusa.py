@@ -29,6 +29,7 @@ from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.model.gemm import Gemm
 from pipeline.runtime.model.layers import prepare_linear
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.registry import MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, TreeShape, verify
 
 
@@ -125,3 +126,13 @@ class MedusaDecoding(DecodingMethod):
         verdict = verify(proposal, rows, seq.cache, seq.sample)
         state.hidden = rows.hidden[verdict.rows()[-1]]
         return Accepted(verdict.tokens, len(proposal.tree), verdict.accepted_drafts)
+
+
+@register("medusa")
+def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
+    """The engine's heads over ``medusa_choices``, else TensorRT-LLM's default tree (with a warning)."""
+    if settings.medusa_choices is None:
+        warnings.append(
+            "medusa_choices parameter is not specified; using the default mc_sim_7b_63 (as TensorRT-LLM does)"
+        )
+    return MedusaDecoding(engine, settings.medusa_choices or trees.MC_SIM_7B_63)

@@ -17,12 +17,14 @@ the longest agreeing prefix is kept and the target's own next token follows it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from pipeline.errors import InputError
 from pipeline.methods.ngram import NGramConfig
 from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.registry import MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
 
 Pattern = tuple[int, ...]
@@ -123,3 +125,11 @@ class NGramDecoding(DecodingMethod):
             drafts = state.pool.propose(tokens, min(room, self.config.max_draft_len))
             state.proposal = Proposal.of_tree(seq.cache, tokens[-1], DraftTree.chain(drafts))
         return state.proposal.input
+
+
+@register("ngram")
+def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
+    """K is the engine's; the pool's settings the server's, else TensorRT-LLM's defaults."""
+    pool = settings.ngram or NGramConfig(0)
+    k = pool.max_draft_len or engine.config.limits.max_draft_len
+    return NGramDecoding(engine, dataclasses.replace(pool, max_draft_len=k))

@@ -29,6 +29,7 @@ from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.eagle.drafter import Drafter, DraftInput
 from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree, StaticTree, TreeRule
+from pipeline.runtime.spec_decode.registry import MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
 
 
@@ -136,3 +137,24 @@ class EagleDecoding(DecodingMethod):
         """Per row of drafter outputs [R, H]: its top-k tokens and their log-probs (k: what the tree needs)."""
         tokens, log_probs = self.drafter.candidates(h, self.rule.top_k)
         return list(zip(tokens.tolist(), log_probs.tolist()))
+
+
+DEFAULT_DYNAMIC_TREE_TOP_K = 10  # the spec's default for speculative.eagle.dynamic_tree_max_top_k
+
+
+@register("eagle")
+def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
+    """EAGLE-2's dynamic tree (``reference_eagle_use_dynamic_tree``), else EAGLE-1's ``eagle_choices``
+    (TensorRT-LLM's default tree, with a warning, when unset)."""
+    if settings.eagle_dynamic_tree and settings.eagle_choices is not None:
+        raise InputError(
+            "eagle_choices and reference_eagle_use_dynamic_tree are mutually exclusive "
+            "(EAGLE-2 builds its own tree); drop one of them"
+        )
+    if settings.eagle_dynamic_tree:
+        return EagleDecoding(engine, dynamic_top_k=settings.eagle_dynamic_tree_max_top_k or DEFAULT_DYNAMIC_TREE_TOP_K)
+    if settings.eagle_choices is None:
+        warnings.append(
+            "eagle_choices parameter is not specified; using the default mc_sim_7b_63 (as TensorRT-LLM does)"
+        )
+    return EagleDecoding(engine, tree=settings.eagle_choices or trees.MC_SIM_7B_63)
