@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from pipeline.lora.convert import convert_adapter
 from pipeline.lora.rules import ADAPTER_NUMPY_DTYPE
 from pipeline.plan.types import StagePlan, VariantPlan, jsonable
 from pipeline.runtime.model.lora import LoraCache, prefetch
-from pipeline.runtime.request import GenerationRequest, LoraRequest, StepOutput
+from pipeline.runtime.request import FinishReason, GenerationRequest, LoraRequest, StepOutput
 from pipeline.runtime.serving.metrics import SpecDecodingStats
 from pipeline.runtime.serving.scheduler import Scheduler
 from pipeline.runtime.spec_decode.factory import MethodSettings, make_method
@@ -89,15 +90,39 @@ class StandinRuntime:
         self.scheduler.submit(request, sink)
         return done
 
+    def stream(self, model: str, request: GenerationRequest, deliver: Callable[[StepOutput], None]) -> None:
+        """Queue ``request`` for ``model`` streamed (Triton's decoupled mode): ``deliver`` gets each
+        verification step's accepted tokens as the scheduler accepts them, on the scheduler's thread,
+        the last response ``finished``. A ``deliver`` that raises cancels the request (the client is
+        gone), as does :meth:`cancel`."""
+        task_id = self.adapters[model]
+        request = dataclasses.replace(
+            request, streaming=True, lora=LoraRequest(task_id) if task_id is not None else request.lora
+        )
+        generated = 0
+
+        def sink(output: StepOutput) -> None:
+            nonlocal generated
+            generated += len(output.tokens)
+            if output.finished and output.error is None and output.reason != FinishReason.CANCELLED:
+                self._record(model, output, generated)
+            deliver(output)
+
+        self.scheduler.submit(request, sink)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a queued or running request (a streaming client that went away)."""
+        return self.scheduler.cancel(request_id)
+
     def request_id(self) -> str:
         with self._lock:
             return f"cmpl-{next(self._ids)}"
 
-    def _record(self, model: str, output: StepOutput) -> None:
+    def _record(self, model: str, output: StepOutput, generated: int | None = None) -> None:
         with self._lock:
             stats = self.stats.setdefault(model, ModelStats())
             stats.requests += 1
-            stats.completion_tokens += len(output.tokens)
+            stats.completion_tokens += len(output.tokens) if generated is None else generated
             metrics = output.metrics
             stats.spec.draft_tokens += metrics.total_draft_tokens
             stats.spec.accepted_tokens += metrics.total_accepted_draft_tokens

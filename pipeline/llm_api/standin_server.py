@@ -3,28 +3,34 @@
 host unchanged (``specdeploy serve`` of a ``target: pytorch`` spec where ``trtllm-serve`` is absent).
 
 Routes, as ``tensorrt_llm/serve/openai_server.py`` names them (pipeline/targets/pytorch_sources.json):
-``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (not
-streamed), and ``GET /metrics``. A fine-tune is chosen as on the GPU, by the body's ``lora_request``
-(``lora_name`` or ``lora_int_id`` of a deployed fine-tune; an adapter path of the client's own is
-refused, as ``serving.lora_client_adapters`` is off), or, beyond trtllm-serve, by its own name in
-``model`` (trtllm-serve never checks ``model``; here an unknown name is a 404). ``/metrics`` is the
-stand-in's own JSON (trtllm-serve's is iteration statistics): per model name, the requests, tokens,
-and the draft tokens proposed and accepted, with the acceptance length.
+``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``, and
+``GET /metrics``. With ``stream: true`` the two generation routes answer Server-Sent Events as OpenAI's
+API does (``data: {chunk}`` per verification step the scheduler accepts, ``stream_options.include_usage``
+adding a usage chunk, then ``data: [DONE]``); a client that disconnects cancels its request.
+
+A fine-tune is chosen as on the GPU, by the body's ``lora_request`` (``lora_name`` or ``lora_int_id``
+of a deployed fine-tune; an adapter path of the client's own is refused, as
+``serving.lora_client_adapters`` is off), or, beyond trtllm-serve, by its own name in ``model``
+(trtllm-serve never checks ``model``; here an unknown name is a 404). ``/metrics`` is the stand-in's
+own JSON (trtllm-serve's is iteration statistics): per model name, the requests, tokens, and the draft
+tokens proposed and accepted, with the acceptance length.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.llm_api.standin_runtime import StandinRuntime
-from pipeline.runtime.request import FinishReason, GenerationRequest, SamplingParams
+from pipeline.runtime.request import FinishReason, GenerationRequest, SamplingParams, StepOutput
 
 # OpenAI's completion API default for max_tokens (chat has none: up to the model's length).
 COMPLETION_MAX_TOKENS = 16
@@ -40,6 +46,11 @@ class LoraSelection(BaseModel):
     lora_ckpt_source: Literal["hf", "nemo"] = "hf"
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields a server may not use
     model: str
@@ -49,6 +60,7 @@ class _Common(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     lora_request: LoraSelection | None = None
 
 
@@ -105,23 +117,28 @@ def make_app(runtime: StandinRuntime) -> FastAPI:
     async def metrics() -> dict[str, Any]:
         return {"method": runtime.method, "models": {name: s.to_dict() for name, s in runtime.stats.items()}}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionBody) -> dict[str, Any]:
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionBody) -> dict[str, Any] | StreamingResponse:
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
             raise ApiError(400, "prompt: one prompt per request")
         ids = runtime.tokenizer.encode(prompts[0])
-        text, reason, usage, model = await _generate(runtime, body, ids, body.max_tokens or COMPLETION_MAX_TOKENS)
+        limit = body.max_tokens or COMPLETION_MAX_TOKENS
+        if body.stream:
+            return await _stream(runtime, body, ids, limit, "text_completion", created)
+        text, reason, usage, model = await _generate(runtime, body, ids, limit)
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
         return _answer("text_completion", runtime, model, choice, usage, created)
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatBody) -> dict[str, Any]:
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatBody) -> dict[str, Any] | StreamingResponse:
         messages = [m.model_dump() for m in body.messages]
         ids = runtime.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
             ids = list(ids["input_ids"])
         limit = body.max_tokens or runtime.variant.build.max_seq_len - len(ids)
+        if body.stream:
+            return await _stream(runtime, body, ids, limit, "chat.completion.chunk", created)
         text, reason, usage, model = await _generate(runtime, body, ids, limit)
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
         return _answer("chat.completion", runtime, model, choice, usage, created)
@@ -151,11 +168,10 @@ def _served_model(runtime: StandinRuntime, body: _Common) -> str:
     return body.model
 
 
-async def _generate(
-    runtime: StandinRuntime, body: _Common, ids: list[int], max_tokens: int
-) -> tuple[str, str, dict[str, int], str]:
-    if body.stream:
-        raise ApiError(400, "stream: the stand-in answers whole responses only; set stream false")
+def _prepare(runtime: StandinRuntime, body: _Common, ids: list[int], max_tokens: int) -> tuple[str, GenerationRequest]:
+    """The served model name and the scheduler's request for ``body`` (ApiError: the client's fault)."""
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options: only allowed when stream is true")
     model = _served_model(runtime, body)
     tokenizer = runtime.tokenizer
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
@@ -173,13 +189,115 @@ async def _generate(
         exclude_input_in_output=True,
         return_perf_metrics=True,
     )
+    return model, request
+
+
+def _finish_reason(output: StepOutput) -> str:
+    return "length" if output.reason == FinishReason.LENGTH else "stop"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _generate(
+    runtime: StandinRuntime, body: _Common, ids: list[int], max_tokens: int
+) -> tuple[str, str, dict[str, int], str]:
+    model, request = _prepare(runtime, body, ids, max_tokens)
     output = await asyncio.wrap_future(runtime.submit(model, request))
     if output.error is not None:
         raise ApiError(400, output.error)
-    reason = "length" if output.reason == FinishReason.LENGTH else "stop"
-    text = tokenizer.decode(output.tokens, skip_special_tokens=True)
-    usage = {"prompt_tokens": len(ids), "completion_tokens": len(output.tokens)}
-    return text, reason, usage | {"total_tokens": sum(usage.values())}, model
+    text = runtime.tokenizer.decode(output.tokens, skip_special_tokens=True)
+    return text, _finish_reason(output), _usage(len(ids), len(output.tokens)), model
+
+
+async def _stream(
+    runtime: StandinRuntime, body: _Common, ids: list[int], max_tokens: int, kind: str, created: int
+) -> StreamingResponse:
+    """``stream: true``: Server-Sent Events, one chunk per verification step (each may accept several
+    tokens). The first response is awaited before the stream starts, so a request the scheduler refuses
+    gets the same JSON error, with its status, as a whole response; a later error is an SSE error event.
+
+    The scheduler's sink runs on its thread; it hands each response to this event loop through
+    ``call_soon_threadsafe``. When the loop is gone that raises, and the scheduler cancels the request.
+    """
+    model, request = _prepare(runtime, body, ids, max_tokens)
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[StepOutput] = asyncio.Queue()
+
+    def deliver(output: StepOutput) -> None:  # on the scheduler's thread
+        loop.call_soon_threadsafe(queue.put_nowait, output)
+
+    runtime.stream(model, request, deliver)
+    try:
+        first = await queue.get()
+    except BaseException:
+        runtime.cancel(request.request_id)
+        raise
+    if first.error is not None:
+        raise ApiError(400, first.error)
+    usage = body.stream_options is not None and body.stream_options.include_usage
+    events = _events(runtime, request.request_id, kind, model, created, len(ids), first, queue, usage)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def _events(
+    runtime: StandinRuntime,
+    request_id: str,
+    kind: str,
+    model: str,
+    created: int,
+    prompt_tokens: int,
+    output: StepOutput,
+    queue: asyncio.Queue[StepOutput],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The chunks of one streamed answer. Each delta is the new suffix of the whole answer decoded so far,
+    held back while that ends in U+FFFD (a character whose bytes are split across tokens), so the deltas
+    joined equal the whole response's text. A client that goes away cancels the request."""
+    chat = kind == "chat.completion.chunk"
+    tokens: list[int] = []
+    sent = ""
+    done = False
+
+    def chunk(text: str | None, reason: str | None, role: bool = False) -> str:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if role else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        event = {"id": request_id, "object": kind, "created": created, "model": model, "choices": [choice]}
+        return _sse(event | ({"usage": None} if include_usage else {}))
+
+    try:
+        if chat:
+            yield chunk(None, None, role=True)
+        while True:
+            tokens += output.tokens
+            if output.error is not None:
+                done = True
+                yield _sse({"error": {"message": output.error, "type": "server_error", "code": None}})
+                break
+            text = runtime.tokenizer.decode(tokens, skip_special_tokens=True)
+            if output.finished:
+                done = True
+                yield chunk(text[len(sent) :], _finish_reason(output))
+                if include_usage:
+                    event = {"id": request_id, "object": kind, "created": created, "model": model, "choices": []}
+                    yield _sse(event | {"usage": _usage(prompt_tokens, len(tokens))})
+                break
+            if len(text) > len(sent) and text.startswith(sent) and not text.endswith("\ufffd"):
+                yield chunk(text[len(sent) :], None)
+                sent = text
+            output = await queue.get()
+        yield _sse("[DONE]")
+    finally:
+        if not done:  # the client went away (the stream was cancelled or closed): stop generating
+            runtime.cancel(request_id)
 
 
 def _answer(

@@ -9,12 +9,13 @@ model's while requests for all nine names are in flight together.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from urllib.request import urlopen
 
@@ -23,9 +24,10 @@ import pytest
 import uvicorn
 
 from pipeline.llm_api.standin_runtime import StandinRuntime, load_standin
-from pipeline.llm_api.standin_server import make_app
+from pipeline.llm_api.standin_server import _events, make_app
 from pipeline.plan.planner import make_plan
 from pipeline.plan.types import OutputRoots
+from pipeline.runtime.request import FinishReason, StepOutput
 from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from tests.conftest import embedded_cache_dir
@@ -134,7 +136,18 @@ def test_chat_completions_apply_the_chat_template(client):
             "not a deployed fine-tune",
         ),
         ({"model": "base", "max_tokens": 0}, openai.BadRequestError, "max_tokens"),
-        ({"model": "base", "stream": True}, openai.BadRequestError, "whole responses only"),
+        ({"model": "nope", "stream": True}, openai.NotFoundError, "The model `nope` does not exist."),
+        # refused by the scheduler before the first chunk: the same JSON error as a whole response
+        (
+            {"model": "base", "stream": True, "max_tokens": 4000},
+            openai.BadRequestError,
+            "exceed the engine's max_seq_len",
+        ),
+        (
+            {"model": "base", "stream_options": {"include_usage": True}},
+            openai.BadRequestError,
+            "only allowed when stream is true",
+        ),
     ],
 )
 def test_bad_requests_get_one_line_errors_and_the_server_keeps_serving(client, kwargs, error, text):
@@ -143,6 +156,94 @@ def test_bad_requests_get_one_line_errors_and_the_server_keeps_serving(client, k
         client.completions.create(**options)
     assert text in str(info.value)
     assert complete(client, "base", "Hello")  # still answering
+
+
+# (route, model, extra arguments): the base and a fine-tune by name, a long answer, a stop string, and a
+# chat answer that ends by itself (finish_reason stop).
+STREAMED = [
+    ("completions", "base", {"prompt": PROMPTS[1], "max_tokens": 40}),
+    ("completions", "code", {"prompt": PROMPTS[1], "max_tokens": 40}),
+    ("completions", "base", {"prompt": PROMPTS[0], "max_tokens": 40, "stop": ["."]}),
+    ("chat", "json", {"messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+    ("chat", "base", {"messages": [{"role": "user", "content": "Name three colors."}], "max_tokens": 40}),
+]
+
+
+@pytest.mark.parametrize(("route", "model", "extra"), STREAMED)
+def test_a_streamed_answer_joins_to_the_whole_answer(client, route, model, extra):
+    create = client.completions.create if route == "completions" else client.chat.completions.create
+    whole = create(model=model, temperature=0, **extra)
+    chunks = list(create(model=model, temperature=0, stream=True, stream_options={"include_usage": True}, **extra))
+    *content, usage = chunks
+    assert usage.choices == [] and usage.usage is not None
+    assert usage.usage.model_dump() == whole.usage.model_dump()
+    assert all(c.usage is None and len(c.choices) == 1 for c in content)
+    assert len({c.id for c in chunks}) == 1 and all(c.model == model for c in chunks)
+    if route == "completions":
+        assert all(c.object == "text_completion" for c in chunks)
+        deltas = [c.choices[0].text for c in content]
+        expected = whole.choices[0].text
+    else:
+        assert all(c.object == "chat.completion.chunk" for c in chunks)
+        first, *content = content
+        assert first.choices[0].delta.role == "assistant" and not first.choices[0].delta.content
+        assert all(c.choices[0].delta.role is None for c in content)
+        deltas = [c.choices[0].delta.content or "" for c in content]
+        expected = whole.choices[0].message.content
+    assert "".join(deltas) == expected
+    assert len([d for d in deltas if d]) > 1  # tokens arrive step by step, not in one piece
+    assert [c.choices[0].finish_reason for c in content] == [None] * (len(content) - 1) + [
+        whole.choices[0].finish_reason
+    ]
+
+
+def test_a_character_split_across_tokens_is_sent_whole(runtime):
+    tokenizer = runtime.tokenizer
+    text = "Caf\u00e9 \U0001f642 and \u65e5\u672c ok"
+    ids = tokenizer.encode(text)
+    assert any(tokenizer.decode(ids[:n]).endswith("\ufffd") for n in range(1, len(ids)))  # a split character
+    steps = [StepOutput("r", [token], False) for token in ids[:-1]] + [
+        StepOutput("r", ids[-1:], True, FinishReason.LENGTH)
+    ]
+
+    async def events() -> list[str]:
+        queue: asyncio.Queue[StepOutput] = asyncio.Queue()
+        for step in steps[1:]:
+            queue.put_nowait(step)
+        stream = _events(runtime, "r", "text_completion", "base", 0, 1, steps[0], queue, False)
+        return [event async for event in stream]
+
+    *chunks, done = asyncio.run(events())
+    assert done == "data: [DONE]\n\n"
+    deltas = [json.loads(chunk.removeprefix("data: "))["choices"][0]["text"] for chunk in chunks]
+    assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
+
+
+def test_a_stream_without_usage_ends_with_its_finish_reason(client):
+    chunks = list(client.completions.create(model="base", prompt="Hello", max_tokens=4, temperature=0, stream=True))
+    assert all(c.usage is None and len(c.choices) == 1 for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_client_that_leaves_a_stream_cancels_its_request(runtime, client, monkeypatch):
+    last: Future[StepOutput] = Future()
+    submit = runtime.scheduler.submit
+
+    def watched(request, sink, is_cancelled=None):
+        def tell(output: StepOutput) -> None:
+            if output.finished:
+                last.set_result(output)
+            sink(output)
+
+        submit(request, tell, is_cancelled)
+
+    monkeypatch.setattr(runtime.scheduler, "submit", watched)
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # counting on: no end before max_tokens
+    stream = client.completions.create(model="base", prompt=prompt, max_tokens=1500, temperature=0, stream=True)
+    assert next(iter(stream)).choices[0].finish_reason is None
+    stream.close()
+    output = last.result(timeout=600)
+    assert output.reason == FinishReason.CANCELLED
 
 
 def test_specdeploy_query_asks_a_fine_tune_by_name_and_reports_its_acceptance(cli, url):
