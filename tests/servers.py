@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
 
 
 def free_ports(count: int) -> list[int]:
@@ -17,3 +22,24 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+@contextlib.contextmanager
+def app_in_thread(app: Any, start_timeout_s: float = 60.0) -> Iterator[str]:
+    """An ASGI ``app`` served by uvicorn on a free loopback port in a thread: its base URL
+    (``http://127.0.0.1:PORT``) while the block runs, waiting for the socket to listen first."""
+    import uvicorn
+
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:  # uvicorn sets it once the socket listens
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

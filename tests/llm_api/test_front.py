@@ -8,19 +8,16 @@ and answers in trtllm-serve's shape (OpenAI's), echoing which adapter it was ask
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from pipeline.llm_api.front import make_front, route
+from tests.servers import app_in_thread
 
 SERVE = {
     "health": "/health",
@@ -68,22 +65,6 @@ def RecordingTrtllmServe(received: list[dict[str, Any]]) -> FastAPI:  # noqa: N8
     return app
 
 
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:  # uvicorn sets it once the socket listens
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def received() -> list[dict[str, Any]]:
     return []
@@ -91,11 +72,9 @@ def received() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def client(received) -> Iterator[openai.OpenAI]:
-    upstream = serve_in_thread(RecordingTrtllmServe(received))
-    front = serve_in_thread(make_front(SERVE, "base", next(upstream)))
-    yield openai.OpenAI(base_url=next(front) + "/v1", api_key="unused", max_retries=0, timeout=60)
-    for server in (front, upstream):
-        next(server, None)
+    with app_in_thread(RecordingTrtllmServe(received)) as upstream:
+        with app_in_thread(make_front(SERVE, "base", upstream)) as front:
+            yield openai.OpenAI(base_url=front + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_a_fine_tune_is_chosen_by_model(client, received):

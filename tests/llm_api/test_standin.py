@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +18,6 @@ from urllib.request import urlopen
 
 import openai
 import pytest
-import uvicorn
 
 from pipeline.llm_api.standin_runtime import StandinRuntime, load_standin
 from pipeline.llm_api.standin_server import _events, make_app
@@ -32,15 +28,10 @@ from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 from tests.conftest import embedded_cache_dir
 from tests.lora.fleet_fixtures import FINE_TUNES, MIN_MARGIN, PROMPTS, TOKENS, peft_merged_answers
+from tests.servers import app_in_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +51,8 @@ def runtime(module_tmp) -> Iterator[StandinRuntime]:
 
 @pytest.fixture(scope="module")
 def url(runtime) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(make_app(runtime), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:  # uvicorn sets it once the socket listens
-        assert thread.is_alive() and time.monotonic() < deadline, "the stand-in did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with app_in_thread(make_app(runtime)) as base:
+        yield base + "/v1"
 
 
 @pytest.fixture(scope="module")
