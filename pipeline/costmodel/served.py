@@ -17,12 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline import trees
+from pipeline import methods
 from pipeline.costmodel.step import Dtype
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
+from pipeline.methods.base import MethodDefinition
 from pipeline.methods.drafting import Drafting
-from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.plan.speculative import engine_mode_method
 
 
@@ -62,21 +62,9 @@ def describe(repository: Path) -> dict[str, Any]:
     mapping = pc.get("mapping") or {}
     method = engine_mode_method(build.get("speculative_decoding_mode"))
     settings: dict[str, Any] = {"max_draft_len": int(build.get("max_draft_len") or 0)}
-    if method == "medusa":
-        settings["medusa_choices"] = [list(n) for n in (params.medusa_choices or trees.MC_SIM_7B_63)]
-        settings["medusa_heads"] = int(pc.get("num_medusa_heads") or 0)
-    elif method == "eagle":
-        settings["eagle_choices"] = [list(n) for n in (params.eagle_choices or trees.MC_SIM_7B_63)]
-        settings["eagle_dynamic_tree"] = params.eagle_dynamic_tree
-        settings["eagle_dynamic_tree_max_top_k"] = params.eagle_dynamic_tree_max_top_k
-        settings["num_eagle_layers"] = int(pc.get("num_eagle_layers") or 0)
-    elif method == "ngram" and params.ngram is not None:
-        settings["ngram_max_matching_ngram_size"] = params.ngram.max_matching_ngram_size
-    elif method == "lookahead":
-        look = params.lookahead
-        if look is None:
-            raise InputError(f"{config_path}: a Lookahead engine without lookahead_* parameters")
-        settings["lookahead"] = list(look)
+    definition = _definition(method)
+    if definition is not None and definition.served_settings is not None:
+        settings |= definition.served_settings(params, pc, config_path)
     return {
         "repository": str(repository.resolve()),
         "engine_dir": str(params.engine_dir),
@@ -94,22 +82,15 @@ def describe(repository: Path) -> dict[str, Any]:
 def drafting(served: dict[str, Any]) -> Drafting:
     """What the cost model charges for the served method (the inverse of :func:`describe`)."""
     method, settings = served["method"], served["settings"]
-    if method == "none":
-        return Drafting.plain()
-    if method == "lookahead":
-        return Drafting.lookahead(LookaheadConfig(*settings["lookahead"]))
-    if method == "ngram":
-        return Drafting.ngram(settings["max_draft_len"])
-    if method == "medusa":
-        tree = tuple(tuple(n) for n in settings["medusa_choices"])
-        return Drafting.medusa(tree, settings.get("medusa_heads") or None)
-    if method == "eagle" and settings.get("eagle_dynamic_tree"):
-        top_k = settings.get("eagle_dynamic_tree_max_top_k") or 10
-        layers = settings.get("num_eagle_layers") or 1
-        return Drafting.eagle_dynamic(top_k, layers, settings.get("max_draft_len") or top_k * layers)
-    if method == "eagle":
-        return Drafting.eagle(tuple(tuple(n) for n in settings["eagle_choices"]))
-    raise ValueError(f"the cost model has no method {method!r}")
+    definition = _definition(method)
+    if definition is None or definition.served_drafting is None:
+        raise ValueError(f"the cost model has no method {method!r}")
+    return definition.served_drafting(settings)
+
+
+def _definition(method: str) -> MethodDefinition | None:
+    """The definition of a served method; None for a build mode no method has (served, not priced)."""
+    return next((d for d in methods.definitions() if d.name == method), None)
 
 
 def priced_dtype(recorded: str) -> Dtype:

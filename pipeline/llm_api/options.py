@@ -23,10 +23,8 @@ LoRA fleet's shared engine (NGram, K=4)::
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, cast
 
-from pipeline.methods.eagle3 import Eagle3Config
-from pipeline.methods.ngram import NGramConfig
 from pipeline.plan.types import StagePlan, VariantPlan
 
 # trtllm-serve's --backend for this flow (its default in 1.2; the only one after the engine flow's removal).
@@ -39,10 +37,9 @@ def speculative_config(variant: VariantPlan, drafter: PurePosixPath) -> dict[str
     config = variant.speculative.config
     if config is None:
         return None
-    if isinstance(config, NGramConfig):
-        return config.llm_api_config()
-    if isinstance(config, Eagle3Config):
-        return config.llm_api_config(drafter)
+    make = getattr(config, "llm_api_config", None)  # each method's config says its own (NGramConfig, Eagle3Config)
+    if make is not None:
+        return cast(dict[str, Any], make(drafter))
     raise ValueError(f"{variant.name}: {variant.speculative.method} has no LLM API decoding config")  # refused at plan
 
 

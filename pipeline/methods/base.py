@@ -21,6 +21,7 @@ from pipeline.geometry import ModelGeometry
 from pipeline.io.files import kind_of
 
 if TYPE_CHECKING:
+    from pipeline.methods.drafting import Drafting
     from pipeline.spec.document import VariantSpec
     from pipeline.spec.yaml_source import KeyPath
 
@@ -54,6 +55,14 @@ Resolve = Callable[["VariantSpec", ModelGeometry, "Path | None", Problems], Any]
 # (pipeline.evaluation.apply.candidate_build), made from ``built``, the config the candidates were built
 # with (None when the build had none of this method); None when ``build`` cannot be made from it.
 Measured = Callable[[dict[str, Any], Any], Any]
+# ``served_settings(params, pretrained, where)``: what a served Triton repository records of the method
+# (pipeline.costmodel.served.describe), from its tensorrt_llm model's parsed parameters
+# (pipeline.runtime.triton.io.parse_parameters), the engine's pretrained_config and the config.pbtxt
+# (``where``, for errors); JSON-able, merged into the settings beside ``max_draft_len``.
+ServedSettings = Callable[[Any, dict[str, Any], Path], dict[str, Any]]
+# ``served_drafting(settings)``: what the cost model charges for a served repository of the method, from
+# the settings describe recorded (``max_draft_len`` and served_settings').
+ServedDrafting = Callable[[dict[str, Any]], "Drafting"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +96,8 @@ class MethodDefinition:
     cost_terms: tuple[str, ...]  # the cost model's per-method step terms a calibration fits
     lora_refusal: str | None  # why the engine flow cannot run it on a shared LoRA engine; None: it can
     llm_api_decoding_type: str | None = None  # speculative_config.decoding_type on the PyTorch backend
+    served_settings: ServedSettings | None = None  # what describe records of a served repository; None: nothing
+    served_drafting: ServedDrafting | None = None  # its price from those; None: the cost model cannot price it served
 
     @property
     def speculative(self) -> bool:

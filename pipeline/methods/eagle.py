@@ -200,6 +200,26 @@ def measured(build: dict[str, Any], built: EagleConfig | None) -> EagleConfig | 
     return dataclasses.replace(built, tree=tree, dynamic_tree=False)
 
 
+def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The served static tree (TensorRT-LLM's default when eagle_choices is unset), the reference backend's
+    EAGLE-2 keys and the engine's drafter depth."""
+    return {
+        "eagle_choices": [list(n) for n in (params.eagle_choices or trees.MC_SIM_7B_63)],
+        "eagle_dynamic_tree": params.eagle_dynamic_tree,
+        "eagle_dynamic_tree_max_top_k": params.eagle_dynamic_tree_max_top_k,
+        "num_eagle_layers": int(pretrained.get("num_eagle_layers") or 0),
+    }
+
+
+def served_drafting(settings: dict[str, Any]) -> Drafting:
+    """EAGLE-2's dynamic tree when the reference backend served one, else EAGLE-1's static tree."""
+    if settings.get("eagle_dynamic_tree"):
+        top_k = settings.get("eagle_dynamic_tree_max_top_k") or 10
+        layers = settings.get("num_eagle_layers") or 1
+        return Drafting.eagle_dynamic(top_k, layers, settings.get("max_draft_len") or top_k * layers)
+    return Drafting.eagle(tuple(tuple(n) for n in settings["eagle_choices"]))
+
+
 DEFINITION = MethodDefinition(
     name="eagle",
     title="Eagle",
@@ -217,4 +237,6 @@ DEFINITION = MethodDefinition(
     cost_terms=("level_s", "tree_row_s"),
     lora_refusal="EAGLE: the engine's EagleNets run without lora_params (tensorrt_llm/models/eagle/model.py), "
     "so every fine-tune would draft with the base drafter",
+    served_settings=served_settings,
+    served_drafting=served_drafting,
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import ENGINE_TARGETS, MethodDefinition, Problems
 from pipeline.methods.drafting import Drafting
@@ -108,6 +109,17 @@ def measured(build: dict[str, Any], built: LookaheadConfig | None) -> LookaheadC
     return LookaheadConfig(*build["lookahead"]) if build.get("lookahead") else None
 
 
+def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The server's (W, N, G): a Lookahead engine is served with them or not at all."""
+    if params.lookahead is None:
+        raise InputError(f"{where}: a Lookahead engine without lookahead_* parameters")
+    return {"lookahead": list(params.lookahead)}
+
+
+def served_drafting(settings: dict[str, Any]) -> Drafting:
+    return Drafting.lookahead(LookaheadConfig(*settings["lookahead"]))
+
+
 DEFINITION = MethodDefinition(
     name="lookahead",
     title="Lookahead",
@@ -124,4 +136,6 @@ DEFINITION = MethodDefinition(
     prior_acceptance=1.63,
     cost_terms=("lookahead_row_s",),
     lora_refusal="Lookahead",
+    served_settings=served_settings,
+    served_drafting=served_drafting,
 )

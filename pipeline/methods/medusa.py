@@ -125,6 +125,19 @@ def measured(build: dict[str, Any], built: MedusaConfig | None) -> MedusaConfig 
     return dataclasses.replace(built, tree=tree)
 
 
+def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The served tree (TensorRT-LLM's default when medusa_choices is unset) and the engine's heads."""
+    return {
+        "medusa_choices": [list(n) for n in (params.medusa_choices or trees.MC_SIM_7B_63)],
+        "medusa_heads": int(pretrained.get("num_medusa_heads") or 0),
+    }
+
+
+def served_drafting(settings: dict[str, Any]) -> Drafting:
+    tree = tuple(tuple(n) for n in settings["medusa_choices"])
+    return Drafting.medusa(tree, settings.get("medusa_heads") or None)
+
+
 DEFINITION = MethodDefinition(
     name="medusa",
     title="Medusa",
@@ -142,4 +155,6 @@ DEFINITION = MethodDefinition(
     cost_terms=("tree_row_s",),
     lora_refusal="Medusa: the heads are one set for every adapter (lora_params reach the base model only, "
     "tensorrt_llm/models/medusa/model.py)",
+    served_settings=served_settings,
+    served_drafting=served_drafting,
 )

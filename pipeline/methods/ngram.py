@@ -15,7 +15,7 @@ backend cannot draft for itself: so it runs on the reference target and the PyTo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from pipeline.geometry import ModelGeometry
@@ -48,8 +48,9 @@ class NGramConfig:
         """One line for the plan: ``ngram: K=4 M=2``."""
         return f"ngram: K={self.max_draft_len} M={self.max_matching_ngram_size}"
 
-    def llm_api_config(self) -> dict[str, object]:
-        """The LLM API's ``speculative_config`` (``decoding_type: NGram`` selects NGramDecodingConfig)."""
+    def llm_api_config(self, drafter: PurePosixPath | None = None) -> dict[str, object]:
+        """The LLM API's ``speculative_config`` (``decoding_type: NGram`` selects NGramDecodingConfig);
+        ``drafter`` is unused (NGram drafts from the text)."""
         return {
             "decoding_type": "NGram",
             "max_draft_len": self.max_draft_len,
@@ -98,6 +99,17 @@ def measured(build: dict[str, Any], built: NGramConfig | None) -> NGramConfig | 
     return NGramConfig(*build["ngram"]) if build.get("ngram") else None
 
 
+def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The pool's longest looked-up tail, when the reference backend's ``reference_ngram_*`` set it."""
+    if params.ngram is None:
+        return {}
+    return {"ngram_max_matching_ngram_size": params.ngram.max_matching_ngram_size}
+
+
+def served_drafting(settings: dict[str, Any]) -> Drafting:
+    return Drafting.ngram(settings["max_draft_len"])
+
+
 DEFINITION = MethodDefinition(
     name="ngram",
     title="NGram",
@@ -117,4 +129,6 @@ DEFINITION = MethodDefinition(
     prior_acceptance=1.66,
     cost_terms=(),
     lora_refusal="NGram",
+    served_settings=served_settings,
+    served_drafting=served_drafting,
 )

@@ -6,6 +6,7 @@ The reference runtime's loop is :class:`pipeline.runtime.spec_decode.base.PlainD
 from __future__ import annotations
 
 from pipeline.methods.base import TARGETS, MethodDefinition
+from pipeline.methods.drafting import Drafting
 
 DEFINITION = MethodDefinition(
     name="none",
@@ -23,4 +24,5 @@ DEFINITION = MethodDefinition(
     prior_acceptance=1.0,
     cost_terms=(),
     lora_refusal=None,
+    served_drafting=lambda settings: Drafting.plain(),
 )
