@@ -139,8 +139,8 @@ def run_load(
 
 
 def _send_openai(url: str, record: RequestRecord, request: GenerationRequest, timeout: float) -> None:
-    """One completion from an OpenAI-compatible server (trtllm-serve or its stand-in), not streamed: its
-    first token is timed with its last."""
+    """One completion from an OpenAI-compatible server (trtllm-serve or its stand-in), streamed: its first
+    token and each decode step's chunk are timed as they arrive (:func:`openai_steps`)."""
     from pipeline.client.openai_http import complete
 
     try:
@@ -160,8 +160,26 @@ def _send_openai(url: str, record: RequestRecord, request: GenerationRequest, ti
         record.error = str(exc)
         return
     record.ok, record.tokens = True, answer.completion_tokens
-    record.ttft = record.total = answer.seconds
-    record.steps = [(answer.seconds, answer.completion_tokens)]
+    record.ttft, record.total = answer.first_token_seconds or answer.seconds, answer.seconds
+    record.steps = openai_steps(answer.deltas, answer.completion_tokens)
+
+
+def openai_steps(deltas: tuple[float, ...], tokens: int) -> list[tuple[float, int]]:
+    """(seconds, tokens) per streamed chunk of an OpenAI-compatible answer, one chunk a decode step: its
+    chunks carry text, not token counts, so the first (the prefill's token) counts 1 and the answer's
+    other tokens are spread over the later chunks, the earlier ones taking the remainder. Mean
+    inter-token latency is exact; its percentiles are over these spread counts.
+
+        >>> openai_steps((0.5, 0.7, 0.8), 6)
+        [(0.5, 1), (0.7, 3), (0.8, 2)]
+    """
+    if not deltas:
+        return []
+    if len(deltas) == 1:
+        return [(deltas[0], tokens)]
+    later = len(deltas) - 1
+    share, extra = divmod(max(tokens - 1, 0), later)
+    return [(deltas[0], 1)] + [(t, share + (i < extra)) for i, t in enumerate(deltas[1:])]
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
@@ -180,7 +198,8 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float |
 def inter_token_latencies(record: RequestRecord) -> list[float]:
     gaps = []
     for (before, _), (after, count) in zip(record.steps, record.steps[1:]):
-        gaps.extend([(after - before) / count] * count)
+        if count:
+            gaps.extend([(after - before) / count] * count)
     return gaps
 
 

@@ -106,6 +106,7 @@ def query_openai(args: argparse.Namespace) -> int:
                 "text": result.text,
                 "tokens": result.completion_tokens,
                 "seconds": result.seconds,
+                "first_token_seconds": result.first_token_seconds,
                 "finish_reason": result.finish_reason,
                 "served": served,
             }
@@ -114,7 +115,8 @@ def query_openai(args: argparse.Namespace) -> int:
     print(result.text)
     if args.perf:
         rate = result.completion_tokens / result.seconds if result.seconds > 0 else 0.0
-        print(f"-- {result.completion_tokens} tokens in {result.seconds:.2f} s: {rate:.1f} tokens/s")
+        first = "" if result.first_token_seconds is None else f", first token after {result.first_token_seconds:.2f} s"
+        print(f"-- {result.completion_tokens} tokens in {result.seconds:.2f} s: {rate:.1f} tokens/s{first}")
         if served is not None:
             print(
                 f"-- {args.model} so far: acceptance rate {served['acceptance_rate']:.2f} "

@@ -264,3 +264,5 @@ def test_specdeploy_bench_loads_several_fine_tunes(cli, url, tmp_path):
     summary = json.loads(stdout)
     assert summary["completed"] == 4 and summary["tokens_per_second"] > 0
     assert (out / "bench.json").is_file()
+    # streamed: the first token arrives before the answer ends, and the decode steps are timed
+    assert summary["ttft_ms"]["mean"] < summary["latency_ms"]["mean"] and summary["itl_ms"]["p50"] is not None

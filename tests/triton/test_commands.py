@@ -18,6 +18,7 @@ from pipeline.client.load import (
     batch_mix,
     inter_token_latencies,
     load_prompts,
+    openai_steps,
     summarize,
 )
 from pipeline.commands import serve as serve_command
@@ -192,6 +193,16 @@ def test_batch_mix_counts_the_decode_steps_by_requests_decoding():
     assert batch_mix([a, late]) == pytest.approx({1: 0.4, 2: 0.6})
     # one request alone, then a second one sent after it ended: every step had one request
     assert batch_mix([streamed(0, 0.0, 0, 1, 2), streamed(1, 2.5, 3, 4, 5)]) == {1: 1.0}
+
+
+def test_openai_chunks_become_steps_the_first_one_token():
+    # 6 tokens in 3 chunks: the prefill's 1, then the other 5 spread 3 + 2 (the earlier chunk the remainder)
+    assert openai_steps((0.5, 0.7, 0.8), 6) == [(0.5, 1), (0.7, 3), (0.8, 2)]
+    assert openai_steps((0.5,), 4) == [(0.5, 4)]  # one chunk: the whole answer
+    assert openai_steps((), 0) == []
+    # more chunks than tokens left (no usage sent): chunks of 0 add no inter-token latency
+    record = RequestRecord(0, 0.0, ok=True, tokens=2, steps=openai_steps((0.1, 0.2, 0.3), 2))
+    assert record.steps == [(0.1, 1), (0.2, 1), (0.3, 0)] and inter_token_latencies(record) == pytest.approx([0.1])
 
 
 def test_batch_mix_is_empty_without_streamed_steps():
