@@ -1,0 +1,181 @@
+"""A new speculative method is one definition and one runtime class: proved with a method the test alone defines.
+
+``repeat``: a drafter that proposes the last token repeated K times, verified as a chain by the target
+(so greedy output is plain decoding's). It is one :class:`~pipeline.methods.base.MethodDefinition`
+(:data:`DEFINITION`) and one :class:`~pipeline.runtime.spec_decode.base.DecodingMethod`
+(:class:`RepeatDecoding`), inserted with monkeypatch into the definitions table
+(``pipeline.methods.DEFINITIONS``) and the runtime registry (``pipeline.runtime.spec_decode.registry.RUNTIMES``);
+no module of ``pipeline/`` names it. With only that:
+
+* the reference runtime builds it from an engine (``make_method``) and decodes with it losslessly;
+* the cost model prices it, from its Drafting and from a served repository's recorded settings
+  (``costmodel.served.drafting`` through the definition's ``served_drafting``);
+
+What still needs an edit outside the two pieces (the remaining gap):
+
+* the spec names the methods it accepts (``speculative.method`` is a Literal in pipeline/spec/document.py,
+  below the methods' floor) and the plan's SpeculativeConfig has a field per method, so a spec with
+  ``method: repeat`` does not validate and plan yet;
+
+* rehearsal's candidates (pipeline/evaluation/candidates.py, stage.py, apply.py, measure.py) are built per
+  method by name, so ``method: best`` never measures a new method;
+* a new method that shares a build mode with another (``draft_tokens_external``, NGram's) is told apart from
+  it by the definitions' order only: the engine records its build mode, not the method;
+* the reference backend's Triton parameters (runtime/triton/io.py) parse each method's own keys into
+  ``MethodSettings`` fields, so a new method's server-side settings need fields there (``repeat`` takes K
+  from the engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import methods
+from pipeline.costmodel import served
+from pipeline.costmodel.hardware import gpu_perf
+from pipeline.costmodel.predict import predict
+from pipeline.costmodel.pricing import method_step, target_step
+from pipeline.costmodel.step import Deployment
+from pipeline.geometry import ModelGeometry
+from pipeline.methods.base import MethodDefinition, Problems
+from pipeline.methods.drafting import Drafting
+from pipeline.runtime.model.engine import Engine, StepInput, StepRows
+from pipeline.runtime.spec_decode import registry
+from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
+from pipeline.runtime.spec_decode.factory import MethodSettings, load_runtimes, make_method
+from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
+from pipeline.spec import presets
+from pipeline.spec.document import VariantSpec
+from tests.runtime.drive import decode, requests, totals
+from tests.runtime.fixtures import (
+    TINY,
+    make_hf_model,
+    one_torch_thread,  # noqa: F401  (autouse: tiny matmuls on one thread)
+    test_prompts,
+    write_engine,
+)
+
+NAME = "repeat"
+K = 3
+
+
+@dataclass(frozen=True)
+class RepeatConfig:
+    """The method's resolved config: K drafts a step."""
+
+    max_draft_len: int
+
+    def describe(self) -> str:
+        return f"{NAME}: K={self.max_draft_len}"
+
+    def drafting(self) -> Drafting:
+        """A chain of K rows fed to the target, no drafter weights."""
+        return Drafting(NAME, 1 + self.max_draft_len)
+
+
+def _resolve(variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems) -> RepeatConfig:
+    return RepeatConfig(K)
+
+
+def _measured(build: dict[str, Any], built: RepeatConfig | None) -> RepeatConfig | None:
+    return built
+
+
+DEFINITION = MethodDefinition(
+    name=NAME,
+    title="Repeat-last",
+    targets=("reference",),
+    heads=None,
+    resolve=_resolve,
+    measured=_measured,
+    build_mode="draft_tokens_external",  # drafts fed from outside the engine, as NGram's
+    triton_decoding_mode="top_k_top_p",
+    checkpoint_architecture="LlamaForCausalLM",
+    drafts_tree=False,
+    auto_reason=None,  # never chosen by method: auto
+    maintenance=1,
+    prior_acceptance=1.2,
+    cost_terms=(),
+    lora_refusal="Repeat-last",
+    served_drafting=lambda settings: Drafting(NAME, 1 + settings["max_draft_len"]),
+)
+
+
+class RepeatDecoding(DecodingMethod):
+    """Drafts the last token K times; the target verifies the chain and keeps the longest agreeing prefix."""
+
+    name = NAME
+
+    def __init__(self, engine: Engine, k: int):
+        self.max_draft_len = self.draft_positions = k
+
+    def generation_input(self, seq: Sequence) -> StepInput:
+        room = len(seq.request.input_ids) + seq.request.max_new_tokens - 1 - len(seq.tokens)
+        drafts = [seq.tokens[-1]] * min(room, self.max_draft_len)
+        proposal = Proposal.of_tree(seq.cache, seq.tokens[-1], DraftTree.chain(drafts))
+        seq.state[self.name] = proposal
+        return proposal.input
+
+    def accept(self, seq: Sequence, rows: StepRows, after_prefill: bool) -> Accepted:
+        if after_prefill:
+            return Accepted([seq.sample(rows.logits[-1])])
+        proposal = seq.state.pop(self.name)
+        assert isinstance(proposal, Proposal)
+        verdict = verify(proposal, rows, seq.cache, seq.sample)
+        return Accepted(verdict.tokens, len(proposal.tree), verdict.accepted_drafts)
+
+
+def _build(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
+    return RepeatDecoding(engine, engine.config.limits.max_draft_len or K)
+
+
+@pytest.fixture
+def with_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``repeat`` in the definitions table (ahead of NGram, whose build mode it shares) and the runtime registry."""
+    load_runtimes()
+    monkeypatch.setattr(methods, "DEFINITIONS", (DEFINITION, *methods.DEFINITIONS))
+    monkeypatch.setitem(registry.RUNTIMES, NAME, registry.Runtime(NAME, _build))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """A tiny random Llama built for external draft tokens (K = 4)."""
+    root = tmp_path_factory.mktemp("repeat")
+    hf = make_hf_model(root / "hf", seed=3)
+    return Engine.load(write_engine(hf, root / "engine", "ngram"))
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_the_definition_is_found_by_name() -> None:
+    assert methods.definition(NAME) is DEFINITION
+    assert NAME in methods.names() and methods.is_speculative(NAME)
+    assert DEFINITION.engine_mode == methods.definition("ngram").engine_mode
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_the_reference_runtime_decodes_it_losslessly(engine: Engine) -> None:
+    method, warnings = make_method(engine, MethodSettings())
+    assert isinstance(method, RepeatDecoding) and warnings == []
+    prompts = test_prompts(TINY["vocab_size"])
+    plain = decode(engine, PlainDecoding(), requests(prompts), in_flight=1)
+    spec = decode(engine, method, requests(prompts), in_flight=4)
+    assert {r: o.tokens for r, o in spec.items()} == {r: o.tokens for r, o in plain.items()}
+    stats = totals(spec)
+    assert stats.draft_tokens > 0  # drafts were verified, not skipped
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_the_cost_model_prices_it() -> None:
+    d = Deployment(presets.preset("llama-3.1-8b"), gpu_perf("h100-sxm-80gb"), context_len=512)
+    drafting = RepeatConfig(K).drafting()
+    for batch in (8, 256):  # priced as any chain of K drafts without weights; the rows cost once compute-bound
+        assert method_step(d, drafting, batch) == method_step(d, Drafting("ngram", 1 + K), batch)
+    assert method_step(d, drafting, 256).total_s > target_step(d, 256, 1, logit_rows=1).total_s
+    (prediction,) = predict(d, drafting, 1.5, [8])
+    assert prediction.batch == 8
+    recorded = {"method": NAME, "settings": {"max_draft_len": K}}
+    assert served.drafting(recorded) == drafting
