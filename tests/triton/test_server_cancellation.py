@@ -129,12 +129,21 @@ def server(module_tmp):
         running.stop()
 
 
-def in_flight(server) -> dict[str, float]:
-    """specdeploy_reference_requests_in_flight per tensorrt_llm model, from Triton's metrics port."""
+def reference_metric(server, name: str) -> dict[str, float]:
+    """One of the reference backend's metrics per tensorrt_llm model, from Triton's metrics port."""
     with urllib.request.urlopen(f"http://127.0.0.1:{server.config.metrics_port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    found = re.findall(r'specdeploy_reference_requests_in_flight\{model="([^"]+)"[^}]*\} (\S+)', text)
+    found = re.findall(rf'{name}\{{model="([^"]+)"[^}}]*\}} (\S+)', text)
     return {model: float(value) for model, value in found}
+
+
+def in_flight(server) -> dict[str, float]:
+    """specdeploy_reference_requests_in_flight per tensorrt_llm model."""
+    return reference_metric(server, "specdeploy_reference_requests_in_flight")
+
+
+def generated_tokens(server, engine: str) -> float:
+    return reference_metric(server, "specdeploy_reference_generated_tokens_total").get(engine, 0.0)
 
 
 def wait_for_in_flight(server, engine: str, count: int, deadline_s: float = 120.0) -> float:
@@ -177,8 +186,13 @@ TRITON_ENSEMBLE_LEAKS = pytest.mark.xfail(
     ],
 )
 def test_a_vanished_client_frees_the_server(server, model, how):
+    """The killed (or cancelling) client's streams leave the server: it stops generating for them. Told
+    by what the server generates, not by how long anything takes (the host may be loaded): had it kept
+    on, the abandoned streams would add up to SLOTS x LONG tokens before the gauge fell to zero."""
     ask = {"tensorrt_llm": "ensemble", "second-tensorrt_llm": "second"}.get(model, model)  # text in, text out
-    solo = min(short_request_seconds(server, ask) for _ in range(3))
+    variant = model.split("-")[0]
+    first = variant in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
+    engine = "tensorrt_llm" if first else f"{variant}-tensorrt_llm"
     client = subprocess.Popen(
         [sys.executable, "-c", KILLED_CLIENT, server.grpc_url, model, str(SLOTS + 1), str(LONG), how],
         stdout=subprocess.PIPE,
@@ -186,25 +200,25 @@ def test_a_vanished_client_frees_the_server(server, model, how):
     )
     try:
         assert client.stdout is not None and client.stdout.readline().strip() == "generating"
-        variant = model.split("-")[0]
-        engine = (
-            "tensorrt_llm" if variant in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm") else f"{variant}-tensorrt_llm"
-        )
-        wait_for_in_flight(server, engine, SLOTS)
+        if how == "kill":  # the streams are open: the server holds them until it learns the client is gone
+            wait_for_in_flight(server, engine, SLOTS)
+        before = generated_tokens(server, engine)
     finally:
         client.send_signal(signal.SIGKILL)
         client.wait()
     killed = time.monotonic()
     with ThreadPoolExecutor(1) as pool:  # the next request goes out at once, while the gauge is watched
         next_request = pool.submit(short_request_seconds, server, ask)
-        while in_flight(server)[engine] > 1 and time.monotonic() < killed + 60:  # 1: the next request
+        deadline = killed + 600  # generous: a loaded host; a server that kept generating is caught below
+        while in_flight(server)[engine] > 1 and time.monotonic() < deadline:  # 1: the next request
             time.sleep(0.05)
         freed = time.monotonic() - killed
         after = next_request.result()
     assert in_flight(server)[engine] == 0, json.dumps(in_flight(server))
-    print(f"{model} ({how}): solo {solo:.2f} s, freed {freed:.2f} s after the kill, next request {after:.2f} s")
-    assert freed < 2 * solo, f"{model}: the server still generated for the killed client {freed:.1f} s later"
-    assert after < 3 * solo, f"{model}: {after:.2f} s after the killed client, {solo:.2f} s alone"
+    generated = generated_tokens(server, engine) - before
+    print(f"{model} ({how}): freed {freed:.2f} s after the kill, next request {after:.2f} s, {generated:.0f} tokens")
+    # the next request's SHORT tokens and a few steps of the abandoned streams, never most of their LONG ones
+    assert generated < SHORT + SLOTS * LONG / 4, f"{model}: {generated:.0f} tokens after the kill: it kept generating"
 
 
 def _stream(server, model: str, request: GenerationRequest, request_id: str) -> tuple[str, str | None]:
