@@ -232,6 +232,13 @@ VERDICTS: dict[str, Verdict] = {
     H + "fixed_text.py:read_texts": needs_values("the training text's contents"),
     H + "fixed_text.py:read_texts:{}: training text not found": twin("heads-training-data-missing"),
     H + "fixed_text.py:fixed_text_data": needs_values("how many tokens the training text makes"),
+    H + "eagle3.py:convert:{}: not an EAGLE-3 drafter ModelOpt can continue t": internal(
+        "read_eagle3 holds heads.eagle3.path to ModelOpt's export names at plan time; this guards a ModelOpt "
+        "whose module names differ"
+    ),
+    H + "eagle3.py:train_eagle3:EAGLE-3 training: no training sequence with an ans": needs_values(
+        "the lengths of the target's own self-distilled answers"
+    ),
     H + "refresh.py:_device": host("a CUDA GPU on this host"),
     H + "refresh.py:_check_init:{}: missing;": twin("heads-training-init-missing"),
     H + "refresh.py:_check_init:{}: hidden size": twin("eagle-drafter-hidden"),  # Medusa: no plan-time twin
