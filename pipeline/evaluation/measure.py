@@ -185,8 +185,8 @@ def forward_rows(candidates: Sequence[Candidate]) -> tuple[int, ...]:
     the tree)."""
     rows = set(FORWARD_PROBE_ROWS)
     for c in candidates:
-        config = c.lookahead or c.settings.lookahead
-        if c.method == "lookahead" and config is not None:
+        config = c.lookahead or c.settings.lookahead  # set on Lookahead's candidates only
+        if config is not None:
             rows |= set(range(config.window * (config.ngram - 1), c.drafting.rows + 1))
         elif c.method != methods.PLAIN:
             rows.add(c.drafting.rows)

@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pipeline import targets
+from pipeline import methods, targets
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.lora.memory import adapter_bytes, cache_size
@@ -108,7 +108,9 @@ def check_shared_variant(spec: Spec, variant: VariantSpec, problems: _Problems) 
             "combines the LoRA plugin with no speculative mode (docs: guides/fine-tunes-and-heads, "
             "'Many fine-tunes on one engine')"
         )
-        return variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": "none"})})
+        return variant.model_copy(
+            update={"speculative": variant.speculative.model_copy(update={"method": methods.PLAIN})}
+        )
     refusal = speculative_refusal(method, variant.target)
     if refusal is not None:
         problems.error(("speculative", "method"), f"{method} with serving.lora shared: {refusal}")

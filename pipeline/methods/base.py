@@ -74,6 +74,9 @@ class HeadsNeed:
     training_target: float  # the acceptance length train-heads aims at on the embedded model
     splits_on_hidden: bool = True  # the converter splits the heads' linears on hidden_size under tp
     trainable: bool = True  # train-heads can train them (heads.<key>.train)
+    # ``warm_start_problem(folder)``: why train-heads cannot start from the heads in ``folder``
+    # (``train.init: base``), None when it can; None: any folder that holds them
+    warm_start_problem: Callable[[Path], str | None] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,10 +22,22 @@ from pipeline.methods.drafting import Drafting
 if TYPE_CHECKING:
     from pipeline.spec.document import VariantSpec
 
+
+def _warm_start_problem(heads_dir: Path) -> str | None:
+    """train-heads warm-starts from specdeploy's compact heads only (pipeline/heads/export.py writes them)."""
+    if heads_reader.is_compact_medusa(heads_dir):
+        return None
+    return (
+        "init: base needs specdeploy's compact Medusa heads (medusa_resblocks.safetensors); "
+        "use init: random for FasterDecoding folders"
+    )
+
+
 HEADS = HeadsNeed(
     key="medusa",
     holds="the Medusa heads (medusa_lm_head.safetensors, or a ModelOpt checkpoint with its config.json)",
     training_target=2.3,
+    warm_start_problem=_warm_start_problem,
 )
 
 

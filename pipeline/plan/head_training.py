@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import methods
-from pipeline.methods.heads_reader import is_compact_medusa
 
 SELF_DISTILL, FIXED_TEXT = "self-distill", "fixed-text"
 # What the heads learn: the target's own top-10 next-token distribution, on every kind of data.
@@ -73,12 +72,10 @@ def plan_training(
             ("heads", method, "path"),
             f"{init}: no heads there to warm-start from (train.init: base); give the base's heads or use init: random",
         )
-    elif init is not None and method == "medusa" and not is_compact_medusa(init):  # the trainer's refusal
-        problems.error(
-            ("heads", method, "train", "init"),
-            f"{init}: init: base needs specdeploy's compact Medusa heads (medusa_resblocks.safetensors); "
-            "use init: random for FasterDecoding folders",
-        )
+    elif init is not None and need is not None and need.warm_start_problem is not None:  # the trainer's refusal
+        problem = need.warm_start_problem(init)
+        if problem is not None:
+            problems.error(("heads", method, "train", "init"), f"{init}: {problem}")
     data = train.data
     if data not in (SELF_DISTILL, FIXED_TEXT):
         resolved = spec.resolve_path(data)
