@@ -9,6 +9,7 @@ and model.safetensors); the reference runtime's loop is
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -173,6 +174,18 @@ class EagleConfig:
             "reference_eagle_use_dynamic_tree": "true",
             "reference_eagle_dynamic_tree_max_top_k": str(self.dynamic_tree_max_top_k),
         }
+
+    def engine_heads_params(self, arch: ModelGeometry, tp: int) -> int:
+        """The drafter's parameters the engine holds, all ranks together: TensorRT-LLM instantiates it
+        once per draft layer (fc 2H x H with its bias, one decoder layer, an lm_head over the vocabulary
+        padded to a multiple of ``tp``)."""
+        h, padded_vocab = arch.hidden_size, math.ceil(arch.vocab_size / tp) * tp
+        return self.num_eagle_layers * (2 * h * h + h + arch.decoder_layer_params() + padded_vocab * h)
+
+    def stored_heads_params(self, arch: ModelGeometry) -> int:
+        """The drafter's parameters as stored: once, fc and its decoder layer (the base's lm_head is used)."""
+        h = arch.hidden_size
+        return 2 * h * h + h + arch.decoder_layer_params()
 
     def drafting(self) -> Drafting:
         """What a step of this drafter costs beyond the verification pass (EAGLE-2: its dynamic tree)."""

@@ -105,6 +105,14 @@ class Eagle3Config:
         fc = len(self.capture_layers) * h * h
         return fc + arch.decoder_layer_params() + wider_qkv + 2 * h + arch.vocab_size * h
 
+    def engine_heads_params(self, arch: ModelGeometry, tp: int) -> int:
+        """The drafter's parameters the server holds, all ranks together: :meth:`drafter_params`."""
+        return self.drafter_params(arch)
+
+    def stored_heads_params(self, arch: ModelGeometry) -> int:
+        """The drafter's parameters as stored: :meth:`drafter_params`."""
+        return self.drafter_params(arch)
+
     def llm_api_config(self, drafter: PurePosixPath) -> dict[str, object]:
         """The LLM API's ``speculative_config``; ``drafter``: the folder where the deployment mounts it.
         The dynamic tree's keys only when it is on (TensorRT-LLM warns about a topK without it)."""

@@ -9,6 +9,7 @@ or the original repository's layout); the reference runtime's loop is
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,17 @@ class MedusaConfig:
     def triton_parameters(self) -> dict[str, str]:
         """The tensorrt_llm model's ``medusa_choices`` (the compact form Triton takes)."""
         return {"medusa_choices": trees.to_triton_choices(self.tree)}
+
+    def engine_heads_params(self, arch: ModelGeometry, tp: int) -> int:
+        """The heads' parameters the engine holds, all ranks together: each head's ResBlocks and its
+        lm_head over the vocabulary padded to a multiple of ``tp``."""
+        h, padded_vocab = arch.hidden_size, math.ceil(arch.vocab_size / tp) * tp
+        return self.num_heads * (self.num_layers * (h * h + h) + padded_vocab * h)
+
+    def stored_heads_params(self, arch: ModelGeometry) -> int:
+        """The heads' parameters as stored (the vocabulary unpadded)."""
+        h = arch.hidden_size
+        return self.num_heads * (self.num_layers * (h * h + h) + arch.vocab_size * h)
 
     def drafting(self) -> Drafting:
         """What a step of these heads costs beyond the verification pass."""

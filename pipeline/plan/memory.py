@@ -84,14 +84,10 @@ def estimate_memory(
     weights = decoder + edge
 
     heads = 0.0
-    if speculative.medusa is not None:
-        per_head = speculative.medusa.num_layers * (hidden * hidden + hidden) + padded_vocab * hidden
-        heads = speculative.medusa.num_heads * per_head / tp * dense_bytes
-    elif speculative.eagle is not None:
-        drafter = 2 * hidden * hidden + hidden + arch.decoder_layer_params() + padded_vocab * hidden
-        heads = speculative.eagle.num_eagle_layers * drafter / tp * dense_bytes
-    elif speculative.eagle3 is not None:
-        heads = speculative.eagle3.drafter_params(arch) / tp * dense_bytes
+    # the method's heads or drafter as the engine holds them (its config says: engine_heads_params)
+    engine_heads_params = getattr(speculative.config, "engine_heads_params", None)
+    if engine_heads_params is not None:
+        heads = engine_heads_params(arch, tp) / tp * dense_bytes
 
     kv_heads_per_rank = max(1, arch.num_kv_heads // tp)
     kv_cache = (

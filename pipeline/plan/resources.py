@@ -179,14 +179,8 @@ def _rank_gib(s: Sizing) -> float:
 def _heads_file_params(s: Sizing) -> int:
     """Parameters of the heads as stored (TensorRT-LLM instantiates EAGLE's drafter once per
     draft layer on the GPU, but the checkpoint holds it once)."""
-    h, spec = s.arch.hidden_size, s.speculative
-    if spec.medusa is not None:
-        return spec.medusa.num_heads * (spec.medusa.num_layers * (h * h + h) + s.arch.vocab_size * h)
-    if spec.eagle is not None:
-        return 2 * h * h + h + s.arch.decoder_layer_params()
-    if spec.eagle3 is not None:
-        return spec.eagle3.drafter_params(s.arch)
-    return 0
+    stored_heads_params = getattr(s.speculative.config, "stored_heads_params", None)  # the method's config says
+    return 0 if stored_heads_params is None else int(stored_heads_params(s.arch))
 
 
 def merge_resources(s: Sizing) -> StageResources:
