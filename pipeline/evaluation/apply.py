@@ -24,26 +24,17 @@ EVALUATE = "evaluate"
 
 
 def candidate_build(candidate: Any) -> dict[str, Any]:
-    """What a build of this candidate (pipeline.evaluation.candidates.Candidate) sets, as JSON."""
+    """What a build of this candidate (pipeline.evaluation.candidates.Candidate) sets, as JSON: every
+    method's keys (null but the candidate's own method's, which its definition's ``recorded`` fills)."""
     settings = candidate.settings
-    tree = settings.medusa_choices if candidate.method == "medusa" else settings.eagle_choices
-    look = candidate.lookahead or settings.lookahead
-    return {
-        "method": candidate.method,
-        "tree": [list(node) for node in tree] if tree is not None and not settings.eagle_dynamic_tree else None,
-        "dynamic_tree": bool(settings.eagle_dynamic_tree),
-        "dynamic_tree_max_top_k": settings.eagle_dynamic_tree_max_top_k if settings.eagle_dynamic_tree else None,
-        "lookahead": list(look) if candidate.method == "lookahead" and look is not None else None,
-        "ngram": dataclasses.astuple(settings.ngram) if candidate.method == "ngram" and settings.ngram else None,
-        "eagle3": _eagle3(settings.eagle3) if candidate.method == "eagle3" and settings.eagle3 else None,
-    }
-
-
-def _eagle3(config: Any) -> list[int]:
-    """``[K]`` for a chain, ``[K, top-k, nodes]`` for a dynamic tree (pipeline.methods.eagle3.measured)."""
-    if not config.use_dynamic_tree:
-        return [config.max_draft_len]
-    return [config.max_draft_len, config.dynamic_tree_max_top_k, config.total_draft_tokens]
+    build: dict[str, Any] = {"method": candidate.method}
+    build |= {key: None for d in methods.definitions() for key in d.recorded_keys}
+    build["dynamic_tree"] = bool(settings.eagle_dynamic_tree)
+    build["dynamic_tree_max_top_k"] = settings.eagle_dynamic_tree_max_top_k if settings.eagle_dynamic_tree else None
+    definition = methods.definition(candidate.method)
+    if definition.recorded is not None:
+        build |= definition.recorded(candidate)
+    return build
 
 
 def config_of(build: dict[str, Any], candidates: SpeculativeConfig, reason: str) -> SpeculativeConfig | None:

@@ -264,9 +264,9 @@ def load_calibration(path: Path, gpu: str) -> Calibration:
 def planned_candidate(listed: list[cands.Candidate], variant: VariantPlan) -> str:
     """The candidate that is the plan's own method and settings (method auto or explicit)."""
     spec = variant.speculative
-    if spec.method == "eagle" and spec.eagle is not None and spec.eagle.dynamic_tree:
-        return next(c.name for c in listed if c.name.startswith("eagle2"))
-    return next(c.name for c in listed if c.method == spec.method)
+    # a method with a static and a dynamic tree (EAGLE-1 and EAGLE-2) lists a candidate of each
+    dynamic = bool(getattr(spec.config, "dynamic_tree", False))
+    return next(c.name for c in listed if c.method == spec.method and c.settings.eagle_dynamic_tree == dynamic)
 
 
 def _weights_dtype(params: dict) -> str:

@@ -63,6 +63,10 @@ ServedSettings = Callable[[Any, dict[str, Any], Path], dict[str, Any]]
 # ``served_drafting(settings)``: what the cost model charges for a served repository of the method, from
 # the settings describe recorded (``max_draft_len`` and served_settings').
 ServedDrafting = Callable[[dict[str, Any]], "Drafting"]
+# ``recorded(candidate)``: what a build of a measured rehearsal candidate (pipeline.evaluation.candidates.
+# Candidate: its MethodSettings and per-request Lookahead setting) records of the method's own settings,
+# the keys ``measured`` reads back (pipeline.evaluation.apply.candidate_build: ``tree``, ``lookahead``, ...).
+Recorded = Callable[[Any], dict[str, Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +105,8 @@ class MethodDefinition:
     llm_api_decoding_type: str | None = None  # speculative_config.decoding_type on the PyTorch backend
     served_settings: ServedSettings | None = None  # what describe records of a served repository; None: nothing
     served_drafting: ServedDrafting | None = None  # its price from those; None: the cost model cannot price it served
+    recorded: Recorded | None = None  # what rehearsal records of a measured candidate; None: nothing of its own
+    recorded_keys: tuple[str, ...] = ()  # the keys ``recorded`` sets (null in every other method's record)
 
     @property
     def speculative(self) -> bool:

@@ -233,6 +233,14 @@ def served_drafting(settings: dict[str, Any]) -> Drafting:
     return Drafting.eagle(tuple(tuple(n) for n in settings["eagle_choices"]))
 
 
+def recorded(candidate: Any) -> dict[str, Any]:
+    """The measured candidate's static tree (EAGLE-2's dynamic one is recorded beside, as every candidate's
+    dynamic_tree keys; read back by :func:`measured`)."""
+    settings = candidate.settings
+    tree = settings.eagle_choices
+    return {"tree": [list(node) for node in tree] if tree is not None and not settings.eagle_dynamic_tree else None}
+
+
 DEFINITION = MethodDefinition(
     name="eagle",
     title="Eagle",
@@ -252,4 +260,6 @@ DEFINITION = MethodDefinition(
     "so every fine-tune would draft with the base drafter",
     served_settings=served_settings,
     served_drafting=served_drafting,
+    recorded=recorded,
+    recorded_keys=("tree",),
 )

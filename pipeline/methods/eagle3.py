@@ -196,6 +196,16 @@ def measured(build: dict[str, Any], built: Eagle3Config | None) -> Eagle3Config 
     )
 
 
+def recorded(candidate: Any) -> dict[str, Any]:
+    """``[K]`` for a chain, ``[K, top-k, nodes]`` for a dynamic tree (read back by :func:`measured`)."""
+    config = candidate.settings.eagle3
+    if not config:
+        return {"eagle3": None}
+    if not config.use_dynamic_tree:
+        return {"eagle3": [config.max_draft_len]}
+    return {"eagle3": [config.max_draft_len, config.dynamic_tree_max_top_k, config.total_draft_tokens]}
+
+
 DEFINITION = MethodDefinition(
     name="eagle3",
     title="EAGLE-3",
@@ -217,4 +227,6 @@ DEFINITION = MethodDefinition(
     cost_terms=("level_s", "tree_row_s"),  # tree_row_s: the dynamic tree's rows
     lora_refusal="EAGLE-3",
     llm_api_decoding_type="Eagle3",
+    recorded=recorded,
+    recorded_keys=("eagle3",),
 )

@@ -120,6 +120,12 @@ def served_drafting(settings: dict[str, Any]) -> Drafting:
     return Drafting.lookahead(LookaheadConfig(*settings["lookahead"]))
 
 
+def recorded(candidate: Any) -> dict[str, Any]:
+    """The measured (w, n, g): the candidate's per-request setting, else the server's."""
+    look = candidate.lookahead or candidate.settings.lookahead
+    return {"lookahead": list(look) if look is not None else None}
+
+
 DEFINITION = MethodDefinition(
     name="lookahead",
     title="Lookahead",
@@ -138,4 +144,6 @@ DEFINITION = MethodDefinition(
     lora_refusal="Lookahead",
     served_settings=served_settings,
     served_drafting=served_drafting,
+    recorded=recorded,
+    recorded_keys=("lookahead",),
 )

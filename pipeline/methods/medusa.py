@@ -162,6 +162,12 @@ def served_drafting(settings: dict[str, Any]) -> Drafting:
     return Drafting.medusa(tree, settings.get("medusa_heads") or None)
 
 
+def recorded(candidate: Any) -> dict[str, Any]:
+    """The measured candidate's tree (rehearsal's record, read back by :func:`measured`)."""
+    tree = candidate.settings.medusa_choices
+    return {"tree": [list(node) for node in tree] if tree is not None else None}
+
+
 DEFINITION = MethodDefinition(
     name="medusa",
     title="Medusa",
@@ -181,4 +187,6 @@ DEFINITION = MethodDefinition(
     "tensorrt_llm/models/medusa/model.py)",
     served_settings=served_settings,
     served_drafting=served_drafting,
+    recorded=recorded,
+    recorded_keys=("tree",),
 )

@@ -14,6 +14,7 @@ backend cannot draft for itself: so it runs on the reference target and the PyTo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,12 @@ def served_drafting(settings: dict[str, Any]) -> Drafting:
     return Drafting.ngram(settings["max_draft_len"])
 
 
+def recorded(candidate: Any) -> dict[str, Any]:
+    """The measured pool's settings (read back by :func:`measured` as NGramConfig's fields)."""
+    pool = candidate.settings.ngram
+    return {"ngram": dataclasses.astuple(pool) if pool else None}
+
+
 DEFINITION = MethodDefinition(
     name="ngram",
     title="NGram",
@@ -131,4 +138,6 @@ DEFINITION = MethodDefinition(
     lora_refusal="NGram",
     served_settings=served_settings,
     served_drafting=served_drafting,
+    recorded=recorded,
+    recorded_keys=("ngram",),
 )
