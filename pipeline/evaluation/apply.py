@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pipeline import methods
-from pipeline.plan.speculative import Method, SpeculativeConfig
+from pipeline.plan.speculative import SpeculativeConfig
 
 EVALUATE = "evaluate"
 
@@ -45,9 +45,9 @@ def config_of(build: dict[str, Any], candidates: SpeculativeConfig, reason: str)
     if method is None:
         return None
     if method.measured is None:
-        return SpeculativeConfig(cast(Method, method.name), reason)
-    config = method.measured(build, getattr(candidates, method.name, None))
-    return None if config is None else SpeculativeConfig(cast(Method, method.name), reason, **{method.name: config})
+        return SpeculativeConfig.of(method.name, reason)
+    config = method.measured(build, candidates.config if candidates.method == method.name else None)
+    return None if config is None else SpeculativeConfig.of(method.name, reason, config)
 
 
 def measured_config(folder: Path, candidates: SpeculativeConfig) -> tuple[SpeculativeConfig | None, str]:

@@ -531,11 +531,11 @@ def _choose_method(
             return None, None
         heads_dir = spec.resolve_path(head_spec.path) if head_spec.path else trained_dir
     if chosen.resolve is None:
-        return SpeculativeConfig(method, reason), heads_dir
+        return SpeculativeConfig.of(method, reason), heads_dir
     config = chosen.resolve(variant, arch, heads_dir, problems)
     if config is None:
         return None, heads_dir
-    return SpeculativeConfig(method, reason, **{method: config}), heads_dir
+    return SpeculativeConfig.of(method, reason, config), heads_dir
 
 
 def _check_parallelism(
@@ -761,7 +761,7 @@ def _stages(
                 "tp": variant.parallel.tp,
                 "pp": variant.parallel.pp,
                 "dtype": variant.model.dtype,
-                "speculative": jsonable(dataclasses.asdict(speculative)),
+                "speculative": jsonable(speculative.to_dict()),
                 "kv_cache_fp8": quant.kv_cache_fp8,
             },
         )
@@ -796,7 +796,7 @@ def _stages(
                 # The engines' path in the deployment (gpt_model_path); the rest of deploy: is not packaged.
                 "engines_root": str(variant.deploy.engines_root),
                 "target": variant.target,
-                "speculative": jsonable(dataclasses.asdict(speculative)),
+                "speculative": jsonable(speculative.to_dict()),
                 "build": jsonable(dataclasses.asdict(build)),
             }
             | lora_params,
@@ -852,7 +852,7 @@ def _llm_api_stages(
                 "serving": variant.serving.model_dump(),
                 "engines_root": str(variant.deploy.engines_root),
                 "parallel": {"tp": variant.parallel.tp, "pp": variant.parallel.pp},
-                "speculative": jsonable(dataclasses.asdict(speculative)),
+                "speculative": jsonable(speculative.to_dict()),
                 "build": jsonable(dataclasses.asdict(build)),
             }
             | lora_params,
@@ -903,7 +903,7 @@ def _with_evaluate(
         rehearsal = rehearsal or speculative
         assert rehearsal is not None  # the planner passes the variant's resolved method
         params = {"tp": variant.parallel.tp, "pp": variant.parallel.pp, "dtype": variant.model.dtype}
-        params |= {"speculative": jsonable(dataclasses.asdict(rehearsal)), "kv_cache_fp8": kv_cache_fp8}
+        params |= {"speculative": jsonable(rehearsal.to_dict()), "kv_cache_fp8": kv_cache_fp8}
         convert = StagePlan("convert", after.output, {"model": after.output}, params)  # not a stage of the plan
     prompts = prompt_files(spec.resolve_path(evaluation.prompts) if evaluation.prompts else None)
     inputs = (
@@ -921,7 +921,7 @@ def _with_evaluate(
         inputs |= {"model": convert.inputs["model"]} | ({"heads": rehearsal_heads} if rehearsal_heads else {})
         if not rehearsal_heads:
             inputs.pop("heads", None)
-        convert_params = convert.params | {"speculative": jsonable(dataclasses.asdict(rehearsal))}
+        convert_params = convert.params | {"speculative": jsonable(rehearsal.to_dict())}
     look = variant.speculative.lookahead
     stage = StagePlan(
         "evaluate",

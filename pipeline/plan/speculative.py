@@ -11,8 +11,9 @@ spec key paths, as vLLM's ``SpeculativeConfig`` validates itself) live with its 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 from pipeline import methods
 from pipeline.methods.base import SPECULATIVE_DECODING_MODES
@@ -59,11 +60,38 @@ class SpeculativeConfig:
     lookahead: LookaheadConfig | None = None
     ngram: NGramConfig | None = None
     eagle3: Eagle3Config | None = None
+    # The resolved config of a method that has no field above (a method added beside these: its
+    # definition's ``resolve`` made it); the plan's JSON shows it under the method's name (:meth:`to_dict`).
+    added: Any = None
+
+    @classmethod
+    def of(cls, method: str, reason: str, config: Any = None) -> SpeculativeConfig:
+        """``method``'s config (None: it has none), in its field, or in ``added`` when it has no field."""
+        if config is None:
+            return cls(cast(Method, method), reason)
+        if method in _METHOD_FIELDS:
+            return cls(cast(Method, method), reason, **{method: config})
+        return cls(cast(Method, method), reason, added=config)
 
     @property
-    def config(self) -> MedusaConfig | EagleConfig | LookaheadConfig | NGramConfig | Eagle3Config | None:
-        """The method's own resolved config (None for plain decoding)."""
-        return getattr(self, self.method, None)
+    def config(self) -> Any:
+        """The method's own resolved config (None for plain decoding): its ``describe()``, ``drafting()``,
+        ``max_draft_len`` and whatever hooks the generic modules ask of it."""
+        if self.method in _METHOD_FIELDS:
+            return getattr(self, self.method)
+        return self.added
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the plan's JSON shows it: every method's field (null but the method's own), an added
+        method's config under its name."""
+        data = dataclasses.asdict(self)
+        data.pop("added")
+        if self.added is not None:
+            added = self.added
+            data[self.method] = (
+                dataclasses.asdict(added) if dataclasses.is_dataclass(added) and not isinstance(added, type) else added
+            )
+        return data
 
     @property
     def max_draft_len(self) -> int:
@@ -76,3 +104,7 @@ class SpeculativeConfig:
     @property
     def build_mode(self) -> str | None:
         return methods.definition(self.method).build_mode
+
+
+# The methods with a field of their own in SpeculativeConfig.
+_METHOD_FIELDS = frozenset(f.name for f in dataclasses.fields(SpeculativeConfig)) - {"method", "reason", "added"}

@@ -128,6 +128,8 @@ class VariantPlan:
 
     def to_dict(self) -> dict[str, Any]:
         data = jsonable(dataclasses.asdict(self))
+        data["speculative"] = jsonable(self.speculative.to_dict())  # an added method's config under its name
+        data["rehearsal"] = jsonable(self.rehearsal.to_dict()) if self.rehearsal is not None else None
         data["world_size"] = self.world_size
         data["memory"]["total_gib"] = round(self.memory.total_gib, 3)
         data["memory"]["fits"] = self.memory.fits
