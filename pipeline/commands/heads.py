@@ -2,7 +2,7 @@ r"""`specdeploy train-heads` and `specdeploy expand-heads` (speculative-decoding
 
     specdeploy train-heads --method medusa --out heads/smollm2-medusa [--model DIR] [--seed 0]
     specdeploy train-heads --method eagle  --out heads/smollm2-eagle
-    specdeploy train-heads --method eagle3 --tokens 20000 --epochs 2 --out heads/smollm2-eagle3
+    specdeploy train-heads --method eagle3 --tokens 60000 --epochs 2 --draft-vocab 2048 --out heads/smollm2-eagle3
     specdeploy expand-heads heads/smollm2-medusa --out DIR [--model DIR]
 
 ``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The self-distillation
@@ -63,6 +63,10 @@ def cmd_train_heads(args: argparse.Namespace, console) -> int:
     command = "specdeploy " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else ""
     # EAGLE-3 drafters train only as the train-heads stage does (no shipped drafter to evaluate offline).
     refresh = args.init or args.data or args.tokens or args.adapter or args.lr or args.device != "cpu"
+    if args.draft_vocab is not None and args.method != "eagle3":
+        from pipeline.errors import InputError
+
+        raise InputError("--draft-vocab sizes an EAGLE-3 drafter's vocabulary; use it with --method eagle3")
     if refresh or args.method == "eagle3":
         return _refresh(args, say, command if "train-heads" in command else "")
     train_heads(
@@ -94,6 +98,7 @@ def _refresh(args: argparse.Namespace, say, command: str) -> int:
         device=args.device,
         seed=args.seed,
         lr=args.lr,
+        draft_vocab=args.draft_vocab,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +171,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--adapter", action="append", help="PEFT LoRA folder merged into --model first (repeatable)")
     train.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the target and heads run")
     train.add_argument("--lr", type=float, help="learning rate (default: the method's, halved for a warm start)")
+    train.add_argument(
+        "--draft-vocab",
+        type=int,
+        help="eagle3: the drafter's vocabulary, the data's most frequent ids (default 8192; fewer: a smaller folder)",
+    )
     train.set_defaults(handler=cmd_train_heads)
 
     expand = commands.add_parser("expand-heads", help="write the FasterDecoding folder for shipped Medusa ResBlocks")

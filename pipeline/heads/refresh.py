@@ -74,6 +74,7 @@ class RefreshSettings:
     block: int = 256  # fixed text: tokens per sequence
     max_new_tokens: int = 128  # self-distillation: answer length limit
     lr: float | None = None  # None: the method's default (halved for a warm start, WARM_START_LR_FACTOR)
+    draft_vocab: int | None = None  # eagle3 from a random start: the drafter's vocabulary (None: the trainer's 8192)
 
 
 def fast_bf16() -> bool:
@@ -296,6 +297,8 @@ def refresh_heads(
         from pipeline.heads.eagle3 import Eagle3TrainConfig, train_eagle3_folder
 
         eagle3_cfg = Eagle3TrainConfig(epochs=settings.epochs, seed=settings.seed)
+        if settings.draft_vocab is not None:  # a warm start keeps its init's vocabulary
+            eagle3_cfg = replace(eagle3_cfg, draft_vocab=settings.draft_vocab)
         if settings.init is not None:
             eagle3_cfg = replace(eagle3_cfg, lr=eagle3_cfg.lr * WARM_START_LR_FACTOR)
         if settings.lr is not None:

@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.geometry import ModelGeometry
 from pipeline.heads.expand import compact_medusa_layout, is_compact_medusa
 from pipeline.heads.export import MAX_ARTIFACT_BYTES, verify_manifest
 from pipeline.methods import heads_reader
+from pipeline.methods.eagle3 import modelopt_capture_layers
+from pipeline.methods.eagle3_reader import read_eagle3
 
 HEADS = Path(__file__).resolve().parents[2] / "heads"
 
 
-@pytest.mark.parametrize("name", ["smollm2-medusa", "smollm2-eagle", "smollm2-code-eagle", "smollm2-code-medusa"])
+@pytest.mark.parametrize(
+    "name", ["smollm2-medusa", "smollm2-eagle", "smollm2-code-eagle", "smollm2-code-medusa", "smollm2-eagle3"]
+)
 def test_shipped_folder_matches_manifest_and_size(name):
     folder = HEADS / name
     assert verify_manifest(folder) == []
@@ -55,3 +60,17 @@ def test_refreshed_code_heads_were_warm_started_from_the_base_heads_on_the_fine_
     assert manifest["settings"]["data"] == "self-distill" and manifest["settings"]["seed"] == 0
     assert "--adapter adapters/smollm2-code" in manifest["command"]
     assert verify_manifest(HEADS / f"smollm2-code-{method}") == []
+
+
+def test_shipped_eagle3_drafter_is_read_for_smollm2(smollm2_dir):
+    """ModelOpt's export, read as strictly as any EAGLE-3 drafter: SmolLM2's shapes, ModelOpt's captured
+    layers, a 2048-id draft vocabulary (d2t), and the command and data that made it in the manifest."""
+    folder = HEADS / "smollm2-eagle3"
+    config = smollm2_dir / "config.json"
+    layout = read_eagle3(folder, ModelGeometry.from_hf(json.loads(config.read_text()), str(config)))
+    assert layout.capture_layers == modelopt_capture_layers(30) == (1, 14, 26)
+    assert layout.has_d2t and layout.draft_vocab_size == 2048
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["method"] == "eagle3" and manifest["settings"]["init"] is None
+    assert manifest["settings"]["data"] == "self-distill" and manifest["train_config"]["draft_vocab"] == 2048
+    assert manifest["command"].startswith("specdeploy train-heads --method eagle3 ")

@@ -12,6 +12,7 @@ import torch
 from rich.console import Console
 
 from pipeline.commands import heads
+from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.eagle3 import Eagle3TrainConfig, draft_vocabulary
 from pipeline.heads.export import MANIFEST
@@ -47,6 +48,24 @@ def test_train_heads_lists_eagle3_and_trains_it_as_the_stage_does(tmp_path, monk
     assert args.handler(args, Console(quiet=True)) == 0
     ((target, _, settings, *_), _), = calls  # fmt: skip
     assert target == tmp_path and settings.method == "eagle3" and settings.init is None and out.is_dir()
+    assert settings.draft_vocab is None  # the trainer's default
+
+
+def test_draft_vocab_sizes_an_eagle3_drafter_only(tmp_path, monkeypatch):
+    calls = []
+
+    def refresh(*args, **kwargs):
+        calls.append(args[2])
+        args[1].mkdir()
+
+    monkeypatch.setattr("pipeline.heads.refresh.refresh_heads", refresh)
+    common = ["--model", str(tmp_path), "--draft-vocab", "2048", "--out"]
+    args = parser().parse_args(["train-heads", "--method", "eagle3", *common, str(tmp_path / "heads" / "d")])
+    assert args.handler(args, Console(quiet=True)) == 0
+    assert calls[0].draft_vocab == 2048
+    args = parser().parse_args(["train-heads", "--method", "eagle", *common, str(tmp_path / "heads" / "e")])
+    with pytest.raises(InputError, match="--method eagle3"):
+        args.handler(args, Console(quiet=True))
 
 
 def test_the_draft_vocabulary_is_the_most_frequent_ids():
