@@ -11,9 +11,10 @@ if TYPE_CHECKING:
 
 
 def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    from pipeline import methods
     from pipeline.spec.json_schema import spec_json_schema
 
-    print(json.dumps(spec_json_schema(), indent=2))
+    print(json.dumps(spec_json_schema(methods.names()), indent=2))
     return 0
 
 

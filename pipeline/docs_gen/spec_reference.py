@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import embedded, trees
+from pipeline import embedded, methods, trees
 from pipeline.docs_gen.markdown import GENERATED_NOTE, code, rst_to_markdown, table
 from pipeline.spec import document as spec
 from pipeline.spec import gpus, presets
@@ -208,7 +208,7 @@ def _names() -> str:
 
 
 def render() -> str:
-    schema = spec_json_schema()
+    schema = spec_json_schema(methods.names())
     found = sections(schema)
     anchors = {s.definition: s.path for s in found if s.definition}
     out = [

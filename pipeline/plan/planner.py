@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pipeline import methods, targets
 from pipeline.errors import HostFilesystemError, InputError
@@ -23,7 +23,7 @@ from pipeline.lora.types import AutoDecision, LoraGroupPlan
 from pipeline.methods.base import tp_problem
 from pipeline.plan import adapters, head_training, resources
 from pipeline.plan.memory import MemoryEstimate, estimate_memory
-from pipeline.plan.speculative import Method, SpeculativeConfig
+from pipeline.plan.speculative import SpeculativeConfig
 
 # The pre/postprocessing model.py sources copied into every repository: a change re-packages.
 from pipeline.plan.types import (
@@ -495,6 +495,10 @@ def _choose_method(
     (EAGLE, then Medusa) or that needs none (Lookahead); else the spec's method, resolved by its rules."""
     requested = variant.speculative.method
     heads = variant.heads
+    if requested not in ("auto", "best", *methods.names()):  # the spec takes any name (it sits below the methods)
+        known = ", ".join(repr(name) for name in ("auto", "best", *methods.names()))
+        problems.error(("speculative", "method"), f"must be one of {known} (got {requested!r})")
+        return None, None
     if requested == "best" and variant.evaluation is None:
         problems.error(
             ("speculative", "method"),
@@ -515,7 +519,7 @@ def _choose_method(
             reason = f"best: candidates built from the heads ({reason.split(': ', 1)[1]}); evaluate chooses"
     else:
         chosen, reason = methods.definition(requested), f"method: {requested} set in the spec"
-    method = cast(Method, chosen.name)
+    method = chosen.name
     if variant.target not in chosen.targets:
         problems.error(("speculative", "method"), methods.target_refusal(chosen, variant.target))
         return None, None

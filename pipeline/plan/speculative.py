@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any
 
 from pipeline import methods
 from pipeline.methods.base import SPECULATIVE_DECODING_MODES
@@ -24,9 +24,7 @@ from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.medusa import MedusaConfig
 from pipeline.methods.ngram import NGramConfig
 
-Method = Literal[
-    "medusa", "eagle", "eagle3", "lookahead", "ngram", "none"
-]  # the names of pipeline.methods' definitions
+Method = str  # a method's name: one of pipeline.methods.names() (a method is its definition, not a name listed here)
 
 # The Triton tensorrt_llm model's decoding_mode values (TensorRT-LLM executor's DecodingMode names):
 # those plain decoding serves, and the speculative ones.
@@ -68,10 +66,10 @@ class SpeculativeConfig:
     def of(cls, method: str, reason: str, config: Any = None) -> SpeculativeConfig:
         """``method``'s config (None: it has none), in its field, or in ``added`` when it has no field."""
         if config is None:
-            return cls(cast(Method, method), reason)
+            return cls(method, reason)
         if method in _METHOD_FIELDS:
-            return cls(cast(Method, method), reason, **{method: config})
-        return cls(cast(Method, method), reason, added=config)
+            return cls(method, reason, **{method: config})
+        return cls(method, reason, added=config)
 
     @property
     def config(self) -> Any:

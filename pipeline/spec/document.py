@@ -215,7 +215,9 @@ class Eagle3Settings(_Strict):
 
 
 class SpeculativeSpec(_Strict):
-    method: Literal["auto", "best", "medusa", "eagle", "eagle3", "lookahead", "ngram", "none"] = "auto"
+    # Any name here: the methods are defined above the spec (pipeline.methods), so the planner refuses an
+    # unknown one at this key, and ``specdeploy schema`` lists the known ones.
+    method: str = "auto"
     """auto: EAGLE > Medusa > Lookahead by which heads exist; best: the evaluate stage's measured choice."""
     medusa: MedusaSettings = MedusaSettings()
     """Medusa tree settings (used when the method is medusa)."""

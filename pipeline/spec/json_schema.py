@@ -11,6 +11,7 @@ e.g. known presets, GPU types and named trees.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from pipeline.spec.document import VariantSpec, _TopLevel
@@ -19,10 +20,15 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 PARTIAL_PREFIX = "Override"
 
 
-def spec_json_schema() -> dict[str, Any]:
+def spec_json_schema(method_names: Sequence[str] = ()) -> dict[str, Any]:
+    """The schema; ``method_names``: the methods ``speculative.method`` may name besides auto and best
+    (:func:`pipeline.methods.names`; the spec, below the methods, does not know them)."""
     variant = VariantSpec.model_json_schema()
     top = _TopLevel.model_json_schema()
     defs = variant.pop("$defs", {})
+    if method_names:
+        method = defs["SpeculativeSpec"]["properties"]["method"]
+        method["enum"] = ["auto", "best", *method_names]
     base = {key: value for key, value in variant["properties"].items() if key != "name"}
     override_defs = {PARTIAL_PREFIX + name: _partial(body) for name, body in defs.items()}
     override = _partial({key: value for key, value in variant.items() if key not in ("title", "description")})

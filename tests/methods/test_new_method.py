@@ -7,15 +7,14 @@
 (``pipeline.methods.DEFINITIONS``) and the runtime registry (``pipeline.runtime.spec_decode.registry.RUNTIMES``);
 no module of ``pipeline/`` names it. With only that:
 
+* a spec with ``speculative.method: repeat`` on the reference target validates and plans, and
+  ``plan --json`` names it with its config;
 * the reference runtime builds it from an engine (``make_method``) and decodes with it losslessly;
 * the cost model prices it, from its Drafting and from a served repository's recorded settings
   (``costmodel.served.drafting`` through the definition's ``served_drafting``);
 
 What still needs an edit outside the two pieces (the remaining gap):
 
-* the spec names the methods it accepts (``speculative.method`` is a Literal in pipeline/spec/document.py,
-  below the methods' floor) and the plan's SpeculativeConfig has a field per method, so a spec with
-  ``method: repeat`` does not validate and plan yet;
 
 * rehearsal's candidates (pipeline/evaluation/candidates.py, stage.py, apply.py, measure.py) are built per
   method by name, so ``method: best`` never measures a new method;
@@ -28,6 +27,7 @@ What still needs an edit outside the two pieces (the remaining gap):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from pipeline.costmodel.hardware import gpu_perf
 from pipeline.costmodel.predict import predict
 from pipeline.costmodel.pricing import method_step, target_step
 from pipeline.costmodel.step import Deployment
+from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import MethodDefinition, Problems
 from pipeline.methods.drafting import Drafting
@@ -154,6 +155,51 @@ def test_the_definition_is_found_by_name() -> None:
     assert methods.definition(NAME) is DEFINITION
     assert NAME in methods.names() and methods.is_speculative(NAME)
     assert DEFINITION.engine_mode == methods.definition("ngram").engine_mode
+
+
+SPEC = """
+name: repeat-test
+model:
+  builtin: smollm2-135m-instruct
+  dtype: float32
+speculative:
+  method: {method}
+build:
+  max_batch_size: 8
+  max_input_len: 1024
+  max_seq_len: 2048
+  max_num_tokens: 2048
+target: reference
+"""
+
+
+def _plan_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> dict[str, Any]:
+    from pipeline.commands.plan import plan_with_commands
+    from pipeline.plan.preflight import checked_plan
+    from pipeline.plan.types import OutputRoots
+    from pipeline.spec.document import load_spec
+
+    (tmp_path / "spec.yaml").write_text(SPEC.format(method=method))
+    monkeypatch.chdir(tmp_path)
+    roots = OutputRoots(Path("engines"), Path("triton_repo"), Path(".cache"))
+    plan = checked_plan(load_spec(tmp_path / "spec.yaml"), roots)
+    return json.loads(json.dumps(plan_with_commands(plan)))
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_a_spec_naming_it_validates_and_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (variant,) = _plan_json(tmp_path, monkeypatch, NAME)["variants"]
+    assert variant["speculative"]["method"] == NAME
+    assert variant["speculative"][NAME] == {"max_draft_len": K}
+    assert variant["speculative"]["max_draft_len"] == K
+    assert variant["build"]["max_draft_len"] == K
+    build = next(stage for stage in variant["stages"] if stage["name"] == "build")
+    assert "draft_tokens_external" in json.dumps(build)  # trtllm-build's --speculative_decoding_mode
+
+
+def test_an_unknown_method_is_refused_at_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InputError, match=r"speculative\.method.*must be one of .*'ngram'.*got 'repeat'"):
+        _plan_json(tmp_path, monkeypatch, NAME)  # without the definition: not a method
 
 
 @pytest.mark.usefixtures("with_repeat")
