@@ -15,6 +15,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline import methods, trees
 from pipeline.methods.drafting import Drafting
@@ -96,10 +97,13 @@ def candidates(
     eagle_top_k: int,
     ngram: NGramConfig | None = None,
     eagle3: tuple[Eagle3Config, Path] | None = None,
+    added: tuple[str, Any] | None = None,
 ) -> list[Candidate]:
     """Every candidate this engine's weights can serve (see the module docstring); ``ngram``: the plan's
     NGram pool, a candidate when the plan decodes with it; ``eagle3``: an EAGLE-3 drafter (its config and
-    folder), drafting its chain of max_draft_len, or its dynamic tree."""
+    folder), drafting its chain of max_draft_len, or its dynamic tree; ``added``: the plan's method and
+    config when it is one added beside these (SpeculativeConfig.added), one candidate as its config says:
+    its drafting and max_draft_len, its runtime class built from the engine (its registered loop)."""
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
     out = [Candidate("plain", "none", MethodSettings(), Drafting.plain(), describe="plain decoding")]
     for config in lookahead_sweep(lookahead):
@@ -142,6 +146,19 @@ def candidates(
                 chain.drafting(),
                 describe=describe,
                 max_draft_len=chain.max_draft_len,
+            )
+        )
+    if added is not None:
+        method, config = added
+        describe = config.describe() if hasattr(config, "describe") else methods.definition(method).title
+        out.append(
+            Candidate(
+                f"{method}(k {config.max_draft_len})",
+                method,
+                MethodSettings(),
+                config.drafting(),
+                describe=describe,
+                max_draft_len=config.max_draft_len,
             )
         )
     stage = engine.stage(engine.pp - 1)[0]

@@ -162,6 +162,7 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
             params["eagle_dynamic_top_k"],
             spec.ngram or (NGramConfig(DEFAULT_NGRAM_DRAFTS) if not target.builds_engines else None),
             (spec.eagle3, Path(stage.inputs["heads"])) if spec.eagle3 is not None else None,
+            (spec.method, spec.added) if spec.added is not None else None,
         )
         listed = [c for c in listed if variant.target in methods.definition(c.method).targets]  # what it can run
         loaded = [cands.load(engine, candidate) for candidate in listed]

@@ -10,16 +10,23 @@ no module of ``pipeline/`` names it. With only that:
 * a spec with ``speculative.method: repeat`` on the reference target validates and plans, and
   ``plan --json`` names it with its config;
 * the reference runtime builds it from an engine (``make_method``) and decodes with it losslessly;
+* rehearsal lists it as a candidate (the plan's added method: its config's drafting and K), loads its
+  loop, records it and reads the record back;
 * the cost model prices it, from its Drafting and from a served repository's recorded settings
   (``costmodel.served.drafting`` through the definition's ``served_drafting``);
 
-What still needs an edit outside the two pieces (the remaining gap):
+In the tree, the two pieces are a module of pipeline/methods/ (its DEFINITION listed in DEFINITIONS) and a
+module of pipeline/runtime/spec_decode/ whose ``@register(name)`` adds its loop (``load_runtimes`` imports
+every module there). What still needs an edit outside the two pieces (the remaining gap):
 
-
-* rehearsal's candidates (pipeline/evaluation/candidates.py, stage.py, apply.py, measure.py) are built per
-  method by name, so ``method: best`` never measures a new method;
-* a new method that shares a build mode with another (``draft_tokens_external``, NGram's) is told apart from
-  it by the definitions' order only: the engine records its build mode, not the method;
+* a new method that shares a build mode with another (``draft_tokens_external``, NGram's) is told apart
+  from it by the definitions' order only: the engine records its build mode, not the method;
+* rehearsal's candidates of the shipped methods are still made per method in
+  pipeline/evaluation/candidates.py (Lookahead's sweep, Medusa's similar trees, EAGLE-1/2, NGram, EAGLE-3
+  from stage.py's per-method arguments); an added method gets the one candidate its config describes,
+  ``method: best`` does not try it beside the heads' candidates;
+* a method with heads of its own: the convert stage, preflight and the engine config check read Medusa's
+  and EAGLE's fields of the plan's config (stages/convert.py, plan/preflight.py, trtllm/engine_config.py);
 * the reference backend's Triton parameters (runtime/triton/io.py) parse each method's own keys into
   ``MethodSettings`` fields, so a new method's server-side settings need fields there (``repeat`` takes K
   from the engine).
@@ -212,6 +219,25 @@ def test_the_reference_runtime_decodes_it_losslessly(engine: Engine) -> None:
     assert {r: o.tokens for r, o in spec.items()} == {r: o.tokens for r, o in plain.items()}
     stats = totals(spec)
     assert stats.draft_tokens > 0  # drafts were verified, not skipped
+
+
+@pytest.mark.usefixtures("with_repeat")
+@pytest.mark.usefixtures("with_repeat")
+def test_rehearsal_lists_it_as_a_candidate(engine: Engine) -> None:
+    from pipeline.evaluation.apply import candidate_build, config_of
+    from pipeline.evaluation.candidates import candidates, load
+    from pipeline.methods.lookahead import LookaheadConfig
+    from pipeline.plan.speculative import SpeculativeConfig
+
+    listed = candidates(engine, LookaheadConfig(4, 3, 4), None, None, 3, added=(NAME, RepeatConfig(K)))
+    (mine,) = [c for c in listed if c.method == NAME]
+    assert mine.drafting == RepeatConfig(K).drafting() and mine.describe == f"{NAME}: K={K}"
+    loaded = load(engine, mine)
+    assert isinstance(loaded.method, RepeatDecoding) and loaded.method.max_draft_len == K
+    planned = SpeculativeConfig.of(NAME, "method: repeat set in the spec", RepeatConfig(K))
+    assert planned.config == RepeatConfig(K) and planned.max_draft_len == K
+    chosen = config_of(candidate_build(mine), planned, "best: measured")
+    assert chosen is not None and chosen.method == NAME and chosen.config == RepeatConfig(K)
 
 
 @pytest.mark.usefixtures("with_repeat")
