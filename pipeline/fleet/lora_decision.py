@@ -62,6 +62,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from pipeline import methods
+
 if TYPE_CHECKING:  # numpy and scipy are imported where a fleet is decided, not by every plan
     import numpy as np
 
@@ -107,12 +109,12 @@ class SharedEngine:
     per_gpu_gib: float  # base weights / tp + KV cache + LoRA workspace, on each of those GPUs
     required: bool = False  # True when the base itself is served from it
     cache_cap_gib: float = math.inf  # the most its LoRA cache takes per GPU, however many adapters share
-    method: str = "none"  # what it runs beside the adapters: none on the engine flow, e.g. ngram on the PyTorch backend
+    method: str = methods.PLAIN  # what it runs beside the adapters: none on the engine flow, e.g. ngram on PyTorch
 
     @property
     def label(self) -> str:
         """How the reasons name this option: ``shared``, or ``shared ngram`` where the engine speculates."""
-        return "shared" if self.method == "none" else f"shared {self.method}"
+        return "shared" if self.method == methods.PLAIN else f"shared {self.method}"
 
 
 @dataclass(frozen=True)

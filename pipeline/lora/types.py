@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pipeline import methods
 from pipeline.fleet.lora_decision import LoraDecision, VariantChoice
 from pipeline.lora.memory import LoraCacheSize
 
@@ -131,4 +132,4 @@ class AutoDecision:
 
 def _shown(method: str | None) -> str:
     """A method as the decision's lines name it: plain decoding is ``plain``."""
-    return "plain" if method == "none" else str(method)
+    return methods.definition(methods.PLAIN).title if method == methods.PLAIN else str(method)
