@@ -5,7 +5,11 @@ One module per method: ``eagle3.py`` (EAGLE-3), ``eagle.py`` (EAGLE-1/2), ``medu
 plan-time rules; the reference runtime's loop for it lives in ``pipeline/runtime/spec_decode/``. Every other module asks
 :func:`definition` (``definition(name).heads``, ``.build_mode``, ``.drafts_tree``, ...) rather than
 comparing method names, so a new method is one more module here, one more entry in
-:data:`DEFINITIONS`, and its runtime class.
+:data:`DEFINITIONS`, and its runtime class (a module of ``pipeline/runtime/spec_decode/`` that registers
+its loop under the method's name, :mod:`pipeline.runtime.spec_decode.registry`). What the generic modules
+ask of a method is a hook of its definition (``served_settings``, ``served_drafting``, ``recorded``,
+``heads.warm_start_problem``) or of its resolved config (``describe()``, ``drafting()``,
+``llm_api_config()``, ``engine_heads_params()``); ``tests/methods/test_new_method.py`` adds one in a test.
 """
 
 from __future__ import annotations
