@@ -74,3 +74,23 @@ def test_shipped_eagle3_drafter_is_read_for_smollm2(smollm2_dir):
     assert manifest["method"] == "eagle3" and manifest["settings"]["init"] is None
     assert manifest["settings"]["data"] == "self-distill" and manifest["train_config"]["draft_vocab"] == 2048
     assert manifest["command"].startswith("specdeploy train-heads --method eagle3 ")
+
+
+@pytest.mark.slow
+@pytest.mark.smollm2
+def test_shipped_eagle3_drafter_serves_losslessly_and_is_accepted(smollm2_dir, tmp_path):
+    """The reference EAGLE-3 loop with the shipped drafter: plain decoding's tokens, drafts accepted."""
+    import torch
+
+    from pipeline.runtime.model.engine import Engine
+    from pipeline.runtime.spec_decode.base import PlainDecoding
+    from tests.runtime.eagle3_fixtures import ModelOptDrafter
+    from tests.runtime.fixtures import write_engine
+    from tests.runtime.test_eagle3 import PROMPTS, decode, eagle3
+
+    torch.set_num_threads(1)
+    engine = Engine.load(write_engine(smollm2_dir, tmp_path / "engine"))
+    plain, _ = decode(engine, PlainDecoding(), PROMPTS, batch=3)
+    drafter = ModelOptDrafter(HEADS / "smollm2-eagle3", None, (1, 14, 26))
+    served, stats = decode(engine, eagle3(engine, drafter), PROMPTS, batch=3)
+    assert served == plain and stats.accepted_tokens > 0
