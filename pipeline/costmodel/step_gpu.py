@@ -116,12 +116,12 @@ def medusa_heads_s(d: Deployment, batch: int, heads: int) -> float:
     return roofline_s(d.gpu, params * ACTIVATION_BYTES / d.tp, 2 * params * batch / d.tp, "bfloat16", d.constants())
 
 
-def eagle_level_s(d: Deployment, batch: int, rows: int, logit_rows: int, layer: int) -> float:
+def eagle_level_s(d: Deployment, batch: int, rows: int, logit_rows: int, layer: int, vocab: int | None = None) -> float:
     """One EAGLE drafter level: its ``layer`` weights (fc and decoder layer:
     :meth:`pipeline.methods.drafting.Drafting.eagle_level_params`) over ``rows`` per request, then the
-    lm_head over ``logit_rows`` per request."""
+    lm_head over ``logit_rows`` per request (``vocab`` rows: a reduced draft vocabulary, else the target's)."""
     arch = d.arch
-    lm_head = arch.vocab_size * arch.hidden_size
+    lm_head = (vocab or arch.vocab_size) * arch.hidden_size
     k = d.constants()
     drafter = roofline_s(d.gpu, layer * DTYPE_BYTES[d.dtype] / d.tp, 2 * layer * batch * rows / d.tp, d.dtype, k)
     head_flops = 2 * lm_head * batch * logit_rows / d.tp
@@ -140,7 +140,7 @@ def method_step(d: Deployment, drafting: Drafting, batch: int) -> StepCost:
     if drafting.eagle_level_rows:
         for level, (rows, logit_rows) in enumerate(drafting.eagle_levels()):
             layer = drafting.eagle_level_params(d.arch, level)
-            cost.add("eagle drafter", eagle_level_s(d, batch, rows, logit_rows, layer))
+            cost.add("eagle drafter", eagle_level_s(d, batch, rows, logit_rows, layer, drafting.draft_vocab))
         cost.add("eagle level launches", len(drafting.eagle_level_rows) * (k.level_s + k.host_layer_s))
     cost.add_draft_rows(drafting, k, batch)
     return cost

@@ -12,7 +12,8 @@ models (pipeline/costmodel/step_gpu.py, step_cpu.py) price it from these fields 
 * EAGLE-3's chain of K drafts: K drafter passes, the first over the accepted tokens (its fc fusing the
   captured layers, then one decoder layer whose q/k/v read 2 x hidden), each later one over the one
   token it drafted (the layer only: it feeds its own hidden state); rows fed = 1 + K. The GPU step
-  model prices those weights exactly (:meth:`Drafting.eagle_level_params`); the CPU one prices each
+  model prices those weights exactly (:meth:`Drafting.eagle_level_params`), its lm_head over the
+  drafter's own vocabulary (``draft_vocab``, from its ``draft_vocab_size``); the CPU one prices each
   pass as EAGLE's probed shapes;
 * EAGLE-3's dynamic tree (top-k, K levels, N nodes): pass 0 over the accepted tokens, then k nodes a
   pass for K - 1 passes, as EAGLE-2's; rows fed = 1 + N, each a tree row;
@@ -49,6 +50,7 @@ class Drafting:
     # EAGLE-3: the captured target layers its fc fuses, at level 0 only, and its layer's q/k/v read
     # [embedding; hidden] (2 x hidden); 0: EAGLE-1/2, whose fc reads [embedding; feature] at every level
     eagle_fused_layers: int = 0
+    draft_vocab: int = 0  # EAGLE-3: its lm_head's rows (a reduced draft vocabulary, d2t); 0: the target's vocabulary
 
     @property
     def is_plain(self) -> bool:

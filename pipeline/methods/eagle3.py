@@ -73,6 +73,7 @@ class Eagle3Config:
     use_dynamic_tree: bool = False
     dynamic_tree_max_top_k: int | None = None  # k: children per expanded node, nodes expanded per level
     max_total_draft_tokens: int | None = None  # the tree's nodes; None: k x max_draft_len
+    draft_vocab_size: int | None = None  # the drafter's lm_head rows (its d2t vocabulary); None: the target's
 
     @property
     def total_draft_tokens(self) -> int:
@@ -93,8 +94,12 @@ class Eagle3Config:
         """A step's drafter passes and verified rows: the chain's, or the dynamic tree's."""
         if self.use_dynamic_tree:
             top_k = self.dynamic_tree_max_top_k or 1
-            return Drafting.eagle3_dynamic(top_k, self.max_draft_len, self.total_draft_tokens, len(self.capture_layers))
-        return Drafting.eagle3(self.max_draft_len, len(self.capture_layers))
+            drafting = Drafting.eagle3_dynamic(
+                top_k, self.max_draft_len, self.total_draft_tokens, len(self.capture_layers)
+            )
+        else:
+            drafting = Drafting.eagle3(self.max_draft_len, len(self.capture_layers))
+        return dataclasses.replace(drafting, draft_vocab=self.draft_vocab_size or 0)
 
     def drafter_params(self, arch: ModelGeometry) -> int:
         """The drafter's parameters: ``fc`` over the captured layers, one decoder layer whose q/k/v read
@@ -103,7 +108,7 @@ class Eagle3Config:
         h = arch.hidden_size
         wider_qkv = h * arch.head_dim * (arch.num_heads + 2 * arch.num_kv_heads)
         fc = len(self.capture_layers) * h * h
-        return fc + arch.decoder_layer_params() + wider_qkv + 2 * h + arch.vocab_size * h
+        return fc + arch.decoder_layer_params() + wider_qkv + 2 * h + (self.draft_vocab_size or arch.vocab_size) * h
 
     def engine_heads_params(self, arch: ModelGeometry, tp: int) -> int:
         """The drafter's parameters the server holds, all ranks together: :meth:`drafter_params`."""
@@ -139,8 +144,11 @@ def modelopt_capture_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)}))
 
 
-def _drafting(variant: VariantSpec, capture_layers: tuple[int, ...], problems: Problems) -> Eagle3Config | None:
-    """The spec's chain or dynamic tree (TensorRT-LLM's rules, reported at the spec line) for these layers."""
+def _drafting(
+    variant: VariantSpec, capture_layers: tuple[int, ...], problems: Problems, draft_vocab: int | None = None
+) -> Eagle3Config | None:
+    """The spec's chain or dynamic tree (TensorRT-LLM's rules, reported at the spec line) for a drafter of
+    these layers and this draft vocabulary (None: unknown until it is trained, priced at the target's)."""
     settings = variant.speculative.eagle3
     where = ("speculative", "eagle3")
     if not settings.use_dynamic_tree:
@@ -153,7 +161,7 @@ def _drafting(variant: VariantSpec, capture_layers: tuple[int, ...], problems: P
             return None
         if settings.dynamic_tree_max_top_k is not None:
             problems.note("speculative.eagle3.dynamic_tree_max_top_k is ignored without use_dynamic_tree")
-        return Eagle3Config(settings.max_draft_len, capture_layers)
+        return Eagle3Config(settings.max_draft_len, capture_layers, draft_vocab_size=draft_vocab)
     problem = tree_problem(settings.max_draft_len, settings.dynamic_tree_max_top_k, settings.max_total_draft_tokens)
     if problem is not None:
         key = "max_total_draft_tokens" if settings.dynamic_tree_max_top_k else "dynamic_tree_max_top_k"
@@ -162,7 +170,7 @@ def _drafting(variant: VariantSpec, capture_layers: tuple[int, ...], problems: P
     top_k = settings.dynamic_tree_max_top_k
     assert top_k is not None  # tree_problem requires it
     total = settings.max_total_draft_tokens or top_k * settings.max_draft_len
-    return Eagle3Config(settings.max_draft_len, capture_layers, True, top_k, total)
+    return Eagle3Config(settings.max_draft_len, capture_layers, True, top_k, total, draft_vocab)
 
 
 def resolve(
@@ -176,7 +184,7 @@ def resolve(
     layout = read_heads(HEADS, heads_dir, lambda folder: read_eagle3(folder, arch), problems)
     if layout is None:
         return None
-    return _drafting(variant, tuple(layout.capture_layers), problems)
+    return _drafting(variant, tuple(layout.capture_layers), problems, layout.draft_vocab_size)
 
 
 def measured(build: dict[str, Any], built: Eagle3Config | None) -> Eagle3Config | None:

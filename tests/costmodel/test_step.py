@@ -122,6 +122,10 @@ def test_eagle3_levels_fuse_the_captured_layers_once():
     cost = method_step(tiny(), d, 1)
     assert cost.parts["eagle drafter"] == pytest.approx((160200 + 2 * 130200 + 3 * 100000) * 2e-9)
     assert Drafting.eagle(trees.CPU_SMALL_10_DEPTH_3).eagle_level_params(TINY, 1) == 120200  # EAGLE-1/2
+    # a draft vocabulary of 100 (d2t): each level's lm_head reads 100 x 100, not the target's 1000 x 100
+    small = dataclasses.replace(d, draft_vocab=100)
+    cost = method_step(tiny(), small, 1)
+    assert cost.parts["eagle drafter"] == pytest.approx((160200 + 2 * 130200 + 3 * 10000) * 2e-9)
 
 
 def test_cpu_passes_stream_only_the_weights_their_probe_timed_in_cache():
