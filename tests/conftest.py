@@ -20,6 +20,15 @@ from pipeline.spec.document import load_spec
 REPO = Path(__file__).resolve().parents[1]
 
 
+def engine_specs() -> list[Path]:
+    """The shipped specs whose every variant's target builds engines (trtllm-build, a Triton repository);
+    a ``target: pytorch`` spec deploys trtllm-serve's files instead (tests/test_pytorch_target.py)."""
+    from pipeline import targets
+
+    shipped = sorted((REPO / "specs").glob("*.yaml"))
+    return [p for p in shipped if all(targets.definition(v.target).builds_engines for v in load_spec(p).variants)]
+
+
 @pytest.fixture(autouse=True)
 def no_github_step_summary(monkeypatch):
     """Tests run inside GitHub Actions must not append their runs to the job's real step summary."""

@@ -14,18 +14,16 @@ left generating holds its batch slot for its whole max_tokens, many times the so
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from triton_fixtures import plan_spec, serve_repository, tiny_llama
+from triton_fixtures import in_flight, plan_spec, reference_metric, serve_repository, tiny_llama
 
 from pipeline.client import GenerationRequest, TritonClient
 from pipeline.stages.execute import execute_plan, execute_spec_repository
@@ -127,19 +125,6 @@ def server(module_tmp):
         yield running
     finally:
         running.stop()
-
-
-def reference_metric(server, name: str) -> dict[str, float]:
-    """One of the reference backend's metrics per tensorrt_llm model, from Triton's metrics port."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.config.metrics_port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    found = re.findall(rf'{name}\{{model="([^"]+)"[^}}]*\}} (\S+)', text)
-    return {model: float(value) for model, value in found}
-
-
-def in_flight(server) -> dict[str, float]:
-    """specdeploy_reference_requests_in_flight per tensorrt_llm model."""
-    return reference_metric(server, "specdeploy_reference_requests_in_flight")
 
 
 def generated_tokens(server, engine: str) -> float:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from triton_fixtures import build_with_stages, plan_spec, serve_repository, tiny_llama
+from triton_fixtures import build_with_stages, plan_spec, serve_repository, tiny_llama, wait_until_idle
 
 from pipeline.client import ClientError, GenerationRequest, TritonClient
 from pipeline.triton.launch_cpu import reference_backend_available
@@ -70,9 +70,11 @@ def server(module_tmp):
     running = serve_repository(repo, folder / "tritonserver.log")
     try:
         yield running
+        idle = wait_until_idle(running)  # the cancelled request leaves at its next step (later when loaded)
     finally:
         running.stop()
     # Every abandoned request was ended, not left "in flight" (a shutdown would wait for it).
+    assert not any(idle.values()), f"still in flight: {idle}"
     assert not re.search(r"has [1-9][0-9]* in-flight inferences", running.log_file.read_text()), running.log_tail()
 
 

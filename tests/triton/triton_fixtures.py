@@ -6,9 +6,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from pipeline.spec.document import load_spec
 from pipeline.stages.execute import stage_body
 from pipeline.stages.runner import run_stage
 from pipeline.triton.launch_cpu import CpuServerConfig, CpuTritonServer
-from tests.conftest import TINY_LLAMA_CONFIG
+from tests.conftest import TINY_LLAMA_CONFIG, engine_specs
 from tests.servers import free_ports
 
 WORDS = ["a", "hello", "world", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "stop"]
@@ -71,12 +74,8 @@ target: reference
 
 
 def triton_specs() -> list[Path]:
-    """The shipped specs served through a Triton repository: every variant's target builds engines
-    (a ``target: pytorch`` spec deploys trtllm-serve's files instead, tests/test_pytorch_target.py)."""
-    from pipeline import targets
-
-    shipped = sorted((Path(__file__).resolve().parents[2] / "specs").glob("*.yaml"))
-    return [p for p in shipped if all(targets.definition(v.target).builds_engines for v in load_spec(p).variants)]
+    """The shipped specs served through a Triton repository: those whose targets build engines."""
+    return engine_specs()
 
 
 def plan_spec(path: Path, roots_dir: Path) -> Plan:
@@ -200,3 +199,28 @@ def serve_repository(
 def start_standin_server(repo: Path, log_file: Path, **options: Any) -> CpuTritonServer:
     """A real tritonserver serving ``repo``'s ensemble, with the stand-in ``tensorrtllm`` backend."""
     return serve_repository(repo, log_file, ready_timeout=180, backend_model=STANDIN_BACKEND, **options)
+
+
+def reference_metric(server: CpuTritonServer, name: str) -> dict[str, float]:
+    """One of the reference backend's metrics (pipeline/runtime/serving/metrics.py) per tensorrt_llm
+    model, from Triton's metrics port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.config.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.findall(rf'{name}\{{model="([^"]+)"[^}}]*\}} (\S+)', text)
+    return {model: float(value) for model, value in found}
+
+
+def in_flight(server: CpuTritonServer) -> dict[str, float]:
+    """specdeploy_reference_requests_in_flight per tensorrt_llm model."""
+    return reference_metric(server, "specdeploy_reference_requests_in_flight")
+
+
+def wait_until_idle(server: CpuTritonServer, deadline_s: float = 120.0) -> dict[str, float]:
+    """Wait until no tensorrt_llm model has a request in flight (an abandoned or cancelled one leaves at
+    its next step, later on a loaded host); the gauges last seen (all zero unless the deadline passed)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        seen = in_flight(server)
+        if not any(seen.values()) or time.monotonic() >= deadline:
+            return seen
+        time.sleep(0.05)

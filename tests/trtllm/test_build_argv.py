@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from trtllm_helpers import EXAMPLE_SPECS, PRESET_8B, checkpoint_config
+from trtllm_helpers import PRESET_8B, checkpoint_config
 
 from pipeline.errors import InputError
 from pipeline.trtllm.build_command import trtllm_build_argv, workers
 from pipeline.trtllm.engine_config import check_engine_config, predict_engine_config
 from pipeline.trtllm.flags import argv_problems, load_flags
+from tests.conftest import engine_specs
 
 CKPT, ENGINE = Path("/ckpt"), Path("/engine")
 
@@ -60,7 +61,7 @@ def assert_argv_follows_plan(variant, visible_gpus=None):
     return args
 
 
-@pytest.mark.parametrize("spec_file", EXAMPLE_SPECS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("spec_file", engine_specs(), ids=lambda p: p.stem)
 def test_example_specs_emit_only_table_flags(spec_file, plan_example):
     for variant in plan_example(spec_file):
         for visible in (None, 0, 1, 8):
