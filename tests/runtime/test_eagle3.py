@@ -89,9 +89,9 @@ def decode(engine: Engine, method: DecodingMethod, prompts: list[list[int]], bat
     return [outputs[str(i)].tokens for i in range(len(prompts))], stats
 
 
-class OracleChains(Eagle3Decoding):
-    """The real drafter runs; then each chain becomes the true continuation's first j tokens (j cycling
-    0..K) and a wrong token, so drafts are accepted and rejected through the same accept path."""
+class Oracle(Eagle3Decoding):
+    """The real drafter runs; then :meth:`rewrite` puts part of the true continuation into each draft
+    tree, so drafts are accepted and rejected through the same accept path."""
 
     def __init__(self, *args, truth: dict[tuple[int, ...], list[int]]):
         super().__init__(*args)
@@ -103,42 +103,39 @@ class OracleChains(Eagle3Decoding):
         for seq in todo:
             state = self._state(seq)
             assert state.proposal is not None
-            length = len(state.proposal.tree)
             future = self.truth[seq.request.input_ids][len(seq.generated) :]
             self.turn += 1
-            j = min(self.turn % (K + 1), length, len(future))
-            chain = future[:j] + [0] * (length - j)
-            state.proposal = Proposal.of_tree(seq.cache, seq.generated[-1], DraftTree.chain(chain))
+            tree = self.rewrite(state.proposal.tree, future)
+            state.proposal = Proposal.of_tree(seq.cache, seq.generated[-1], tree)
             state.proposal.input.capture_layers = self.capture_layers
 
+    def rewrite(self, tree: DraftTree, future: list[int]) -> DraftTree:
+        raise NotImplementedError
 
-class OracleTrees(Eagle3Decoding):
-    """The real drafter grows each dynamic tree; then one node's path (the node cycling through the tree)
-    becomes the true continuation, so drafts deep in the tree, off its first branch, are accepted."""
 
-    def __init__(self, *args, truth: dict[tuple[int, ...], list[int]]):
-        super().__init__(*args)
-        self.truth, self.turn = truth, 0
+class OracleChains(Oracle):
+    """Each chain becomes the true continuation's first j tokens (j cycling 0..K) and a wrong token."""
 
-    def propose(self, seqs: list[Sequence]) -> None:
-        todo = [seq for seq in seqs if self._state(seq).proposal is None]
-        super().propose(todo)
-        for seq in todo:
-            state = self._state(seq)
-            assert state.proposal is not None
-            tree = state.proposal.tree
-            future = self.truth[seq.request.input_ids][len(seq.generated) :]
-            tokens = list(tree.tokens)
-            self.turn += 1
-            if tokens:
-                node, path = self.turn % len(tokens), []
-                while node >= 0:
-                    path.insert(0, node)
-                    node = tree.parents[node]
-                for depth, node in enumerate(path[: len(future)]):
-                    tokens[node] = future[depth]
-            state.proposal = Proposal.of_tree(seq.cache, seq.generated[-1], DraftTree(tuple(tokens), tree.parents))
-            state.proposal.input.capture_layers = self.capture_layers
+    def rewrite(self, tree: DraftTree, future: list[int]) -> DraftTree:
+        length = len(tree)
+        j = min(self.turn % (K + 1), length, len(future))
+        return DraftTree.chain(future[:j] + [0] * (length - j))
+
+
+class OracleTrees(Oracle):
+    """One node's path (the node cycling through the grown dynamic tree) becomes the true continuation,
+    so drafts deep in the tree, off its first branch, are accepted."""
+
+    def rewrite(self, tree: DraftTree, future: list[int]) -> DraftTree:
+        tokens = list(tree.tokens)
+        if tokens:
+            node, path = self.turn % len(tokens), []
+            while node >= 0:
+                path.insert(0, node)
+                node = tree.parents[node]
+            for depth, node in enumerate(path[: len(future)]):
+                tokens[node] = future[depth]
+        return DraftTree(tuple(tokens), tree.parents)
 
 
 # --- served by Eagle3Decoding: plain greedy decoding's tokens ------------------------------------
