@@ -76,9 +76,7 @@ class StandinRuntime:
 
     def submit(self, model: str, request: GenerationRequest) -> Future[StepOutput]:
         """Queue ``request`` for served model ``model``; the future gets its last response."""
-        task_id = self.adapters[model]
-        if task_id is not None:
-            request = dataclasses.replace(request, lora=LoraRequest(task_id))
+        request = self._for(model, request)
         done: Future[StepOutput] = Future()
 
         def sink(output: StepOutput) -> None:
@@ -95,10 +93,7 @@ class StandinRuntime:
         verification step's accepted tokens as the scheduler accepts them, on the scheduler's thread,
         the last response ``finished``. A ``deliver`` that raises cancels the request (the client is
         gone), as does :meth:`cancel`."""
-        task_id = self.adapters[model]
-        request = dataclasses.replace(
-            request, streaming=True, lora=LoraRequest(task_id) if task_id is not None else request.lora
-        )
+        request = dataclasses.replace(self._for(model, request), streaming=True)
         generated = 0
 
         def sink(output: StepOutput) -> None:
@@ -109,6 +104,11 @@ class StandinRuntime:
             deliver(output)
 
         self.scheduler.submit(request, sink)
+
+    def _for(self, model: str, request: GenerationRequest) -> GenerationRequest:
+        """``request`` as served model ``model`` runs it: a fine-tune's adapter applied (its task id)."""
+        task_id = self.adapters[model]
+        return request if task_id is None else dataclasses.replace(request, lora=LoraRequest(task_id))
 
     def cancel(self, request_id: str) -> bool:
         """Stop a queued or running request (a streaming client that went away)."""
