@@ -189,9 +189,10 @@ def decide_family(
 def best_shared_engine(weighed: Sequence[AutoDecision]) -> AutoDecision:
     """Of one family's decisions, one per method its shared engine could run (auto's order), the one with
     the best fleet speedup (ties: the first), recording every engine's; the first without a GPU to weigh."""
-    if len(weighed) == 1 or any(d.decision is None for d in weighed):
+    solved = [d.decision for d in weighed]
+    if len(weighed) == 1 or None in solved:
         return weighed[0]
-    speedups = [(str(d.shared_method), d.decision.fleet_speedup if d.decision else 0.0) for d in weighed]
+    speedups = [(str(d.shared_method), s.fleet_speedup) for d, s in zip(weighed, solved) if s is not None]
     best = max(range(len(weighed)), key=lambda i: speedups[i][1])
     return replace(weighed[best], shared_compared=tuple(speedups))
 

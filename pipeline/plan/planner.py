@@ -199,7 +199,8 @@ def _shared_engine_note(decision: AutoDecision, spec: Spec, decided: list[Varian
     before = next(v for v in spec.variants if v.name == decision.base).heads
     after = next(v for v in decided if v.name == decision.base).heads
     for d in methods.with_heads():
-        key = d.heads.key if d.heads is not None else ""
+        assert d.heads is not None  # with_heads() lists the methods that have them
+        key = d.heads.key
         was, now = getattr(before, key), getattr(after, key)
         if was is not None and was.train and now is None:
             note += f"; heads.{key}.train dropped (no train-heads stage): {d.name} is not the shared engine's method"
