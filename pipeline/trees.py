@@ -193,6 +193,25 @@ def resolve_tree(choices: str | list[list[int]] | None) -> Tree:
     return tree
 
 
+def tree_name(tree: Tree) -> str:
+    """The preset's name (``smollm2_medusa_10``), else ``N-node tree``."""
+    return next((name for name, preset in TREE_PRESETS.items() if preset == tree), f"{len(tree)}-node tree")
+
+
+SIMILAR_SIZE = 0.5  # similar_trees: presets within +-50% of the tree's node count
+
+
+def similar_trees(tree: Tree, max_depth: int, max_nodes: int) -> list[Tree]:
+    """The presets of a similar size to ``tree`` (it first) that fit ``max_depth`` heads and ``max_nodes``."""
+    low, high = len(tree) * (1 - SIMILAR_SIZE), len(tree) * (1 + SIMILAR_SIZE)
+    others = [
+        t
+        for t in TREE_PRESETS.values()
+        if t != tree and low <= len(t) <= high and tree_depth(t) <= max_depth and len(t) <= max_nodes
+    ]
+    return [tree, *sorted(others, key=len)]
+
+
 def tree_or_empty(nodes: list[list[int]]) -> Tree:
     """The tree of recorded ``nodes``, or ``()`` when they do not make a valid tree."""
     try:

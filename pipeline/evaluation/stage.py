@@ -139,7 +139,6 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
     prompts = encode(prompts_read, tokenizer, variant.arch.vocab_size)
     look = LookaheadConfig(*params["lookahead"])
     spec = variant.speculative
-    # The PyTorch backend measures its zero-touch method whatever the plan's (TensorRT-LLM's NGram K 4)
     target = targets.definition(variant.target)
     # On a GPU the methods' own tensors (masks, indices) are made there too; on the CPU no device mode is
     # entered: it would put a torch-function hook in front of every op (~40% on small ops).
@@ -154,16 +153,12 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
                     f"{settings['max_new_tokens']} it exceeds the build's max_input_len {limit} / "
                     f"max_seq_len {engine.config.limits.max_seq_len}"
                 )
-        listed = cands.candidates(
-            engine,
-            look,
-            spec.medusa.tree if spec.medusa else None,
-            spec.eagle.tree if spec.eagle else None,
-            params["eagle_dynamic_top_k"],
-            spec.ngram or (NGramConfig(DEFAULT_NGRAM_DRAFTS) if not target.builds_engines else None),
-            (spec.eagle3, Path(stage.inputs["heads"])) if spec.eagle3 is not None else None,
-            (spec.method, spec.added) if spec.added is not None else None,
-        )
+        configs = {**spec.configs(), "lookahead": look}
+        # The PyTorch backend measures its zero-touch method whatever the plan's (TensorRT-LLM's NGram K 4)
+        if spec.ngram is None and not target.builds_engines:
+            configs["ngram"] = NGramConfig(DEFAULT_NGRAM_DRAFTS)
+        drafter = Path(stage.inputs["heads"]) if spec.eagle3 is not None else None
+        listed = cands.candidates(engine, cands.Measuring(configs, params["eagle_dynamic_top_k"], drafter))
         listed = [c for c in listed if variant.target in methods.definition(c.method).targets]  # what it can run
         loaded = [cands.load(engine, candidate) for candidate in listed]
         say(

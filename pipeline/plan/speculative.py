@@ -91,6 +91,13 @@ class SpeculativeConfig:
             )
         return data
 
+    def configs(self) -> dict[str, Any]:
+        """Every method's resolved config the plan holds (its own and any other it resolved), by method name."""
+        held = {name: getattr(self, name) for name in _METHOD_FIELDS if getattr(self, name) is not None}
+        if self.added is not None:
+            held[self.method] = self.added
+        return held
+
     @property
     def max_draft_len(self) -> int:
         return 0 if self.config is None else self.config.max_draft_len

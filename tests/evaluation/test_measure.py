@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline import trees
-from pipeline.evaluation.candidates import candidates, load, lookahead_sweep, similar_trees
+from pipeline.evaluation.candidates import candidates, load
 from pipeline.evaluation.measure import forward_probe, forward_rows, measure, prefill, summarize, tokens_per_step
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.runtime.serving.metrics import SpecDecodingStats
+from pipeline.runtime.spec_decode.lookahead import lookahead_sweep
 from tests.runtime import drive
 from tests.runtime import fixtures as sf
 
@@ -22,9 +23,9 @@ def test_lookahead_sweep_is_the_spec_and_smaller_settings():
 
 
 def test_similar_trees_fit_the_heads_and_the_build():
-    found = similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=10)
+    found = trees.similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=10)
     assert found == [trees.CPU_SMALL_10_DEPTH_3, trees.SMOLLM2_MEDUSA_10]
-    assert trees.SMOLLM2_MEDUSA_15 in similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=16)
+    assert trees.SMOLLM2_MEDUSA_15 in trees.similar_trees(trees.CPU_SMALL_10_DEPTH_3, max_depth=3, max_nodes=16)
 
 
 def test_forward_rows_are_every_count_a_candidate_feeds():
@@ -64,9 +65,7 @@ def test_tokens_per_step_from_the_per_position_counters():
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_shared_prefill_equals_serving_from_scratch(tiny, kind):
     engine = tiny.engine(kind)
-    listed = candidates(
-        engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None, sf.TREE if kind == "eagle" else None, eagle_top_k=3
-    )
+    listed = candidates(engine, sf.rehearsing(kind))
     names = [c.name for c in listed]
     assert names[:3] == ["plain", "lookahead(4,3,4)", "lookahead(2,3,2)"]
     assert names[3:] == (

@@ -40,9 +40,7 @@ def model_b(tiny):
 
 
 def evaluate(engine, hf, kind):
-    listed = candidates(
-        engine, sf.LOOKAHEAD, sf.TREE if kind == "medusa" else None, sf.TREE if kind == "eagle" else None, eagle_top_k=3
-    )
+    listed = candidates(engine, sf.rehearsing(kind))
     loaded = [load(engine, c) for c in listed]
     found, _ = measure(loaded, PROMPTS, NEW, end_id=None)
     config = hf / "config.json"

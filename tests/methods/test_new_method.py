@@ -21,10 +21,10 @@ every module there). What still needs an edit outside the two pieces (the remain
 
 * a new method that shares a build mode with another (``draft_tokens_external``, NGram's) is told apart
   from it by the definitions' order only: the engine records its build mode, not the method;
-* rehearsal's candidates of the shipped methods are still made per method in
-  pipeline/evaluation/candidates.py (Lookahead's sweep, Medusa's similar trees, EAGLE-1/2, NGram, EAGLE-3
-  from stage.py's per-method arguments); an added method gets the one candidate its config describes,
-  ``method: best`` does not try it beside the heads' candidates;
+* rehearsal lists each method's candidates from its runtime (``@register(name, candidates=...)``; without
+  a list, the plan's config is the one candidate), but a method measured at the plan's config competes
+  only when the spec names it: ``method: best`` resolves the config of the one method ``auto`` picks, and
+  the others' candidates come from the engine (its heads) and the evaluation's settings;
 * a method with heads of its own: the convert stage, preflight and the engine config check read Medusa's
   and EAGLE's fields of the plan's config (stages/convert.py, plan/preflight.py, trtllm/engine_config.py);
 * the reference backend's Triton parameters (runtime/triton/io.py) parse each method's own keys into
@@ -225,16 +225,15 @@ def test_the_reference_runtime_decodes_it_losslessly(engine: Engine) -> None:
 @pytest.mark.usefixtures("with_repeat")
 def test_rehearsal_lists_it_as_a_candidate(engine: Engine) -> None:
     from pipeline.evaluation.apply import candidate_build, config_of
-    from pipeline.evaluation.candidates import candidates, load
-    from pipeline.methods.lookahead import LookaheadConfig
+    from pipeline.evaluation.candidates import Measuring, candidates, load
     from pipeline.plan.speculative import SpeculativeConfig
 
-    listed = candidates(engine, LookaheadConfig(4, 3, 4), None, None, 3, added=(NAME, RepeatConfig(K)))
+    planned = SpeculativeConfig.of(NAME, "method: repeat set in the spec", RepeatConfig(K))
+    listed = candidates(engine, Measuring(planned.configs()))
     (mine,) = [c for c in listed if c.method == NAME]
     assert mine.drafting == RepeatConfig(K).drafting() and mine.describe == f"{NAME}: K={K}"
     loaded = load(engine, mine)
     assert isinstance(loaded.method, RepeatDecoding) and loaded.method.max_draft_len == K
-    planned = SpeculativeConfig.of(NAME, "method: repeat set in the spec", RepeatConfig(K))
     assert planned.config == RepeatConfig(K) and planned.max_draft_len == K
     chosen = config_of(candidate_build(mine), planned, "best: measured")
     assert chosen is not None and chosen.method == NAME and chosen.config == RepeatConfig(K)

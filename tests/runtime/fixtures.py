@@ -27,11 +27,14 @@ from safetensors.torch import save_file
 
 from pipeline.checkpoint import convert_checkpoint
 from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.methods.eagle import EagleConfig
 from pipeline.methods.lookahead import LookaheadConfig
+from pipeline.methods.medusa import MedusaConfig
 from pipeline.methods.ngram import NGramConfig
 from pipeline.runtime.model.engine import Engine, Logits, StepInput
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.serving.scheduler import Scheduler
+from pipeline.runtime.spec_decode.registry import Measuring
 from pipeline.trees import CPU_SMALL_10_DEPTH_3
 
 
@@ -61,6 +64,19 @@ MEDUSA_HEADS, EAGLE_LAYERS, EAGLE_MAX_DRAFT = 3, 3, 16
 LOOKAHEAD = LookaheadConfig(4, 3, 4)
 NGRAM = NGramConfig(max_draft_len=4)  # TensorRT-LLM's defaults otherwise: tails of up to 2 tokens
 TREE = CPU_SMALL_10_DEPTH_3
+
+
+def rehearsing(kind: str | None) -> Measuring:
+    """What rehearsal lists a ``kind`` engine's candidates from: the server's (W, N, G) LOOKAHEAD, the
+    plan's TREE for a Medusa or EAGLE engine, EAGLE-2 at top_k 3."""
+    configs: dict[str, Any] = {"lookahead": LOOKAHEAD}
+    if kind == "medusa":
+        configs["medusa"] = MedusaConfig(MEDUSA_HEADS, 1, TREE, len(TREE))
+    if kind == "eagle":
+        configs["eagle"] = EagleConfig(TREE, EAGLE_LAYERS, 10, EAGLE_MAX_DRAFT, False, 10)
+    return Measuring(configs, eagle_top_k=3)
+
+
 # The speculative engines' limits: every method's drafts fit, 64 requests may be in flight.
 SPEC_LIMITS = {"max_batch_size": 64, "max_seq_len": 160, "max_num_tokens": 4096}
 

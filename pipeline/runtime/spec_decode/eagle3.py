@@ -47,7 +47,7 @@ from pipeline.runtime.model.layers import Geometry, LayerShard, Linear, mlp, rms
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.eagle.drafter import DraftInput, pack
 from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree
-from pipeline.runtime.spec_decode.registry import MethodSettings, register
+from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
 
 
@@ -368,7 +368,21 @@ def _claims(settings: MethodSettings) -> bool:
     return settings.eagle3 is not None or settings.eagle3_drafter is not None
 
 
-@register("eagle3", claims=_claims)
+def _rehearsed(engine: Engine, chain: Eagle3Config | None, measuring: Measuring) -> list[Candidate]:
+    """The plan's drafter (``measuring.drafter``) drafting its chain of max_draft_len, or its dynamic tree."""
+    if chain is None or measuring.drafter is None:
+        return []
+    k = chain.max_draft_len
+    name, describe = f"eagle3(k {k})", f"EAGLE-3, a chain of {k} drafts"
+    if chain.use_dynamic_tree:
+        top, nodes = chain.dynamic_tree_max_top_k, chain.total_draft_tokens
+        name = f"eagle3(k {k}, top {top}, {nodes} nodes)"
+        describe = f"EAGLE-3, a dynamic tree {k} deep (top-{top}) of {nodes} nodes"
+    settings = MethodSettings(eagle3=chain, eagle3_drafter=measuring.drafter)
+    return [Candidate(name, "eagle3", settings, chain.drafting(), describe=describe, max_draft_len=k)]
+
+
+@register("eagle3", claims=_claims, candidates=_rehearsed)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     if settings.eagle3 is None or settings.eagle3_drafter is None:
         raise InputError("EAGLE-3 needs both its settings (max_draft_len, capture layers) and the drafter folder")

@@ -19,18 +19,24 @@ One step, for all running requests at once (:meth:`MedusaDecoding.propose`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from pipeline import trees
 from pipeline.errors import InputError
+from pipeline.methods.drafting import Drafting
+from pipeline.plan.speculative import engine_mode_method
 from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.model.gemm import Gemm
 from pipeline.runtime.model.layers import prepare_linear
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
-from pipeline.runtime.spec_decode.registry import MethodSettings, register
+from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, TreeShape, verify
+
+if TYPE_CHECKING:
+    from pipeline.methods.medusa import MedusaConfig
 
 
 class MedusaHeads:
@@ -128,7 +134,27 @@ class MedusaDecoding(DecodingMethod):
         return Accepted(verdict.tokens, len(proposal.tree), verdict.accepted_drafts)
 
 
-@register("medusa")
+def _rehearsed(engine: Engine, config: MedusaConfig | None, measuring: Measuring) -> list[Candidate]:
+    """On an engine built with Medusa heads: the plan's tree (TensorRT-LLM's default without one) and the
+    presets of a similar size that the heads and the build's max_draft_len fit."""
+    heads = len(engine.stage(engine.pp - 1)[0].medusa)
+    if engine_mode_method(engine.config.limits.speculative_decoding_mode) != "medusa" or not heads:
+        return []
+    limit = engine.config.limits.max_draft_len
+    return [
+        Candidate(
+            f"medusa[{trees.tree_name(tree)}]",
+            "medusa",
+            MethodSettings("medusa", medusa_choices=tree),
+            Drafting.medusa(tree, heads),
+            describe=f"medusa_choices {trees.tree_name(tree)}, {len(tree)} nodes",
+            max_draft_len=limit,
+        )
+        for tree in trees.similar_trees(config.tree if config else trees.MC_SIM_7B_63, heads, limit)
+    ]
+
+
+@register("medusa", candidates=_rehearsed)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """The engine's heads over ``medusa_choices``, else TensorRT-LLM's default tree (with a warning)."""
     if settings.medusa_choices is None:

@@ -24,7 +24,7 @@ from pipeline.errors import InputError
 from pipeline.methods.ngram import NGramConfig
 from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
-from pipeline.runtime.spec_decode.registry import MethodSettings, register
+from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
 
 Pattern = tuple[int, ...]
@@ -127,7 +127,24 @@ class NGramDecoding(DecodingMethod):
         return state.proposal.input
 
 
-@register("ngram")
+def _rehearsed(engine: Engine, pool: NGramConfig | None, measuring: Measuring) -> list[Candidate]:
+    """The plan's pool, when it has one (it needs no weights of its own)."""
+    if pool is None:
+        return []
+    k, m = pool.max_draft_len, pool.max_matching_ngram_size
+    return [
+        Candidate(
+            f"ngram(k {k}, m {m})",
+            "ngram",
+            MethodSettings(ngram=pool),
+            pool.drafting(),
+            describe=f"NGram, {k} drafts from tails of up to {m}",
+            max_draft_len=k,
+        )
+    ]
+
+
+@register("ngram", candidates=_rehearsed)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """K is the engine's; the pool's settings the server's, else TensorRT-LLM's defaults."""
     pool = settings.ngram or NGramConfig(0)

@@ -2,9 +2,10 @@
 
 Each method's module here (``medusa.py``, ``eagle/decoding.py``, ``eagle3.py``, ``lookahead.py``,
 ``ngram.py``) registers the function that builds its :class:`~pipeline.runtime.spec_decode.base.DecodingMethod`
-from an engine and the ``tensorrt_llm`` model's parameters::
+from an engine and the ``tensorrt_llm`` model's parameters, and the settings rehearsal measures it at
+(its :class:`Candidate` list; without one, the plan's config is the one candidate)::
 
-    @register("ngram")
+    @register("ngram", candidates=_rehearsed)
     def _from_settings(engine, settings, warnings): ...
 
 :func:`pipeline.runtime.spec_decode.factory.make_method` imports every module of this package and
@@ -14,12 +15,13 @@ looks the engine's method up in :data:`RUNTIMES`; a new method is its definition
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import trees
+from pipeline.methods.drafting import Drafting
 from pipeline.methods.eagle3 import Eagle3Config
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.ngram import NGramConfig
@@ -51,12 +53,37 @@ class MethodSettings:
     eagle3_drafter: Path | None = None
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One setting of a method that rehearsal measures on an engine's weights, as a server would run it."""
+
+    name: str  # e.g. "plain", "lookahead(4,3,4)", "medusa[smollm2_medusa_10]", "eagle2(top_k 4)"
+    method: str  # a method's name (pipeline.methods): what a build of it would be
+    settings: MethodSettings  # the tensorrt_llm model's parameters that select and shape it
+    drafting: Drafting  # what the cost model charges for it
+    lookahead: LookaheadConfig | None = None  # per-request (w, n, g) on the server's (W, N, G)
+    describe: str = ""
+    max_draft_len: int = 0  # the build's max_draft_len for this candidate
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """What rehearsal lists an engine's candidates from, beside the engine itself."""
+
+    configs: Mapping[str, Any]  # by method name: the resolved config to measure it at (absent: none)
+    eagle_top_k: int = 4  # EAGLE-2's expansion top_k (evaluation.eagle_dynamic_top_k)
+    drafter: Path | None = None  # the heads folder, for a drafter loaded at run time (EAGLE-3)
+
+
 # ``build(engine, settings, warnings)``: the method's loop for this engine and these parameters; it
 # appends what to log to ``warnings`` and raises InputError for what would fail on a GPU.
 Build = Callable[["Engine", MethodSettings, list[str]], "DecodingMethod"]
 # ``claims(settings)``: these parameters select the method whatever the engine's build mode (EAGLE-3:
 # the PyTorch backend builds its engine without one).
 Claims = Callable[[MethodSettings], bool]
+# ``candidates(engine, config, measuring)``: the settings rehearsal measures the method at on this engine's
+# weights (``config``: its entry in ``measuring.configs``, None when absent); [] when it cannot run there.
+ListCandidates = Callable[["Engine", Any, Measuring], list[Candidate]]
 
 
 @dataclass(frozen=True)
@@ -66,16 +93,19 @@ class Runtime:
     method: str  # the method's name (pipeline.methods)
     build: Build
     claims: Claims | None = None
+    candidates: ListCandidates | None = None  # None: the config given is the one candidate
 
 
 RUNTIMES: dict[str, Runtime] = {}  # by method name, in registration order
 
 
-def register(method: str, claims: Claims | None = None) -> Callable[[Build], Build]:
-    """Register ``build`` as method ``method``'s loop (a decorator)."""
+def register(
+    method: str, claims: Claims | None = None, candidates: ListCandidates | None = None
+) -> Callable[[Build], Build]:
+    """Register ``build`` as method ``method``'s loop (a decorator), with what rehearsal measures of it."""
 
     def decorate(build: Build) -> Build:
-        RUNTIMES[method] = Runtime(method, build, claims)
+        RUNTIMES[method] = Runtime(method, build, claims, candidates)
         return build
 
     return decorate

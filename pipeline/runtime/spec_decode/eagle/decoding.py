@@ -19,18 +19,24 @@ features (committed tokens). One step, for all running requests at once (:meth:`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline import trees
 from pipeline.errors import InputError
+from pipeline.methods.drafting import Drafting
+from pipeline.plan.speculative import engine_mode_method
 from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.eagle.drafter import Drafter, DraftInput
 from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree, StaticTree, TreeRule
-from pipeline.runtime.spec_decode.registry import MethodSettings, register
+from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
+
+if TYPE_CHECKING:
+    from pipeline.methods.eagle import EagleConfig
 
 
 @dataclass
@@ -142,7 +148,36 @@ class EagleDecoding(DecodingMethod):
 DEFAULT_DYNAMIC_TREE_TOP_K = 10  # the spec's default for speculative.eagle.dynamic_tree_max_top_k
 
 
-@register("eagle")
+def _rehearsed(engine: Engine, config: EagleConfig | None, measuring: Measuring) -> list[Candidate]:
+    """On an engine built with an EAGLE drafter: EAGLE-1 over the plan's static tree (TensorRT-LLM's
+    default without one) and EAGLE-2's dynamic tree at ``measuring.eagle_top_k``."""
+    if engine_mode_method(engine.config.limits.speculative_decoding_mode) != "eagle":
+        return []
+    limit = engine.config.limits.max_draft_len
+    layers = int(engine.config.raw["pretrained_config"].get("num_eagle_layers") or 0)
+    tree = (config.tree if config else None) or trees.MC_SIM_7B_63
+    top_k = measuring.eagle_top_k
+    return [
+        Candidate(
+            f"eagle[{trees.tree_name(tree)}]",
+            "eagle",
+            MethodSettings("eagle", eagle_choices=tree),
+            Drafting.eagle(tree),
+            describe=f"EAGLE-1, eagle_choices {trees.tree_name(tree)}",
+            max_draft_len=limit,
+        ),
+        Candidate(
+            f"eagle2(top_k {top_k})",
+            "eagle",
+            MethodSettings("eagle", eagle_dynamic_tree=True, eagle_dynamic_tree_max_top_k=top_k),
+            Drafting.eagle_dynamic(top_k, layers, limit),
+            describe=f"EAGLE-2 dynamic tree, top_k {top_k}, at most {limit} nodes",
+            max_draft_len=limit,
+        ),
+    ]
+
+
+@register("eagle", candidates=_rehearsed)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """EAGLE-2's dynamic tree (``reference_eagle_use_dynamic_tree``), else EAGLE-1's ``eagle_choices``
     (TensorRT-LLM's default tree, with a warning, when unset)."""
