@@ -12,6 +12,7 @@ import pickle
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from pipeline.checkpoint.sharding import Src
 from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.io.files import read_json, require_regular_file
+
+if TYPE_CHECKING:
+    from pipeline.plan.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,22 @@ class EagleOptions:
     num_eagle_layers: int = 4
     max_non_leaves_per_layer: int = 10
     max_draft_len: int = 63
+
+
+def heads_options(speculative: SpeculativeConfig, heads: Path) -> tuple[MedusaOptions | None, EagleOptions | None]:
+    """The converter's options for the plan's Medusa heads or EAGLE drafter in ``heads`` (None: none planned)."""
+    medusa, eagle = speculative.medusa, speculative.eagle
+    return (
+        MedusaOptions(dir=heads, max_draft_len=medusa.max_draft_len) if medusa is not None else None,
+        EagleOptions(
+            dir=heads,
+            num_eagle_layers=eagle.num_eagle_layers,
+            max_non_leaves_per_layer=eagle.max_non_leaves_per_layer,
+            max_draft_len=eagle.max_draft_len,
+        )
+        if eagle is not None
+        else None,
+    )
 
 
 @dataclass

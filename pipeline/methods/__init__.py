@@ -9,7 +9,8 @@ comparing method names, so a new method is one more module here, one more entry 
 its loop under the method's name, :mod:`pipeline.runtime.spec_decode.registry`). What the generic modules
 ask of a method is a hook of its definition (``served_settings``, ``served_drafting``, ``recorded``,
 ``heads.warm_start_problem``) or of its resolved config (``describe()``, ``drafting()``,
-``llm_api_config()``, ``engine_heads_params()``); ``tests/methods/test_new_method.py`` adds one in a test.
+``llm_api_config()``, ``engine_heads_params()``, ``checkpoint_fields()``);
+``tests/methods/test_new_method.py`` adds one in a test.
 """
 
 from __future__ import annotations

@@ -175,6 +175,14 @@ class EagleConfig:
             "reference_eagle_dynamic_tree_max_top_k": str(self.dynamic_tree_max_top_k),
         }
 
+    def checkpoint_fields(self) -> dict[str, int]:
+        """What the TensorRT-LLM checkpoint's config.json carries of the drafter."""
+        return {
+            "num_eagle_layers": self.num_eagle_layers,
+            "max_draft_len": self.max_draft_len,
+            "max_non_leaves_per_layer": self.max_non_leaves_per_layer,
+        }
+
     def engine_heads_params(self, arch: ModelGeometry, tp: int) -> int:
         """The drafter's parameters the engine holds, all ranks together: TensorRT-LLM instantiates it
         once per draft layer (fc 2H x H with its bias, one decoder layer, an lm_head over the vocabulary

@@ -118,6 +118,11 @@ class MedusaConfig:
         """The tensorrt_llm model's ``medusa_choices`` (the compact form Triton takes)."""
         return {"medusa_choices": trees.to_triton_choices(self.tree)}
 
+    def checkpoint_fields(self) -> dict[str, int]:
+        """What the TensorRT-LLM checkpoint's config.json carries of the heads (the C++ runtime refuses a
+        Medusa engine without both)."""
+        return {"num_medusa_heads": self.num_heads, "max_draft_len": self.max_draft_len}
+
     def engine_heads_params(self, arch: ModelGeometry, tp: int) -> int:
         """The heads' parameters the engine holds, all ranks together: each head's ResBlocks and its
         lm_head over the vocabulary padded to a multiple of ``tp``."""

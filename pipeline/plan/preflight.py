@@ -162,22 +162,15 @@ def _has_weights(folder: Path) -> bool:
 
 def _check_checkpoint(variant: VariantPlan) -> None:
     from pipeline.checkpoint.convert import check_checkpoint
-    from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+    from pipeline.checkpoint.heads import heads_options
     from pipeline.methods.heads_reader import is_compact_medusa
 
     assert variant.model_dir is not None
     spec, heads = variant.speculative, variant.heads_dir
     heads_here = heads if heads is not None and heads.is_dir() else None  # heads present on this host
-    medusa = eagle = None
-    if spec.medusa is not None and heads_here and not is_compact_medusa(heads_here):
-        medusa = MedusaOptions(dir=heads_here, max_draft_len=spec.medusa.max_draft_len)
-    if spec.eagle is not None and heads_here:
-        eagle = EagleOptions(
-            dir=heads_here,
-            num_eagle_layers=spec.eagle.num_eagle_layers,
-            max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
-            max_draft_len=spec.eagle.max_draft_len,
-        )
+    medusa, eagle = heads_options(spec, heads_here) if heads_here else (None, None)
+    # specdeploy's shipped ResBlocks-only heads: the convert stage expands them first; checked below
+    compact = medusa is not None and heads_here is not None and is_compact_medusa(heads_here)
     # Before an FP8 quantize stage the converter reads the quantizer's output, which has the base's
     # layout; the base itself must be what the quantizer loads (safetensors).
     kv_cache_fp8 = variant.quant.kv_cache_fp8 and variant.quant.prequantized
@@ -186,11 +179,11 @@ def _check_checkpoint(variant: VariantPlan) -> None:
         tp=variant.tp,
         pp=variant.pp,
         dtype=variant.build.dtype,
-        medusa=medusa,
+        medusa=None if compact else medusa,
         eagle=eagle,
         kv_cache_fp8=kv_cache_fp8,
     )
-    if spec.medusa is not None and heads_here and medusa is None:
+    if compact and heads_here is not None:
         _check_compact_medusa(heads_here, variant.arch.hidden_size)
 
 

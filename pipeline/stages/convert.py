@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.checkpoint.convert import convert_checkpoint
-from pipeline.checkpoint.heads import EagleOptions, MedusaOptions
+from pipeline.checkpoint.heads import heads_options
 from pipeline.errors import StageError
 from pipeline.heads.expand import expand_medusa, is_compact_medusa
 from pipeline.plan.types import StagePlan, VariantPlan
@@ -24,20 +24,11 @@ def run(variant: VariantPlan, stage: StagePlan, out: Path) -> None:
 
 
 def _convert(variant: VariantPlan, stage: StagePlan, out: Path, heads: Path | None) -> None:
-    spec = variant.speculative
     medusa = eagle = None
-    if spec.medusa is not None or spec.eagle is not None:
+    if variant.speculative.medusa is not None or variant.speculative.eagle is not None:
         if heads is None:
             raise StageError(f"[{variant.name}] convert: the plan has no heads folder for {variant.method}")
-        if spec.medusa is not None:
-            medusa = MedusaOptions(dir=heads, max_draft_len=spec.medusa.max_draft_len)
-        if spec.eagle is not None:
-            eagle = EagleOptions(
-                dir=heads,
-                num_eagle_layers=spec.eagle.num_eagle_layers,
-                max_non_leaves_per_layer=spec.eagle.max_non_leaves_per_layer,
-                max_draft_len=spec.eagle.max_draft_len,
-            )
+        medusa, eagle = heads_options(variant.speculative, heads)
     with byte_progress(f"[{variant.name}] convert tp={variant.tp} pp={variant.pp}") as progress:
         summary = convert_checkpoint(
             stage.inputs["model"],

@@ -201,14 +201,10 @@ def check_checkpoint_config(
         "num_attention_heads": arch.num_heads,
         "num_key_value_heads": arch.num_kv_heads,
     }
-    if spec.medusa is not None:  # the C++ runtime refuses a Medusa engine without both
-        expected |= {"num_medusa_heads": spec.medusa.num_heads, "max_draft_len": spec.medusa.max_draft_len}
-    if spec.eagle is not None:
-        expected |= {
-            "num_eagle_layers": spec.eagle.num_eagle_layers,
-            "max_draft_len": spec.eagle.max_draft_len,
-            "max_non_leaves_per_layer": spec.eagle.max_non_leaves_per_layer,
-        }
+    for resolved in spec.configs().values():  # the heads' fields, as the method's config says
+        checkpoint_fields = getattr(resolved, "checkpoint_fields", None)
+        if checkpoint_fields is not None:
+            expected |= checkpoint_fields()
     problems = _compare(config, expected, where)
     mapping = _section(config, "mapping")
     problems += _compare(mapping, {"tp_size": variant.tp, "pp_size": variant.pp}, f"{where}.mapping")

@@ -25,8 +25,9 @@ every module there). What still needs an edit outside the two pieces (the remain
   a list, the plan's config is the one candidate), but a method measured at the plan's config competes
   only when the spec names it: ``method: best`` resolves the config of the one method ``auto`` picks, and
   the others' candidates come from the engine (its heads) and the evaluation's settings;
-* a method with heads of its own: the convert stage, preflight and the engine config check read Medusa's
-  and EAGLE's fields of the plan's config (stages/convert.py, plan/preflight.py, trtllm/engine_config.py);
+* a method with heads of its own on the engine target: the converter reads each heads format itself, so its
+  options come from Medusa's and EAGLE's configs (checkpoint/heads.py ``heads_options``, for the convert
+  stage and preflight); the engine config check asks the config's ``checkpoint_fields()``;
 * the reference backend's Triton parameters (runtime/triton/io.py) parse each method's own keys into
   ``MethodSettings`` fields, so a new method's server-side settings need fields there (``repeat`` takes K
   from the engine).
