@@ -64,7 +64,7 @@ def describe(repository: Path) -> dict[str, Any]:
     settings: dict[str, Any] = {"max_draft_len": int(build.get("max_draft_len") or 0)}
     definition = _definition(method)
     if definition is not None and definition.served_settings is not None:
-        settings |= definition.served_settings(params, pc, config_path)
+        settings |= definition.served_settings(params.method, pc, config_path)
     return {
         "repository": str(repository.resolve()),
         "engine_dir": str(params.engine_dir),

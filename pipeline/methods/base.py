@@ -55,10 +55,10 @@ Resolve = Callable[["VariantSpec", ModelGeometry, "Path | None", Problems], Any]
 # (pipeline.evaluation.apply.candidate_build), made from ``built``, the config the candidates were built
 # with (None when the build had none of this method); None when ``build`` cannot be made from it.
 Measured = Callable[[dict[str, Any], Any], Any]
-# ``served_settings(params, pretrained, where)``: what a served Triton repository records of the method
-# (pipeline.costmodel.served.describe), from its tensorrt_llm model's parsed parameters
-# (pipeline.runtime.triton.io.parse_parameters), the engine's pretrained_config and the config.pbtxt
-# (``where``, for errors); JSON-able, merged into the settings beside ``max_draft_len``.
+# ``served_settings(settings, pretrained, where)``: what a served Triton repository records of the method
+# (pipeline.costmodel.served.describe), from the method settings its tensorrt_llm model's parameters set
+# (pipeline.runtime.spec_decode.registry.MethodSettings), the engine's pretrained_config and the
+# config.pbtxt (``where``, for errors); JSON-able, merged into the settings beside ``max_draft_len``.
 ServedSettings = Callable[[Any, dict[str, Any], Path], dict[str, Any]]
 # ``served_drafting(settings)``: what the cost model charges for a served repository of the method, from
 # the settings describe recorded (``max_draft_len`` and served_settings').

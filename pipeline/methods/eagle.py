@@ -221,13 +221,13 @@ def measured(build: dict[str, Any], built: EagleConfig | None) -> EagleConfig | 
     return dataclasses.replace(built, tree=tree, dynamic_tree=False)
 
 
-def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+def served_settings(settings: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
     """The served static tree (TensorRT-LLM's default when eagle_choices is unset), the reference backend's
     EAGLE-2 keys and the engine's drafter depth."""
     return {
-        "eagle_choices": [list(n) for n in (params.eagle_choices or trees.MC_SIM_7B_63)],
-        "eagle_dynamic_tree": params.eagle_dynamic_tree,
-        "eagle_dynamic_tree_max_top_k": params.eagle_dynamic_tree_max_top_k,
+        "eagle_choices": [list(n) for n in (settings.eagle_choices or trees.MC_SIM_7B_63)],
+        "eagle_dynamic_tree": settings.eagle_dynamic_tree,
+        "eagle_dynamic_tree_max_top_k": settings.eagle_dynamic_tree_max_top_k,
         "num_eagle_layers": int(pretrained.get("num_eagle_layers") or 0),
     }
 

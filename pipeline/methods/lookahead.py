@@ -109,11 +109,11 @@ def measured(build: dict[str, Any], built: LookaheadConfig | None) -> LookaheadC
     return LookaheadConfig(*build["lookahead"]) if build.get("lookahead") else None
 
 
-def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+def served_settings(settings: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
     """The server's (W, N, G): a Lookahead engine is served with them or not at all."""
-    if params.lookahead is None:
+    if settings.lookahead is None:
         raise InputError(f"{where}: a Lookahead engine without lookahead_* parameters")
-    return {"lookahead": list(params.lookahead)}
+    return {"lookahead": list(settings.lookahead)}
 
 
 def served_drafting(settings: dict[str, Any]) -> Drafting:

@@ -154,10 +154,10 @@ def measured(build: dict[str, Any], built: MedusaConfig | None) -> MedusaConfig 
     return dataclasses.replace(built, tree=tree)
 
 
-def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+def served_settings(settings: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
     """The served tree (TensorRT-LLM's default when medusa_choices is unset) and the engine's heads."""
     return {
-        "medusa_choices": [list(n) for n in (params.medusa_choices or trees.MC_SIM_7B_63)],
+        "medusa_choices": [list(n) for n in (settings.medusa_choices or trees.MC_SIM_7B_63)],
         "medusa_heads": int(pretrained.get("num_medusa_heads") or 0),
     }
 

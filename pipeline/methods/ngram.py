@@ -100,11 +100,11 @@ def measured(build: dict[str, Any], built: NGramConfig | None) -> NGramConfig | 
     return NGramConfig(*build["ngram"]) if build.get("ngram") else None
 
 
-def served_settings(params: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
+def served_settings(settings: Any, pretrained: dict[str, Any], where: Path) -> dict[str, Any]:
     """The pool's longest looked-up tail, when the reference backend's ``reference_ngram_*`` set it."""
-    if params.ngram is None:
+    if settings.ngram is None:
         return {}
-    return {"ngram_max_matching_ngram_size": params.ngram.max_matching_ngram_size}
+    return {"ngram_max_matching_ngram_size": settings.ngram.max_matching_ngram_size}
 
 
 def served_drafting(settings: dict[str, Any]) -> Drafting:

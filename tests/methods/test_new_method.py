@@ -28,9 +28,9 @@ every module there). What still needs an edit outside the two pieces (the remain
 * a method with heads of its own on the engine target: the converter reads each heads format itself, so its
   options come from Medusa's and EAGLE's configs (checkpoint/heads.py ``heads_options``, for the convert
   stage and preflight); the engine config check asks the config's ``checkpoint_fields()``;
-* the reference backend's Triton parameters (runtime/triton/io.py) parse each method's own keys into
-  ``MethodSettings`` fields, so a new method's server-side settings need fields there (``repeat`` takes K
-  from the engine).
+* each method's runtime reads its own Triton parameters (``@register(name, parameters=...)``), but into
+  fields of the one ``MethodSettings`` (runtime/spec_decode/registry.py), so a new method's server-side
+  settings need a field there (``repeat`` has none: it takes K from the engine).
 """
 
 from __future__ import annotations

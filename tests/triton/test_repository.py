@@ -245,7 +245,7 @@ def test_an_ngram_variant_carries_its_pool_settings_to_the_reference_backend(tmp
     _check_against_plan(variant, stage.output, engine)
     params = _params(_parse_all(stage.output)["tensorrt_llm"])
     config = {"parameters": {key: {"string_value": value} for key, value in params.items()}}
-    settings = parse_parameters(config, stage.output / "tensorrt_llm").method_settings()
+    settings = parse_parameters(config, stage.output / "tensorrt_llm").method
     # K is the engine's (0 here: read at load); the pool's settings are the spec's
     assert settings.ngram is not None
     assert (settings.ngram.max_matching_ngram_size, settings.ngram.public_pool) == (3, False)

@@ -28,15 +28,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 from pipeline.errors import InputError
 from pipeline.methods.drafting import Drafting
-from pipeline.methods.lookahead import LookaheadConfig, lookahead_problem
+from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS, LookaheadConfig, lookahead_problem
 from pipeline.runtime.model.engine import Engine, Logits, StepInput, StepRows
 from pipeline.runtime.request import GenerationRequest
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
 
@@ -240,7 +242,20 @@ def _rehearsed(engine: Engine, server: LookaheadConfig | None, measuring: Measur
     return listed
 
 
-@register("lookahead", candidates=_rehearsed)
+def _parameters(read: TritonParameters) -> dict[str, Any]:
+    """The server's (W, N, G): all three, or none (then decoding_mode lookahead fails at load)."""
+    window, ngram, verification_set = (read.integer(key, None) for key in LOOKAHEAD_TRITON_KEYS)
+    if window is not None and ngram is not None and verification_set is not None:
+        return {"lookahead": LookaheadConfig(window, ngram, verification_set)}
+    if read.get("decoding_mode") == "lookahead":
+        raise InputError(
+            "decoding_mode is lookahead but lookahead_window_size, lookahead_ngram_size and "
+            "lookahead_verification_set_size are not all set"
+        )
+    return {}
+
+
+@register("lookahead", candidates=_rehearsed, parameters=_parameters)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """The server's (W, N, G): required (TensorRT-LLM fails at load without them)."""
     if settings.lookahead is None:

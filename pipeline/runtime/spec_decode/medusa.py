@@ -19,7 +19,7 @@ One step, for all running requests at once (:meth:`MedusaDecoding.propose`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.model.gemm import Gemm
 from pipeline.runtime.model.layers import prepare_linear
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, TreeShape, verify
 
@@ -154,7 +155,11 @@ def _rehearsed(engine: Engine, config: MedusaConfig | None, measuring: Measuring
     ]
 
 
-@register("medusa", candidates=_rehearsed)
+def _parameters(read: TritonParameters) -> dict[str, Any]:
+    return {"medusa_choices": read.tree("medusa_choices")}
+
+
+@register("medusa", candidates=_rehearsed, parameters=_parameters)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """The engine's heads over ``medusa_choices``, else TensorRT-LLM's default tree (with a warning)."""
     if settings.medusa_choices is None:

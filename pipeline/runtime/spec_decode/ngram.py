@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.methods.ngram import NGramConfig
+from pipeline.methods.ngram import NGRAM_TRITON_KEYS, NGramConfig
 from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
 
@@ -144,7 +146,22 @@ def _rehearsed(engine: Engine, pool: NGramConfig | None, measuring: Measuring) -
     ]
 
 
-@register("ngram", candidates=_rehearsed)
+def _parameters(read: TritonParameters) -> dict[str, Any]:
+    """The pool's settings (``reference_ngram_*``, TensorRT-LLM's defaults for those unset); K is the engine's."""
+    if not read.has_any(NGRAM_TRITON_KEYS):
+        return {}
+    size_key, keep_key, oldest_key, public_key = NGRAM_TRITON_KEYS
+    pool = NGramConfig(
+        0,
+        read.integer(size_key, 2) or 2,
+        read.boolean(keep_key, True),
+        read.boolean(oldest_key, True),
+        read.boolean(public_key, True),
+    )
+    return {"ngram": pool}
+
+
+@register("ngram", candidates=_rehearsed, parameters=_parameters)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """K is the engine's; the pool's settings the server's, else TensorRT-LLM's defaults."""
     pool = settings.ngram or NGramConfig(0)

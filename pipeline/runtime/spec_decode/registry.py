@@ -2,10 +2,11 @@
 
 Each method's module here (``medusa.py``, ``eagle/decoding.py``, ``eagle3.py``, ``lookahead.py``,
 ``ngram.py``) registers the function that builds its :class:`~pipeline.runtime.spec_decode.base.DecodingMethod`
-from an engine and the ``tensorrt_llm`` model's parameters, and the settings rehearsal measures it at
-(its :class:`Candidate` list; without one, the plan's config is the one candidate)::
+from an engine and the ``tensorrt_llm`` model's parameters, the settings rehearsal measures it at
+(its :class:`Candidate` list; without one, the plan's config is the one candidate) and how it reads its
+own parameters (the :class:`MethodSettings` fields they set)::
 
-    @register("ngram", candidates=_rehearsed)
+    @register("ngram", candidates=_rehearsed, parameters=_parameters)
     def _from_settings(engine, settings, warnings): ...
 
 :func:`pipeline.runtime.spec_decode.factory.make_method` imports every module of this package and
@@ -25,6 +26,7 @@ from pipeline.methods.drafting import Drafting
 from pipeline.methods.eagle3 import Eagle3Config
 from pipeline.methods.lookahead import LookaheadConfig
 from pipeline.methods.ngram import NGramConfig
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 
 if TYPE_CHECKING:
     from pipeline.runtime.model.engine import Engine
@@ -84,6 +86,9 @@ Claims = Callable[[MethodSettings], bool]
 # ``candidates(engine, config, measuring)``: the settings rehearsal measures the method at on this engine's
 # weights (``config``: its entry in ``measuring.configs``, None when absent); [] when it cannot run there.
 ListCandidates = Callable[["Engine", Any, Measuring], list[Candidate]]
+# ``parameters(read)``: the MethodSettings fields the method's own tensorrt_llm parameters set (InputError for
+# what TensorRT-LLM refuses at load).
+ReadParameters = Callable[[TritonParameters], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -94,18 +99,23 @@ class Runtime:
     build: Build
     claims: Claims | None = None
     candidates: ListCandidates | None = None  # None: the config given is the one candidate
+    parameters: ReadParameters | None = None  # None: no tensorrt_llm parameters of its own
 
 
 RUNTIMES: dict[str, Runtime] = {}  # by method name, in registration order
 
 
 def register(
-    method: str, claims: Claims | None = None, candidates: ListCandidates | None = None
+    method: str,
+    claims: Claims | None = None,
+    candidates: ListCandidates | None = None,
+    parameters: ReadParameters | None = None,
 ) -> Callable[[Build], Build]:
-    """Register ``build`` as method ``method``'s loop (a decorator), with what rehearsal measures of it."""
+    """Register ``build`` as method ``method``'s loop (a decorator), with what rehearsal measures of it and
+    how its server's parameters are read."""
 
     def decorate(build: Build) -> Build:
-        RUNTIMES[method] = Runtime(method, build, claims, candidates)
+        RUNTIMES[method] = Runtime(method, build, claims, candidates, parameters)
         return build
 
     return decorate

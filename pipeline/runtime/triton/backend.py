@@ -70,7 +70,7 @@ class TritonPythonModel:
             _log("warn", f"tensorrt_llm reference backend: {warning}")
         torch.set_num_threads(self.params.num_threads or default_threads())
         engine = Engine.load(self.params.engine_dir)
-        method, warnings = make_method(engine, self.params.method_settings())
+        method, warnings = make_method(engine, self.params.method)
         for warning in warnings:
             _log("warn", f"tensorrt_llm reference backend: {warning}")
         limits = engine.config.limits

@@ -19,24 +19,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.lora.rules import REQUEST_CHECKS
 from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
-from pipeline.methods.ngram import NGRAM_TRITON_KEYS, NGramConfig
 from pipeline.runtime.request import GenerationRequest, LoraRequest, SamplingParams, StepOutput, parse_words_list
-from pipeline.runtime.spec_decode.factory import MethodSettings
+from pipeline.runtime.spec_decode import registry
+from pipeline.runtime.spec_decode.factory import MethodSettings, load_runtimes
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 
 GetInput = Callable[[str], "np.ndarray | None"]  # input tensor by name, None when not sent
-
-_TRUE, _FALSE = ("true", "True", "TRUE", "1"), ("false", "False", "FALSE", "0")
 
 
 @dataclass(frozen=True)
@@ -44,16 +42,10 @@ class BackendParams:
     engine_dir: Path
     max_beam_width: int = 1
     exclude_input_in_output: bool = False
-    decoding_mode: str | None = None
     cancellation_check_period_ms: int = 100
-    lookahead: LookaheadConfig | None = None
-    medusa_choices: trees.Tree | None = None
-    eagle_choices: trees.Tree | None = None
+    # decoding_mode and each method's own keys (its runtime module reads them): what selects and shapes it
+    method: MethodSettings = MethodSettings()
     num_threads: int | None = None  # our own key: torch threads (default: the CPUs we may use)
-    # Our own keys (the C++ backend ignores unknown keys; it exposes no EAGLE-2 dynamic tree):
-    eagle_dynamic_tree: bool = False  # reference_eagle_use_dynamic_tree
-    eagle_dynamic_tree_max_top_k: int | None = None  # reference_eagle_dynamic_tree_max_top_k
-    ngram: NGramConfig | None = None  # reference_ngram_*; max_draft_len 0: the engine's
     decoupled: bool = True
     # The LoRA cache (TensorRT-LLM's PeftCacheConfig): adapters loaded at startup from
     # <lora_prefetch_dir>/<task id>/, and the host cache's size (the reference engine keeps its
@@ -64,19 +56,8 @@ class BackendParams:
     outputs: frozenset[str] = field(default_factory=frozenset)  # outputs the config declares
     warnings: tuple[str, ...] = ()
 
-    def method_settings(self) -> MethodSettings:
-        return MethodSettings(
-            self.decoding_mode,
-            self.medusa_choices,
-            self.eagle_choices,
-            self.lookahead,
-            self.eagle_dynamic_tree,
-            self.eagle_dynamic_tree_max_top_k,
-            self.ngram,
-        )
 
-
-def _prefetch_dir(values: dict[str, str], model_dir: Path | None) -> Path | None:
+def _prefetch_dir(values: Mapping[str, str], model_dir: Path | None) -> Path | None:
     """``lora_prefetch_dir`` names the adapters where a deployment mounts them; off that mount, they are
     where the package stage left them relative to this model's folder (``reference_lora_prefetch_path``)."""
     if "lora_prefetch_dir" not in values:
@@ -89,28 +70,8 @@ def _prefetch_dir(values: dict[str, str], model_dir: Path | None) -> Path | None
 
 
 def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None) -> BackendParams:
-    raw = {k: (v or {}).get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
-    values = {k: v.strip() for k, v in raw.items() if v.strip() and not v.strip().startswith("${")}
-    warnings: list[str] = []
-
-    def integer(key: str, default: int | None) -> int | None:
-        if key not in values:
-            return default
-        try:
-            return int(values[key])
-        except ValueError:
-            warnings.append(f"parameter {key}={values[key]!r} is not an integer; using {default}")
-            return default
-
-    def boolean(key: str, default: bool) -> bool:
-        value = values.get(key)
-        if value is None:
-            return default
-        if value in _TRUE or value in _FALSE:
-            return value in _TRUE
-        warnings.append(f"parameter {key}={value!r} is not a boolean; using {default}")
-        return default
-
+    read = TritonParameters.of(model_config)
+    values = read.values
     if "gpt_model_path" not in values:
         raise InputError("tensorrt_llm model config: parameter gpt_model_path (the engine folder) is not set")
     engine_dir = Path(values["gpt_model_path"])
@@ -121,49 +82,25 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         # gpt_model_path names the engine where a deployment mounts it; off that mount, the engine
         # is where the package stage left it relative to this model's folder.
         engine_dir = model_dir / packaged
-    mode = values.get("decoding_mode")
-    look = [integer(k, None) for k in LOOKAHEAD_TRITON_KEYS]
-    if mode == "lookahead" and None in look:
-        raise InputError(
-            "decoding_mode is lookahead but lookahead_window_size, lookahead_ngram_size and "
-            "lookahead_verification_set_size are not all set"
-        )
-    choices = {}
-    for key in ("medusa_choices", "eagle_choices"):
-        try:
-            choices[key] = trees.parse_triton_choices(values[key]) if key in values else None
-        except ValueError as exc:
-            raise InputError(f"parameter {key}: {exc}") from None
+    load_runtimes()
+    fields: dict[str, Any] = {}
+    for runtime in registry.RUNTIMES.values():  # each method reads its own keys
+        if runtime.parameters is not None:
+            fields |= runtime.parameters(read)
     policy = model_config.get("model_transaction_policy") or {}
-    ngram = None
-    if any(key in values for key in NGRAM_TRITON_KEYS):
-        size_key, keep_key, oldest_key, public_key = NGRAM_TRITON_KEYS
-        ngram = NGramConfig(
-            0,
-            integer(size_key, 2) or 2,
-            boolean(keep_key, True),
-            boolean(oldest_key, True),
-            boolean(public_key, True),
-        )
     return BackendParams(
         engine_dir=engine_dir,
-        max_beam_width=integer("max_beam_width", 1) or 1,
-        exclude_input_in_output=boolean("exclude_input_in_output", False),
-        decoding_mode=mode,
-        cancellation_check_period_ms=integer("cancellation_check_period_ms", 100) or 100,
-        lookahead=LookaheadConfig(*look) if None not in look else None,  # type: ignore[arg-type]
-        medusa_choices=choices["medusa_choices"],
-        eagle_choices=choices["eagle_choices"],
-        num_threads=integer("reference_num_threads", None),
-        eagle_dynamic_tree=boolean("reference_eagle_use_dynamic_tree", False),
-        eagle_dynamic_tree_max_top_k=integer("reference_eagle_dynamic_tree_max_top_k", None),
-        ngram=ngram,
+        max_beam_width=read.integer("max_beam_width", 1) or 1,
+        exclude_input_in_output=read.boolean("exclude_input_in_output", False),
+        cancellation_check_period_ms=read.integer("cancellation_check_period_ms", 100) or 100,
+        method=MethodSettings(decoding_mode=values.get("decoding_mode"), **fields),
+        num_threads=read.integer("reference_num_threads", None),
         decoupled=bool(policy.get("decoupled", False)),
         lora_prefetch_dir=_prefetch_dir(values, model_dir),
-        lora_cache_host_memory_bytes=integer("lora_cache_host_memory_bytes", None),
-        lora_client_adapters=boolean("reference_lora_client_adapters", True),
+        lora_cache_host_memory_bytes=read.integer("lora_cache_host_memory_bytes", None),
+        lora_client_adapters=read.boolean("reference_lora_client_adapters", True),
         outputs=frozenset(o["name"] for o in model_config.get("output") or []),
-        warnings=tuple(warnings),
+        warnings=tuple(read.warnings),
     )
 
 
@@ -378,7 +315,7 @@ def _lookahead_inputs(get: GetInput, params: BackendParams) -> LookaheadConfig |
     values = [_scalar(get, name, None) for name in LOOKAHEAD_TRITON_KEYS]
     if all(v is None for v in values):
         return None
-    if params.lookahead is None:
+    if params.method.lookahead is None:
         raise InputError(
             "lookahead_window_size / lookahead_ngram_size / lookahead_verification_set_size are only "
             "allowed when the model sets the lookahead parameters (decoding_mode lookahead)"

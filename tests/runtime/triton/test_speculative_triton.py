@@ -189,7 +189,7 @@ def test_reference_parameters_and_load_errors(spec_engines, tmp_path):
         ),
         tmp_path,
     )
-    settings = params.method_settings()
+    settings = params.method
     assert settings.eagle_dynamic_tree and settings.eagle_dynamic_tree_max_top_k == 4
     assert settings.decoding_mode == "eagle" and settings.eagle_choices is None
     got = parse_request(

@@ -238,7 +238,7 @@ def test_parameters(tmp_path):
     )
     assert params.engine_dir == tmp_path / "engine" and params.max_beam_width == 1
     assert params.exclude_input_in_output and params.cancellation_check_period_ms == 20
-    assert params.eagle_choices == ((0,), (0, 0), (1,)) and params.medusa_choices is None
+    assert params.method.eagle_choices == ((0,), (0, 0), (1,)) and params.method.medusa_choices is None
     assert params.decoupled and {"output_ids", "acceptance_rate"} <= params.outputs
     with pytest.raises(InputError, match="lookahead_window_size, lookahead_ngram_size and"):
         parse_parameters(model_config(Path("e"), decoding_mode="lookahead", lookahead_window_size="4"))

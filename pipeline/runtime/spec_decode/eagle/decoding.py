@@ -19,7 +19,7 @@ features (committed tokens). One step, for all running requests at once (:meth:`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,7 @@ from pipeline.runtime.model.kv_cache import KVCache
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, Sequence
 from pipeline.runtime.spec_decode.eagle.drafter import Drafter, DraftInput
 from pipeline.runtime.spec_decode.eagle.trees import Candidates, Draft, DynamicTree, StaticTree, TreeRule
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 from pipeline.runtime.spec_decode.registry import Candidate, Measuring, MethodSettings, register
 from pipeline.runtime.spec_decode.tree_verify import Proposal, verify
 
@@ -177,7 +178,16 @@ def _rehearsed(engine: Engine, config: EagleConfig | None, measuring: Measuring)
     ]
 
 
-@register("eagle", candidates=_rehearsed)
+def _parameters(read: TritonParameters) -> dict[str, Any]:
+    """``eagle_choices``, and EAGLE-2's reference-only keys (the C++ backend exposes no dynamic tree)."""
+    return {
+        "eagle_choices": read.tree("eagle_choices"),
+        "eagle_dynamic_tree": read.boolean("reference_eagle_use_dynamic_tree", False),
+        "eagle_dynamic_tree_max_top_k": read.integer("reference_eagle_dynamic_tree_max_top_k", None),
+    }
+
+
+@register("eagle", candidates=_rehearsed, parameters=_parameters)
 def _from_settings(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
     """EAGLE-2's dynamic tree (``reference_eagle_use_dynamic_tree``), else EAGLE-1's ``eagle_choices``
     (TensorRT-LLM's default tree, with a warning, when unset)."""
