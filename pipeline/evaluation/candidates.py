@@ -5,7 +5,8 @@ whose runtime (:mod:`pipeline.runtime.spec_decode.registry`) lists settings it c
 weights: Lookahead at the spec's (W, N, G) plus a smaller (w, n, g) per request on that server; Medusa
 with the spec's tree plus the project's presets of a similar size, when the checkpoint has Medusa
 heads; EAGLE-1 with the spec's static tree and EAGLE-2 with a dynamic tree, when it has a drafter;
-NGram and EAGLE-3 at the plan's settings; a method without a list of its own at the plan's config.
+NGram at the plan's pool (the evaluate stage gives the ``pytorch`` target TensorRT-LLM's default one);
+EAGLE-3 at the plan's chain or tree; a method without a list of its own at the plan's config.
 Each candidate gets its method from ``make_method`` on an engine *view*: the same loaded weights with
 the build config a build of that method would have (speculative_decoding_mode, max_draft_len), so
 nothing is loaded twice.
@@ -58,12 +59,10 @@ def candidates(engine: Engine, measuring: Measuring) -> list[Candidate]:
     listed = [PLAIN]
     for definition in sorted(methods.definitions(), key=lambda d: d.maintenance):
         runtime = registry.RUNTIMES.get(definition.name)
-        if runtime is None:
-            continue
         config = measuring.configs.get(definition.name)
-        if runtime.candidates is not None:
+        if runtime is not None and runtime.candidates is not None:
             listed += runtime.candidates(engine, config, measuring)
-        elif config is not None:
+        elif config is not None:  # without a runtime, loading it says the reference backend has none
             listed.append(_as_planned(definition.name, config))
     return listed
 

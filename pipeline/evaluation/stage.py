@@ -157,8 +157,8 @@ def run_evaluation(variant: VariantPlan, stage: StagePlan, out: Path, say: Calla
         # The PyTorch backend measures its zero-touch method whatever the plan's (TensorRT-LLM's NGram K 4)
         if spec.ngram is None and not target.builds_engines:
             configs["ngram"] = NGramConfig(DEFAULT_NGRAM_DRAFTS)
-        drafter = Path(stage.inputs["heads"]) if spec.eagle3 is not None else None
-        listed = cands.candidates(engine, cands.Measuring(configs, params["eagle_dynamic_top_k"], drafter))
+        heads = Path(stage.inputs["heads"]) if "heads" in stage.inputs else None
+        listed = cands.candidates(engine, cands.Measuring(configs, params["eagle_dynamic_top_k"], heads))
         listed = [c for c in listed if variant.target in methods.definition(c.method).targets]  # what it can run
         loaded = [cands.load(engine, candidate) for candidate in listed]
         say(

@@ -92,8 +92,10 @@ class SpeculativeConfig:
         return data
 
     def configs(self) -> dict[str, Any]:
-        """Every method's resolved config the plan holds (its own and any other it resolved), by method name."""
-        held = {name: getattr(self, name) for name in _METHOD_FIELDS if getattr(self, name) is not None}
+        """The method's resolved config by its name (none for plain decoding), as the generic modules ask for
+        each method's (in the fields' order)."""
+        names = [f.name for f in dataclasses.fields(self) if f.name in _METHOD_FIELDS]
+        held = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.added is not None:
             held[self.method] = self.added
         return held

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline import trees
@@ -60,6 +62,28 @@ def test_tokens_per_step_from_the_per_position_counters():
     for accepted in (0, 0, 1, 3):
         stats.observe(4, accepted)
     assert tokens_per_step(stats, 4) == {"1": 0.5, "2": 0.25, "3": 0.0, "4": 0.25, "5": 0.0}
+
+
+def test_a_plain_engine_lists_each_method_its_plan_holds(tiny):
+    from pipeline.evaluation.candidates import Measuring
+    from pipeline.methods.eagle3 import Eagle3Config
+    from pipeline.methods.ngram import NGramConfig
+
+    engine = tiny.engine(None)  # built without a speculative mode, as the PyTorch backend builds every engine
+    chain = Eagle3Config(max_draft_len=3, capture_layers=(0, 1))
+    configs = {"lookahead": sf.LOOKAHEAD, "ngram": NGramConfig(4), "eagle3": chain}
+    listed = candidates(engine, Measuring(configs, eagle_top_k=3, heads=Path("drafter")))
+    # least to most to maintain: plain, the zero-touch methods, then the drafter; no heads, no Medusa / EAGLE
+    assert [c.name for c in listed] == [
+        "plain",
+        "lookahead(4,3,4)",
+        "lookahead(2,3,2)",  # half the window and verification set, per request on the (4, 3, 4) server
+        "ngram(k 4, m 2)",
+        "eagle3(k 3)",
+    ]
+    assert listed[-1].settings.eagle3_drafter == Path("drafter")
+    # without its folder an EAGLE-3 drafter cannot be measured
+    assert "eagle3(k 3)" not in [c.name for c in candidates(engine, Measuring(configs, eagle_top_k=3))]
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])

@@ -230,7 +230,7 @@ def test_rehearsal_lists_it_as_a_candidate(engine: Engine) -> None:
     from pipeline.plan.speculative import SpeculativeConfig
 
     planned = SpeculativeConfig.of(NAME, "method: repeat set in the spec", RepeatConfig(K))
-    listed = candidates(engine, Measuring(planned.configs()))
+    listed = candidates(engine, Measuring(planned.configs(), eagle_top_k=4))
     (mine,) = [c for c in listed if c.method == NAME]
     assert mine.drafting == RepeatConfig(K).drafting() and mine.describe == f"{NAME}: K={K}"
     loaded = load(engine, mine)

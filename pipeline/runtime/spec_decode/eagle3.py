@@ -369,8 +369,8 @@ def _claims(settings: MethodSettings) -> bool:
 
 
 def _rehearsed(engine: Engine, chain: Eagle3Config | None, measuring: Measuring) -> list[Candidate]:
-    """The plan's drafter (``measuring.drafter``) drafting its chain of max_draft_len, or its dynamic tree."""
-    if chain is None or measuring.drafter is None:
+    """The plan's drafter (in ``measuring.heads``) drafting its chain of max_draft_len, or its dynamic tree."""
+    if chain is None or measuring.heads is None:
         return []
     k = chain.max_draft_len
     name, describe = f"eagle3(k {k})", f"EAGLE-3, a chain of {k} drafts"
@@ -378,7 +378,7 @@ def _rehearsed(engine: Engine, chain: Eagle3Config | None, measuring: Measuring)
         top, nodes = chain.dynamic_tree_max_top_k, chain.total_draft_tokens
         name = f"eagle3(k {k}, top {top}, {nodes} nodes)"
         describe = f"EAGLE-3, a dynamic tree {k} deep (top-{top}) of {nodes} nodes"
-    settings = MethodSettings(eagle3=chain, eagle3_drafter=measuring.drafter)
+    settings = MethodSettings(eagle3=chain, eagle3_drafter=measuring.heads)
     return [Candidate(name, "eagle3", settings, chain.drafting(), describe=describe, max_draft_len=k)]
 
 

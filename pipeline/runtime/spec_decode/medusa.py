@@ -151,7 +151,7 @@ def _rehearsed(engine: Engine, config: MedusaConfig | None, measuring: Measuring
             describe=f"medusa_choices {trees.tree_name(tree)}, {len(tree)} nodes",
             max_draft_len=limit,
         )
-        for tree in trees.similar_trees(config.tree if config else trees.MC_SIM_7B_63, heads, limit)
+        for tree in trees.similar_trees((config.tree if config else None) or trees.MC_SIM_7B_63, heads, limit)
     ]
 
 

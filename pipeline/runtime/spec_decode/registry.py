@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MethodSettings:
-    """What selects and shapes the method: the tensorrt_llm model's parameters (parsed in triton/io.py).
+    """What selects and shapes the method: the tensorrt_llm model's parameters (each method's runtime reads
+    its own: ``@register(name, parameters=...)``; pipeline/runtime/triton/io.py makes the whole).
 
     ``eagle_dynamic_tree`` / ``eagle_dynamic_tree_max_top_k`` come from the reference-only
     parameters ``reference_eagle_use_dynamic_tree`` / ``reference_eagle_dynamic_tree_max_top_k``
@@ -73,8 +74,8 @@ class Measuring:
     """What rehearsal lists an engine's candidates from, beside the engine itself."""
 
     configs: Mapping[str, Any]  # by method name: the resolved config to measure it at (absent: none)
-    eagle_top_k: int = 4  # EAGLE-2's expansion top_k (evaluation.eagle_dynamic_top_k)
-    drafter: Path | None = None  # the heads folder, for a drafter loaded at run time (EAGLE-3)
+    eagle_top_k: int  # EAGLE-2's expansion top_k (the spec's speculative.eagle.dynamic_tree_max_top_k)
+    heads: Path | None = None  # the variant's heads folder, for a drafter loaded at run time (EAGLE-3)
 
 
 # ``build(engine, settings, warnings)``: the method's loop for this engine and these parameters; it

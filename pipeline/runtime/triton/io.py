@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline import methods
 from pipeline.errors import InputError
 from pipeline.lora.rules import REQUEST_CHECKS
 from pipeline.methods.lookahead import LOOKAHEAD_TRITON_KEYS, LookaheadConfig
@@ -84,9 +85,14 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         engine_dir = model_dir / packaged
     load_runtimes()
     fields: dict[str, Any] = {}
-    for runtime in registry.RUNTIMES.values():  # each method reads its own keys
-        if runtime.parameters is not None:
-            fields |= runtime.parameters(read)
+    for definition in methods.definitions():  # each method reads its own keys, in a fixed order
+        runtime = registry.RUNTIMES.get(definition.name)
+        if runtime is not None and runtime.parameters is not None:
+            own = runtime.parameters(read)
+            assert not own.keys() & fields.keys(), (
+                f"{definition.name} sets another method's {own.keys() & fields.keys()}"
+            )
+            fields |= own
     policy = model_config.get("model_transaction_policy") or {}
     return BackendParams(
         engine_dir=engine_dir,
