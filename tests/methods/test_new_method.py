@@ -11,7 +11,7 @@ no module of ``pipeline/`` names it. With only that:
   ``plan --json`` names it with its config;
 * the reference runtime builds it from an engine (``make_method``) and decodes with it losslessly;
 * rehearsal lists it as a candidate (the plan's added method: its config's drafting and K), loads its
-  loop, records it and reads the record back;
+  loop, records it and reads the record back; a runtime that lists its own candidates is measured at each;
 * the cost model prices it, from its Drafting and from a served repository's recorded settings
   (``costmodel.served.drafting`` through the definition's ``served_drafting``);
 
@@ -223,7 +223,6 @@ def test_the_reference_runtime_decodes_it_losslessly(engine: Engine) -> None:
 
 
 @pytest.mark.usefixtures("with_repeat")
-@pytest.mark.usefixtures("with_repeat")
 def test_rehearsal_lists_it_as_a_candidate(engine: Engine) -> None:
     from pipeline.evaluation.apply import candidate_build, config_of
     from pipeline.evaluation.candidates import Measuring, candidates, load
@@ -238,6 +237,23 @@ def test_rehearsal_lists_it_as_a_candidate(engine: Engine) -> None:
     assert planned.config == RepeatConfig(K) and planned.max_draft_len == K
     chosen = config_of(candidate_build(mine), planned, "best: measured")
     assert chosen is not None and chosen.method == NAME and chosen.config == RepeatConfig(K)
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_its_runtime_may_list_the_settings_rehearsal_measures(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.evaluation.candidates import Candidate, Measuring, candidates, load
+
+    def chains(engine: Engine, config: RepeatConfig | None, measuring: Measuring) -> list[Candidate]:
+        """The plan's K and a chain of one: ``@register(NAME, candidates=chains)`` in a runtime module."""
+        ks = (config.max_draft_len, 1) if config else ()
+        drafting = {k: RepeatConfig(k).drafting() for k in ks}
+        return [Candidate(f"{NAME}(k {k})", NAME, MethodSettings(), drafting[k], max_draft_len=k) for k in ks]
+
+    monkeypatch.setitem(registry.RUNTIMES, NAME, registry.Runtime(NAME, _build, candidates=chains))
+    listed = candidates(engine, Measuring({NAME: RepeatConfig(K)}, eagle_top_k=4))
+    assert [c.name for c in listed if c.method == NAME] == [f"{NAME}(k {K})", f"{NAME}(k 1)"]
+    loaded = load(engine, listed[-1])  # an engine view built with max_draft_len 1
+    assert isinstance(loaded.method, RepeatDecoding) and loaded.method.max_draft_len == 1
 
 
 @pytest.mark.usefixtures("with_repeat")
