@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/eagle3_vs_eagle2.py [--sets code chat] [--batch 1 4] [--prompts 10] [--new-tokens 64]
         [--eagle3 heads/smollm2-eagle3] [--eagle3-k 3] [--eagle2-top-k 4] [--equal-budget-eagle DIR]
-        [--methods NAME ...] [--fine-tunes [code json ...]] [--skip-base] [--dtype float32] [--out JSON]
+        [--methods NAME ...] [--fine-tunes [code json ...]] [--fine-tune-drafter NAME=DIR ...] [--skip-base]
+        [--dtype float32] [--out JSON]
 
 In one process: builds the EAGLE and Lookahead SmolLM2 engines through the pipeline as
 bench/speculative.py does (``specs/smollm2-{eagle,lookahead}.yaml``; up-to-date stages are skipped),
@@ -30,8 +31,10 @@ seconds on one thread). With ``--fine-tunes``, the base EAGLE-3 drafter also dra
 shipped LoRA fine-tune (adapters/smollm2-<name>) whose adapter is applied to the target only (merged
 into its weights here: the same target TensorRT-LLM's per-request LoRA computes), on the fine-tune's
 kind of prompts (code for smollm2-code, chat for the others), against plain decoding of the same
-fine-tune. Writes bench/out/eagle3_vs_eagle2.json (``--out``). Not a test: acceptance depends on the prompts, CPU
-time on the machine and its load.
+fine-tune; with ``--fine-tune-drafter NAME=DIR``, a drafter refreshed for that fine-tune
+(``specdeploy train-heads --method eagle3 --adapter adapters/smollm2-<name> --init heads/smollm2-eagle3``)
+drafts beside it as ``eagle3[chain_K]@DIR``. Writes bench/out/eagle3_vs_eagle2.json (``--out``). Not a
+test: acceptance depends on the prompts, CPU time on the machine and its load.
 """
 
 from __future__ import annotations
@@ -227,6 +230,13 @@ def main() -> int:
         choices=FINE_TUNES,
         help="also the base EAGLE-3 drafter on these fine-tunes (no names: all of them); default: none",
     )
+    parser.add_argument(
+        "--fine-tune-drafter",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also this EAGLE-3 drafter (e.g. refreshed for the fine-tune) on fine-tune NAME (repeatable)",
+    )
     parser.add_argument("--skip-base", action="store_true", help="only the fine-tunes (with --fine-tunes)")
     parser.add_argument(
         "--methods",
@@ -237,6 +247,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the backend default here: 1)")
     parser.add_argument("--out", type=Path, default=OUT / "eagle3_vs_eagle2.json", help="the JSON report to write")
     args = parser.parse_args()
+    refreshed = {}
+    for item in args.fine_tune_drafter:
+        name, sep, folder = item.partition("=")
+        if not sep or name not in FINE_TUNES:
+            raise SystemExit(f"--fine-tune-drafter {item}: expected NAME=DIR with NAME one of {FINE_TUNES}")
+        refreshed[name] = Path(folder).resolve()
     torch.set_num_threads(args.threads)
     start = time.monotonic()
     overrides = Overrides(dtype=args.dtype)
@@ -248,6 +264,7 @@ def main() -> int:
     plain_engine = Engine.load(plain_built.engine_dir)
     model_dir = plain_built.variant.model_dir
     budgets = {"eagle3": budget(eagle3_folder), "eagle": budget(EAGLE_HEADS)}
+    budgets.update({f"eagle3@{name}": budget(folder) for name, folder in refreshed.items()})
     methods: dict[str, tuple[Engine, DecodingMethod]] = {"plain": (plain_engine, PlainDecoding())}
     eagle2_tree = ""
     if not args.skip_base:
@@ -307,6 +324,8 @@ def main() -> int:
             "plain": (engine, PlainDecoding()),
             f"eagle3[{chain}]": eagle3_method(engine, eagle3_folder, k, model_dir),
         }
+        if name in refreshed:
+            tuned[f"eagle3[{chain}]@{refreshed[name].name}"] = eagle3_method(engine, refreshed[name], k, model_dir)
         for e, m in tuned.values():
             run(e, m, [[1, 2, 3, 4]], 4, -1, Tally())
         kind = "code" if name == "code" else "chat"
