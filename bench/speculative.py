@@ -271,10 +271,6 @@ def build(kind: str, overrides: Overrides) -> Built:
     return Built(variant, build_with_random_heads(variant), "random (plumbing only)")
 
 
-def tree_name(tree: trees.Tree) -> str:
-    return next((name for name, preset in trees.TREE_PRESETS.items() if preset == tree), f"{len(tree)} nodes")
-
-
 def load_prompts(kind: str, count: int, model_dir: Path) -> tuple[list[list[int]], str]:
     from transformers import AutoTokenizer
 
@@ -495,9 +491,9 @@ def main() -> int:
         "ngram": f"(K, M) = ({k}, {m}), keep_all, use_oldest, public pool, on the Lookahead engine's weights",
     }
     if "medusa" in built:
-        described["medusa"] = f"medusa_choices {tree_name(spec['medusa'].medusa.tree)}"
+        described["medusa"] = f"medusa_choices {trees.tree_name(spec['medusa'].medusa.tree)}"
     if "eagle" in built:
-        described["eagle"] = f"eagle_choices {tree_name(spec['eagle'].eagle.tree)}"
+        described["eagle"] = f"eagle_choices {trees.tree_name(spec['eagle'].eagle.tree)}"
         top_k, nodes = args.eagle2_top_k, methods["eagle2"][1].max_draft_len
         described["eagle2"] = f"dynamic tree, top_k {top_k}, at most {nodes} nodes"
     results: dict = {
