@@ -3,9 +3,9 @@
     .venv/bin/python bench/lora_fleet.py [SPEC] [--requests 16] [--max-tokens 32] [--concurrency 1,8] [--replot]
 
 SPEC (default specs/smollm2-lora-fleet.yaml) is a base and its LoRA fine-tunes with ``serving.lora:
-shared``. Three copies of it are built with `specdeploy engine` under bench/out/lora-fleet (up-to-date
-stages are skipped) and served one after the other by the real tritonserver with the reference
-backend:
+shared``. Three copies of it are built with `specdeploy engine`, each into its own folders under
+bench/out/lora-fleet/<copy's name> (up-to-date stages are skipped), and served one after the other by
+the real tritonserver with the reference backend:
 
 * ``base``: the base variant alone (one engine);
 * ``shared``: the spec as it is: one engine with the LoRA plugin serves every fine-tune;
@@ -90,13 +90,15 @@ def fleet_specs(spec: Path) -> dict[str, tuple[Path, list[str]]]:
 
 
 def build(spec: Path, cache: Path) -> Path:
-    """`specdeploy engine SPEC`; the repository to serve (the whole-spec one when there are several variants)."""
-    roots = ["--engines-dir", str(OUT / "engines"), "--triton-repo", str(OUT / "repo"), "--cache-dir", str(cache)]
+    """`specdeploy engine SPEC` into output folders of its own (an output folder belongs to one spec); the
+    repository to serve (the whole-spec one when there are several variants)."""
+    body = yaml.safe_load(spec.read_text())
+    engines, repo = OUT / body["name"] / "engines", OUT / body["name"] / "repo"
+    roots = ["--engines-dir", str(engines), "--triton-repo", str(repo), "--cache-dir", str(cache)]
     if cli([*roots, "engine", str(spec)]) != 0:
         raise SystemExit(f"specdeploy engine {spec} failed")
-    name = yaml.safe_load(spec.read_text())
-    variants = name["variants"]
-    return OUT / "repo" / (name["name"] if len(variants) > 1 else variants[0]["name"])
+    variants = body["variants"]
+    return repo / (body["name"] if len(variants) > 1 else variants[0]["name"])
 
 
 def server_memory(pid: int) -> dict[str, float]:
