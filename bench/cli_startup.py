@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/cli_startup.py [--rounds 15]
 
-Each round runs, in a fresh process each and in turn (so all three see the same load of the host):
-``python -c pass``, ``specdeploy --help`` and ``specdeploy validate specs/llama70b-eagle.yaml``
-(the headline spec, planned from its preset: no weights are read). Prints each one's median wall
-time over the rounds and the two ratios to the bare start-up; the targets are about 5x for
-``--help`` and about 15x for ``validate``. What a command imports decides it: the parser is built
+Each round runs, in a fresh process each and in turn (so all of them see the same load of the host):
+``python -c pass``, ``specdeploy --help``, ``specdeploy validate specs/llama70b-eagle.yaml``
+(the headline spec, planned from its preset: no weights are read) and ``specdeploy plan
+specs/llama8b-lora-fleet.yaml`` (24 adapters' configs, the LoRA decision, the plan's tables). Prints
+each one's median wall time over the rounds and its ratio to the bare start-up; the targets are about
+5x for ``--help`` and about 15x for ``validate``. What a command imports decides it: the parser is built
 from every command's ``register``, which imports nothing heavy, and each command imports what it
 needs (torch, numpy, scipy, tritonclient, rich) only when it runs. ``tests/test_cli_imports.py``
 holds the imports themselves, which, unlike times, a test can check on a loaded host.
@@ -27,6 +28,7 @@ COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "specdeploy --help": [sys.executable, "-m", "pipeline", "--help"],
     "specdeploy validate llama70b-eagle": [sys.executable, "-m", "pipeline", "validate", "specs/llama70b-eagle.yaml"],
+    "specdeploy plan llama8b-lora-fleet": [sys.executable, "-m", "pipeline", "plan", "specs/llama8b-lora-fleet.yaml"],
 }
 
 

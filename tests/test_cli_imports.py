@@ -45,3 +45,10 @@ def test_the_parser_imports_nothing_heavy():
 def test_validating_a_spec_without_weights_imports_nothing_heavy(command):
     modules = imported(command, str(REPO / "specs" / "llama70b-eagle.yaml"))
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+
+
+def test_planning_a_fleet_of_adapter_configs_imports_no_torch():
+    """specs/llama8b-lora-fleet.yaml's 24 adapters are adapter_config.json alone: there are no tensors to
+    check, so the checkpoint readers (torch) are not imported; the LoRA decision's numpy and scipy are."""
+    modules = imported("plan", str(REPO / "specs" / "llama8b-lora-fleet.yaml"))
+    assert not modules & {"torch", "transformers", "peft", "modelopt"}, sorted(modules & {"torch", "transformers"})

@@ -97,8 +97,6 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
         folders, base_dir = [str(spec.resolve_path(a)) for a in adapters], lora.inputs["model"]
     else:
         return []
-    from pipeline.checkpoint.hf_reader import open_hf_checkpoint
-    from pipeline.checkpoint.merge import open_checked_adapter
     from pipeline.plan.adapters import has_weights
 
     if merge is not None and variant.quant.prequantized:  # the merge's refusal (checkpoint/merge.py), from headers
@@ -109,6 +107,13 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
                 "quantization.weights: fp8 to quantize the merged model",
             )
         ]
+    # Planned from a preset and the adapters' configs alone, an adapter has nothing to read yet.
+    readable = [(i, Path(f)) for i, f in enumerate(folders) if variant.weights_present or has_weights(Path(f))]
+    if not readable:
+        return []
+    from pipeline.checkpoint.hf_reader import open_hf_checkpoint  # torch: only when there are tensors to read
+    from pipeline.checkpoint.merge import open_checked_adapter
+
     base = None
     if variant.weights_present and _has_weights(base_dir):
         try:
@@ -117,12 +122,10 @@ def _adapter_problems(spec: Spec, variant: VariantPlan, located: Callable[[KeyPa
             pass  # the checkpoint's own problem is reported at model.path; the adapters are read alone
     problems = []
     try:
-        for index, folder in enumerate(folders):
+        for index, folder in readable:
             where: KeyPath = ("model", "adapter") if isinstance(written, str) else ("model", "adapter", index)
-            if not variant.weights_present and not has_weights(Path(folder)):
-                continue  # planned from a preset and the adapter's config alone: nothing to read yet
             try:
-                open_checked_adapter(Path(folder), base).close()
+                open_checked_adapter(folder, base).close()
             except InputError as exc:
                 problems.append(located(where, str(exc)))
     finally:
