@@ -149,8 +149,8 @@ def _print_commands(variant, console: Console) -> None:
 
 def _print_spec_command(plan, console: Console) -> None:
     """The whole-spec repository's container argv, when the manifests run it (pipeline/release/kubernetes.py)."""
+    from pipeline.fleet.placement import sharing_problem
     from pipeline.release.kubernetes import served, spec_launch_argv
-    from pipeline.triton.spec_repository import sharing_problem
     from pipeline.trtllm.build_command import display
 
     if plan.repository is None or sharing_problem(plan) is not None:

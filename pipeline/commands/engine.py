@@ -60,8 +60,8 @@ def _engine(args: argparse.Namespace, console: Console) -> int:
 
 def _write_deploy(plan, engines_root: Path, console: Console) -> None:
     """engines/<spec>/deploy/: the Kubernetes manifests of what the plan serves (pipeline/release/kubernetes.py)."""
+    from pipeline.fleet.placement import sharing_problem
     from pipeline.release.kubernetes import write_deploy
-    from pipeline.triton.spec_repository import sharing_problem
 
     whole_spec = plan.repository is not None and sharing_problem(plan) is None
     folder, notes = write_deploy(plan, engines_root, whole_spec)

@@ -189,8 +189,8 @@ def run_gpu_command(argv: list[str], args: argparse.Namespace, console: Console,
 
 def serve_spec(plan: Plan, args: argparse.Namespace, console: Console) -> int:
     """Every variant of the spec from one server: the whole-spec repository triton_repo/<spec>/."""
+    from pipeline.fleet.placement import sharing_problem
     from pipeline.triton.launch_gpu import gpu_spec_launch_argv
-    from pipeline.triton.spec_repository import sharing_problem
 
     assert plan.repository is not None
     targets = sorted({variant.target for variant in plan.variants})

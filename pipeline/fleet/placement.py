@@ -117,6 +117,15 @@ def place_fleet(plan: Plan) -> FleetPlacement | None:
     return FleetPlacement(gpu, count, tuple(_limits(need, gpus_of, needs, usable) for need in needs))
 
 
+def sharing_problem(plan: Plan) -> str | None:
+    """Why the spec's variants cannot share one server (their GPUs overflow), or None."""
+    try:
+        place_fleet(plan)
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
 def _server_gpus(variants: list[VariantPlan]) -> tuple[GpuType, int]:
     types = {v.gpu.name for v in variants if v.gpu is not None}
     missing = [v.name for v in variants if v.gpu is None]

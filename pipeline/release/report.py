@@ -187,7 +187,7 @@ def _print_variant(plan: Plan, variant: VariantPlan, console: Console) -> None:
 def _print_server(plan: Plan, console: Console) -> None:
     if plan.repository is None:
         return
-    from pipeline.triton.spec_repository import sharing_problem
+    from pipeline.fleet.placement import sharing_problem
 
     problem = sharing_problem(plan)
     if problem is None:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import StageUnavailable
+from pipeline.fleet.placement import sharing_problem
 from pipeline.io.hashing import HashCache
 from pipeline.plan.types import Plan, StagePlan, VariantPlan
 from pipeline.stages import build, checkpoint, convert, evaluate, lora, merge, package, quantize, train_heads
 from pipeline.stages.owners import claim_outputs
 from pipeline.stages.runner import StageResult, run_stage
-from pipeline.triton.spec_repository import sharing_problem
 
 StageBody = Callable[[VariantPlan, StagePlan, Path], None]
 

@@ -28,11 +28,12 @@ import os
 from pathlib import Path
 
 from pipeline import targets
+from pipeline.fleet.placement import sharing_problem
 from pipeline.io.atomic import check_replaceable, remove_path, replace_folder
 from pipeline.llm_api.deployment import emit_deployment
 from pipeline.plan.types import Plan, VariantPlan
 from pipeline.triton.repository import TOKENIZER_REQUIRED, emit_repository
-from pipeline.triton.spec_repository import emit_spec_repository, sharing_problem
+from pipeline.triton.spec_repository import emit_spec_repository
 
 MARKER = "specdeploy-review.json"
 

@@ -65,15 +65,6 @@ def composing_names(variant: str, preprocessing: str, postprocessing: str) -> Mo
     return ModelNames(preprocessing, f"{variant}-tensorrt_llm", postprocessing, f"{variant}-tensorrt_llm_bls")
 
 
-def sharing_problem(plan: Plan) -> str | None:
-    """Why the spec's variants cannot share one server (their GPUs overflow), or None."""
-    try:
-        place_fleet(plan)
-    except InputError as exc:
-        return str(exc)
-    return None
-
-
 def emit_spec_repository(
     plan: Plan, out: Path, packaged_root: Path | None = None, *, check_engines: bool = True
 ) -> dict[str, pbtxt.ModelConfig]:

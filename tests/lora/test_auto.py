@@ -208,7 +208,7 @@ def test_the_llama8b_fleet_of_24_adapters_fits_two_l40s_and_says_why(tmp_path):
     assert all(used <= free + 1e-9 for used, free in zip(decision.decision.used_gib, decision.decision.free_gib))
     (group,) = plan.lora_groups
     assert len(group.members) == 23
-    from pipeline.triton.spec_repository import sharing_problem
+    from pipeline.fleet.placement import sharing_problem
 
     assert sharing_problem(plan) is None  # one server holds the base, 23 adapters and the merged engine
     # the manifest records the decision with its objective
