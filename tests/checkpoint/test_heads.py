@@ -292,3 +292,32 @@ def test_eagle_layer_count_from_weights(tmp_path, tiny_llama, convert):
     out, summary = convert(tiny.path, eagle=EagleOptions(eagle_dir, num_eagle_layers=1))
     assert any("says 1 drafter layers but the weights have 2" in w for w in summary.warnings)
     assert json.loads((out / "config.json").read_text())["eagle_net_config"]["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_the_plans_heads_fields_are_what_the_converter_writes(tmp_path, tiny_llama, convert, kind):
+    """The convert stage's options come from the plan's config (heads_options) and the engine config check
+    expects the config's checkpoint_fields(): the converter writes exactly those."""
+    from pipeline.checkpoint.heads import heads_options
+    from pipeline.methods.eagle import EagleConfig
+    from pipeline.methods.medusa import MedusaConfig
+    from pipeline.plan.speculative import SpeculativeConfig
+    from pipeline.trees import CHAIN_3
+
+    tiny = tiny_llama()
+    if kind == "medusa":
+        heads_dir = write_medusa_dir(tmp_path / "heads", medusa_weights(64, 96, 3, 1), "safetensors", None)
+        config = MedusaConfig(3, 1, CHAIN_3, 31)
+        fields = {"num_medusa_heads": 3, "max_draft_len": 31}
+    else:
+        cfg = drafter_config(vocab_size=96, num_hidden_layers=1)
+        heads_dir = write_eagle_dir(tmp_path / "heads", cfg, eagle_weights(cfg), "safetensors")
+        config = EagleConfig(CHAIN_3, 2, 5, 40, False, 10)
+        fields = {"num_eagle_layers": 2, "max_draft_len": 40, "max_non_leaves_per_layer": 5}
+    planned = SpeculativeConfig.of(kind, f"method: {kind} set in the spec", config)
+    medusa, eagle = heads_options(planned, heads_dir)
+    assert (medusa is None, eagle is None) == (kind != "medusa", kind != "eagle")
+    out, _ = convert(tiny.path, medusa=medusa, eagle=eagle)
+    written = json.loads((out / "config.json").read_text())
+    assert config.checkpoint_fields() == fields
+    assert {key: written[key] for key in fields} == fields
