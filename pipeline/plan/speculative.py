@@ -92,8 +92,8 @@ class SpeculativeConfig:
         return data
 
     def configs(self) -> dict[str, Any]:
-        """The method's resolved config by its name (none for plain decoding), as the generic modules ask for
-        each method's (in the fields' order)."""
+        """The plan's resolved configs by method name, in the fields' order: its method's own (none for plain
+        decoding), for the generic modules that ask each method for its config."""
         names = [f.name for f in dataclasses.fields(self) if f.name in _METHOD_FIELDS]
         held = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.added is not None:
