@@ -107,3 +107,18 @@ def test_the_cost_model_prices_a_method_by_its_drafting_alone(monkeypatch):
         1e-5 * 64 * 15
     )  # the per-row constant it names
     assert ngram.parts["weights and GEMMs"] > plain.parts["weights and GEMMs"]  # 16 rows a request, not 1
+
+
+def test_methods_that_share_a_build_mode_are_told_apart_by_their_settings():
+    """An engine records its build mode, not its method: of the methods sharing a mode, the one the mode
+    names (``engine_mode_method``) is served by it, and every other only through a ``claims`` hook on the
+    settings that select it (EAGLE-3, which the PyTorch backend builds with no mode, as plain decoding). A
+    second method without one would never be served."""
+    from pipeline.runtime.spec_decode import registry
+    from pipeline.runtime.spec_decode.factory import load_runtimes
+
+    load_runtimes()
+    for mode in {d.build_mode for d in methods.definitions()}:
+        sharing = [d for d in methods.definitions() if d.build_mode == mode]
+        by_mode = [d.name for d in sharing if d.name not in registry.RUNTIMES or not registry.RUNTIMES[d.name].claims]
+        assert by_mode == [engine_mode_method(sharing[0].engine_mode)], (mode, by_mode)

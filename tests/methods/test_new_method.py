@@ -20,7 +20,9 @@ module of pipeline/runtime/spec_decode/ whose ``@register(name)`` adds its loop 
 every module there). What still needs an edit outside the two pieces (the remaining gap):
 
 * a new method that shares a build mode with another (``draft_tokens_external``, NGram's) is told apart
-  from it by the definitions' order only: the engine records its build mode, not the method;
+  from it by the definitions' order only, unless its runtime claims its own settings (``claims``, as
+  EAGLE-3's does): the engine records its build mode, not the method (``tests/test_methods.py`` holds the
+  shipped methods to that rule; ``repeat`` here is inserted ahead of NGram instead);
 * rehearsal lists each method's candidates from its runtime (``@register(name, candidates=...)``; without
   a list, the plan's config is the one candidate), but a method measured at the plan's config competes
   only when the spec names it: ``method: best`` resolves the config of the one method ``auto`` picks, and
