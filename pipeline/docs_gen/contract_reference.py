@@ -19,6 +19,10 @@ ENSEMBLE_STEPS = (
 )
 
 
+def _names(names: frozenset[str]) -> str:
+    return " and ".join(code(n) for n in sorted(names, reverse=True))
+
+
 def dims(tensor: Tensor) -> str:
     return "[" + ", ".join(str(d) for d in tensor.dims) + "]"
 
@@ -85,6 +89,12 @@ def render() -> str:
         "`${lora_weights_data_type}` is specdeploy's, where NVIDIA's templates fix `TYPE_FP16`: TensorRT-LLM "
         "1.2.1 takes LoRA weights only in the engine's dtype, so the repository of a float32 engine declares "
         "`FP32` (and the lora stage writes its adapters so), every other one `FP16` as NVIDIA's.",
+        "",
+        f"One narrowing: the models of a LoRA engine withhold {_names(contract.CLIENT_ADAPTER_INPUTS)} (a "
+        "client's own adapter) unless its variant sets `serving.lora_client_adapters: true`, and a shared "
+        'fine-tune\'s models always do: Triton refuses such a request ("unexpected inference input") before '
+        "any backend sees it, so the deployed fine-tunes' prefetched adapters cannot be evicted by what "
+        "clients send. Clients reach a deployed fine-tune by its `lora_task_id` or its own model name.",
         "",
         "How the CPU reference backend answers these tensors, and what it refuses, is under "
         "[The Triton contract on CPU](../concepts/reference-backend.md#the-triton-contract-on-cpu).",

@@ -349,9 +349,12 @@ class ServingSpec(_Strict):
     merges it into an engine of its own; auto lets the planner choose per fine-tune, the fleet's predicted
     speedup against every GPU's memory (docs/concepts/fleet.md)."""
     lora_client_adapters: bool = False
-    """Whether clients may send adapters of their own (``lora_weights`` with a new ``lora_task_id``) to a
-    LoRA engine. Off: its models refuse them, and the deployed fine-tunes' prefetched adapters are never
-    evicted by what clients send (docs/concepts/reference-backend.md)."""
+    """Whether clients may send adapters of their own (``lora_weights`` and ``lora_config``) to the LoRA
+    engine of this variant (the group's base). Off: its models do not declare those inputs, so Triton
+    refuses such a request on a GPU as on CPU, and the deployed fine-tunes' prefetched adapters are never
+    evicted by what clients send; clients reach a fine-tune by its ``lora_task_id`` or its own model
+    name. On: NVIDIA's documented first request, the adapter sent with its task id, works too. A shared
+    fine-tune's own models never take one (docs/concepts/reference-backend.md)."""
 
 
 class TrafficSpec(_Strict):

@@ -1,7 +1,8 @@
 """The five ModelConfig messages of the in-flight-batching repository, built from the contract table.
 
 Every tensor comes from :mod:`pipeline.triton.contract` (NVIDIA's templates, plus specdeploy's
-marked extensions), so any client written for NVIDIA's repository works unchanged:
+marked extensions), so any client written for NVIDIA's repository works unchanged (a LoRA engine's
+models withhold a client's own adapter unless the spec allows it: ``contract.CLIENT_ADAPTER_INPUTS``):
 
     text_input -> preprocessing (QUERY -> INPUT_ID ...) -> tensorrt_llm (input_ids ... -> output_ids)
                -> postprocessing (TOKENS_BATCH -> OUTPUT) -> text_output
@@ -74,6 +75,8 @@ class RepositorySettings:
     ensemble: str = "python"  # one of ENSEMBLE_KINDS
     # Data types of the contract's template variables where they differ from contract.VARIABLE_TYPES.
     variable_types: dict[str, str] = field(default_factory=dict)
+    # False: the models withhold contract.CLIENT_ADAPTER_INPUTS (a LoRA engine, serving.lora_client_adapters off).
+    client_adapters: bool = True
 
     @property
     def bls_instances(self) -> int:
@@ -119,10 +122,11 @@ def model_output(tensor: Tensor, variables: dict[str, str]) -> mc.ModelOutput:
 
 def _declare(config: mc.ModelConfig, model: str, settings: RepositorySettings) -> None:
     """The contract's tensors of ``model``, then specdeploy's extensions."""
-    inputs, outputs = contract.CONTRACT[model]
-    extra_inputs, extra_outputs = contract.extensions(model, settings.lookahead, settings.preprocessing_sets_lora_task)
-    config.input.extend(model_input(t, settings.variable_types) for t in inputs + extra_inputs)
-    config.output.extend(model_output(t, settings.variable_types) for t in outputs + extra_outputs)
+    inputs, outputs = contract.declared(
+        model, settings.lookahead, settings.preprocessing_sets_lora_task, settings.client_adapters
+    )
+    config.input.extend(model_input(t, settings.variable_types) for t in inputs)
+    config.output.extend(model_output(t, settings.variable_types) for t in outputs)
 
 
 def _python_model(name: str, settings: RepositorySettings, instances: int) -> mc.ModelConfig:
@@ -166,7 +170,11 @@ def tensorrt_llm_config(settings: RepositorySettings) -> mc.ModelConfig:
 def ensemble_steps(settings: RepositorySettings) -> list[tuple[str, dict[str, str], dict[str, str]]]:
     """(model, input_map, output_map) per step: NVIDIA's wiring plus the extensions' tensors."""
     pre_in, pre_out = dict(contract.PREPROCESSING_STEP_INPUTS), dict(contract.PREPROCESSING_STEP_OUTPUTS)
-    llm_in = dict(contract.TENSORRT_LLM_STEP_INPUTS)
+    llm_in = {
+        inner: outer
+        for inner, outer in contract.TENSORRT_LLM_STEP_INPUTS.items()
+        if settings.client_adapters or inner not in contract.CLIENT_ADAPTER_INPUTS
+    }
     if settings.lookahead:
         for outer in contract.LOOKAHEAD_CLIENT_INPUTS:
             inner = outer.upper()
@@ -199,7 +207,9 @@ def ensemble_config(settings: RepositorySettings) -> mc.ModelConfig:
 def bls_steps(settings: RepositorySettings, kind: str = BLS) -> list[dict]:
     """The ensemble's steps as a BLS-code model runs them, reading only tensors the model declares
     (``kind``: its contract key, ``tensorrt_llm_bls`` or ``ensemble``)."""
-    declared = {t.name for t in contract.CONTRACT[kind][0] + contract.extensions(kind, settings.lookahead)[0]}
+    declared = {
+        t.name for t in contract.declared(kind, settings.lookahead, client_adapters=settings.client_adapters)[0]
+    }
     steps = []
     for model, inputs, outputs in ensemble_steps(settings):
         kept = {inner: outer for inner, outer in inputs.items() if outer.startswith("_") or outer in declared}

@@ -15,6 +15,8 @@ dimension (every model has ``max_batch_size`` > 0). ``reshape=()`` is ``reshape:
 sent as [batch, 1], seen by the model as [batch].
 
 specdeploy's own additions (:data:`EXTENSIONS`) are extra tensors only; none changes a contract one.
+One narrowing: a LoRA engine's models withhold :data:`CLIENT_ADAPTER_INPUTS` unless the spec lets
+clients bring adapters of their own (``serving.lora_client_adapters``).
 
 Checked tensor by tensor (name, data type, dims, optional, reshape, ragged) against NVIDIA/TensorRT-LLM
 ``tensorrt_llm/config.pbtxt`` at commit 0c8de69a1ca6213eebb20a51873890ff128666c2 and ``ensemble/config.pbtxt``
@@ -442,6 +444,25 @@ def extensions(model: str, lookahead: bool, lora: bool = False) -> tuple[tuple[T
     """The extra (inputs, outputs) specdeploy declares on ``model`` (the contract's key)."""
     chosen = [e for e in EXTENSIONS.get(model, ()) if (lookahead or not e.lookahead_only) and (lora or not e.lora_only)]
     return (tuple(t for e in chosen for t in e.inputs), tuple(t for e in chosen for t in e.outputs))
+
+
+# A client's own adapter: withheld from a LoRA engine's models unless serving.lora_client_adapters is on.
+# With them any client can load adapters into the engine's LoRA cache, whose least recently used
+# entries TensorRT-LLM 1.2.1 evicts, the adapters lora_prefetch_dir loaded included (loraCache.cpp):
+# the deployed fine-tunes would then fail "LoRA task N not found in cache". Without them Triton
+# itself refuses such a request ("unexpected inference input"), before any backend, GPU or CPU, sees it.
+CLIENT_ADAPTER_INPUTS = frozenset({"lora_weights", "lora_config"})
+
+
+def declared(
+    model: str, lookahead: bool, lora: bool = False, client_adapters: bool = True
+) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """The (inputs, outputs) ``model`` (the contract's key) declares: NVIDIA's, then specdeploy's
+    extensions, less :data:`CLIENT_ADAPTER_INPUTS` where clients may not bring adapters."""
+    inputs, outputs = CONTRACT[model]
+    extra_inputs, extra_outputs = extensions(model, lookahead, lora)
+    kept = tuple(t for t in inputs + extra_inputs if client_adapters or t.name not in CLIENT_ADAPTER_INPUTS)
+    return kept, outputs + extra_outputs
 
 
 def data_type(tensor: Tensor, variables: Mapping[str, str] | None = None) -> str:

@@ -6,7 +6,8 @@ Correct answers come from outside Triton: each fine-tune's merged engine (the me
 converted and built like any variant) decoded greedily by the reference runtime. Requests for the
 base and both fine-tunes are in flight together; NVIDIA's inflight client, unchanged, addresses a
 fine-tune by its task id alone (prefetched) and by sending the adapter with a new task id
-(``--lora-path`` pointed at the lora stage's folder, as NVIDIA's instructions say). ``code`` has the
+(``--lora-path`` pointed at the lora stage's folder, as NVIDIA's instructions say), which the base
+allows (``serving.lora_client_adapters``) and the fine-tunes' own models refuse. ``code`` has the
 default Python ensemble, which sets its task id itself; ``json`` Triton's ensemble, whose
 preprocessing of its own sets it.
 """
@@ -205,6 +206,21 @@ def test_base_and_fine_tunes_in_flight_together_equal_their_merged_engines(plan,
 def test_unknown_task_id_gets_tensorrt_llms_error(server):
     message = ask(server.grpc_url, PROMPTS[0], 12345)
     assert "LoRA task 12345 not found in cache. Please send LoRA weights with request" in message
+
+
+@pytest.mark.parametrize("model", ["code", "json"])  # the Python ensemble and Triton's
+def test_a_fine_tunes_models_refuse_a_clients_adapter_at_triton(server, model):
+    """A fine-tune's models withhold lora_weights/lora_config: Triton itself refuses them, as on a GPU."""
+    weights = grpcclient.InferInput("lora_weights", [1, 1, 8], "FP32")
+    weights.set_data_from_numpy(np.zeros((1, 1, 8), np.float32))
+    config = grpcclient.InferInput("lora_config", [1, 1, 3], "INT32")
+    config.set_data_from_numpy(np.zeros((1, 1, 3), np.int32))
+    with TritonClient(server.grpc_url, model) as client:
+        with pytest.raises(ClientError, match="unexpected inference input 'lora_(weights|config)' for model"):
+            client.generate_raw(
+                build_inputs(GenerationRequest(PROMPTS[0], max_tokens=TOKENS)) + [weights, config], timeout=300
+            )
+    assert "error" not in ask(server.grpc_url, PROMPTS[0], None, model)  # and it serves the next one
 
 
 def test_nvidia_inflight_client_with_task_id_and_lora_path(plan, expected, server, tmp_path):

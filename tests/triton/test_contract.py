@@ -64,7 +64,17 @@ def _expected(tensor: contract.Tensor, is_input: bool, dtype: str) -> dict:
     return fields
 
 
-def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, lookahead: bool, dtype: str) -> None:
+# A LoRA engine's models without serving.lora_client_adapters: a client's own adapter is refused by Triton.
+CLIENT_ADAPTER_INPUTS = frozenset({"lora_weights", "lora_config"})
+
+
+def check_contract(
+    configs: dict[str, mc.ModelConfig],
+    ensemble_name: str,
+    lookahead: bool,
+    dtype: str,
+    withheld: frozenset[str] = frozenset(),
+) -> None:
     for model, (inputs, outputs) in contract.CONTRACT.items():
         config = configs[ensemble_name if model == "ensemble" else model]
         extra_inputs, extra_outputs = contract.extensions(model, lookahead)
@@ -75,18 +85,21 @@ def check_contract(configs: dict[str, mc.ModelConfig], ensemble_name: str, looka
             names = [t.name for t in declared]
             assert len(names) == len(set(names)), f"{model}: a tensor is declared twice"
             emitted = {t.name: _fields(t, is_input) for t in declared}
-            wanted = {t.name: _expected(t, is_input, dtype) for t in table + extra}
+            wanted = {t.name: _expected(t, is_input, dtype) for t in table + extra if t.name not in withheld}
             assert set(emitted) == set(wanted), (model, set(emitted) ^ set(wanted))
             for name, fields in wanted.items():
                 assert emitted[name] == fields, f"{model}.{name}: emitted {emitted[name]}, contract {fields}"
 
 
-def check_wiring(ensemble: mc.ModelConfig) -> None:
+def check_wiring(ensemble: mc.ModelConfig, withheld: frozenset[str] = frozenset()) -> None:
     steps = {model: (inputs, outputs) for model, inputs, outputs in model_steps(ensemble, Path("repo"))}
     assert list(steps) == ["preprocessing", "tensorrt_llm", "postprocessing"]
     nvidia = {
         "preprocessing": (contract.PREPROCESSING_STEP_INPUTS, contract.PREPROCESSING_STEP_OUTPUTS),
-        "tensorrt_llm": (contract.TENSORRT_LLM_STEP_INPUTS, contract.TENSORRT_LLM_STEP_OUTPUTS),
+        "tensorrt_llm": (
+            {k: v for k, v in contract.TENSORRT_LLM_STEP_INPUTS.items() if k not in withheld},
+            contract.TENSORRT_LLM_STEP_OUTPUTS,
+        ),
         "postprocessing": (contract.POSTPROCESSING_STEP_INPUTS, contract.POSTPROCESSING_STEP_OUTPUTS),
     }
     for model, (inputs, outputs) in nvidia.items():
@@ -132,8 +145,11 @@ def test_example_spec_repositories_declare_the_contract(spec, tmp_path, tokenize
         emit_repository(variant, folder / "repo", engine_dir=engine, tokenizer_dir=tokenizer_dir)
         configs = _load(folder / "repo")
         lookahead = variant.speculative.lookahead is not None
-        check_contract(configs, variant.serving.model_name, lookahead, variant.build.dtype)
-        check_wiring(configs[variant.serving.model_name])
+        lora_engine = "lora" in variant.stage("package").params
+        assert not (lora_engine and variant.serving.lora_client_adapters)  # the shipped specs keep them off
+        withheld = CLIENT_ADAPTER_INPUTS if lora_engine else frozenset()
+        check_contract(configs, variant.serving.model_name, lookahead, variant.build.dtype, withheld)
+        check_wiring(configs[variant.serving.model_name], withheld)
         check_bls(configs)
 
 
