@@ -30,9 +30,13 @@ every module there). What still needs an edit outside the two pieces (the remain
 * a method with heads of its own on the engine target: the converter reads each heads format itself, so its
   options come from Medusa's and EAGLE's configs (checkpoint/heads.py ``heads_options``, for the convert
   stage and preflight); the engine config check asks the config's ``checkpoint_fields()``;
-* each method's runtime reads its own Triton parameters (``@register(name, parameters=...)``), but into
-  fields of the one ``MethodSettings`` (runtime/spec_decode/registry.py), so a new method's server-side
-  settings need a field there (``repeat`` has none: it takes K from the engine).
+* the package stage's check of the ``tensorrt_llm`` parameters knows the reference backend's own keys
+  by name (triton/backend_params.py ``REFERENCE_PARAMETER_KEYS``): a new method's reference-only key is
+  listed there.
+
+Each method's runtime reads its own Triton parameters (``@register(name, parameters=...)``); a new method
+returns its settings under its own name (``MethodSettings.own``, read with ``settings.of(name)``), so it
+needs no field of ``MethodSettings``: ``repeat`` reads its K so.
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.spec_decode import registry
 from pipeline.runtime.spec_decode.base import Accepted, DecodingMethod, PlainDecoding, Sequence
 from pipeline.runtime.spec_decode.factory import MethodSettings, load_runtimes, make_method
+from pipeline.runtime.spec_decode.parameters import TritonParameters
 from pipeline.runtime.spec_decode.tree_verify import DraftTree, Proposal, verify
+from pipeline.runtime.triton.io import parse_parameters
 from pipeline.spec import presets
 from pipeline.spec.document import VariantSpec
 from tests.runtime.drive import decode, requests, totals
@@ -141,7 +147,13 @@ class RepeatDecoding(DecodingMethod):
 
 
 def _build(engine: Engine, settings: MethodSettings, warnings: list[str]) -> DecodingMethod:
-    return RepeatDecoding(engine, engine.config.limits.max_draft_len or K)
+    k = settings.of(NAME) or engine.config.limits.max_draft_len or K  # the server's K, else the engine's
+    return RepeatDecoding(engine, k)
+
+
+def _parameters(read: TritonParameters) -> dict[str, Any]:
+    """Its own server-side setting, under its own name: no field of MethodSettings names it."""
+    return {NAME: read.integer("reference_repeat_k", None)}
 
 
 @pytest.fixture
@@ -149,7 +161,7 @@ def with_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
     """``repeat`` in the definitions table (ahead of NGram, whose build mode it shares) and the runtime registry."""
     load_runtimes()
     monkeypatch.setattr(methods, "DEFINITIONS", (DEFINITION, *methods.DEFINITIONS))
-    monkeypatch.setitem(registry.RUNTIMES, NAME, registry.Runtime(NAME, _build))
+    monkeypatch.setitem(registry.RUNTIMES, NAME, registry.Runtime(NAME, _build, parameters=_parameters))
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +234,17 @@ def test_the_reference_runtime_decodes_it_losslessly(engine: Engine) -> None:
     assert {r: o.tokens for r, o in spec.items()} == {r: o.tokens for r, o in plain.items()}
     stats = totals(spec)
     assert stats.draft_tokens > 0  # drafts were verified, not skipped
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_its_runtime_reads_its_own_server_setting(engine: Engine) -> None:
+    model = {"parameters": {"gpt_model_path": {"string_value": "/e"}, "reference_repeat_k": {"string_value": "2"}}}
+    settings = parse_parameters(model).method
+    assert settings.of(NAME) == 2 and settings.of("ngram") is None
+    method, _ = make_method(engine, settings)
+    assert isinstance(method, RepeatDecoding) and method.max_draft_len == 2  # the server's K, not the engine's 4
+    unset = parse_parameters({"parameters": {"gpt_model_path": {"string_value": "/e"}}}).method
+    assert unset.of(NAME) is None
 
 
 @pytest.mark.usefixtures("with_repeat")

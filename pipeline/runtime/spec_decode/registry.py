@@ -4,7 +4,7 @@ Each method's module here (``medusa.py``, ``eagle/decoding.py``, ``eagle3.py``, 
 ``ngram.py``) registers the function that builds its :class:`~pipeline.runtime.spec_decode.base.DecodingMethod`
 from an engine and the ``tensorrt_llm`` model's parameters, the settings rehearsal measures it at
 (its :class:`Candidate` list; without one, the plan's config is the one candidate) and how it reads its
-own parameters (the :class:`MethodSettings` fields they set)::
+own parameters (the :class:`MethodSettings` fields they set, or its own settings under its name)::
 
     @register("ngram", candidates=_rehearsed, parameters=_parameters)
     def _from_settings(engine, settings, warnings): ...
@@ -17,7 +17,7 @@ looks the engine's method up in :data:`RUNTIMES`; a new method is its definition
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,13 @@ class MethodSettings:
     # capture layers, and the drafter folder (Hugging Face format, as ModelOpt exports it).
     eagle3: Eagle3Config | None = None
     eagle3_drafter: Path | None = None
+    # By method name: the settings of a method without a field above (a new method's parameters hook
+    # returns ``{its name: its settings}``); read with :meth:`of`.
+    own: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def of(self, method: str) -> Any:
+        """``method``'s own settings (``own``), None when its parameters set none."""
+        return self.own.get(method)
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,9 @@ Claims = Callable[[MethodSettings], bool]
 # ``candidates(engine, config, measuring)``: the settings rehearsal measures the method at on this engine's
 # weights (``config``: its entry in ``measuring.configs``, None when absent); [] when it cannot run there.
 ListCandidates = Callable[["Engine", Any, Measuring], list[Candidate]]
-# ``parameters(read)``: the MethodSettings fields the method's own tensorrt_llm parameters set (InputError for
-# what TensorRT-LLM refuses at load).
+# ``parameters(read)``: the MethodSettings fields the method's own tensorrt_llm parameters set, or
+# ``{its name: its settings}`` for a method without a field there (MethodSettings.own); InputError for what
+# TensorRT-LLM refuses at load.
 ReadParameters = Callable[[TritonParameters], dict[str, Any]]
 
 

@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ from pipeline.runtime.request import GenerationRequest, LoraRequest, SamplingPar
 from pipeline.runtime.spec_decode import registry
 from pipeline.runtime.spec_decode.factory import MethodSettings, load_runtimes
 from pipeline.runtime.spec_decode.parameters import TritonParameters
+
+# What a method's parameters hook may set besides {its name: its settings}.
+SETTINGS_FIELDS = frozenset(f.name for f in fields(MethodSettings)) - {"decoding_mode", "own"}
 
 GetInput = Callable[[str], "np.ndarray | None"]  # input tensor by name, None when not sent
 
@@ -84,22 +87,26 @@ def parse_parameters(model_config: dict[str, Any], model_dir: Path | None = None
         # is where the package stage left it relative to this model's folder.
         engine_dir = model_dir / packaged
     load_runtimes()
-    fields: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    by_method: dict[str, Any] = {}  # MethodSettings.own
     for definition in methods.definitions():  # each method reads its own keys, in a fixed order
         runtime = registry.RUNTIMES.get(definition.name)
         if runtime is not None and runtime.parameters is not None:
-            own = runtime.parameters(read)
-            assert not own.keys() & fields.keys(), (
-                f"{definition.name} sets another method's {own.keys() & fields.keys()}"
+            own = dict(runtime.parameters(read))
+            if definition.name in own and definition.name not in SETTINGS_FIELDS:  # a method without a field
+                by_method[definition.name] = own.pop(definition.name)
+            assert own.keys() <= SETTINGS_FIELDS, f"{definition.name} sets {own.keys() - SETTINGS_FIELDS}"
+            assert not own.keys() & settings.keys(), (
+                f"{definition.name} sets another method's {own.keys() & settings.keys()}"
             )
-            fields |= own
+            settings |= own
     policy = model_config.get("model_transaction_policy") or {}
     return BackendParams(
         engine_dir=engine_dir,
         max_beam_width=read.integer("max_beam_width", 1) or 1,
         exclude_input_in_output=read.boolean("exclude_input_in_output", False),
         cancellation_check_period_ms=read.integer("cancellation_check_period_ms", 100) or 100,
-        method=MethodSettings(decoding_mode=values.get("decoding_mode"), **fields),
+        method=MethodSettings(decoding_mode=values.get("decoding_mode"), own=by_method, **settings),
         num_threads=read.integer("reference_num_threads", None),
         decoupled=bool(policy.get("decoupled", False)),
         lora_prefetch_dir=_prefetch_dir(values, model_dir),
