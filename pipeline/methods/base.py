@@ -107,6 +107,9 @@ class MethodDefinition:
     served_drafting: ServedDrafting | None = None  # its price from those; None: the cost model cannot price it served
     recorded: Recorded | None = None  # what rehearsal records of a measured candidate; None: nothing of its own
     recorded_keys: tuple[str, ...] = ()  # the keys ``recorded`` sets (null in every other method's record)
+    # tensorrt_llm parameters its config emits that only the CPU reference backend reads (the C++ backend
+    # ignores keys it does not know); the package stage's check accepts them beside the C++ backend's.
+    reference_parameter_keys: tuple[str, ...] = ()
 
     @property
     def speculative(self) -> bool:

@@ -32,6 +32,9 @@ HEADS = HeadsNeed(
 )
 EAGLE_MAX_DRAFT_LEN = 256  # builder.py asserts max_draft_len <= 256 for EAGLE
 EAGLE_MAX_BATCH_SIZE = 512  # builder.py asserts max_batch_size <= 512 for EAGLE
+# EAGLE-2's dynamic tree, which the C++ backend does not expose: the reference backend's own parameters.
+DYNAMIC_TREE_KEY = "reference_eagle_use_dynamic_tree"
+DYNAMIC_TREE_TOP_K_KEY = "reference_eagle_dynamic_tree_max_top_k"
 
 
 def eagle_dynamic_tree_size(top_k: int, num_eagle_layers: int) -> int:
@@ -171,8 +174,8 @@ class EagleConfig:
         if not self.dynamic_tree and self.tree is not None:
             return {"eagle_choices": trees.to_triton_choices(self.tree)}
         return {
-            "reference_eagle_use_dynamic_tree": "true",
-            "reference_eagle_dynamic_tree_max_top_k": str(self.dynamic_tree_max_top_k),
+            DYNAMIC_TREE_KEY: "true",
+            DYNAMIC_TREE_TOP_K_KEY: str(self.dynamic_tree_max_top_k),
         }
 
     def checkpoint_fields(self) -> dict[str, int]:
@@ -270,4 +273,5 @@ DEFINITION = MethodDefinition(
     served_drafting=served_drafting,
     recorded=recorded,
     recorded_keys=("tree",),
+    reference_parameter_keys=(DYNAMIC_TREE_KEY, DYNAMIC_TREE_TOP_K_KEY),
 )

@@ -140,4 +140,5 @@ DEFINITION = MethodDefinition(
     served_drafting=served_drafting,
     recorded=recorded,
     recorded_keys=("ngram",),
+    reference_parameter_keys=NGRAM_TRITON_KEYS,
 )

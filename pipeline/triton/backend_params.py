@@ -17,7 +17,6 @@ from pathlib import Path, PurePosixPath
 
 from pipeline import methods, targets
 from pipeline.errors import StageError
-from pipeline.methods.ngram import NGRAM_TRITON_KEYS
 from pipeline.plan.types import VariantPlan
 from pipeline.triton.backend_reads import parameter_problems
 
@@ -99,16 +98,15 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
     return params
 
 
-# Parameters only the CPU reference backend reads; the C++ backend ignores keys it does not know.
+# Parameters only the CPU reference backend reads (the C++ backend ignores keys it does not know): its
+# own, and each method's (MethodDefinition.reference_parameter_keys).
 REFERENCE_PARAMETER_KEYS = frozenset(
     {
-        "reference_eagle_use_dynamic_tree",
-        "reference_eagle_dynamic_tree_max_top_k",
         "reference_num_threads",
         "reference_engine_path",
         "reference_lora_prefetch_path",
         "reference_lora_client_adapters",
-        *NGRAM_TRITON_KEYS,
+        *(key for definition in methods.definitions() for key in definition.reference_parameter_keys),
     }
 )
 

@@ -29,14 +29,12 @@ every module there). What still needs an edit outside the two pieces (the remain
   the others' candidates come from the engine (its heads) and the evaluation's settings;
 * a method with heads of its own on the engine target: the converter reads each heads format itself, so its
   options come from Medusa's and EAGLE's configs (checkpoint/heads.py ``heads_options``, for the convert
-  stage and preflight); the engine config check asks the config's ``checkpoint_fields()``;
-* the package stage's check of the ``tensorrt_llm`` parameters knows the reference backend's own keys
-  by name (triton/backend_params.py ``REFERENCE_PARAMETER_KEYS``): a new method's reference-only key is
-  listed there.
+  stage and preflight); the engine config check asks the config's ``checkpoint_fields()``.
 
 Each method's runtime reads its own Triton parameters (``@register(name, parameters=...)``); a new method
 returns its settings under its own name (``MethodSettings.own``, read with ``settings.of(name)``), so it
-needs no field of ``MethodSettings``: ``repeat`` reads its K so.
+needs no field of ``MethodSettings``: ``repeat`` reads its K so. Keys only the reference backend reads are
+listed on the definition (``reference_parameter_keys``), where the package stage's check finds them.
 """
 
 from __future__ import annotations

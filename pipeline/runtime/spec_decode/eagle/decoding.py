@@ -26,6 +26,7 @@ import torch
 from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.methods.drafting import Drafting
+from pipeline.methods.eagle import DYNAMIC_TREE_KEY, DYNAMIC_TREE_TOP_K_KEY
 from pipeline.plan.speculative import engine_mode_method
 from pipeline.runtime.model.engine import Engine, StepInput, StepRows
 from pipeline.runtime.model.kv_cache import KVCache
@@ -182,8 +183,8 @@ def _parameters(read: TritonParameters) -> dict[str, Any]:
     """``eagle_choices``, and EAGLE-2's reference-only keys (the C++ backend exposes no dynamic tree)."""
     return {
         "eagle_choices": read.tree("eagle_choices"),
-        "eagle_dynamic_tree": read.boolean("reference_eagle_use_dynamic_tree", False),
-        "eagle_dynamic_tree_max_top_k": read.integer("reference_eagle_dynamic_tree_max_top_k", None),
+        "eagle_dynamic_tree": read.boolean(DYNAMIC_TREE_KEY, False),
+        "eagle_dynamic_tree_max_top_k": read.integer(DYNAMIC_TREE_TOP_K_KEY, None),
     }
 
 
