@@ -8,6 +8,7 @@ field by field here, against what the Deployment they select declares.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shlex
@@ -338,3 +339,70 @@ def test_an_image_pinned_by_digest_is_deployed_as_written(write_spec, tmp_path):
     files = written(plan, tmp_path, whole_spec=True)
     check_valid(files)
     assert {d["spec"]["template"]["spec"]["containers"][0]["image"] for d in files["deployment.yaml"]} == {image}
+
+
+FRONT_IMAGE = "registry.example/specdeploy-front:0.1.0"
+
+
+def with_front_image(plan: Plan, image: str | None) -> Plan:
+    """The plan as if its spec's deploy: section set front_image (the shipped spec's paths stay resolvable)."""
+    variants = [
+        dataclasses.replace(v, deploy=v.deploy.model_copy(update={"front_image": image})) for v in plan.variants
+    ]
+    return dataclasses.replace(plan, variants=tuple(variants))
+
+
+def test_a_pytorch_lora_group_s_pod_runs_the_front_beside_trtllm_serve(tmp_path):
+    """With deploy.front_image: clients reach each fine-tune by model name through the front, and
+    trtllm-serve listens on the pod's loopback only, so no client reaches it past the front."""
+    plan = with_front_image(plan_of(SPECS / "llama8b-lora-fleet-pytorch.yaml", tmp_path), FRONT_IMAGE)
+    folder, notes = write_deploy(plan, tmp_path / "engines", whole_spec=False)
+    assert all("through the front" in note for note in notes) and notes
+    deployments = {d["metadata"]["name"]: d for d in yaml.safe_load_all((folder / "deployment.yaml").read_text())}
+    services = {d["metadata"]["name"]: d for d in yaml.safe_load_all((folder / "service.yaml").read_text())}
+    for document in (*deployments.values(), *services.values()):
+        assert kubernetes_validate.validate(document, KUBERNETES, strict=True) == KUBERNETES
+    for name, deployment in deployments.items():  # a merged fine-tune's own server has no front
+        pod = deployment["spec"]["template"]["spec"]
+        assert restricted_violations(pod) == []
+        assert [c["name"] for c in pod["containers"]] == (
+            ["tritonserver", "front"] if name == "base" else ["tritonserver"]
+        )
+    server, front = deployments["base"]["spec"]["template"]["spec"]["containers"]
+    service = services["base"]
+    args = server["args"]
+    assert args[0] == "trtllm-serve" and args[args.index("--host") + 1] == "127.0.0.1"
+    assert args[args.index("--port") + 1] == "18000" and "ports" not in server
+    assert server["livenessProbe"]["exec"]["command"][:2] == ["python3", "-c"]
+    assert "http://127.0.0.1:18000/health" in server["livenessProbe"]["exec"]["command"][2]
+    base = plan.variants[0]
+    port = base.serving.http_port
+    assert front["image"] == FRONT_IMAGE
+    assert front["args"] == [
+        "python",
+        "-m",
+        "pipeline.llm_api.front",
+        f"/models/triton_repo/{base.name}/serve.json",
+        "--base",
+        base.name,
+        "--upstream",
+        "http://127.0.0.1:18000",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
+    assert front["readinessProbe"]["httpGet"] == {"path": "/health", "port": port}
+    assert front["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in front["volumeMounts"]
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "http")]
+    assert {p["name"] for p in front["ports"]} == {"http"}
+
+
+def test_without_a_front_image_the_fine_tunes_are_reached_by_lora_request(tmp_path):
+    plan = plan_of(SPECS / "llama8b-lora-fleet-pytorch.yaml", tmp_path)
+    folder, notes = write_deploy(plan, tmp_path / "engines", whole_spec=False)
+    deployments = {d["metadata"]["name"]: d for d in yaml.safe_load_all((folder / "deployment.yaml").read_text())}
+    (server,) = deployments["base"]["spec"]["template"]["spec"]["containers"]
+    assert server["args"][server["args"].index("--host") + 1] == "0.0.0.0"
+    assert any("set deploy.front_image to reach them by model name" in note for note in notes), notes

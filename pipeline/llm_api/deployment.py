@@ -65,13 +65,14 @@ def fine_tunes(package: StagePlan, adapters_root: PurePosixPath) -> dict[str, di
     }
 
 
-def launch_argv(variant: VariantPlan) -> list[str]:
-    """The ``trtllm-serve`` argv of this variant's deployment, every path where the deployment mounts it."""
+def launch_argv(variant: VariantPlan, port: int | None = None) -> list[str]:
+    """The ``trtllm-serve`` argv of this variant's deployment, every path where the deployment mounts it
+    (``port``: where it listens, default the variant's ``serving.http_port``)."""
     package = variant.stage("package")
     engines_root = PurePosixPath(package.params["engines_root"])
     repository = engines_root.parent / TRITON_REPO_FOLDER / Path(package.output).name
     model = deployed(engines_root, Path(package.inputs["checkpoint"]))
-    return serve_argv(model, repository / OPTIONS_FILE, variant.serving.host, variant.serving.http_port)
+    return serve_argv(model, repository / OPTIONS_FILE, variant.serving.host, port or variant.serving.http_port)
 
 
 def emit_deployment(variant: VariantPlan, package: StagePlan, out: Path) -> None:

@@ -16,16 +16,23 @@ where the deployment listens and forwards to trtllm-serve on the loopback:
 * ``GET /v1/models``: the variant and its fine-tunes;
 * ``GET /health``: trtllm-serve's.
 
+``python -m pipeline.llm_api.front SERVE_JSON --base NAME --upstream URL --host H --port P`` runs it alone:
+the Kubernetes manifests' ``front`` container (``deploy.front_image``), beside trtllm-serve on the pod's
+loopback. It imports fastapi, uvicorn and httpx, nothing else of specdeploy's dependencies.
+
     >>> route({"model": "code", "prompt": "hi"}, "base", {"code": {"lora_name": "code", "lora_int_id": 1}})
     {'model': 'base', 'prompt': 'hi', 'lora_request': {'lora_name': 'code', 'lora_int_id': 1}}
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -138,3 +145,37 @@ async def _renamed_events(answer: httpx.Response, model: str) -> AsyncIterator[b
             yield (line + "\n").encode()
     finally:
         await answer.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the front for one variant's ``serve.json`` until stopped; 2 for a file it cannot read."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.llm_api.front",
+        description="Serve the name-routing front before a LoRA group's trtllm-serve: a fine-tune by model name.",
+    )
+    parser.add_argument("serve_json", type=Path, help="the variant's serve.json (triton_repo/<variant>/serve.json)")
+    parser.add_argument("--base", required=True, help="the variant's name: the model name that reaches the base")
+    parser.add_argument("--upstream", required=True, help="trtllm-serve's address, e.g. http://127.0.0.1:18000")
+    parser.add_argument("--host", default="127.0.0.1", help="where the front listens (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="its port (default: 8000)")
+    args = parser.parse_args(argv)
+    try:
+        serve = json.loads(args.serve_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"error: {args.serve_json}: {exc}; point it at the package stage's serve.json", file=sys.stderr)
+        return 2
+    tunes = serve.get("fine_tunes") if isinstance(serve, dict) else None
+    if not isinstance(tunes, dict) or not all(isinstance(t, dict) for t in tunes.values()):
+        print(
+            f"error: {args.serve_json}: no fine_tunes object; point it at the package stage's serve.json",
+            file=sys.stderr,
+        )
+        return 2
+    import uvicorn
+
+    uvicorn.run(make_front(serve, args.base, args.upstream), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -21,6 +21,10 @@ release manifest, once every variant is packaged; ``kubectl apply -k engines/<sp
 On the PyTorch-backend target the container runs ``trtllm-serve`` (:func:`pipeline.llm_api.deployment.
 launch_argv`): its HTTP port in the Service, HTTP probes on ``/health``, no PodMonitor, and one server
 per LoRA group (its fine-tunes are reached by their ``lora_request``, listed in its ``serve.json``).
+With ``deploy.front_image`` a LoRA group's pod runs the name-routing front (:mod:`pipeline.llm_api.front`)
+as a second container on the Service's port, and trtllm-serve on the pod's loopback
+(:data:`FRONT_UPSTREAM_PORT`), probed there by the image's own Python: every fine-tune is then reached
+by its ``model`` name, and no client reaches trtllm-serve past the front.
 * ``kustomization.yaml``: the three, in ``deploy.namespace``.
 
 The container runs exactly :mod:`pipeline.triton.launch_gpu`'s argv (what ``specdeploy build
@@ -37,6 +41,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +51,7 @@ from pipeline import targets
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
 from pipeline.io.atomic import remove_path, replace_folder
-from pipeline.llm_api.deployment import HEALTH_PATH
+from pipeline.llm_api.deployment import HEALTH_PATH, SERVE_FILE
 from pipeline.llm_api.deployment import launch_argv as llm_api_launch_argv
 from pipeline.plan.types import Plan, VariantPlan
 from pipeline.spec.deploy import DeploySpec
@@ -87,6 +92,8 @@ MEMORY_HEADROOM = 1.25  # memory limit over the plan's request: an estimate, not
 CPUS_PER_GPU = 2  # requested (no CPU limit, which throttles a latency-bound server): one rank, its stubs
 STARTUP_SECONDS = 30 * 60  # loading a 70B engine's ranks can take many minutes
 PROBE_PERIOD_SECONDS = 10
+FRONT_UPSTREAM_PORT = 18000  # trtllm-serve behind the front, on the pod's loopback (18001 if serving uses 18000)
+FRONT_RESOURCES = {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
 
 
 @dataclass(frozen=True)
@@ -141,12 +148,26 @@ def served(plan: Plan, whole_spec: bool) -> tuple[list[Served], list[str]]:
         return [Served(plan.spec_name, plan.variants[0], repository, spec_launch_argv(plan), gpus, memory)], notes
     servers = []
     for variant in gpu_variants:
-        if "lora_task_id" in variant.stage("package").params and not targets.definition(variant.target).builds_engines:
-            notes.append(f"{variant.name}: served by its LoRA group's trtllm-serve (its lora_request in serve.json)")
+        llm_api = not targets.definition(variant.target).builds_engines
+        if "lora_task_id" in variant.stage("package").params and llm_api:
+            reached = (
+                "its model name, through the front" if variant.deploy.front_image else "its lora_request in serve.json"
+            )
+            notes.append(f"{variant.name}: served by its LoRA group's trtllm-serve ({reached})")
             continue
         memory = variant.serve_resources.host_memory_gib if variant.serve_resources else 0.0
         repository = variant.stage("package").output.name
-        servers.append(Served(variant.name, variant, repository, launch_argv(variant), variant.world_size, memory))
+        server = Served(variant.name, variant, repository, launch_argv(variant), variant.world_size, memory)
+        if _fronted(server):  # trtllm-serve on the loopback; the front on the Service's port
+            upstream = dataclasses.replace(variant, serving=variant.serving.model_copy(update={"host": "127.0.0.1"}))
+            argv = llm_api_launch_argv(upstream, _upstream_port(server))
+            server = dataclasses.replace(server, argv=argv)
+        elif llm_api and (variant.stage("package").params.get("lora") or {}).get("members"):
+            notes.append(
+                f"{variant.name}: its fine-tunes are reached by their lora_request (serve.json); "
+                "set deploy.front_image to reach them by model name"
+            )
+        servers.append(server)
     return servers, notes
 
 
@@ -168,7 +189,61 @@ def _selector(server: Served) -> dict[str, str]:
     return {"app.kubernetes.io/name": "specdeploy", "app.kubernetes.io/instance": object_name(server.name)}
 
 
-def _http_front(server: Served) -> bool:
+def _fronted(server: Served) -> bool:
+    """Whether the pod runs the name-routing front beside trtllm-serve: a LoRA group with deploy.front_image."""
+    members = (server.variant.stage("package").params.get("lora") or {}).get("members")
+    return _is_trtllm_serve(server) and bool(members) and server.variant.deploy.front_image is not None
+
+
+def _upstream_port(server: Served) -> int:
+    return FRONT_UPSTREAM_PORT if server.variant.serving.http_port != FRONT_UPSTREAM_PORT else FRONT_UPSTREAM_PORT + 1
+
+
+def _security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
+
+
+def _loopback_probe(port: int, **timing: int) -> dict[str, Any]:
+    """trtllm-serve's /health on the pod's loopback (the kubelet's probes reach only the pod IP), asked by
+    the image's own Python (TensorRT-LLM is a Python package: python3 is there whatever else the image holds)."""
+    script = (
+        "import urllib.request; "
+        f"urllib.request.urlopen('http://127.0.0.1:{port}{HEALTH_PATH}', timeout=4)"  # raises unless 2xx
+    )
+    check = {"exec": {"command": ["python3", "-c", script]}}
+    return {**check, "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5, **timing}
+
+
+def front_container(server: Served) -> dict[str, Any]:
+    """The name-routing front: the Service's HTTP port, forwarding to trtllm-serve on the loopback."""
+    variant, deploy = server.variant, server.variant.deploy
+    serve_json = deploy.triton_repo_root / server.repository / SERVE_FILE
+    port = variant.serving.http_port
+    args = ["python", "-m", "pipeline.llm_api.front", str(serve_json), "--base", variant.name]
+    args += ["--upstream", f"http://127.0.0.1:{_upstream_port(server)}", "--host", POD_ADDRESS, "--port", str(port)]
+    http = {"httpGet": {"path": HEALTH_PATH, "port": port}, "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5}
+    return {
+        "name": "front",
+        "image": deploy.front_image,
+        "args": args,
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": FRONT_RESOURCES,
+        "securityContext": _security_context(),
+        "volumeMounts": [{"name": "models", "mountPath": deploy.mount_path, "readOnly": True}],
+        # Ready when trtllm-serve is (its /health, through the front); alive while it accepts connections.
+        "startupProbe": http | {"failureThreshold": STARTUP_SECONDS // PROBE_PERIOD_SECONDS},
+        "readinessProbe": http | {"failureThreshold": 3},
+        "livenessProbe": {"tcpSocket": {"port": port}, "periodSeconds": PROBE_PERIOD_SECONDS, "failureThreshold": 6},
+    }
+
+
+def _is_trtllm_serve(server: Served) -> bool:
     """Whether the server is trtllm-serve (HTTP only: an OpenAI-compatible API and ``/health``)."""
     return not targets.definition(server.variant.target).builds_engines
 
@@ -177,7 +252,7 @@ def _probe(server: Served, **timing: int) -> dict[str, Any]:
     serving = server.variant.serving
     check: dict[str, Any] = (
         {"httpGet": {"path": HEALTH_PATH, "port": serving.http_port}}
-        if _http_front(server)
+        if _is_trtllm_serve(server)
         else {"grpc": {"port": serving.grpc_port}}
     )
     return {**check, "periodSeconds": PROBE_PERIOD_SECONDS, "timeoutSeconds": 5, **timing}
@@ -187,7 +262,7 @@ def _ports(server: Served) -> list[dict[str, Any]]:
     """The container's ports: trtllm-serve's HTTP port; tritonserver's gRPC and metrics (and HTTP when on)."""
     serving = server.variant.serving
     http = [{"name": "http", "containerPort": serving.http_port, "protocol": "TCP"}]
-    if _http_front(server):
+    if _is_trtllm_serve(server):
         return http
     return [
         {"name": "grpc", "containerPort": serving.grpc_port, "protocol": "TCP"},
@@ -205,14 +280,13 @@ def _affinity(variant: VariantPlan) -> dict[str, Any] | None:
 
 def deployment(server: Served, spec_name: str) -> dict[str, Any]:
     deploy = server.variant.deploy
-    ports = _ports(server)
+    fronted = _fronted(server)
     memory_mib = math.ceil(server.memory_gib * 1024)
     container = {
         "name": "tritonserver",
         "image": deploy.image,
         "args": server.argv,
         "env": [{"name": "HOME", "value": SCRATCH}],
-        "ports": ports,
         "resources": {
             "requests": {
                 "cpu": str(CPUS_PER_GPU * server.gpus),
@@ -221,23 +295,23 @@ def deployment(server: Served, spec_name: str) -> dict[str, Any]:
             },
             "limits": {"memory": f"{math.ceil(memory_mib * MEMORY_HEADROOM)}Mi", "nvidia.com/gpu": server.gpus},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-        },
+        "securityContext": _security_context(),
         "volumeMounts": [
             {"name": "models", "mountPath": deploy.mount_path, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "scratch", "mountPath": SCRATCH},
         ],
-        "startupProbe": _probe(server, failureThreshold=STARTUP_SECONDS // PROBE_PERIOD_SECONDS),
-        "readinessProbe": _probe(server, failureThreshold=3),
-        "livenessProbe": _probe(server, failureThreshold=6),
+    }
+    if not fronted:  # behind the front, trtllm-serve's port is the pod's loopback's alone
+        container["ports"] = _ports(server)
+    probe = partial(_loopback_probe, _upstream_port(server)) if fronted else partial(_probe, server)
+    container |= {
+        "startupProbe": probe(failureThreshold=STARTUP_SECONDS // PROBE_PERIOD_SECONDS),
+        "readinessProbe": probe(failureThreshold=3),
+        "livenessProbe": probe(failureThreshold=6),
     }
     pod: dict[str, Any] = {
-        "containers": [container],
+        "containers": [container, front_container(server)] if fronted else [container],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": deploy.run_as_user,
@@ -277,7 +351,7 @@ def service(server: Served, spec_name: str) -> dict[str, Any]:
         {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
         | ({"appProtocol": "grpc"} if p["name"] == "grpc" else {})
         for p in _ports(server)
-        if p["name"] != "http" or _http_front(server)
+        if p["name"] != "http" or _is_trtllm_serve(server)
     ]
     return {
         "apiVersion": "v1",
@@ -333,7 +407,7 @@ def manifests(plan: Plan, whole_spec: bool) -> tuple[dict[str, list[dict[str, An
     files = {
         "deployment.yaml": [deployment(s, plan.spec_name) for s in servers],
         "service.yaml": [service(s, plan.spec_name) for s in servers],
-        "podmonitor.yaml": [pod_monitor(s, plan.spec_name) for s in servers if not _http_front(s)],
+        "podmonitor.yaml": [pod_monitor(s, plan.spec_name) for s in servers if not _is_trtllm_serve(s)],
     }
     files = {name: documents for name, documents in files.items() if documents}
     return files | {"kustomization.yaml": [kustomization(plan.variants[0].deploy, list(files))]}, notes

@@ -9,6 +9,7 @@
       replicas: 2
       mount_path: /models                 # where the claim is mounted in the container
       run_as_user: 1000                   # the image's unprivileged user (triton-server)
+      front_image: registry.example.com/specdeploy-front:0.1.0   # target pytorch: fine-tunes by model name
 
 The claim holds the two output roots side by side, as ``specdeploy engine`` wrote them:
 ``<mount_path>/engines/<variant>/engine/`` and ``<mount_path>/triton_repo/<repository>/``. The
@@ -74,6 +75,12 @@ class DeploySpec(BaseModel):
     image: str = DEFAULT_IMAGE
     """The container image: NVIDIA's Triton TensorRT-LLM 1.2.1 container (or a copy in your registry);
     pin it by digest (``...@sha256:<64 hex>``) so every replica runs the same bytes."""
+    front_image: str | None = None
+    """Target ``pytorch``, a LoRA group: an image with specdeploy's name-routing front (``python -m
+    pipeline.llm_api.front``; it needs fastapi, uvicorn and httpx). Set, each pod runs it beside
+    trtllm-serve, which then listens on the pod's loopback only, and an OpenAI client reaches every
+    fine-tune by its own ``model`` name; unset, clients send the fine-tune's ``lora_request`` (serve.json)
+    (docs/guides/kubernetes.md)."""
     replicas: int = Field(1, ge=1, le=1000)
     """Pods of the Deployment, each a whole server on its own GPUs."""
     run_as_user: int = Field(1000, ge=1, le=2**31 - 1)
@@ -82,9 +89,11 @@ class DeploySpec(BaseModel):
     mount_path: str = "/models"
     """Where the claim is mounted in the container; gpt_model_path points under <mount_path>/engines/."""
 
-    @field_validator("image")
+    @field_validator("image", "front_image")
     @classmethod
-    def _image_reference(cls, value: str) -> str:
+    def _image_reference(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if len(value) > 512 or not IMAGE_REFERENCE.fullmatch(value):
             raise ValueError(
                 f"{value[:80]!r} is not an image reference: [registry/]repository[:tag][@sha256:<64 hex digits>] "
