@@ -11,7 +11,14 @@ the Hugging Face format ModelOpt, SpecForge and NVIDIA publish, read by
 drafts, or (``use_dynamic_tree``) as TensorRT-LLM's dynamic tree: ``max_draft_len`` levels, each level
 the top-k children (k: ``dynamic_tree_max_topK``) of the k best nodes by cumulative draft
 log-probability, of which the best ``max_total_draft_tokens`` nodes are verified (EAGLE-2's rule,
-:class:`pipeline.runtime.spec_decode.eagle.trees.DynamicTree`). The reference backend's loop is
+:class:`pipeline.runtime.spec_decode.eagle.trees.DynamicTree`). That is the rule of TensorRT-LLM's own
+dynamic tree (NVIDIA/TensorRT-LLM ``tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py``,
+``Eagle3OneModelDynamicTreeWorker``, at commit 470bb72055d5d397c60be4dda1e8f490e7002440: per-node
+top-k over the draft vocabulary, a global top-k of the level's k*k candidates by cumulative score,
+then one global top-``max_total_draft_tokens`` over every drafted node). Two edge cases differ: where
+scores tie exactly, TensorRT-LLM may pick a node without its parent and its tree-building kernel then
+drops it, where ours keeps parents first and fills the slot with the next node; and ours drafts no
+deeper than a request may still emit. Greedy output is the target's either way. The reference backend's loop is
 :class:`pipeline.runtime.spec_decode.eagle3.Eagle3Decoding`, which rehearsal measures and the CPU
 stand-in serves.
 """
