@@ -411,3 +411,11 @@ def test_without_a_front_image_the_fine_tunes_are_reached_by_lora_request(tmp_pa
     (server,) = deployments["base"]["spec"]["template"]["spec"]["containers"]
     assert server["args"][server["args"].index("--host") + 1] == "0.0.0.0"
     assert any("set deploy.front_image to reach them by model name" in note for note in notes), notes
+
+
+def test_a_front_image_without_a_pytorch_lora_group_is_said_to_be_unused(tmp_path):
+    plan = with_front_image(plan_of(SPECS / "llama70b-eagle.yaml", tmp_path), FRONT_IMAGE)
+    folder, notes = write_deploy(plan, tmp_path / "engines", whole_spec=False)
+    assert notes == ["deploy.front_image is unused: no LoRA group of target pytorch runs here"]
+    (deployment,) = yaml.safe_load_all((folder / "deployment.yaml").read_text())
+    assert [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]] == ["tritonserver"]

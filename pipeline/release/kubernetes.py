@@ -426,6 +426,8 @@ def manifests(plan: Plan, whole_spec: bool) -> tuple[dict[str, list[dict[str, An
     names = [object_name(s.name) for s in servers]
     if len(set(names)) != len(names):
         raise InputError(f"{plan.spec_file}: variants {', '.join(names)} map to the same Kubernetes object names")
+    if plan.variants[0].deploy.front_image is not None and not any(_fronted(s) for s in servers):
+        notes.append("deploy.front_image is unused: no LoRA group of target pytorch runs here")
     if not servers:
         return {}, notes
     files = {
