@@ -86,6 +86,23 @@ def test_what_specdeploy_did_not_write_where_an_output_goes_is_refused_and_kept(
     assert sorted(p.name for p in output.parent.iterdir()) == [".checkpoint.lock", "checkpoint"]
 
 
+def test_a_folder_of_files_specdeploy_did_not_write_is_refused_and_kept(tmp_path):
+    """A non-empty folder without the runner's fingerprint file is someone else's: not replaced."""
+    output = tmp_path / "repo" / "smollm2-lookahead"
+    output.mkdir(parents=True)
+    (output / "notes.txt").write_text("user data")
+    ran = []
+    with pytest.raises(HostFilesystemError) as info:
+        run_stage(stage_at(output, tmp_path), lambda out: ran.append(out))
+    message = one_line(info.value)
+    assert info.value.exit_code == 4 and message.startswith(f"{output} holds files specdeploy did not write")
+    assert not ran and (output / "notes.txt").read_text() == "user data"
+    # An empty folder, and specdeploy's own earlier output, are replaced as before.
+    (output / "notes.txt").unlink()
+    assert run_stage(stage_at(output, tmp_path), body).status == "ran"
+    assert run_stage(stage_at(output, tmp_path), body, force=True).status == "ran"
+
+
 def test_cli_engine_with_a_file_where_a_stage_folder_goes(tmp_path, model, write_spec, capsys):  # noqa: F811
     from pipeline.cli import main
 

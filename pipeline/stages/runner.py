@@ -124,8 +124,16 @@ def output_lock(output: Path, timeout: float, on_wait: Callable[[str], None]):
 def refuse_foreign_output(output: Path) -> None:
     """A stage's output is a folder this runner renamed into place; a regular file, a symlink (dangling or
     not) or anything else there was put by someone else, and is not ours to delete."""
-    if not os.path.lexists(output) or (output.is_dir() and not output.is_symlink()):
+    if not os.path.lexists(output):
         return
+    if output.is_dir() and not output.is_symlink():
+        if (output / FINGERPRINT_FILE).is_file() or not any(output.iterdir()):
+            return  # this runner's earlier output (it always records its fingerprint), or empty
+        raise HostFilesystemError(
+            f"{output} holds files specdeploy did not write (it has no {FINGERPRINT_FILE}), where the stage's "
+            "output folder goes; specdeploy deletes only what it wrote: move them away, or choose another "
+            "--engines-dir/--triton-repo"
+        )
     kind = f"a symlink to {os.readlink(output)}" if output.is_symlink() else "a regular file"
     if not output.is_symlink() and not output.is_file():
         kind = "not a folder"
