@@ -323,6 +323,8 @@ def test_the_checker_finds_what_the_standard_forbids():
         ("image", "Not An Image", "is not an image reference"),
         ("image", "registry.example/triton@sha256:abc", "is not an image reference"),  # a digest is 64 hex
         ("run_as_user", "0", ">= 1"),  # root is never the server's user
+        ("namespace", "my_ns", "lowercase letters, digits and '-'"),  # not a folder name's rule
+        ("volume_claim", "My.Claim", "lowercase letters, digits, '-' and '.'"),
     ],
 )
 def test_deploy_values_are_checked_as_what_they_are(field, value, says, write_spec):

@@ -90,9 +90,19 @@ def package_dir(default: Path, what: str, rebuild: str, args: argparse.Namespace
     return served
 
 
-def variant_package_dir(variant: VariantPlan, args: argparse.Namespace, console: Console) -> Path:
+def variant_package_dir(plan: Plan, variant: VariantPlan, args: argparse.Namespace, console: Console) -> Path:
+    """The variant's packaged repository, refused when another spec's build sits in its folder."""
+    from pipeline.stages.owners import foreign_owner
+
+    folder = variant.stage("package").output
+    owner = None if getattr(args, "repo", None) else foreign_owner(folder, plan.spec_name)
+    if owner is not None:
+        raise InputError(
+            f"{folder} belongs to spec {owner}: serving it would serve that spec's build, not "
+            f"{plan.spec_name}'s; build this spec into other folders (--engines-dir, --triton-repo), serve from there"
+        )
     rebuild = f"specdeploy engine {args.spec} --variant {variant.name}"
-    return package_dir(variant.stage("package").output, f"variant {variant.name}", rebuild, args, console)
+    return package_dir(folder, f"variant {variant.name}", rebuild, args, console)
 
 
 def _stop_on_signals() -> None:
@@ -326,11 +336,11 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     if not on_gpus(variant.target):
         if args.print_command:
             raise InputError("--print-command is for target tensorrt (the GPU mpirun command)")
-        return serve_cpu(variant, variant_package_dir(variant, args, console), args, console)
+        return serve_cpu(variant, variant_package_dir(plan, variant, args, console), args, console)
     if args.print_command:  # only a command line: the repository may be packaged later, on the GPU host
         repo = Path(args.repo) if args.repo else variant.stage("package").output
         return serve_gpu(variant, repo, args, console)
-    return serve_gpu(variant, variant_package_dir(variant, args, console), args, console)
+    return serve_gpu(variant, variant_package_dir(plan, variant, args, console), args, console)
 
 
 def add_variant_arguments(parser: argparse.ArgumentParser, spec_positional: bool = True) -> None:

@@ -1,8 +1,11 @@
 """`specdeploy train-adapter`: a LoRA fine-tune of a base model with PEFT on CPU.
 
-    specdeploy train-adapter --task code --out adapters/smollm2-code [--model DIR] [--steps N] [--seed 0]
-    specdeploy train-adapter --task json --out adapters/smollm2-json
-    specdeploy train-adapter --task yaml --out adapters/smollm2-yaml --rank 4 --targets q_proj,v_proj,o_proj
+    specdeploy train-adapter --task code --out my-code-adapter --last-layers 12 [--model DIR] [--steps N] [--seed 0]
+    specdeploy train-adapter --task json --out my-json-adapter --last-layers 12
+    specdeploy train-adapter --task yaml --out my-yaml-adapter --rank 4 --targets q_proj,v_proj,o_proj --last-layers 8
+
+(rank 8 on every layer of SmolLM2 would be 7.4 MiB, over the default ``--max-adapter-mib`` 5; the
+shipped adapters' own commands are in their ``training_report.json``.)
 
 ``--model`` defaults to the embedded SmolLM2 (prepared in ``--cache-dir``). The folder it writes is
 a PEFT LoRA folder that ``model.adapter`` in a spec accepts, plus ``training_report.json`` (held-out

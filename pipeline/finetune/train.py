@@ -241,9 +241,16 @@ def train_adapter(
             f"of {geometry.num_layers} layers, {settings.save_dtype}), over --max-adapter-mib "
             f"{settings.max_adapter_mib}; lower --rank, target fewer modules or raise --max-adapter-mib"
         )
+    if settings.last_layers is not None and settings.last_layers > geometry.num_layers:
+        raise InputError(
+            f"--last-layers {settings.last_layers} is more than the base's {geometry.num_layers} layers; "
+            f"give at most {geometry.num_layers} (or leave it out for every layer)"
+        )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         Path(cache).mkdir(parents=True, exist_ok=True)
+        # The adapter is written beside --out: find out now, not after the training, if it cannot be.
+        tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent).cleanup()
     except OSError as exc:
         raise host_error(exc, f"creating the folders of --out {out} and the cache {cache}") from None
     import peft

@@ -89,6 +89,10 @@ def read_json(path: Path, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
         ) from None
     except RecursionError:
         raise InputError(f"{path}: {what} nests too deeply to be a real config; re-download it") from None
+    except ValueError as exc:  # an integer longer than Python's int_max_str_digits (4300 digits)
+        raise InputError(
+            f"{path}: {what} holds a number too long to be real ({exc}); re-download or re-export it"
+        ) from None
 
 
 def hf_offline() -> None:

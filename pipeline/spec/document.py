@@ -19,7 +19,7 @@ from pipeline import trees
 from pipeline.errors import InputError
 from pipeline.spec import gpus, presets
 from pipeline.spec.builtin import EMBEDDED_MODELS
-from pipeline.spec.deploy import DeploySpec
+from pipeline.spec.deploy import DNS_LABEL, DNS_SUBDOMAIN, DeploySpec
 from pipeline.spec.yaml_source import KeyPath, Position, YamlDocument, format_key_path, load_yaml
 
 VARIANT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -613,6 +613,16 @@ _MESSAGES = {
 }
 
 
+_FOLDER_NAME_RULE = "use letters, digits, '_', '.', '-' (no '/' or '..'; names become folder names)"
+# What a pattern allows, in words, where it is not a folder name's (the deploy: section's Kubernetes names).
+_PATTERN_RULES = {
+    DNS_LABEL: "a Kubernetes name (RFC 1123 label): lowercase letters, digits and '-', starting and ending "
+    "with a letter or digit, at most 63 characters",
+    DNS_SUBDOMAIN: "a Kubernetes name (RFC 1123 subdomain): lowercase letters, digits, '-' and '.', starting "
+    "and ending with a letter or digit, at most 253 characters",
+}
+
+
 def _format_errors(exc: ValidationError, document: YamlDocument, index: int | None, root: type[BaseModel]) -> list[str]:
     lines = []
     for error in exc.errors():
@@ -632,10 +642,8 @@ def _format_errors(exc: ValidationError, document: YamlDocument, index: int | No
         elif kind == "literal_error":
             message = f"must be one of {ctx.get('expected')} (got {error['input']!r})"
         elif kind == "string_pattern_mismatch":
-            message = (
-                f"{error['input']!r} is not allowed: use letters, digits, '_', '.', '-' "
-                "(no '/' or '..'; names become folder names)"
-            )
+            rule = _PATTERN_RULES.get(ctx.get("pattern", ""), _FOLDER_NAME_RULE)
+            message = f"{error['input']!r} is not allowed: {rule}"
         elif kind == "value_error":
             message = str(ctx.get("error", error["msg"]))
         elif kind in _MESSAGES:

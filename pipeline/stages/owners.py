@@ -90,3 +90,11 @@ def claim_outputs(plan: Plan, only: set[str] | None = None, stages: set[str] | N
             os.replace(tmp, root / OWNERS_FILE)
         except OSError:
             pass  # a read-only root (a verification job): nothing will be written there either
+
+
+def foreign_owner(folder: Path, spec_name: str) -> str | None:
+    """The spec (``name (file)``) that owns ``folder`` when it is not ``spec_name``; None otherwise."""
+    owner = _read(folder.parent).get(folder.name)
+    if isinstance(owner, dict) and owner.get("spec") not in (None, spec_name):
+        return f"{owner['spec']} ({owner.get('file', '?')})"
+    return None

@@ -82,6 +82,11 @@ def test_deep_nesting_and_a_fifo_are_refused_not_crashed_on_or_waited_for(tmp_pa
     (deep / "bench.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(calibrate.CalibrationError, match="nests too deeply"):
         calibrate.read_run(deep)
+    long = tmp_path / "long"
+    long.mkdir()
+    (long / "bench.json").write_text('{"concurrency": ' + "9" * 5000 + "}")  # over Python's 4300 digits
+    with pytest.raises(calibrate.CalibrationError, match="a number too long to be real"):
+        calibrate.read_run(long)
     fifo = tmp_path / "fifo" / "bench.json"
     fifo.parent.mkdir()
     os.mkfifo(fifo)

@@ -147,6 +147,7 @@ def test_an_output_it_did_not_write_is_refused_and_kept(tmp_path, setup, expecte
         (["--targets", "q_proj,qkv"], "--targets qkv: not a Llama projection"),
         (["--model", "MISSING"], "config.json"),
         (["--model", "BADCONFIG"], "config.json"),
+        (["--last-layers", "999"], "--last-layers 999 is more than the base's"),
     ],
 )
 def test_cli_refuses_bad_input_before_training_in_one_line(cli, tmp_path, flags, expected):
@@ -177,3 +178,14 @@ def test_an_adapter_it_trained_before_is_replaced(tmp_path):
     train_adapter(model, tmp_path / "a", tmp_path / "cache", settings, say=lambda _: None)
     report = train_adapter(model, tmp_path / "a", tmp_path / "cache", settings, say=lambda _: None)
     assert report["steps_done"] == 1 and (tmp_path / "a" / REPORT_FILE).is_file()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_training(cli, tmp_path):
+    """--out directly under /proc: its parent exists, but nothing can be written there (exit 4, no training)."""
+    tiny = build_tiny_llama(tmp_path / "tiny")
+    rc, out, err = cli(
+        "train-adapter", "--task", "code", "--model", str(tiny), "--out", "/proc/adapter", "--steps", "1"
+    )
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 4 and "Traceback" not in err and len(errors) == 1 and "/proc/adapter" in errors[0], err
+    assert "training" not in out.lower() and "held-out" not in out, out

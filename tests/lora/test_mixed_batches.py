@@ -196,6 +196,11 @@ def test_prefetched_fine_tunes_survive_a_flood_of_client_adapters(fleet):
     with pytest.raises(InputError, match="LoRA task 12 is not one of this server's fine-tunes"):
         closed.acquire(12, parsed[12])
     assert closed.acquire(11, parsed[11]) is parsed[11]  # its own id with weights: the cached ones, as TensorRT-LLM
+    # An unknown id alone: TensorRT-LLM's words, and what this server does take.
+    with pytest.raises(
+        InputError, match=r"not found in cache\. .* \(this server takes none from clients; its fine-tunes: 11\)"
+    ):
+        closed.acquire(13)
 
 
 def test_converted_layout_is_hf_lora_converts(tmp_path):

@@ -68,3 +68,13 @@ def test_execute_plan_refuses_before_running_any_stage(tmp_path):
     with pytest.raises(HostFilesystemError, match="belongs to spec fleet-a"):
         execute_plan(second, force=True, say=said.append)
     assert said == [] and not (tmp_path / "engines" / "beta").exists()
+
+
+def test_serve_refuses_a_repository_another_spec_built(tmp_path, cli):
+    """`serve` of the second spec would otherwise serve the first's build under its own name."""
+    first, second = plan_of(tmp_path, "fleet-a", "alpha"), plan_of(tmp_path, "fleet-b", "beta")
+    claim_outputs(first)
+    (tmp_path / "triton_repo" / "base").mkdir(parents=True)
+    rc, _, err = cli("serve", str(second.spec_file), "--variant", "base")  # the cli fixture's roots: tmp_path's
+    assert rc == 2 and "Traceback" not in err, err
+    assert f"{tmp_path / 'triton_repo' / 'base'} belongs to spec fleet-a" in err and "--engines-dir" in err
