@@ -100,18 +100,31 @@ def add_ci_options(parser: argparse.ArgumentParser) -> None:
 
 
 def check_ci_outputs(args: argparse.Namespace) -> None:
-    """``--junit-xml`` may replace only a JUnit file specdeploy wrote: checked before the run starts."""
+    """``--junit-xml`` may replace only a JUnit file specdeploy wrote, and its folder must take a file:
+    both checked before the run starts, not found out after it."""
     if getattr(args, "junit_xml", None) is None:
         return
+    import re
+    import tempfile
+
+    from pipeline.errors import host_error
     from pipeline.io.atomic import check_replaceable
 
     def ours(path: Path) -> bool:
+        """specdeploy's JUnit files are named by it: <testsuites name="specdeploy COMMAND SPEC" ...>."""
         try:
-            return path.is_file() and b"<testsuites" in path.read_bytes()[:512] and b"specdeploy" in path.read_bytes()
+            head = path.read_bytes()[:1024] if path.is_file() else b""
         except OSError:
             return False
+        return re.search(rb'<testsuites\b[^>]*\bname="specdeploy ', head) is not None
 
-    check_replaceable(args.junit_xml, "--junit-xml", ours, folder=False)
+    path = Path(args.junit_xml)
+    check_replaceable(path, "--junit-xml", ours, folder=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-").close()
+    except OSError as exc:
+        raise host_error(exc, f"--junit-xml {path}: its folder cannot take the report") from None
 
 
 def report_run(run, args: argparse.Namespace) -> None:

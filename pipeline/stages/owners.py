@@ -51,11 +51,23 @@ def folders(plan: Plan, only: set[str] | None = None, stages: set[str] | None = 
 
 
 def _read(root: Path) -> dict[str, dict[str, str]]:
+    """The root's owners; {} when it has no file yet. A file that is not an owners table is refused: read
+    as empty, it would let any spec claim (and replace) every folder under the root."""
+    path = root / OWNERS_FILE
     try:
-        owners = json.loads((root / OWNERS_FILE).read_text())
-    except (OSError, ValueError):
+        owners = json.loads(path.read_text())
+    except FileNotFoundError:
         return {}
-    return owners if isinstance(owners, dict) else {}
+    except OSError:
+        return {}  # unreadable here (a read-only mount of another user's): nothing will be written either
+    except ValueError:
+        owners = None
+    if not isinstance(owners, dict):
+        raise HostFilesystemError(
+            f"{path}: not the table of which spec owns each folder (damaged?); check the folders under "
+            f"{root} belong to one spec each, then remove the file to start it over"
+        )
+    return owners
 
 
 def claim_outputs(plan: Plan, only: set[str] | None = None, stages: set[str] | None = None) -> None:

@@ -66,10 +66,16 @@ def test_engine_that_stops_with_an_error_still_writes_its_junit(cli, write_spec,
     xmlschema.validate(str(tmp_path / "engine.xml"), str(SCHEMA))
     (case,) = [c for suite in JUnitXml.fromfile(str(tmp_path / "engine.xml")) for c in suite]
     assert isinstance(case.result[0], Error) and "tq" in case.result[0].message
-    # A JUnit path that cannot be written is said, and the run's own error still decides the exit code.
+    # A JUnit path that cannot be written is refused before the run, in one line (exit 4).
     (tmp_path / "file").write_text("")
     rc, _, err = cli("engine", str(spec), "--junit-xml", str(tmp_path / "file" / "engine.xml"))
-    assert rc == 2 and "writing the JUnit XML report" in err and "tq" in err.splitlines()[-1]
+    errors = [line for line in err.splitlines() if line.startswith("error")]
+    assert rc == 4 and len(errors) == 1 and "its folder cannot take the report" in errors[0], err
+    # Another tool's JUnit file that merely mentions specdeploy is not specdeploy's to replace.
+    other = tmp_path / "pytest.xml"
+    other.write_text('<?xml version="1.0"?><testsuites name="pytest tests"><testsuite name="specdeploy"/></testsuites>')
+    rc, _, err = cli("engine", str(spec), "--junit-xml", str(other))
+    assert rc == 4 and "specdeploy did not write" in err and "pytest tests" in other.read_text()
 
 
 def test_report_json(cli, evaluated):

@@ -78,3 +78,12 @@ def test_serve_refuses_a_repository_another_spec_built(tmp_path, cli):
     rc, _, err = cli("serve", str(second.spec_file), "--variant", "base")  # the cli fixture's roots: tmp_path's
     assert rc == 2 and "Traceback" not in err, err
     assert f"{tmp_path / 'triton_repo' / 'base'} belongs to spec fleet-a" in err and "--engines-dir" in err
+
+
+def test_a_damaged_owners_file_is_refused_not_read_as_empty(tmp_path):
+    first, second = plan_of(tmp_path, "fleet-a", "alpha"), plan_of(tmp_path, "fleet-b", "beta")
+    claim_outputs(first)
+    (tmp_path / "engines" / OWNERS_FILE).write_text("{garbage")
+    with pytest.raises(HostFilesystemError, match="not the table of which spec owns each folder") as info:
+        claim_outputs(second)  # read as empty, it would hand engines/base to fleet-b
+    assert info.value.exit_code == 4 and str(tmp_path / "engines" / OWNERS_FILE) in str(info.value)
