@@ -56,10 +56,8 @@ def _read(root: Path) -> dict[str, dict[str, str]]:
     path = root / OWNERS_FILE
     try:
         owners = json.loads(path.read_text())
-    except FileNotFoundError:
+    except OSError:  # none yet, or unreadable here (another user's read-only mount: nothing is written either)
         return {}
-    except OSError:
-        return {}  # unreadable here (a read-only mount of another user's): nothing will be written either
     except ValueError:
         owners = None
     if not isinstance(owners, dict):
@@ -77,13 +75,11 @@ def claim_outputs(plan: Plan, only: set[str] | None = None, stages: set[str] | N
     claims = folders(plan, only, stages)
     clashes = []
     for root, names in sorted(claims.items()):
-        owners = _read(root)
         for name in sorted(names):
-            owner = owners.get(name)
-            if isinstance(owner, dict) and owner.get("spec") not in (None, plan.spec_name):
+            owner = foreign_owner(root / name, plan.spec_name)
+            if owner is not None:
                 clashes.append(
-                    f"{root / name} belongs to spec {owner['spec']} ({owner.get('file', '?')}); {plan.spec_name} "
-                    f"({plan.spec_file}) would write it too"
+                    f"{root / name} belongs to spec {owner}; {plan.spec_name} ({plan.spec_file}) would write it too"
                 )
     if clashes:
         raise HostFilesystemError(
