@@ -115,3 +115,18 @@ def test_a_shared_fine_tunes_adapter_is_read_like_a_merged_ones(cli, write_spec,
     rc, errors = validate(cli, write_spec, text)
     assert rc == 2 and len(errors) == 1, errors
     assert "model.adapter:" in errors[0] and "rank does not match r=8" in errors[0] and "[variant ft]" in errors[0]
+
+
+def test_a_plan_error_and_another_variants_adapter_problem_are_said_together(cli, write_spec, model, adapter, tmp_path):  # noqa: F811
+    """validate says every problem at once: a missing adapter folder (the plan's) does not hide another
+    variant's rank mismatch (read from its files)."""
+    edit_config(adapter, r=8)
+    text = (
+        f"name: tiny\nmodel: {{path: {model}, dtype: float32}}\ntarget: reference\nvariants:\n  - name: base\n"
+        f"  - name: ft\n    model: {{adapter: {adapter}}}\n"
+        f"  - name: lost\n    model: {{adapter: {tmp_path / 'nowhere'}}}\n"
+    )
+    rc, errors = validate(cli, write_spec, text)
+    assert rc == 2 and len(errors) == 2, errors
+    assert any("adapter folder not found" in e and str(tmp_path / "nowhere") in e for e in errors), errors
+    assert any("rank does not match r=8" in e and "[variant ft]" in e for e in errors), errors

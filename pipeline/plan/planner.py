@@ -157,6 +157,16 @@ def variant_with_method(variant: VariantSpec, method: str) -> VariantSpec:
     return variant.model_copy(update={"speculative": variant.speculative.model_copy(update={"method": method})})
 
 
+class PlanErrors(InputError):
+    """The spec's problems (one per line), with the variants that did plan: their input files can still be
+    read for problems of their own (:func:`pipeline.plan.preflight.checked_plan`), so that every problem
+    is said at once."""
+
+    def __init__(self, message: str, planned: tuple[VariantPlan, ...]):
+        super().__init__(message)
+        self.planned = planned
+
+
 def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
     variants = list(spec.variants)
     plans, errors = _plan_variants(spec, variants, roots)
@@ -184,7 +194,7 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
             members = {m.variant: m.task_id for m in group.members}
             plans = [_shared_member(p, replanned, members[p.name], roots) if p.name in members else p for p in plans]
     if errors:
-        raise InputError("\n".join(errors))
+        raise PlanErrors("\n".join(errors), tuple(plans))
     reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
     reasons |= {d.base: _shared_engine_note(d, spec, variants) for d in decisions if d.shared_compared}
     plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.errors import InputError
 from pipeline.io.files import read_json, require_regular_file
-from pipeline.plan.planner import make_plan
+from pipeline.plan.planner import PlanErrors, make_plan
 from pipeline.plan.types import OutputRoots, Plan, VariantPlan
 from pipeline.quantize.calibration import read_calibration
 from pipeline.quantize.fp8 import EXPORT_DTYPES
@@ -39,7 +39,13 @@ MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
 
 def checked_plan(spec: Spec, roots: OutputRoots) -> Plan:
     """The plan of ``spec``, or InputError listing every problem the spec and the input files show."""
-    plan = make_plan(spec, roots)
+    try:
+        plan = make_plan(spec, roots)
+    except PlanErrors as exc:  # the variants that did plan may have problems of their own in their files
+        problems = [problem for variant in exc.planned for problem in variant_problems(spec, variant)]
+        if not problems:
+            raise
+        raise InputError("\n".join(dict.fromkeys([*str(exc).splitlines(), *problems]))) from None
     problems = [problem for variant in plan.variants for problem in variant_problems(spec, variant)]
     if problems:
         raise InputError("\n".join(dict.fromkeys(problems)))
