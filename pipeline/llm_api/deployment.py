@@ -56,12 +56,16 @@ def serve_argv(model: PurePosixPath, options: PurePosixPath, host: str, port: in
     ]
 
 
+def lora_members(package: StagePlan) -> dict[str, int]:
+    """A LoRA group engine's fine-tunes, by name: their task ids (none for any other variant)."""
+    return (package.params.get("lora") or {}).get("members", {})
+
+
 def fine_tunes(package: StagePlan, adapters_root: PurePosixPath) -> dict[str, dict[str, Any]]:
     """Each fine-tune of a LoRA group by name: the ``lora_request`` a client sends to reach it."""
-    members: dict[str, int] = (package.params.get("lora") or {}).get("members", {})
     return {
         name: {"lora_name": name, "lora_int_id": task_id, "lora_path": str(adapters_root / str(task_id))}
-        for name, task_id in sorted(members.items())
+        for name, task_id in sorted(lora_members(package).items())
     }
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.evaluation.stage import load_engine
-from pipeline.llm_api.deployment import DRAFTER_FOLDER
+from pipeline.llm_api.deployment import DRAFTER_FOLDER, lora_members
 from pipeline.lora.convert import convert_adapter
 from pipeline.lora.rules import ADAPTER_NUMPY_DTYPE
 from pipeline.plan.types import StagePlan, VariantPlan, jsonable
@@ -134,7 +134,7 @@ class StandinRuntime:
 
 def served_names(variant: VariantPlan) -> dict[str, int | None]:
     """The model names the deployment answers to: the variant (the base) and its LoRA group's fine-tunes."""
-    members: dict[str, int] = (variant.stage("package").params.get("lora") or {}).get("members", {})
+    members = lora_members(variant.stage("package"))
     return {variant.name: None, **{name: task for name, task in sorted(members.items()) if name != variant.name}}
 
 

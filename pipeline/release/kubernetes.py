@@ -53,7 +53,7 @@ from pipeline import targets
 from pipeline.errors import InputError
 from pipeline.fleet.placement import place_fleet
 from pipeline.io.atomic import remove_path, replace_folder
-from pipeline.llm_api.deployment import HEALTH_PATH, SERVE_FILE
+from pipeline.llm_api.deployment import HEALTH_PATH, SERVE_FILE, lora_members
 from pipeline.llm_api.deployment import launch_argv as llm_api_launch_argv
 from pipeline.plan.types import Plan, VariantPlan
 from pipeline.spec.deploy import DeploySpec
@@ -164,7 +164,7 @@ def served(plan: Plan, whole_spec: bool) -> tuple[list[Served], list[str]]:
             upstream = dataclasses.replace(variant, serving=variant.serving.model_copy(update={"host": "127.0.0.1"}))
             argv = llm_api_launch_argv(upstream, _upstream_port(server))
             server = dataclasses.replace(server, argv=argv)
-        elif llm_api and (variant.stage("package").params.get("lora") or {}).get("members"):
+        elif llm_api and lora_members(variant.stage("package")):
             notes.append(
                 f"{variant.name}: its fine-tunes are reached by their lora_request (serve.json); "
                 "set deploy.front_image to reach them by model name"
@@ -193,7 +193,7 @@ def _selector(server: Served) -> dict[str, str]:
 
 def _fronted(server: Served) -> bool:
     """Whether the pod runs the name-routing front beside trtllm-serve: a LoRA group with deploy.front_image."""
-    members = (server.variant.stage("package").params.get("lora") or {}).get("members")
+    members = lora_members(server.variant.stage("package"))
     return _is_trtllm_serve(server) and bool(members) and server.variant.deploy.front_image is not None
 
 
