@@ -59,6 +59,19 @@ def packaged_path(folder: Path, repository: Path) -> str:
     return os.path.relpath(Path(folder).resolve(), model_folder)
 
 
+def client_adapters(variant: VariantPlan) -> bool:
+    """Whether the variant's models take a client's own adapter: declare its inputs (the configs) and
+    store it (the reference backend's ``reference_lora_client_adapters``).
+
+    A LoRA engine's variant does only with ``serving.lora_client_adapters``; a shared fine-tune's models
+    never (they set its own task id, whose adapter is prefetched); an engine without LoRA keeps NVIDIA's
+    declaration (its backend answers such a request with an error)."""
+    package = variant.stage("package").params
+    if not package.get("lora"):
+        return True
+    return variant.serving.lora_client_adapters and package.get("lora_task_id") is None
+
+
 def lora_parameters(variant: VariantPlan, repository: Path) -> dict[str, str]:
     """A LoRA group's engine: its cache sizes and ``lora_prefetch_dir`` (where the deployment mounts
     the adapters, as ``gpt_model_path``), as the plan's package stage carries them; none otherwise."""
@@ -66,7 +79,7 @@ def lora_parameters(variant: VariantPlan, repository: Path) -> dict[str, str]:
     params = dict(stage.params.get("lora") or {})
     if params and not targets.on_gpus(variant.target):
         params["reference_lora_prefetch_path"] = packaged_path(stage.inputs["lora"], repository)
-        params["reference_lora_client_adapters"] = "true" if variant.serving.lora_client_adapters else "false"
+        params["reference_lora_client_adapters"] = _bool(client_adapters(variant))
     return params
 
 

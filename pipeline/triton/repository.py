@@ -41,6 +41,7 @@ from pipeline.plan.types import VariantPlan
 from pipeline.triton import pbtxt
 from pipeline.triton.backend_params import (
     check_parameters,
+    client_adapters,
     gpu_device_ids,
     tensorrt_llm_parameters,
 )
@@ -116,18 +117,6 @@ def settings_from_plan(variant: VariantPlan, engine_dir: Path, repository: Path)
         variable_types={LORA_WEIGHTS: lora_weights_data_type(variant.build.dtype)},
         client_adapters=client_adapters(variant),
     )
-
-
-def client_adapters(variant: VariantPlan) -> bool:
-    """Whether the variant's models declare the inputs of a client's own adapter.
-
-    A LoRA engine's variant declares them only with ``serving.lora_client_adapters``; a shared
-    fine-tune's models never (they set its own task id, whose adapter is prefetched); an engine
-    without LoRA keeps NVIDIA's declaration (its backend answers such a request with an error)."""
-    package = variant.stage("package").params
-    if not package.get("lora"):
-        return True
-    return variant.serving.lora_client_adapters and package.get("lora_task_id") is None
 
 
 def check_engine(variant: VariantPlan, engine_dir: Path) -> dict[str, Any]:
