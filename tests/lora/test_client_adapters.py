@@ -16,7 +16,7 @@ import pytest
 from pipeline.plan.planner import make_plan
 from pipeline.plan.types import OutputRoots, Plan
 from pipeline.spec.document import load_spec
-from pipeline.triton import pbtxt
+from pipeline.triton import contract, pbtxt
 from pipeline.triton.repository import emit_repository
 from tests.lora.helpers import make_adapter
 from tests.runtime.fixtures import make_hf_model
@@ -60,6 +60,16 @@ def declared_adapter_inputs(plan: Plan, root: Path) -> dict[str, dict[str, set[s
             for model in MODELS
         }
     return found
+
+
+def test_nvidia_declares_the_withheld_inputs_optional():
+    """What makes withholding them safe: NVIDIA's templates mark both optional on every model that has them
+    (triton_backend/all_models/inflight_batcher_llm/{tensorrt_llm,ensemble,tensorrt_llm_bls}/config.pbtxt,
+    tensorrt_llm's at commit 0c8de69a1ca6213eebb20a51873890ff128666c2: pipeline/triton/contract.py), so the
+    backend reads them only when a request carries them, and a request without them is NVIDIA's own."""
+    for model in MODELS:
+        withheld = [t for t in contract.CONTRACT[model][0] if t.name in ADAPTER_INPUTS]
+        assert {t.name for t in withheld} == ADAPTER_INPUTS and all(t.optional for t in withheld), model
 
 
 def test_by_default_no_model_of_a_lora_engine_takes_a_clients_adapter(tmp_path):
