@@ -111,9 +111,10 @@ def test_the_cost_model_prices_a_method_by_its_drafting_alone(monkeypatch):
 
 def test_methods_that_share_a_build_mode_are_told_apart_by_their_settings():
     """An engine records its build mode, not its method: of the methods sharing a mode, the one the mode
-    names (``engine_mode_method``) is served by it, and every other only through a ``claims`` hook on the
-    settings that select it (EAGLE-3, which the PyTorch backend builds with no mode, as plain decoding). A
-    second method without one would never be served."""
+    names (``engine_mode_method``) is served by it without settings, and every other only when its settings
+    select it (``served_method``: a ``claims`` hook, as EAGLE-3's, which the PyTorch backend builds with no
+    mode, as plain decoding; or its own parameter, as ``repeat``'s in tests/methods/test_new_method.py).
+    Of the shipped methods, only the mode's own is unclaimed."""
     from pipeline.runtime.spec_decode import registry
     from pipeline.runtime.spec_decode.factory import load_runtimes
 

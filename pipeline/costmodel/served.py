@@ -23,7 +23,6 @@ from pipeline.errors import InputError
 from pipeline.geometry import ModelGeometry
 from pipeline.methods.base import MethodDefinition
 from pipeline.methods.drafting import Drafting
-from pipeline.plan.speculative import engine_mode_method
 
 
 def _tensorrt_llm_config(repository: Path) -> Path:
@@ -39,6 +38,7 @@ def _tensorrt_llm_config(repository: Path) -> Path:
 
 def describe(repository: Path) -> dict[str, Any]:
     """The served method, its settings and the engine's shape (JSON-able; see the module)."""
+    from pipeline.runtime.spec_decode.factory import served_method
     from pipeline.runtime.triton.io import parse_parameters
     from pipeline.triton import pbtxt
 
@@ -60,7 +60,7 @@ def describe(repository: Path) -> dict[str, Any]:
     arch = ModelGeometry.from_trtllm(pc, str(engine_config))
     quant = pc.get("quantization") or {}
     mapping = pc.get("mapping") or {}
-    method = engine_mode_method(build.get("speculative_decoding_mode"))
+    method = served_method(build.get("speculative_decoding_mode"), params.method)
     settings: dict[str, Any] = {"max_draft_len": int(build.get("max_draft_len") or 0)}
     definition = _definition(method)
     if definition is not None and definition.served_settings is not None:

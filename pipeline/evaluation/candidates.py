@@ -81,7 +81,8 @@ def _as_planned(method: str, config: Any) -> Candidate:
 
 
 def load(engine: Engine, candidate: Candidate) -> Loaded:
-    """The candidate's engine view and its method, from make_method (warnings are not expected here)."""
+    """The candidate's engine view and its method, from make_method (warnings are not expected here): the
+    candidate's, also where another method shares its build mode."""
     view = engine_as(engine, candidate.method, candidate.max_draft_len)
-    method, _ = make_method(view, candidate.settings)
+    method, _ = make_method(view, candidate.settings, candidate.method)
     return Loaded(candidate, view, method)

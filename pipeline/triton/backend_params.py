@@ -103,9 +103,9 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
     }
     if not targets.on_gpus(variant.target):  # the GPU backend has no use for it
         params["reference_engine_path"] = packaged_path(engine_dir, repository)
-    config = getattr(spec, spec.method, None)  # the method's own parameters, as its config says them
-    if config is not None:
-        params.update(config.triton_parameters())
+    own = getattr(spec.config, "triton_parameters", None)  # the method's own parameters, as its config says them
+    if own is not None:
+        params.update(own())
     params.update(lora_parameters(variant, repository))
     check_parameters(params)
     return params

@@ -14,15 +14,15 @@ no module of ``pipeline/`` names it. With only that:
   loop, records it and reads the record back; a runtime that lists its own candidates is measured at each;
 * the cost model prices it, from its Drafting and from a served repository's recorded settings
   (``costmodel.served.drafting`` through the definition's ``served_drafting``);
+* it shares NGram's build mode (``draft_tokens_external``), and an engine records its build mode, not its
+  method: the package stage writes its config's own parameter (``triton_parameters``), whose presence
+  selects it (``served_method``) for the runtime and the cost model whatever the definitions' order;
+  without it the engine serves NGram.
 
 In the tree, the two pieces are a module of pipeline/methods/ (its DEFINITION listed in DEFINITIONS) and a
 module of pipeline/runtime/spec_decode/ whose ``@register(name)`` adds its loop (``load_runtimes`` imports
 every module there). What still needs an edit outside the two pieces (the remaining gap):
 
-* a new method that shares a build mode with another (``draft_tokens_external``, NGram's) is told apart
-  from it by the definitions' order only, unless its runtime claims its own settings (``claims``, as
-  EAGLE-3's does): the engine records its build mode, not the method (``tests/test_methods.py`` holds the
-  shipped methods to that rule; ``repeat`` here is inserted ahead of NGram instead);
 * rehearsal lists each method's candidates from its runtime (``@register(name, candidates=...)``; without
   a list, the plan's config is the one candidate), but a method measured at the plan's config competes
   only when the spec names it: ``method: best`` resolves the config of the one method ``auto`` picks, and
@@ -76,6 +76,7 @@ from tests.runtime.fixtures import (
 
 NAME = "repeat"
 K = 3
+REPEAT_K = "reference_repeat_k"  # its own tensorrt_llm parameter, read by the CPU reference backend only
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ class RepeatConfig:
     def drafting(self) -> Drafting:
         """A chain of K rows fed to the target, no drafter weights."""
         return Drafting(NAME, 1 + self.max_draft_len)
+
+    def triton_parameters(self) -> dict[str, str]:
+        """K as the tensorrt_llm model's parameter: what tells a server of this engine that it runs ``repeat``."""
+        return {REPEAT_K: str(self.max_draft_len)}
 
 
 def _resolve(variant: VariantSpec, arch: ModelGeometry, heads_dir: Path | None, problems: Problems) -> RepeatConfig:
@@ -117,6 +122,7 @@ DEFINITION = MethodDefinition(
     cost_terms=(),
     lora_refusal="Repeat-last",
     served_drafting=lambda settings: Drafting(NAME, 1 + settings["max_draft_len"]),
+    reference_parameter_keys=(REPEAT_K,),
 )
 
 
@@ -151,14 +157,14 @@ def _build(engine: Engine, settings: MethodSettings, warnings: list[str]) -> Dec
 
 def _parameters(read: TritonParameters) -> dict[str, Any]:
     """Its own server-side setting, under its own name: no field of MethodSettings names it."""
-    return {NAME: read.integer("reference_repeat_k", None)}
+    return {NAME: read.integer(REPEAT_K, None)}
 
 
 @pytest.fixture
 def with_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``repeat`` in the definitions table (ahead of NGram, whose build mode it shares) and the runtime registry."""
+    """``repeat`` in the definitions table (last: after NGram, whose build mode it shares) and the runtime registry."""
     load_runtimes()
-    monkeypatch.setattr(methods, "DEFINITIONS", (DEFINITION, *methods.DEFINITIONS))
+    monkeypatch.setattr(methods, "DEFINITIONS", (*methods.DEFINITIONS, DEFINITION))
     monkeypatch.setitem(registry.RUNTIMES, NAME, registry.Runtime(NAME, _build, parameters=_parameters))
 
 
@@ -224,7 +230,7 @@ def test_an_unknown_method_is_refused_at_its_key(tmp_path: Path, monkeypatch: py
 
 @pytest.mark.usefixtures("with_repeat")
 def test_the_reference_runtime_decodes_it_losslessly(engine: Engine) -> None:
-    method, warnings = make_method(engine, MethodSettings())
+    method, warnings = make_method(engine, MethodSettings(own={NAME: K}))
     assert isinstance(method, RepeatDecoding) and warnings == []
     prompts = test_prompts(TINY["vocab_size"])
     plain = decode(engine, PlainDecoding(), requests(prompts), in_flight=1)
@@ -243,6 +249,46 @@ def test_its_runtime_reads_its_own_server_setting(engine: Engine) -> None:
     assert isinstance(method, RepeatDecoding) and method.max_draft_len == 2  # the server's K, not the engine's 4
     unset = parse_parameters({"parameters": {"gpt_model_path": {"string_value": "/e"}}}).method
     assert unset.of(NAME) is None
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_its_own_parameter_tells_it_from_ngram_whose_build_mode_it_shares(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.plan.preflight import checked_plan
+    from pipeline.plan.types import OutputRoots
+    from pipeline.runtime.spec_decode.ngram import NGramDecoding
+    from pipeline.spec.document import load_spec
+    from pipeline.triton.backend_params import tensorrt_llm_parameters
+
+    (tmp_path / "spec.yaml").write_text(SPEC.format(method=NAME))
+    monkeypatch.chdir(tmp_path)
+    roots = OutputRoots(Path("engines"), Path("triton_repo"), Path(".cache"))
+    (variant,) = checked_plan(load_spec(tmp_path / "spec.yaml"), roots).variants
+    params = tensorrt_llm_parameters(variant, Path("engines/e"), Path("triton_repo/repeat-test"))
+    assert params[REPEAT_K] == str(K)  # the package stage writes its config's own parameter
+    as_served = {"parameters": {key: {"string_value": value} for key, value in params.items()}}
+    method, _ = make_method(engine, parse_parameters(as_served).method)
+    assert isinstance(method, RepeatDecoding) and method.max_draft_len == K
+    # the same engine without that parameter is NGram's, though repeat is defined after it
+    method, _ = make_method(engine, MethodSettings())
+    assert isinstance(method, NGramDecoding)
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_the_cost_model_reads_it_from_a_served_repository(engine: Engine, tmp_path: Path) -> None:
+    """``describe`` names the method the repository's parameters select, not only the engine's build mode."""
+
+    def repository(folder: Path, params: dict[str, str]) -> Path:
+        (folder / "tensorrt_llm").mkdir(parents=True)
+        (folder / "tensorrt_llm" / "config.pbtxt").write_text(
+            "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in params.items())
+        )
+        return folder
+
+    engine_dir = str(engine.config.folder)
+    assert served.describe(repository(tmp_path / "a", {"gpt_model_path": engine_dir, REPEAT_K: "2"}))["method"] == NAME
+    assert served.describe(repository(tmp_path / "b", {"gpt_model_path": engine_dir}))["method"] == "ngram"
 
 
 @pytest.mark.usefixtures("with_repeat")

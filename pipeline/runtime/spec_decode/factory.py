@@ -22,7 +22,7 @@ from pipeline.runtime.spec_decode import registry
 from pipeline.runtime.spec_decode.base import DecodingMethod, PlainDecoding
 from pipeline.runtime.spec_decode.registry import MethodSettings
 
-__all__ = ["MethodSettings", "load_runtimes", "make_method"]
+__all__ = ["MethodSettings", "load_runtimes", "make_method", "served_method"]
 
 NO_SETTINGS = MethodSettings()  # no tensorrt_llm parameters set
 
@@ -34,27 +34,51 @@ def load_runtimes() -> None:
         importlib.import_module(module.name)
 
 
-def make_method(engine: Engine, settings: MethodSettings = NO_SETTINGS) -> tuple[DecodingMethod, list[str]]:
+def served_method(mode: int | str | None, settings: MethodSettings) -> str:
+    """The method an engine built with speculative_decoding_mode ``mode`` serves under these parameters:
+    the one they select (its runtime's ``claims`` hook, or its own settings present: MethodSettings.own),
+    else the one the mode names. An engine records its build mode, not its method, so a method that shares
+    a mode with another (EAGLE-3 plain decoding's, a new one NGram's) is told apart by its settings, never
+    by the definitions' order; InputError when the parameters select two."""
+    load_runtimes()
+    selected = [
+        r.method
+        for r in registry.RUNTIMES.values()
+        if (r.claims(settings) if r.claims is not None else settings.of(r.method) is not None)
+    ]
+    if len(selected) > 1:
+        raise InputError(f"the tensorrt_llm parameters select {' and '.join(selected)} at once; set one method's")
+    return selected[0] if selected else engine_mode_method(mode)
+
+
+def make_method(
+    engine: Engine, settings: MethodSettings = NO_SETTINGS, method: str | None = None
+) -> tuple[DecodingMethod, list[str]]:
     """The method for this engine and these parameters, and warnings to log.
 
     As TensorRT-LLM's executor: the engine's build mode decides (a different ``decoding_mode`` is
     overridden with a warning); an unknown or unsupported plain mode falls back to the default with
     a warning. What would fail on a GPU (a speculative mode on a plain engine, Lookahead without
-    (W, N, G), a tree larger than the engine's max_draft_len) raises InputError at load.
+    (W, N, G), a tree larger than the engine's max_draft_len) raises InputError at load. ``method``:
+    the method the caller knows the engine serves (a rehearsal candidate's), among those that share its
+    build mode; None: :func:`served_method` decides.
     """
     load_runtimes()
     mode = (settings.decoding_mode or "").strip().lower()
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
+    chosen = method or served_method(engine.config.limits.speculative_decoding_mode, settings)
     where = engine.config.folder / "config.json"
-    claimed = next((r for r in registry.RUNTIMES.values() if r.claims is not None and r.claims(settings)), None)
-    if claimed is not None:  # its settings select it (EAGLE-3: the PyTorch backend builds no speculative mode)
-        if built != methods.PLAIN:
-            title = methods.definition(claimed.method).title
+    if chosen != built:  # selected by its settings (or the caller), not named by the build mode
+        definition = methods.definition(chosen)
+        if chosen not in registry.RUNTIMES:
+            raise InputError(f"{where}: {definition.title} is not supported by the reference backend ({_served()})")
+        if engine_mode_method(definition.engine_mode) != built:
+            needs = f"for {definition.build_mode}" if definition.build_mode else "without a speculative mode"
             raise InputError(
-                f"{where} is built for {built}; {title} runs on an engine built without a speculative mode "
-                "(the PyTorch backend builds none)"
+                f"{where} is built for {built}; {definition.title} runs on an engine built {needs}"
+                + ("" if definition.build_mode else " (the PyTorch backend builds none)")
             )
-        return claimed.build(engine, settings, []), []
+        return registry.RUNTIMES[chosen].build(engine, settings, []), []
     if built == methods.PLAIN:
         if mode in {d.triton_decoding_mode for d in methods.definitions() if d.speculative} - set(
             TRITON_PLAIN_DECODING_MODES
@@ -75,9 +99,8 @@ def make_method(engine: Engine, settings: MethodSettings = NO_SETTINGS) -> tuple
         return PlainDecoding(), [f"decoding_mode {settings.decoding_mode!r} is not valid; using top_k_top_p"]
     runtime = registry.RUNTIMES.get(built)
     if runtime is None:
-        served = ", ".join(r.method for r in registry.RUNTIMES.values() if r.claims is None)
         raise InputError(
-            f"{where}: speculative_decoding_mode {built} is not supported by the reference backend ({served})"
+            f"{where}: speculative_decoding_mode {built} is not supported by the reference backend ({_served()})"
         )
     warnings = []
     # A method without a decoding_mode of its own (NGram: external draft tokens) is configured with the
@@ -89,3 +112,8 @@ def make_method(engine: Engine, settings: MethodSettings = NO_SETTINGS) -> tuple
             f"overwriting decoding_mode to {built} (as TensorRT-LLM does)"
         )
     return runtime.build(engine, settings, warnings), warnings
+
+
+def _served() -> str:
+    """The methods the reference backend serves by an engine's build mode, for errors."""
+    return ", ".join(r.method for r in registry.RUNTIMES.values() if r.claims is None)
