@@ -168,38 +168,68 @@ class PlanErrors(InputError):
 
 
 def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
+    """Spec -> Plan, in three steps:
+
+    1. every variant as its spec writes it: its problems, and what the LoRA decision prices;
+    2. the LoRA decision (``serving.lora: auto``: which fine-tunes share an engine, and its method), made
+       from those plans and the alternatives it prices (:func:`_decide_lora`), skipped while step 1 found
+       problems;
+    3. the variants the decision changes, and each LoRA group's engine, planned as decided, each once
+       (:func:`_as_decided`).
+
+    Every problem of every step is said at once (:class:`PlanErrors`)."""
     variants = list(spec.variants)
-    plans, errors = _plan_variants(spec, variants, roots)
-    decisions: list[AutoDecision] = []
-    if not errors:
-        decisions, decided = _decide_lora(spec, variants, plans, roots)
-        # The fine-tunes the decision shares are planned as shared; every other plan stands.
-        changed = [after for before, after in zip(variants, decided) if after is not before]
-        variants = decided
-        as_shared, errors = _plan_variants(spec, changed, roots)
-        by_name = {p.name: p for p in as_shared}
-        plans = [by_name.get(p.name, p) for p in plans]
-    if len(spec.variants) > 1:
+    written, errors = _plan_variants(spec, variants, roots)
+    decisions, decided = ([], variants) if errors else _decide_lora(spec, variants, written, roots)
+    if len(variants) > 1:
         errors.extend(_spec_repository_problems(spec, roots))
-    group_problems: dict[str, _Problems] = {}
-    groups = plan_groups(spec, plans, lambda name: group_problems.setdefault(name, _Problems(spec, name)), variants)
-    errors.extend(e for p in group_problems.values() for e in p.errors)
-    for group in groups:  # the base variant's engine becomes the group's: the LoRA plugin and the adapters
-        base = next(v for v in variants if v.name == group.base_variant)
-        problems = _Problems(spec, base.name)
-        replanned = _plan_variant(spec, base, roots, problems, group)
-        errors.extend(problems.errors)
-        plans = [replanned if p.name == base.name and replanned is not None else p for p in plans]
-        if replanned is not None:
-            members = {m.variant: m.task_id for m in group.members}
-            plans = [_shared_member(p, replanned, members[p.name], roots) if p.name in members else p for p in plans]
+    plans, groups, problems = _as_decided(spec, roots, written, decided)
+    errors.extend(problems)
     if errors:
         raise PlanErrors("\n".join(errors), tuple(plans))
     reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
-    reasons |= {d.base: _shared_engine_note(d, spec, variants) for d in decisions if d.shared_compared}
+    reasons |= {d.base: _shared_engine_note(d, spec, decided) for d in decisions if d.shared_compared}
     plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]
     repository = _spec_repository(spec, roots, plans)
     return Plan(spec.file, spec.name, tuple(plans), repository, tuple(groups), tuple(decisions))
+
+
+def _as_decided(
+    spec: Spec, roots: OutputRoots, written: list[VariantPlan], decided: list[VariantSpec]
+) -> tuple[list[VariantPlan], list[LoraGroupPlan], list[str]]:
+    """Step 3 of :func:`make_plan`: the plans as the LoRA decision left the variants (``decided``, in spec
+    order; ``written``: step 1's plans), the LoRA groups and the problems. The fine-tunes the decision
+    changed are planned first, since a group is made of its members' plans (their geometry, adapters and
+    memory); then each group's base as the group's engine (the LoRA plugin, the adapters, the LoRA cache),
+    its members served by that engine (:func:`_shared_member`), and every other variant the decision
+    changed; the rest keep step 1's plans."""
+    changed = {after.name for before, after in zip(spec.variants, decided) if after is not before}
+    by_name = {p.name: p for p in written}
+    fine_tunes, errors = _plan_variants(spec, [v for v in decided if v.name in changed and v.model.adapters], roots)
+    by_name |= {p.name: p for p in fine_tunes}
+    group_problems: dict[str, _Problems] = {}
+    groups = plan_groups(
+        spec,
+        [by_name[v.name] for v in decided if v.name in by_name],
+        lambda name: group_problems.setdefault(name, _Problems(spec, name)),
+        decided,
+    )
+    errors.extend(e for p in group_problems.values() for e in p.errors)
+    engines = {g.base_variant: g for g in groups}
+    for variant in decided:
+        group = engines.get(variant.name)
+        if group is None and (variant.name not in changed or variant.model.adapters):
+            continue  # step 1's plan stands, or planned above
+        problems = _Problems(spec, variant.name)
+        replanned = _plan_variant(spec, variant, roots, problems, group)
+        errors.extend(problems.errors)
+        if replanned is None:
+            continue
+        by_name[variant.name] = replanned
+        if group is not None:
+            for member in group.members:
+                by_name[member.variant] = _shared_member(by_name[member.variant], replanned, member.task_id, roots)
+    return [by_name[v.name] for v in decided if v.name in by_name], groups, errors
 
 
 def _shared_engine_note(decision: AutoDecision, spec: Spec, decided: list[VariantSpec]) -> str:
