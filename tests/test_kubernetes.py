@@ -337,6 +337,24 @@ def test_deploy_values_are_checked_as_what_they_are(field, value, says, write_sp
     assert says in line and "folder name" not in line, line
 
 
+def test_a_colon_in_mount_path_is_deployed_as_written(write_spec, tmp_path):
+    # Kubernetes' ValidateVolumeMounts checks a mountPath for being empty, unique and clear of volumeDevices
+    # only (pkg/apis/core/validation/validation.go @ 000f2605; its ':' refusal went with Windows containers,
+    # kubernetes/kubernetes#31707); containerd and CRI-O take the ':' as part of the folder's name.
+    plan = make_plan(
+        load_spec(write_spec(DUO.replace("mount_path: /mnt/release", 'mount_path: "/mnt/re:lease"'))),
+        OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache"),
+    )
+    files = written(plan, tmp_path, whole_spec=True)
+    check_valid(files)
+    mounts = {
+        m["mountPath"]
+        for d in files["deployment.yaml"]
+        for m in d["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    }
+    assert "/mnt/re:lease" in mounts
+
+
 def test_an_image_pinned_by_digest_is_deployed_as_written(write_spec, tmp_path):
     image = "registry.example:5000/nvidia/tritonserver:26.04-trtllm-python-py3@sha256:" + "0123456789abcdef" * 4
     plan = make_plan(
