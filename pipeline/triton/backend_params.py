@@ -111,21 +111,23 @@ def tensorrt_llm_parameters(variant: VariantPlan, engine_dir: Path, repository: 
     return params
 
 
-# Parameters only the CPU reference backend reads (the C++ backend ignores keys it does not know): its
-# own, and each method's (MethodDefinition.reference_parameter_keys).
-REFERENCE_PARAMETER_KEYS = frozenset(
-    {
-        "reference_num_threads",
-        "reference_engine_path",
-        "reference_lora_prefetch_path",
-        "reference_lora_client_adapters",
-        *(key for definition in methods.definitions() for key in definition.reference_parameter_keys),
-    }
+# The CPU reference backend's own parameters (the C++ backend ignores keys it does not know).
+REFERENCE_BACKEND_KEYS = (
+    "reference_num_threads",
+    "reference_engine_path",
+    "reference_lora_prefetch_path",
+    "reference_lora_client_adapters",
 )
+
+
+def reference_parameter_keys() -> frozenset[str]:
+    """Parameters only the CPU reference backend reads: its own, and each method's
+    (MethodDefinition.reference_parameter_keys), asked of the definitions when called."""
+    return frozenset(REFERENCE_BACKEND_KEYS).union(*(d.reference_parameter_keys for d in methods.definitions()))
 
 
 def check_parameters(params: dict[str, str]) -> None:
     """StageError listing every way ``params`` would fail or misconfigure the C++ backend."""
-    problems = parameter_problems(params, extra_keys=REFERENCE_PARAMETER_KEYS)
+    problems = parameter_problems(params, extra_keys=reference_parameter_keys())
     if problems:
         raise StageError(f"tensorrt_llm parameters the TensorRT-LLM backend would not accept: {'; '.join(problems)}")

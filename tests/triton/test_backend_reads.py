@@ -19,7 +19,7 @@ from google.protobuf import text_format
 from triton_fixtures import triton_specs
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.triton.backend_params import REFERENCE_PARAMETER_KEYS
+from pipeline.triton.backend_params import reference_parameter_keys
 from pipeline.triton.backend_reads import Read, load_table, parameter_problems, value_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,7 +234,7 @@ def test_every_tensorrt_llm_model_carries_what_the_backend_requires(reviewed, sp
         params = {key: value.string_value for key, value in config.parameters.items()}
         gpu = not any(key.startswith("reference_") for key in params)
         # a GPU target's repository has nothing but the backend's keys; the CPU one may add its own
-        assert parameter_problems(params, frozenset() if gpu else REFERENCE_PARAMETER_KEYS) == [], path
+        assert parameter_problems(params, frozenset() if gpu else reference_parameter_keys()) == [], path
         assert params["tokenizer_dir"] == params["guided_decoding_backend"] == ""  # not set: no guided decoding
 
 

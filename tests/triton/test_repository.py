@@ -17,7 +17,7 @@ from pipeline.errors import InputError, StageError
 from pipeline.stages import package
 from pipeline.stages.runner import run_stage
 from pipeline.triton import pbtxt
-from pipeline.triton.backend_params import REFERENCE_PARAMETER_KEYS, check_parameters
+from pipeline.triton.backend_params import check_parameters, reference_parameter_keys
 from pipeline.triton.backend_reads import load_table
 from pipeline.triton.repository import MANIFEST, emit_repository, model_steps, validate_repository
 
@@ -45,7 +45,7 @@ def _check_against_plan(variant, repo: Path, engine: Path) -> None:
     assert set(configs) == {ensemble_name, *MODELS}
     llm, ensemble = configs["tensorrt_llm"], configs[ensemble_name]
     params = _params(llm)
-    reference_only = REFERENCE_PARAMETER_KEYS if variant.target == "reference" else set()
+    reference_only = reference_parameter_keys() if variant.target == "reference" else set()
     assert set(params) - reference_only <= load_table().keys
     assert llm.backend == "tensorrtllm"
     assert llm.max_batch_size == variant.build.max_batch_size == ensemble.max_batch_size
