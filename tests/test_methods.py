@@ -110,16 +110,17 @@ def test_the_cost_model_prices_a_method_by_its_drafting_alone(monkeypatch):
 
 
 def test_methods_that_share_a_build_mode_are_told_apart_by_their_settings():
-    """An engine records its build mode, not its method: of the methods sharing a mode, the one the mode
-    names (``engine_mode_method``) is served by it without settings, and every other only when its settings
+    """An engine records its build mode, not its method: each mode names one method (``engine_mode_method``),
+    and every other method built with it is ``selected_by_settings``: served only where the parameters
     select it (``served_method``: a ``claims`` hook, as EAGLE-3's, which the PyTorch backend builds with no
-    mode, as plain decoding; or its own parameter, as ``repeat``'s in tests/methods/test_new_method.py).
-    Of the shipped methods, only the mode's own is unclaimed."""
+    mode, as plain decoding; or its own parameter, as ``repeat``'s in tests/methods/test_new_method.py)."""
     from pipeline.runtime.spec_decode import registry
     from pipeline.runtime.spec_decode.factory import load_runtimes
 
     load_runtimes()
     for mode in {d.build_mode for d in methods.definitions()}:
         sharing = [d for d in methods.definitions() if d.build_mode == mode]
-        by_mode = [d.name for d in sharing if d.name not in registry.RUNTIMES or not registry.RUNTIMES[d.name].claims]
-        assert by_mode == [engine_mode_method(sharing[0].engine_mode)], (mode, by_mode)
+        (named,) = [d.name for d in sharing if not d.selected_by_settings]
+        assert engine_mode_method(sharing[0].engine_mode) == named, mode
+        for d in sharing:  # a shipped method selected by settings says how: its runtime's claims
+            assert not d.selected_by_settings or registry.RUNTIMES[d.name].claims is not None, d.name

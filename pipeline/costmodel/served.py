@@ -60,7 +60,7 @@ def describe(repository: Path) -> dict[str, Any]:
     arch = ModelGeometry.from_trtllm(pc, str(engine_config))
     quant = pc.get("quantization") or {}
     mapping = pc.get("mapping") or {}
-    method = served_method(build.get("speculative_decoding_mode"), params.method)
+    method = served_method(build.get("speculative_decoding_mode"), params.method, config_path)
     settings: dict[str, Any] = {"max_draft_len": int(build.get("max_draft_len") or 0)}
     definition = _definition(method)
     if definition is not None and definition.served_settings is not None:

@@ -157,7 +157,8 @@ def load_standin(variant: VariantPlan, scratch: Path, say: Any = print) -> Stand
     engine = load_engine(variant, converted, scratch)
     spec = variant.speculative
     drafter = checkpoint / DRAFTER_FOLDER if spec.eagle3 is not None else None  # deployed beside the model
-    method, warnings = make_method(engine, MethodSettings(ngram=spec.ngram, eagle3=spec.eagle3, eagle3_drafter=drafter))
+    settings = MethodSettings(ngram=spec.ngram, eagle3=spec.eagle3, eagle3_drafter=drafter)
+    method, warnings = make_method(engine, settings, spec.method)
     for warning in warnings:
         say(f"[{variant.name}] stand-in: {warning}")
     cache = None

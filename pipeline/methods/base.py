@@ -110,6 +110,10 @@ class MethodDefinition:
     # tensorrt_llm parameters its config emits that only the CPU reference backend reads (the C++ backend
     # ignores keys it does not know); the package stage's check accepts them beside the C++ backend's.
     reference_parameter_keys: tuple[str, ...] = ()
+    # Its engine is built with another method's mode (EAGLE-3: none, as plain decoding's), so an engine's mode
+    # never names it: the server's parameters select it (its runtime's ``claims``, or its own settings,
+    # MethodSettings.own; pipeline.runtime.spec_decode.factory.served_method).
+    selected_by_settings: bool = False
 
     @property
     def speculative(self) -> bool:

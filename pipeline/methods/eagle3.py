@@ -244,4 +244,5 @@ DEFINITION = MethodDefinition(
     llm_api_decoding_type="Eagle3",
     recorded=recorded,
     recorded_keys=("eagle3",),
+    selected_by_settings=True,  # the PyTorch backend builds its engine with no mode: its settings select it
 )

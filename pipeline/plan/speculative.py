@@ -34,7 +34,8 @@ TRITON_SPECULATIVE_DECODING_MODES = ("medusa", "eagle", "lookahead", "redrafter"
 
 def engine_mode_method(mode: int | str | None) -> str:
     """The method an engine was built for, from its build_config.speculative_decoding_mode (the
-    IntFlag's int, or a build-mode name); a mode no method has comes back as its name."""
+    IntFlag's int, or a build-mode name): the one method of that mode not ``selected_by_settings``; a mode
+    no method has comes back as its name."""
     if mode is None or isinstance(mode, str) and mode.strip().lower() in ("", "none"):
         return "none"
     if isinstance(mode, str):
@@ -46,7 +47,8 @@ def engine_mode_method(mode: int | str | None) -> str:
         build_mode = names[0]
     if build_mode is None:  # NONE: plain decoding (a method built by no engine flow has no mode either)
         return "none"
-    return next((d.name for d in methods.definitions() if d.build_mode == build_mode), str(build_mode))
+    named = (d.name for d in methods.definitions() if d.build_mode == build_mode and not d.selected_by_settings)
+    return next(named, str(build_mode))
 
 
 @dataclass(frozen=True)

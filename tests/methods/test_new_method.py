@@ -15,9 +15,10 @@ no module of ``pipeline/`` names it. With only that:
 * the cost model prices it, from its Drafting and from a served repository's recorded settings
   (``costmodel.served.drafting`` through the definition's ``served_drafting``);
 * it shares NGram's build mode (``draft_tokens_external``), and an engine records its build mode, not its
-  method: the package stage writes its config's own parameter (``triton_parameters``), whose presence
-  selects it (``served_method``) for the runtime and the cost model whatever the definitions' order;
-  without it the engine serves NGram.
+  method: its definition says ``selected_by_settings``, the package stage writes its config's own
+  parameter (``triton_parameters``), and that parameter selects it (``served_method``) for the runtime
+  and the cost model, defined ahead of NGram or after it; without it the engine serves NGram; where it
+  cannot run (a plain engine), or beside another method's settings, it is refused.
 
 In the tree, the two pieces are a module of pipeline/methods/ (its DEFINITION listed in DEFINITIONS) and a
 module of pipeline/runtime/spec_decode/ whose ``@register(name)`` adds its loop (``load_runtimes`` imports
@@ -123,6 +124,7 @@ DEFINITION = MethodDefinition(
     lora_refusal="Repeat-last",
     served_drafting=lambda settings: Drafting(NAME, 1 + settings["max_draft_len"]),
     reference_parameter_keys=(REPEAT_K,),
+    selected_by_settings=True,  # built with NGram's mode: its own parameter selects it
 )
 
 
@@ -160,11 +162,13 @@ def _parameters(read: TritonParameters) -> dict[str, Any]:
     return {NAME: read.integer(REPEAT_K, None)}
 
 
-@pytest.fixture
-def with_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``repeat`` in the definitions table (last: after NGram, whose build mode it shares) and the runtime registry."""
+@pytest.fixture(params=["first", "last"])
+def with_repeat(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``repeat`` in the definitions table, ahead of NGram (whose build mode it shares) and after it: the
+    order decides nothing; and in the runtime registry."""
     load_runtimes()
-    monkeypatch.setattr(methods, "DEFINITIONS", (*methods.DEFINITIONS, DEFINITION))
+    table = (DEFINITION, *methods.DEFINITIONS) if request.param == "first" else (*methods.DEFINITIONS, DEFINITION)
+    monkeypatch.setattr(methods, "DEFINITIONS", table)
     monkeypatch.setitem(registry.RUNTIMES, NAME, registry.Runtime(NAME, _build, parameters=_parameters))
 
 
@@ -270,9 +274,26 @@ def test_its_own_parameter_tells_it_from_ngram_whose_build_mode_it_shares(
     as_served = {"parameters": {key: {"string_value": value} for key, value in params.items()}}
     method, _ = make_method(engine, parse_parameters(as_served).method)
     assert isinstance(method, RepeatDecoding) and method.max_draft_len == K
-    # the same engine without that parameter is NGram's, though repeat is defined after it
+    # the same engine without that parameter is NGram's, wherever repeat is defined
     method, _ = make_method(engine, MethodSettings())
     assert isinstance(method, NGramDecoding)
+
+
+@pytest.mark.usefixtures("with_repeat")
+def test_parameters_that_select_it_where_it_cannot_run_are_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from pipeline.methods.eagle3 import Eagle3Config
+
+    plain_engine = Engine.load(
+        write_engine(make_hf_model(tmp_path_factory.mktemp("plain") / "hf"), tmp_path_factory.mktemp("e") / "e")
+    )
+    with pytest.raises(
+        InputError,
+        match=r"config\.json: the engine is built for none; Repeat-last runs on an engine built for draft_tokens",
+    ):
+        make_method(plain_engine, MethodSettings(own={NAME: 2}))
+    both = MethodSettings(own={NAME: 2}, eagle3=Eagle3Config(3, (1, 2, 3)), eagle3_drafter=Path("/d"))
+    with pytest.raises(InputError, match=r"select eagle3 and repeat at once"):
+        make_method(plain_engine, both)
 
 
 @pytest.mark.usefixtures("with_repeat")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from pathlib import Path
 
 from pipeline import methods
 from pipeline.errors import InputError
@@ -34,21 +35,28 @@ def load_runtimes() -> None:
         importlib.import_module(module.name)
 
 
-def served_method(mode: int | str | None, settings: MethodSettings) -> str:
-    """The method an engine built with speculative_decoding_mode ``mode`` serves under these parameters:
-    the one they select (its runtime's ``claims`` hook, or its own settings present: MethodSettings.own),
-    else the one the mode names. An engine records its build mode, not its method, so a method that shares
-    a mode with another (EAGLE-3 plain decoding's, a new one NGram's) is told apart by its settings, never
-    by the definitions' order; InputError when the parameters select two."""
+def served_method(mode: int | str | None, settings: MethodSettings, where: Path) -> str:
+    """The method an engine built with speculative_decoding_mode ``mode`` serves under these parameters.
+
+    An engine records its build mode, not its method. A method whose engine is built with another's mode
+    (``selected_by_settings``: EAGLE-3's none, plain decoding's) is served where the parameters select it:
+    its runtime's ``claims`` hook, or its own settings present (MethodSettings.own); else the mode's own
+    method. The definitions' order never decides. InputError, naming ``where`` (the file the parameters or
+    the engine come from), when the parameters select two methods or one the engine was not built for."""
     load_runtimes()
+    flagged = {d.name for d in methods.definitions() if d.selected_by_settings}
     selected = [
         r.method
         for r in registry.RUNTIMES.values()
-        if (r.claims(settings) if r.claims is not None else settings.of(r.method) is not None)
+        if (r.claims(settings) if r.claims is not None else r.method in flagged and settings.of(r.method) is not None)
     ]
     if len(selected) > 1:
-        raise InputError(f"the tensorrt_llm parameters select {' and '.join(selected)} at once; set one method's")
-    return selected[0] if selected else engine_mode_method(mode)
+        chosen = " and ".join(selected)
+        raise InputError(f"{where}: the tensorrt_llm parameters select {chosen} at once; set one method's")
+    if not selected:
+        return engine_mode_method(mode)
+    _check_built_for(selected[0], engine_mode_method(mode), where)
+    return selected[0]
 
 
 def make_method(
@@ -60,24 +68,19 @@ def make_method(
     overridden with a warning); an unknown or unsupported plain mode falls back to the default with
     a warning. What would fail on a GPU (a speculative mode on a plain engine, Lookahead without
     (W, N, G), a tree larger than the engine's max_draft_len) raises InputError at load. ``method``:
-    the method the caller knows the engine serves (a rehearsal candidate's), among those that share its
-    build mode; None: :func:`served_method` decides.
+    the method the caller knows the engine serves (a rehearsal candidate's, the stand-in's plan's); None:
+    :func:`served_method` decides.
     """
     load_runtimes()
     mode = (settings.decoding_mode or "").strip().lower()
     built = engine_mode_method(engine.config.limits.speculative_decoding_mode)
-    chosen = method or served_method(engine.config.limits.speculative_decoding_mode, settings)
     where = engine.config.folder / "config.json"
+    chosen = method or served_method(engine.config.limits.speculative_decoding_mode, settings, where)
     if chosen != built:  # selected by its settings (or the caller), not named by the build mode
-        definition = methods.definition(chosen)
         if chosen not in registry.RUNTIMES:
-            raise InputError(f"{where}: {definition.title} is not supported by the reference backend ({_served()})")
-        if engine_mode_method(definition.engine_mode) != built:
-            needs = f"for {definition.build_mode}" if definition.build_mode else "without a speculative mode"
-            raise InputError(
-                f"{where} is built for {built}; {definition.title} runs on an engine built {needs}"
-                + ("" if definition.build_mode else " (the PyTorch backend builds none)")
-            )
+            title = methods.definition(chosen).title
+            raise InputError(f"{where}: {title} is not supported by the reference backend ({_served()})")
+        _check_built_for(chosen, built, where)
         return registry.RUNTIMES[chosen].build(engine, settings, []), []
     if built == methods.PLAIN:
         if mode in {d.triton_decoding_mode for d in methods.definitions() if d.speculative} - set(
@@ -112,6 +115,17 @@ def make_method(
             f"overwriting decoding_mode to {built} (as TensorRT-LLM does)"
         )
     return runtime.build(engine, settings, warnings), warnings
+
+
+def _check_built_for(method: str, built: str, where: Path) -> None:
+    """InputError unless an engine built for ``built`` (the method its mode names) can serve ``method``."""
+    definition = methods.definition(method)
+    if engine_mode_method(definition.engine_mode) != built:
+        needs = f"for {definition.build_mode}" if definition.build_mode else "without a speculative mode"
+        raise InputError(
+            f"{where}: the engine is built for {built}; {definition.title} runs on an engine built {needs}"
+            + ("" if definition.build_mode else " (the PyTorch backend builds none)")
+        )
 
 
 def _served() -> str:
