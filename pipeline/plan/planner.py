@@ -189,6 +189,7 @@ def make_plan(spec: Spec, roots: OutputRoots) -> Plan:
         raise PlanErrors("\n".join(errors), tuple(plans))
     reasons = {c.name: f"serving.lora auto: {c.reason}" for d in decisions for c in d.choices}
     reasons |= {d.base: _shared_engine_note(d, spec, decided) for d in decisions if d.shared_compared}
+    reasons |= _client_adapter_notes(plans, groups)
     plans = [dataclasses.replace(p, notes=(*p.notes, reasons[p.name])) if p.name in reasons else p for p in plans]
     repository = _spec_repository(spec, roots, plans)
     return Plan(spec.file, spec.name, tuple(plans), repository, tuple(groups), tuple(decisions))
@@ -230,6 +231,28 @@ def _as_decided(
             for member in group.members:
                 by_name[member.variant] = _shared_member(by_name[member.variant], replanned, member.task_id, roots)
     return [by_name[v.name] for v in decided if v.name in by_name], groups, errors
+
+
+def _client_adapter_notes(plans: list[VariantPlan], groups: list[LoraGroupPlan]) -> dict[str, str]:
+    """A note for each variant whose ``serving.lora_client_adapters: true`` opens no server to clients'
+    adapters: only a LoRA group's base sets it for the group's server (a shared fine-tune's models set
+    its own task id; a variant without a group has no LoRA engine)."""
+    settings = {p.name: p.serving.lora_client_adapters for p in plans}
+    member_of = {m.variant: g for g in groups for m in g.members}
+    bases = {g.base_variant for g in groups}
+    notes = {}
+    for name, on in settings.items():
+        group = member_of.get(name)
+        if not on or name in bases or (group is not None and settings.get(group.base_variant or "", True)):
+            continue
+        where = (
+            f"its LoRA group's server is variant {group.base_variant}'s: set it there"
+            if group is not None
+            else "no LoRA engine serves this variant (it opens a serving.lora: shared group's server, set on "
+            "the group's base)"
+        )
+        notes[name] = f"serving.lora_client_adapters: true does nothing here: {where}"
+    return notes
 
 
 def _shared_engine_note(decision: AutoDecision, spec: Spec, decided: list[VariantSpec]) -> str:

@@ -354,7 +354,8 @@ class ServingSpec(_Strict):
     refuses such a request on a GPU as on CPU, and the deployed fine-tunes' prefetched adapters are never
     evicted by what clients send; clients reach a fine-tune by its ``lora_task_id`` or its own model
     name. On: NVIDIA's documented first request, the adapter sent with its task id, works too. A shared
-    fine-tune's own models never take one (docs/concepts/reference-backend.md)."""
+    fine-tune's own models never take one (docs/concepts/reference-backend.md); set on one, or on a variant
+    without a LoRA group, the plan notes that it does nothing."""
 
 
 class TrafficSpec(_Strict):

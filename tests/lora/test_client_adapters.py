@@ -87,3 +87,26 @@ def test_allowed_on_the_engines_variant_its_models_take_one_and_the_fine_tunes_s
     assert found["base"] == {model: ADAPTER_INPUTS for model in MODELS}
     # A fine-tune's models set its own task id: a client's weights there would replace its adapter.
     assert found["qv"] == {model: set() for model in MODELS}
+
+
+def test_the_setting_where_it_opens_no_server_is_said(tmp_path):
+    """Only a LoRA group's base opens the group's server to clients' adapters; set elsewhere, the plan says so."""
+    note = "serving.lora_client_adapters: true does nothing here"
+    on = "{lora_client_adapters: true}"
+    plan = lora_plan(tmp_path / "base", on)  # on the base: it holds, nothing to say
+    assert not [n for v in plan.variants for n in v.notes if note in n]
+    plan = lora_plan(tmp_path / "member", "{}")  # the same on the fine-tune alone
+    spec = Path(plan.spec_file)
+    spec.write_text(
+        spec.read_text().replace("serving: {lora: shared}", "serving: {lora: shared, lora_client_adapters: true}")
+    )
+    roots = OutputRoots(tmp_path / "engines", tmp_path / "triton_repo", tmp_path / "cache")
+    notes = {v.name: [n for n in v.notes if note in n] for v in make_plan(load_spec(spec), roots).variants}
+    assert notes == {"base": [], "qv": [f"{note}: its LoRA group's server is variant base's: set it there"]}
+    spec.write_text(spec.read_text().replace("lora: shared, lora_client_adapters: true", "lora: merged"))
+    spec.write_text(spec.read_text().replace("serving: {}", f"serving: {on}"))  # on the base, but no group
+    (base, _) = make_plan(load_spec(spec), roots).variants
+    assert [n for n in base.notes if note in n] == [
+        f"{note}: no LoRA engine serves this variant"
+        + (" (it opens a serving.lora: shared group's server, set on the group's base)")
+    ]

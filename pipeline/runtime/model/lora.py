@@ -205,7 +205,7 @@ class LoraCache:
             self.put(weights)
         slot = self._slots.get(task_id)
         if slot is None:
-            known = ", ".join(str(t) for t, held in self._slots.items() if held.pinned)
+            known = ", ".join(str(t) for t, held in self._slots.items() if held.pinned) or "none"
             hint = "" if self.client_adapters else f" (this server takes none from clients; its fine-tunes: {known})"
             raise InputError(UNKNOWN_TASK.format(task_id=task_id) + hint)
         slot.in_flight += 1
