@@ -234,17 +234,17 @@ def train_adapter(
     out = Path(out)
     check_replaceable(out, "--out", _adapter_folder)
     geometry = check_base(base_dir)
-    planned = adapter_bytes(geometry, settings)
-    if planned > settings.max_adapter_mib * 2**20:
-        raise InputError(
-            f"the adapter would be {planned / 2**20:.2f} MiB (rank {settings.rank} on {', '.join(settings.targets)} "
-            f"of {geometry.num_layers} layers, {settings.save_dtype}), over --max-adapter-mib "
-            f"{settings.max_adapter_mib}; lower --rank, target fewer modules or raise --max-adapter-mib"
-        )
     if settings.last_layers is not None and settings.last_layers > geometry.num_layers:
         raise InputError(
             f"--last-layers {settings.last_layers} is more than the base's {geometry.num_layers} layers; "
             f"give at most {geometry.num_layers} (or leave it out for every layer)"
+        )
+    planned = adapter_bytes(geometry, settings)
+    if planned > settings.max_adapter_mib * 2**20:
+        raise InputError(
+            f"the adapter would be {planned / 2**20:.2f} MiB (rank {settings.rank} on {', '.join(settings.targets)} "
+            f"of {settings.last_layers or geometry.num_layers} layers, {settings.save_dtype}), over --max-adapter-mib "
+            f"{settings.max_adapter_mib}; lower --rank, target fewer modules or raise --max-adapter-mib"
         )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
