@@ -11,7 +11,9 @@ no module of ``pipeline/`` names it. With only that:
   ``plan --json`` names it with its config;
 * the reference runtime builds it from an engine (``make_method``) and decodes with it losslessly;
 * rehearsal lists it as a candidate (the plan's added method: its config's drafting and K), loads its
-  loop, records it and reads the record back; a runtime that lists its own candidates is measured at each;
+  loop, records it and reads the record back; a runtime that lists its own candidates is measured at each,
+  also under ``method: best`` where the plan resolved another method (its list is then asked with no
+  config: its default settings); a method without a list competes only where the spec names it;
 * the cost model prices it, from its Drafting and from a served repository's recorded settings
   (``costmodel.served.drafting`` through the definition's ``served_drafting``);
 * it shares NGram's build mode (``draft_tokens_external``), and an engine records its build mode, not its
@@ -22,15 +24,11 @@ no module of ``pipeline/`` names it. With only that:
 
 In the tree, the two pieces are a module of pipeline/methods/ (its DEFINITION listed in DEFINITIONS) and a
 module of pipeline/runtime/spec_decode/ whose ``@register(name)`` adds its loop (``load_runtimes`` imports
-every module there). What still needs an edit outside the two pieces (the remaining gap):
-
-* rehearsal lists each method's candidates from its runtime (``@register(name, candidates=...)``; without
-  a list, the plan's config is the one candidate), but a method measured at the plan's config competes
-  only when the spec names it: ``method: best`` resolves the config of the one method ``auto`` picks, and
-  the others' candidates come from the engine (its heads) and the evaluation's settings;
-* a method with heads of its own on the engine target: the converter reads each heads format itself, so its
-  options come from Medusa's and EAGLE's configs (checkpoint/heads.py ``heads_options``, for the convert
-  stage and preflight); the engine config check asks the config's ``checkpoint_fields()``.
+every module there). What still needs an edit outside the two pieces: a method with heads of its own on the
+engine target. The converter reads each heads format itself, since TensorRT-LLM's checkpoint has a layout
+per kind of heads, so its options come from Medusa's and EAGLE's configs (checkpoint/heads.py
+``heads_options``, for the convert stage and preflight); the engine config check asks the config's
+``checkpoint_fields()``.
 
 Each method's runtime reads its own Triton parameters (``@register(name, parameters=...)``); a new method
 returns its settings under its own name (``MethodSettings.own``, read with ``settings.of(name)``), so it
@@ -334,8 +332,9 @@ def test_its_runtime_may_list_the_settings_rehearsal_measures(engine: Engine, mo
     from pipeline.evaluation.candidates import Candidate, Measuring, candidates, load
 
     def chains(engine: Engine, config: RepeatConfig | None, measuring: Measuring) -> list[Candidate]:
-        """The plan's K and a chain of one: ``@register(NAME, candidates=chains)`` in a runtime module."""
-        ks = (config.max_draft_len, 1) if config else ()
+        """The plan's K and a chain of one: ``@register(NAME, candidates=chains)`` in a runtime module. Without a
+        config of its own (method: best resolved another method's), the chain of one: it competes all the same."""
+        ks = (config.max_draft_len, 1) if config else (1,)
         drafting = {k: RepeatConfig(k).drafting() for k in ks}
         return [Candidate(f"{NAME}(k {k})", NAME, MethodSettings(), drafting[k], max_draft_len=k) for k in ks]
 
@@ -344,6 +343,8 @@ def test_its_runtime_may_list_the_settings_rehearsal_measures(engine: Engine, mo
     assert [c.name for c in listed if c.method == NAME] == [f"{NAME}(k {K})", f"{NAME}(k 1)"]
     loaded = load(engine, listed[-1])  # an engine view built with max_draft_len 1
     assert isinstance(loaded.method, RepeatDecoding) and loaded.method.max_draft_len == 1
+    under_best = candidates(engine, Measuring({}, eagle_top_k=4))
+    assert [c.name for c in under_best if c.method == NAME] == [f"{NAME}(k 1)"]  # the plan resolved no repeat config
 
 
 @pytest.mark.usefixtures("with_repeat")
