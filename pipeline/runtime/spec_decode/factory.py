@@ -51,8 +51,8 @@ def served_method(mode: int | str | None, settings: MethodSettings, where: Path)
         if (r.claims(settings) if r.claims is not None else r.method in flagged and settings.of(r.method) is not None)
     ]
     if len(selected) > 1:
-        chosen = " and ".join(selected)
-        raise InputError(f"{where}: the tensorrt_llm parameters select {chosen} at once; set one method's")
+        both = " and ".join(selected)
+        raise InputError(f"{where}: the tensorrt_llm parameters select {both} at once; set one method's")
     if not selected:
         return engine_mode_method(mode)
     _check_built_for(selected[0], engine_mode_method(mode), where)
