@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/eagle3_curve.py [JSON ...] [--batch 1] [--out docs/img/eagle3_curve.png]
 
-Reads bench/eagle3_vs_eagle2.py reports (default: bench/out/eagle3_vs_eagle2.json,
-bench/out/eagle3_vs_eagle2_equal.json and bench/out/curve_*.json) and takes, per prompt set, the mean
+Reads bench/eagle3_vs_eagle2.py reports (default, all 25 prompts per set: bench/out/eagle3_vs_eagle2_25.json,
+bench/out/eagle3_vs_eagle2_equal_25.json and bench/out/curve25_*.json) and takes, per prompt set, the mean
 acceptance length of two rows at batch ``--batch``: ``eagle3`` (the EAGLE-3 drafter, ``--eagle3``, its
 dynamic tree) and ``eagle2=`` (the EAGLE heads of ``--equal-budget-eagle``, EAGLE-2's dynamic tree),
 each at its drafter's training tokens (the manifest's, from the report's budgets). The shipped EAGLE
@@ -26,8 +26,8 @@ SAME = ("prompts", "new_tokens", "eagle3_k", "eagle2_top_k", "dtype")  # setting
 
 
 def default_reports() -> list[Path]:
-    fixed = [OUT / "eagle3_vs_eagle2.json", OUT / "eagle3_vs_eagle2_equal.json"]
-    return [p for p in fixed if p.is_file()] + sorted(OUT.glob("curve_*.json"))
+    fixed = [OUT / "eagle3_vs_eagle2_25.json", OUT / "eagle3_vs_eagle2_equal_25.json"]
+    return [p for p in fixed if p.is_file()] + sorted(OUT.glob("curve25_*.json"))
 
 
 def collect(paths: list[Path], batch: int) -> dict[tuple[str, str], dict[int, float]]:
