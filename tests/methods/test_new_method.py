@@ -295,6 +295,23 @@ def test_parameters_that_select_it_where_it_cannot_run_are_refused(tmp_path_fact
 
 
 @pytest.mark.usefixtures("with_repeat")
+def test_a_mode_without_a_runtime_names_what_each_mode_serves(engine: Engine) -> None:
+    import copy
+    import dataclasses
+    import re
+
+    redrafter = dataclasses.replace(engine.config.limits, speculative_decoding_mode=16)  # explicit_draft_tokens
+    view = copy.copy(engine)
+    view.config = dataclasses.replace(engine.config, limits=redrafter)
+    with pytest.raises(InputError, match="explicit_draft_tokens is not supported by the reference backend") as error:
+        make_method(view)
+    served = re.search(r"\(([^)]*)\)$", str(error.value))
+    assert served is not None
+    listed = served.group(1).split(", ")
+    assert "ngram" in listed and NAME not in listed and "eagle3" not in listed  # those two need their settings
+
+
+@pytest.mark.usefixtures("with_repeat")
 def test_the_cost_model_reads_it_from_a_served_repository(engine: Engine, tmp_path: Path) -> None:
     """``describe`` names the method the repository's parameters select, not only the engine's build mode."""
 

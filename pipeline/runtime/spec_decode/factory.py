@@ -129,5 +129,6 @@ def _check_built_for(method: str, built: str, where: Path) -> None:
 
 
 def _served() -> str:
-    """The methods the reference backend serves by an engine's build mode, for errors."""
-    return ", ".join(r.method for r in registry.RUNTIMES.values() if r.claims is None)
+    """The methods the reference backend serves by an engine's build mode (not selected by settings), for errors."""
+    flagged = {d.name for d in methods.definitions() if d.selected_by_settings}
+    return ", ".join(r.method for r in registry.RUNTIMES.values() if r.claims is None and r.method not in flagged)
