@@ -105,10 +105,8 @@ def check_ci_outputs(args: argparse.Namespace) -> None:
     if getattr(args, "junit_xml", None) is None:
         return
     import re
-    import tempfile
 
-    from pipeline.errors import host_error
-    from pipeline.io.atomic import check_replaceable
+    from pipeline.io.atomic import check_replaceable, check_writable_beside
 
     def ours(path: Path) -> bool:
         """specdeploy's JUnit files are named by it: <testsuites name="specdeploy COMMAND SPEC" ...>."""
@@ -120,11 +118,7 @@ def check_ci_outputs(args: argparse.Namespace) -> None:
 
     path = Path(args.junit_xml)
     check_replaceable(path, "--junit-xml", ours, folder=False)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.probe-").close()
-    except OSError as exc:
-        raise host_error(exc, f"--junit-xml {path}: its folder cannot take the report") from None
+    check_writable_beside(path, f"--junit-xml {path}: its folder cannot take the report")
 
 
 def report_run(run, args: argparse.Namespace) -> None:

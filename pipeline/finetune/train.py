@@ -24,7 +24,7 @@ from pipeline.errors import InputError, host_error
 from pipeline.finetune.data import FORMATS, IGNORE, TASKS, DataSettings, Example, TaskData, code_task, format_task
 from pipeline.geometry import ModelGeometry
 from pipeline.heads.data import greedy_answers, load_base, stop_ids
-from pipeline.io.atomic import check_replaceable, replace_folder
+from pipeline.io.atomic import check_replaceable, check_writable_beside, replace_folder
 from pipeline.io.files import read_json
 
 REPORT_FILE = "training_report.json"
@@ -246,13 +246,12 @@ def train_adapter(
             f"of {settings.last_layers or geometry.num_layers} layers, {settings.save_dtype}), over --max-adapter-mib "
             f"{settings.max_adapter_mib}; lower --rank, target fewer modules or raise --max-adapter-mib"
         )
+    doing = f"creating the folders of --out {out} and the cache {cache}"
+    check_writable_beside(out, doing)  # the adapter is written beside --out: found out now, not after training
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         Path(cache).mkdir(parents=True, exist_ok=True)
-        # The adapter is written beside --out: find out now, not after the training, if it cannot be.
-        tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent).cleanup()
     except OSError as exc:
-        raise host_error(exc, f"creating the folders of --out {out} and the cache {cache}") from None
+        raise host_error(exc, doing) from None
     import peft
 
     from pipeline.checkpoint.merge import merge_adapters

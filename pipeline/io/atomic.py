@@ -17,13 +17,14 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import HostFilesystemError, StageError
+from pipeline.errors import HostFilesystemError, StageError, host_error
 
 _OWNER = re.compile(r"\.(?:tmp|old)-(\d+)")
 
@@ -184,6 +185,16 @@ def check_replaceable(path: Path, option: str, ours: Callable[[Path], bool], *, 
         f"{option} {path}: {kind} specdeploy did not write; it would be replaced whole: give a new or empty "
         "path (or move it away first)"
     )
+
+
+def check_writable_beside(path: Path, doing: str) -> None:
+    """``path``'s folder made if absent and shown to take a new entry, as the atomic write of ``path`` will
+    need: found out before the work that produces it, not after; else host_error, "while ``doing``"."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(prefix=f".{path.name}.tmp-", dir=path.parent).cleanup()
+    except OSError as exc:
+        raise host_error(exc, doing) from None
 
 
 def json_of(path: Path) -> Any:
