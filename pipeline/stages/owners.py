@@ -75,8 +75,9 @@ def claim_outputs(plan: Plan, only: set[str] | None = None, stages: set[str] | N
     claims = folders(plan, only, stages)
     clashes = []
     for root, names in sorted(claims.items()):
+        owners = _read(root)
         for name in sorted(names):
-            owner = foreign_owner(root / name, plan.spec_name)
+            owner = _foreign(owners.get(name), plan.spec_name)
             if owner is not None:
                 clashes.append(
                     f"{root / name} belongs to spec {owner}; {plan.spec_name} ({plan.spec_file}) would write it too"
@@ -102,7 +103,11 @@ def claim_outputs(plan: Plan, only: set[str] | None = None, stages: set[str] | N
 
 def foreign_owner(folder: Path, spec_name: str) -> str | None:
     """The spec (``name (file)``) that owns ``folder`` when it is not ``spec_name``; None otherwise."""
-    owner = _read(folder.parent).get(folder.name)
+    return _foreign(_read(folder.parent).get(folder.name), spec_name)
+
+
+def _foreign(owner: object, spec_name: str) -> str | None:
+    """``owner`` (a folder's entry in its root's owners table) as ``name (file)`` when it is another spec."""
     if isinstance(owner, dict) and owner.get("spec") not in (None, spec_name):
         return f"{owner['spec']} ({owner.get('file', '?')})"
     return None
