@@ -44,7 +44,7 @@ def served_method(mode: int | str | None, settings: MethodSettings, where: Path)
     method. The definitions' order never decides. InputError, naming ``where`` (the file the parameters or
     the engine come from), when the parameters select two methods or one the engine was not built for."""
     load_runtimes()
-    flagged = {d.name for d in methods.definitions() if d.selected_by_settings}
+    flagged = _selected_by_settings()
     selected = [
         r.method
         for r in registry.RUNTIMES.values()
@@ -130,5 +130,10 @@ def _check_built_for(method: str, built: str, where: Path) -> None:
 
 def _served() -> str:
     """The methods the reference backend serves by an engine's build mode (not selected by settings), for errors."""
-    flagged = {d.name for d in methods.definitions() if d.selected_by_settings}
+    flagged = _selected_by_settings()
     return ", ".join(r.method for r in registry.RUNTIMES.values() if r.claims is None and r.method not in flagged)
+
+
+def _selected_by_settings() -> set[str]:
+    """The methods an engine's mode never names: served only where their settings select them."""
+    return {d.name for d in methods.definitions() if d.selected_by_settings}
