@@ -20,11 +20,13 @@ true`` its HTTP endpoint therefore listens on a private loopback port only, and 
 What the front does not change: a body sent a byte at a time is read as it comes (Caddy 2.11's
 ``reverse_proxy`` lifts the server's read deadline for the body it proxies: with ``read_timeout`` 2 s,
 a 100-byte body at a byte a second was still being read after 12 s, with and without
-``request_buffers``; the connection's cost is a goroutine, not a Triton slot, since the body is
-buffered before Triton is dialled); a body that is not JSON reaches Triton, whose generate endpoint
-answers 500 (tritonserver 2.51 reports its parse error so); a request with both ``Content-Length``
-and ``Transfer-Encoding: chunked`` is read by the chunked encoding alone and its connection closed
-after the answer, as RFC 9112 section 6.3 allows (Go's server drops the length).
+``request_buffers``; nor did Caddy 2.11's ``timeouts`` handler, with ``read_timeout`` 2 s and
+``read_min_rate`` 100 bytes/s ahead of ``request_body``, end such a body within 20 s; the connection's
+cost is a goroutine, not a Triton slot, since the body is buffered before Triton is dialled); a body
+that is not JSON reaches Triton, whose generate endpoint answers 500 (tritonserver 2.51 reports its
+parse error so); a request with both ``Content-Length`` and ``Transfer-Encoding: chunked`` is read by
+the chunked encoding alone and its connection closed after the answer, as RFC 9112 section 6.3
+allows (Go's server drops the length).
 
 Caddy runs with its admin API off and its state in the server's work folder; it gets SIGTERM if the
 process that started it dies (the same parent-death signal as tritonserver).
