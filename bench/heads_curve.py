@@ -1,6 +1,7 @@
 """Learning curve of the heads trainer: held-out acceptance against the number of training tokens.
 
     .venv/bin/python bench/heads_curve.py [--method eagle] [--budgets 7500 15000 30000 60000] [--epochs 6]
+    .venv/bin/python bench/heads_curve.py --replot --plot docs/img/heads_curve.png
 
 Why the shipped heads stop where they do. The target is the fleet's code fine-tune (specs/smollm2-fleet.yaml,
 built through the pipeline; up-to-date stages skip); the data is the 120k self-distilled tokens with
@@ -12,8 +13,10 @@ the fine-tune's own answers to the 25 + 25 held-out prompts. The base's heads (s
 the shipped warm-started refresh are scored the same way for reference.
 
 Then tokens/step = a + b * log2(tokens) is fitted per set and solved for the tokens a target needs:
-an extrapolation, printed as one. Writes bench/out/heads_curve_<method>.{json,md,png}; budgets measured by an
-earlier run with the same method and epochs are kept, so budgets can run in separate processes.
+an extrapolation, printed as one. Keeps each method's results in bench/heads_curve.json and writes
+bench/out/heads_curve_<method>.{md,png} (or the figure to --plot); budgets measured by an earlier run with
+the same method and epochs are kept, so budgets can run in separate processes. With ``--replot`` it measures
+nothing and draws every method kept in bench/heads_curve.json, one panel each, in seconds.
 Not a test: the figures depend on the data; the seconds on the machine.
 """
 
@@ -47,6 +50,7 @@ from pipeline.spec.document import load_spec
 from pipeline.stages.execute import execute_plan
 
 SPEC = REPO / "specs" / "smollm2-fleet.yaml"
+REPORT = REPO / "bench" / "heads_curve.json"  # {"methods": {method: result}}, kept in the repository
 VARIANT = "code-stale-eagle"  # the code fine-tune, merged by the pipeline
 DATA_TOKENS = 120_000  # the shipped refresh's data
 TREE = "cpu_small_10_depth_3"
@@ -117,7 +121,14 @@ def main() -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=[7500, 15000, 30000, 60000])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--plot", type=Path, help="the figure's path (default bench/out/heads_curve_<method>.png)")
+    parser.add_argument("--replot", action="store_true", help=f"measure nothing: only draw {REPORT.name} (--plot)")
     args = parser.parse_args()
+    if args.replot:
+        if args.plot is None:
+            parser.error("--replot draws the kept report: name the PNG with --plot")
+        plot(json.loads(REPORT.read_text())["methods"], args.plot)
+        return 0
     torch.set_num_threads(args.threads)
     say = lambda text: print(f"  {text}", flush=True)  # noqa: E731
     plan = make_plan(load_spec(SPEC), OutputRoots(REPO / "engines", REPO / "triton_repo", REPO / ".cache"))
@@ -145,9 +156,10 @@ def main() -> int:
 
 
 def write(args, budget: int, row: dict, stale: dict, refreshed: dict) -> None:
-    """Merges ``row`` into bench/out/heads_curve_<method>.json (same epochs) and redraws the table and plot."""
-    out = REPO / "bench" / "out" / f"heads_curve_{args.method}.json"
-    previous = json.loads(out.read_text()) if out.exists() else {}
+    """Merges ``row`` into this method's results in bench/heads_curve.json (same epochs) and redraws its
+    table (bench/out/heads_curve_<method>.md) and plot."""
+    report = json.loads(REPORT.read_text()) if REPORT.exists() else {"methods": {}}
+    previous = report["methods"].get(args.method, {})
     setup = {"method": args.method, "epochs": args.epochs, "tree": TREE}
     rows = previous.get("rows", {}) if previous.get("setup") == setup else {}
     rows[str(budget)] = row
@@ -172,22 +184,35 @@ def write(args, budget: int, row: dict, stale: dict, refreshed: dict) -> None:
                 if need
                 else f"\n{kind}: no rise"
             )
+    report["methods"][args.method] = result
+    REPORT.write_text(json.dumps(report, indent=2) + "\n")
+    out = REPO / "bench" / "out" / f"heads_curve_{args.method}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    plot(result, out.with_suffix(".png"))
+    out.write_text("\n".join(lines) + "\n")
+    plot({args.method: result}, args.plot or out.with_suffix(".png"))
     print("\n".join(lines))
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(results: dict[str, dict], path: Path) -> None:
+    """One panel per method of ``results`` ({method: result}), EAGLE first."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    methods = sorted(results, key=lambda m: m != "eagle")
+    fig, axes = plt.subplots(1, len(methods), figsize=(7 * len(methods), 4.8), squeeze=False, sharey=True)
+    for ax, method in zip(axes[0], methods):
+        panel(ax, method, results[method])
+    handles, labels = axes[0][0].get_legend_handles_labels()  # the panels draw the same lines
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7)  # under the panels: it hides no point
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def panel(ax, method: str, result: dict) -> None:
     points = sorted(result["rows"].values(), key=lambda r: r["tokens"])
-    method = result["setup"]["method"]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
     for kind, color in (("chat", "tab:blue"), ("code", "tab:orange")):
         xs = [r["tokens"] for r in points]
         ax.plot(xs, [r[kind] for r in points], "o-", color=color, label=f"{kind}: random start")
@@ -199,15 +224,12 @@ def plot(result: dict, path: Path) -> None:
         if fit and fit["tokens_for_target"]:  # the fitted line, out to where it meets the target
             ends = [xs[0], max(xs[-1], min(fit["tokens_for_target"], 2**25))]
             ax.plot(ends, [fit["a"] + fit["per_doubling"] * math.log2(x) for x in ends], "-", color=color, lw=0.6,
-                    alpha=0.6, label=f"{kind}: fit, +{fit['per_doubling']:.2f} per doubling")  # fmt: skip
+                    alpha=0.6, label=f"{kind}: fit, a + b log2(tokens)")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("training tokens (self-distilled, code fine-tune)")
     ax.set_ylabel(f"held-out tokens/step ({TREE}, offline)")
-    ax.set_title(f"{method}: acceptance against training data")
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    slopes = " / ".join(f"{result['fit'][k]['per_doubling']:+.2f}" for k in ("chat", "code") if k in result["fit"])
+    ax.set_title(f"{method}: acceptance against training data" + (f" (b = {slopes}, chat / code)" if slopes else ""))
 
 
 if __name__ == "__main__":

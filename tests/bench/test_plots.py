@@ -61,3 +61,19 @@ def test_lora_fleet_draws_result_json(tmp_path):
     result["merged"] = fleet(12.0, 5.0, (5.0, 10.0))
     bench.plot(json.loads(json.dumps(result)), tmp_path / "fleet.png")
     _drawn(tmp_path / "fleet.png")
+
+
+def test_heads_curve_draws_every_kept_method(tmp_path):
+    bench = _script("heads_curve")
+    kept = json.loads(bench.REPORT.read_text())["methods"]
+    assert set(kept) == {"eagle", "medusa"}
+    bench.plot(kept, tmp_path / "curve.png")
+    _drawn(tmp_path / "curve.png")
+
+
+def test_heads_curve_fits_tokens_per_step_against_log2_tokens():
+    bench = _script("heads_curve")
+    a, b = bench.fit_log2([(1024, 1.5), (2048, 1.75), (4096, 2.0)])  # y = -1 + 0.25 * log2(x)
+    assert (round(a, 6), round(b, 6)) == (-1.0, 0.25)
+    assert bench.needed_tokens(a, b, 2.5) == 2**14  # -1 + 0.25 * 14 = 2.5
+    assert bench.needed_tokens(1.5, 0.0, 2.0) is None  # a flat curve never reaches its goal
