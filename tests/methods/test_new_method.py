@@ -38,8 +38,10 @@ listed on the definition (``reference_parameter_keys``), where the package stage
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -296,13 +298,9 @@ def test_parameters_that_select_it_where_it_cannot_run_are_refused(tmp_path_fact
 
 @pytest.mark.usefixtures("with_repeat")
 def test_a_mode_without_a_runtime_names_what_each_mode_serves(engine: Engine) -> None:
-    import copy
-    import dataclasses
-    import re
-
-    redrafter = dataclasses.replace(engine.config.limits, speculative_decoding_mode=16)  # explicit_draft_tokens
+    redrafter = replace(engine.config.limits, speculative_decoding_mode=16)  # explicit_draft_tokens
     view = copy.copy(engine)
-    view.config = dataclasses.replace(engine.config, limits=redrafter)
+    view.config = replace(engine.config, limits=redrafter)
     with pytest.raises(InputError, match="explicit_draft_tokens is not supported by the reference backend") as error:
         make_method(view)
     served = re.search(r"\(([^)]*)\)$", str(error.value))
